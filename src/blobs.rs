@@ -1,0 +1,44 @@
+//! The per-scope content-addressed blob store (SPEC §8): large inputs now, artifacts later.
+
+use crate::db;
+use crate::error::{Class, LedgerError, Result};
+use crate::model::hash;
+use crate::scope::Scope;
+
+/// Stores `bytes` in the scope's content-addressed blob store; returns their sha256.
+pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {
+    let sha = hash::sha256_hex(bytes);
+    db::execute(
+        "INSERT INTO ledger.blobs (tenant_id, workspace_id, sha256, size_bytes, content) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            sha.as_str().into(),
+            (bytes.len() as i64).into(),
+            bytes.to_vec().into(),
+        ],
+    )?;
+    Ok(sha)
+}
+
+/// Loads a blob and checks it against its address (XX001 `BLOB_HASH_MISMATCH`).
+pub fn get(scope: &Scope, sha256: &str) -> Result<Vec<u8>> {
+    let content = db::select_one(
+        "SELECT content FROM ledger.blobs WHERE tenant_id = $1 AND workspace_id = $2 AND sha256 = $3",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), sha256.into()],
+        |r| db::req::<Vec<u8>>(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::not_found("BLOB_NOT_FOUND", "blob", sha256))?;
+    let actual = hash::sha256_hex(&content);
+    if actual != sha256 {
+        return Err(LedgerError::new(
+            Class::Corrupted,
+            "BLOB_HASH_MISMATCH",
+            "stored bytes do not match their sha256",
+        )
+        .with("expected", sha256)
+        .with("actual", actual));
+    }
+    Ok(content)
+}

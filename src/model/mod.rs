@@ -1,0 +1,6 @@
+//! Pure logic: no Postgres calls, tested with plain `#[test]`s.
+pub mod args;
+pub mod hash;
+pub mod ids;
+pub mod status;
+pub mod text;

@@ -1,0 +1,365 @@
+//! Runs: creation with lineage and exact inputs, transitions, and reading the inputs back.
+
+use crate::blobs;
+use crate::db;
+use crate::error::{Class, LedgerError, Result};
+use crate::feed;
+use crate::jsonb::Jsonb;
+use crate::model::args::{optional_id, required};
+use crate::model::status::{check_transition, conflict, Resource, Status};
+use crate::model::{ids, text};
+use crate::scope::{self, Scope};
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+use serde_json::json;
+
+/// Inputs whose JSON text is longer than this are kept in `ledger.blobs`.
+pub const INLINE_INPUT_BYTES: usize = 8192;
+
+/// The columns of a run the functions decide on.
+pub struct RunHead {
+    pub id: String,
+    pub mode: String,
+    pub subject_kind: String,
+    pub subject_id: Option<String>,
+    pub status: Status,
+    pub attempt_no: i32,
+    pub root_run_id: String,
+}
+
+#[derive(Clone, Copy)]
+pub enum Lookup {
+    Id,
+    RequestId,
+}
+
+/// Reads a run's head in scope; with `lock`, under `FOR UPDATE`.
+pub fn head(scope: &Scope, by: Lookup, key: &str, lock: bool) -> Result<Option<RunHead>> {
+    let query = match (by, lock) {
+        (Lookup::Id, false) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        (Lookup::Id, true) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
+        (Lookup::RequestId, _) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND request_id = $3",
+    };
+    let args = [
+        scope.tenant.as_str().into(),
+        scope.workspace.as_str().into(),
+        key.into(),
+    ];
+    let map = |r: &db::Row| {
+        Ok(RunHead {
+            id: db::req(r, 1)?,
+            mode: db::req(r, 2)?,
+            subject_kind: db::req(r, 3)?,
+            subject_id: db::opt(r, 4)?,
+            status: Status::parse(Resource::Run, &db::req::<String>(r, 5)?)?,
+            attempt_no: db::req(r, 6)?,
+            root_run_id: db::req(r, 7)?,
+        })
+    };
+    if lock {
+        db::write_one(query, &args, map)
+    } else {
+        db::select_one(query, &args, map)
+    }
+}
+
+/// A run that must exist in scope (P0002 `RUN_NOT_FOUND`, naming the argument).
+pub fn existing(scope: &Scope, argument: &str, run_id: &str, lock: bool) -> Result<RunHead> {
+    ids::validate(argument, run_id)?;
+    head(scope, Lookup::Id, run_id, lock)?.ok_or_else(|| {
+        LedgerError::not_found("RUN_NOT_FOUND", "run", run_id).with("argument", argument)
+    })
+}
+
+fn row(scope: &Scope, run_id: &str) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
+    db::select_one(
+        "SELECT r FROM ledger.runs r WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            run_id.into(),
+        ],
+        |r| db::req(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
+}
+
+/// Creates a run in status `queued` (SPEC §5). Idempotent on `request_id` (and on a
+/// caller-supplied `run_id`): the same key returns the existing run, a different mode or subject
+/// fails 23505 `IDEMPOTENCY_MISMATCH`.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn create_run(
+    mode: Option<&str>,
+    inputs: default!(Option<Jsonb>, "NULL"),
+    kind: default!(Option<&str>, "NULL"),
+    subject_kind: default!(Option<&str>, "NULL"),
+    subject_id: default!(Option<&str>, "NULL"),
+    subject_version_id: default!(Option<&str>, "NULL"),
+    request_id: default!(Option<&str>, "NULL"),
+    parent_run_id: default!(Option<&str>, "NULL"),
+    source_run_id: default!(Option<&str>, "NULL"),
+    attempt_no: default!(Option<i32>, "NULL"),
+    run_id: default!(Option<&str>, "NULL"),
+    user_id: default!(Option<&str>, "NULL"),
+    trace_id: default!(Option<&str>, "NULL"),
+    input_summary: default!(Option<&str>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
+    let scope = scope::current()?;
+    let mode = required("mode", mode)?;
+    let request_id = optional_id("request_id", request_id)?;
+    let id = match optional_id("run_id", run_id)? {
+        Some(id) => id.to_owned(),
+        None => ids::new_id("run"),
+    };
+    if let Some(inputs) = &inputs {
+        if !inputs.is_object() {
+            return Err(
+                LedgerError::invalid("INPUTS_NOT_OBJECT", "inputs must be a JSON object").into(),
+            );
+        }
+    }
+    if let Some(n) = attempt_no {
+        if n < 1 {
+            return Err(
+                LedgerError::invalid("ATTEMPT_INVALID", "attempt_no must be at least 1")
+                    .with("attempt_no", n)
+                    .into(),
+            );
+        }
+    }
+    if let Some(parent) = parent_run_id {
+        existing(&scope, "parent_run_id", parent, false)?;
+    }
+    let source = source_run_id
+        .map(|s| existing(&scope, "source_run_id", s, false))
+        .transpose()?;
+    let attempt_no = attempt_no.unwrap_or(
+        source
+            .as_ref()
+            .map_or(1, |s| s.attempt_no.saturating_add(1)),
+    );
+    let root_run_id = source
+        .as_ref()
+        .map_or(id.clone(), |s| s.root_run_id.clone());
+    let kind = kind.unwrap_or(mode);
+    let subject_kind = subject_kind.unwrap_or(mode);
+
+    let input_summary = input_summary
+        .or(inputs.as_ref().map(Jsonb::as_str))
+        .map(text::summary);
+    let (inline_inputs, inputs_sha256, inputs_size) = match inputs {
+        Some(doc) if doc.0.len() > INLINE_INPUT_BYTES => {
+            let size = doc.0.len() as i64;
+            (
+                None,
+                Some(blobs::put(&scope, doc.0.as_bytes())?),
+                Some(size),
+            )
+        }
+        Some(doc) => {
+            let size = doc.0.len() as i64;
+            (Some(doc), None, Some(size))
+        }
+        None => (None, None, None),
+    };
+
+    let inserted = db::write_one(
+        "INSERT INTO ledger.runs (tenant_id, workspace_id, id, mode, kind, subject_kind, subject_id, \
+             subject_version_id, user_id, trace_id, request_id, parent_run_id, source_run_id, \
+             root_run_id, attempt_no, input_summary, inputs, inputs_sha256, inputs_size_bytes) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
+         ON CONFLICT DO NOTHING RETURNING id",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            id.as_str().into(),
+            mode.into(),
+            kind.into(),
+            subject_kind.into(),
+            subject_id.into(),
+            subject_version_id.into(),
+            user_id.into(),
+            trace_id.into(),
+            request_id.into(),
+            parent_run_id.into(),
+            source_run_id.into(),
+            root_run_id.as_str().into(),
+            attempt_no.into(),
+            input_summary.into(),
+            inline_inputs.into(),
+            inputs_sha256.into(),
+            inputs_size.into(),
+        ],
+        |r| db::req::<String>(r, 1),
+    )?;
+
+    if inserted.is_none() {
+        // A run with this request_id (or this run_id) exists: the same request returns it.
+        let found = match request_id {
+            Some(key) => head(&scope, Lookup::RequestId, key, false)?,
+            None => None,
+        };
+        let found = match found {
+            Some(f) => f,
+            None => head(&scope, Lookup::Id, &id, false)?
+                .ok_or_else(|| LedgerError::internal("insert conflicted but no run was found"))?,
+        };
+        if found.mode != mode
+            || found.subject_kind != subject_kind
+            || found.subject_id.as_deref() != subject_id
+        {
+            return Err(LedgerError::new(
+                Class::Duplicate,
+                "IDEMPOTENCY_MISMATCH",
+                "request_id or run_id was reused with a different mode or subject",
+            )
+            .with("run_id", found.id)
+            .with("request_id", request_id)
+            .into());
+        }
+        return Ok(row(&scope, &found.id)?);
+    }
+
+    let payload = json!({
+        "run_id": id,
+        "status": "queued",
+        "mode": mode,
+        "kind": kind,
+        "subject_kind": subject_kind,
+        "subject_id": subject_id,
+        "subject_version_id": subject_version_id,
+        "request_id": request_id,
+        "parent_run_id": parent_run_id,
+        "source_run_id": source_run_id,
+        "root_run_id": root_run_id,
+        "attempt_no": attempt_no,
+    });
+    feed::append(&scope, &id, "run.created", None, &payload)?;
+    feed::enqueue(
+        &scope,
+        "run.created",
+        Some(&id),
+        Some(&format!("run:{id}")),
+        &payload,
+    )?;
+    Ok(row(&scope, &id)?)
+}
+
+/// Moves a run to `to_status` under the rules of SPEC §3.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn transition_run(
+    run_id: Option<&str>,
+    to_status: Option<&str>,
+    expected_status: default!(Option<&str>, "NULL"),
+    output_summary: default!(Option<&str>, "NULL"),
+    error_code: default!(Option<&str>, "NULL"),
+    error_message: default!(Option<&str>, "NULL"),
+    error_step_id: default!(Option<&str>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
+    let scope = scope::current()?;
+    let run_id = required("run_id", run_id)?;
+    let to = Status::parse(Resource::Run, required("to_status", to_status)?)?;
+    let expected = expected_status
+        .map(|s| Status::parse(Resource::Run, s))
+        .transpose()?;
+    let current = existing(&scope, "run_id", run_id, true)?;
+
+    let from = check_transition(Resource::Run, run_id, current.status, expected, to)?;
+    let Some(from) = from else {
+        // Already there: idempotent, nothing is rewritten.
+        return Ok(row(&scope, run_id)?);
+    };
+    if let Some(step) = error_step_id {
+        ids::validate("error_step_id", step)?;
+        crate::steps::existing_in_run(&scope, step, run_id)?;
+    }
+    let output_summary = output_summary.map(text::summary);
+    let mut error_message = error_message.map(text::summary);
+    if to == Status::Failed && error_message.is_none() {
+        error_message = output_summary.clone();
+    }
+
+    let payload = json!({
+        "run_id": run_id, "from": from.as_str(), "to": to.as_str(),
+        "error_code": error_code, "error_step_id": error_step_id,
+    });
+    feed::append(&scope, run_id, "run.status", None, &payload)?;
+    let updated = db::write_one(
+        "UPDATE ledger.runs SET status = $4, updated_at = now(), \
+             output_summary = coalesce($5, output_summary), \
+             error_code = coalesce($6, error_code), \
+             error_message = coalesce($7, error_message), \
+             error_step_id = coalesce($8, error_step_id), \
+             started_at = CASE WHEN $9 THEN coalesce(started_at, now()) ELSE started_at END, \
+             ended_at = CASE WHEN $10 THEN now() END, \
+             duration_ms = CASE WHEN $10 THEN \
+                 (extract(epoch FROM now() - coalesce(started_at, queued_at)) * 1000)::bigint END \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $11 \
+          RETURNING id",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            run_id.into(),
+            to.as_str().into(),
+            output_summary.into(),
+            error_code.into(),
+            error_message.into(),
+            error_step_id.into(),
+            to.is_started().into(),
+            to.is_terminal().into(),
+            from.as_str().into(),
+        ],
+        |r| db::req::<String>(r, 1),
+    )?;
+    if updated.is_none() {
+        return Err(conflict(Resource::Run, run_id, from, to).into());
+    }
+    if to.is_terminal() {
+        feed::enqueue(
+            &scope,
+            "run.status.updated",
+            Some(run_id),
+            Some(&format!("run:{run_id}")),
+            &json!({
+                "run_id": run_id, "old_status": from.as_str(), "new_status": to.as_str(),
+                "mode": current.mode, "tenant_id": scope.tenant,
+            }),
+        )?;
+    }
+    Ok(row(&scope, run_id)?)
+}
+
+/// The exact inputs the run was created with (NULL when it had none).
+#[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, ErrorReport> {
+    let scope = scope::current()?;
+    let run_id = required("run_id", run_id)?;
+    ids::validate("run_id", run_id)?;
+    let (inline, sha) = db::select_one(
+        "SELECT inputs, inputs_sha256 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), run_id.into()],
+        |r| Ok((db::opt::<Jsonb>(r, 1)?, db::opt::<String>(r, 2)?)),
+    )?
+    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
+    match (inline, sha) {
+        (Some(doc), _) => Ok(Some(doc)),
+        (None, Some(sha)) => {
+            let bytes = blobs::get(&scope, &sha)?;
+            let text = String::from_utf8(bytes).map_err(|_| {
+                LedgerError::new(
+                    Class::Corrupted,
+                    "BLOB_NOT_UTF8",
+                    "stored inputs are not UTF-8",
+                )
+                .with("sha256", sha)
+            })?;
+            Ok(Some(Jsonb(text)))
+        }
+        (None, None) => Ok(None),
+    }
+}

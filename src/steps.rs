@@ -1,0 +1,216 @@
+//! Steps of a run: creation and transitions (SPEC §5).
+
+use crate::db;
+use crate::error::{LedgerError, Result};
+use crate::feed;
+use crate::jsonb::Jsonb;
+use crate::model::args::{optional_id, required};
+use crate::model::status::{check_transition, conflict, Resource, Status};
+use crate::model::{ids, text};
+use crate::runs;
+use crate::scope::{self, Scope};
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+use serde_json::json;
+
+/// Checks that `step_id` is a step of `run_id` in scope (P0002 `STEP_NOT_FOUND`).
+pub fn existing_in_run(scope: &Scope, step_id: &str, run_id: &str) -> Result<()> {
+    db::select_one(
+        "SELECT 1 FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), step_id.into(), run_id.into()],
+        |_| Ok(()),
+    )?
+    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id).with("run_id", run_id))
+}
+
+fn row(scope: &Scope, step_id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_steps")> {
+    db::select_one(
+        "SELECT s FROM ledger.run_steps s WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            step_id.into(),
+        ],
+        |r| db::req(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))
+}
+
+/// Adds a step to a run that exists in scope and is not terminal (55000 `RUN_TERMINAL`).
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn create_step(
+    run_id: Option<&str>,
+    step_type: Option<&str>,
+    step_key: default!(Option<&str>, "NULL"),
+    node_id: default!(Option<&str>, "NULL"),
+    input_summary: default!(Option<&str>, "NULL"),
+    status: default!(Option<&str>, "'queued'"),
+    step_id: default!(Option<&str>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), ErrorReport> {
+    let scope = scope::current()?;
+    let run_id = required("run_id", run_id)?;
+    let step_type = required("step_type", step_type)?;
+    let status = Status::parse(Resource::Step, required("status", status)?)?;
+    let step_id = optional_id("step_id", step_id)?;
+    let run = runs::existing(&scope, "run_id", run_id, true)?;
+    if run.status.is_terminal() {
+        return Err(LedgerError::new(
+            crate::error::Class::WrongState,
+            "RUN_TERMINAL",
+            format!(
+                "run {run_id} is {}; it takes no new steps",
+                run.status.as_str()
+            ),
+        )
+        .with("run_id", run_id)
+        .with("status", run.status.as_str())
+        .into());
+    }
+    let id = match step_id {
+        Some(id) => {
+            // A caller-supplied id is a key: the same step again returns it (checked under the
+            // run's lock, before a seq is spent).
+            if let Some((other_run, other_type)) = db::select_one(
+                "SELECT run_id, step_type FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+                &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into()],
+                |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
+            )? {
+                if other_run != run_id || other_type != step_type {
+                    return Err(LedgerError::new(
+                        crate::error::Class::Duplicate,
+                        "IDEMPOTENCY_MISMATCH",
+                        "step_id was reused for a different run or step type",
+                    )
+                    .with("step_id", id)
+                    .into());
+                }
+                return Ok(row(&scope, id)?);
+            }
+            id.to_owned()
+        }
+        None => ids::new_id("step"),
+    };
+    let seq = feed::next_seq(&scope, run_id)?;
+    db::execute(
+        "INSERT INTO ledger.run_steps (tenant_id, workspace_id, id, run_id, step_key, step_type, node_id, \
+             status, input_summary, step_no, started_at, ended_at, duration_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+                 CASE WHEN $11 OR $12 THEN now() END, CASE WHEN $12 THEN now() END, CASE WHEN $12 THEN 0 END)",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            id.as_str().into(),
+            run_id.into(),
+            step_key.into(),
+            step_type.into(),
+            node_id.into(),
+            status.as_str().into(),
+            input_summary.map(text::summary).into(),
+            (seq as i32).into(),
+            status.is_started().into(),
+            status.is_terminal().into(),
+        ],
+    )?;
+    feed::insert(
+        &scope,
+        run_id,
+        seq,
+        "step.created",
+        Some(&id),
+        &json!({"step_id": id, "step_key": step_key, "step_type": step_type, "node_id": node_id, "status": status.as_str()}),
+    )?;
+    Ok(row(&scope, &id)?)
+}
+
+/// Moves a step to `to_status` under the rules of SPEC §3; `metrics` are merged (top-level keys).
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn transition_step(
+    step_id: Option<&str>,
+    to_status: Option<&str>,
+    expected_status: default!(Option<&str>, "NULL"),
+    output_summary: default!(Option<&str>, "NULL"),
+    metrics: default!(Option<Jsonb>, "NULL"),
+    error_code: default!(Option<&str>, "NULL"),
+    error_message: default!(Option<&str>, "NULL"),
+    error_details: default!(Option<Jsonb>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), ErrorReport> {
+    let scope = scope::current()?;
+    let step_id = required("step_id", step_id)?;
+    ids::validate("step_id", step_id)?;
+    let to = Status::parse(Resource::Step, required("to_status", to_status)?)?;
+    let expected = expected_status
+        .map(|s| Status::parse(Resource::Step, s))
+        .transpose()?;
+    if let Some(m) = &metrics {
+        if !m.is_object() {
+            return Err(LedgerError::invalid(
+                "METRICS_NOT_OBJECT",
+                "metrics must be a JSON object",
+            )
+            .into());
+        }
+    }
+    let (run_id, current) = db::write_one(
+        "SELECT run_id, status FROM ledger.run_steps \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            step_id.into(),
+        ],
+        |r| {
+            Ok((
+                db::req::<String>(r, 1)?,
+                Status::parse(Resource::Step, &db::req::<String>(r, 2)?)?,
+            ))
+        },
+    )?
+    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))?;
+
+    let Some(from) = check_transition(Resource::Step, step_id, current, expected, to)? else {
+        return Ok(row(&scope, step_id)?);
+    };
+    feed::append(
+        &scope,
+        &run_id,
+        "step.status",
+        Some(step_id),
+        &json!({"step_id": step_id, "from": from.as_str(), "to": to.as_str(), "error_code": error_code}),
+    )?;
+    let updated = db::write_one(
+        "UPDATE ledger.run_steps SET status = $4, updated_at = now(), \
+             output_summary = coalesce($5, output_summary), \
+             metrics = metrics || coalesce($6, '{}'::jsonb), \
+             error_code = coalesce($7, error_code), \
+             error_message = coalesce($8, error_message), \
+             error_details = coalesce($9, error_details), \
+             started_at = CASE WHEN $10 THEN coalesce(started_at, now()) ELSE started_at END, \
+             ended_at = CASE WHEN $11 THEN now() END, \
+             duration_ms = CASE WHEN $11 THEN \
+                 (extract(epoch FROM now() - coalesce(started_at, created_at)) * 1000)::bigint END \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $12 \
+          RETURNING id",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            step_id.into(),
+            to.as_str().into(),
+            output_summary.map(text::summary).into(),
+            metrics.into(),
+            error_code.into(),
+            error_message.map(text::summary).into(),
+            error_details.into(),
+            to.is_started().into(),
+            to.is_terminal().into(),
+            from.as_str().into(),
+        ],
+        |r| db::req::<String>(r, 1),
+    )?;
+    if updated.is_none() {
+        return Err(conflict(Resource::Step, step_id, from, to).into());
+    }
+    Ok(row(&scope, step_id)?)
+}
