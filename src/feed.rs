@@ -204,3 +204,120 @@ fn run_channel(run_id: Option<&str>) -> std::result::Result<String, ErrorReport>
     ids::validate("run_id", run_id)?;
     Ok(hash::run_channel(&scope.tenant, &scope.workspace, run_id))
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, one, set_scope};
+    use pgrx::prelude::*;
+
+    fn setup_run_with_events() {
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+        Spi::run("SELECT ledger.transition_run('r', 'running')").unwrap();
+        Spi::run("SELECT ledger.create_step('r', 'llm', step_id => 's')").unwrap();
+        Spi::run("SELECT ledger.transition_step('s', 'running')").unwrap();
+        Spi::run("SELECT ledger.transition_step('s', 'succeeded')").unwrap();
+        Spi::run("SELECT ledger.transition_run('r', 'succeeded')").unwrap();
+    }
+
+    #[pg_test]
+    fn events_since_reads_from_a_cursor_in_seq_order() {
+        set_scope("t-feed", "w");
+        setup_run_with_events();
+        assert_eq!(
+            one::<String>("SELECT string_agg(seq || ':' || kind, ',' ORDER BY seq) FROM ledger.events_since('r')"),
+            "1:run.created,2:run.status,3:step.created,4:step.status,5:step.status,6:run.status"
+        );
+        let cursor = one::<String>("SELECT event_id FROM ledger.events_since('r') WHERE seq = 3");
+        assert_eq!(
+            one::<String>(&format!("SELECT string_agg(seq::text, ',' ORDER BY seq) FROM ledger.events_since('r', '{cursor}')")),
+            "4,5,6"
+        );
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT string_agg(seq::text, ',') FROM ledger.events_since('r', '{cursor}', 2)"
+            )),
+            "4,5"
+        );
+        let last = one::<String>("SELECT event_id FROM ledger.events_since('r') WHERE seq = 6");
+        assert_eq!(
+            one::<i64>(&format!(
+                "SELECT count(*) FROM ledger.events_since('r', '{last}')"
+            )),
+            0
+        );
+        assert!(one::<bool>(
+            "SELECT bool_and(event_id LIKE 'evt\\_%') FROM ledger.events_since('r')"
+        ));
+        assert!(one::<bool>(
+            "SELECT step_id = 's' FROM ledger.events_since('r') WHERE seq = 4"
+        ));
+    }
+
+    #[pg_test]
+    fn a_cursor_that_is_not_an_event_of_the_run_is_refused() {
+        set_scope("t-feed-cursor", "w");
+        setup_run_with_events();
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r2')").unwrap();
+        let other = one::<String>("SELECT event_id FROM ledger.events_since('r2')");
+        let e = assert_error(
+            &format!("SELECT * FROM ledger.events_since('r', '{other}')"),
+            "P0002",
+            "EVENT_NOT_FOUND",
+        );
+        assert_eq!(e.detail["run_id"], "r");
+        assert_error(
+            "SELECT * FROM ledger.events_since('r', 'evt_nope')",
+            "P0002",
+            "EVENT_NOT_FOUND",
+        );
+        assert_error(
+            "SELECT * FROM ledger.events_since('nope')",
+            "P0002",
+            "RUN_NOT_FOUND",
+        );
+        assert_error(
+            "SELECT * FROM ledger.events_since('r', NULL, 0)",
+            "22023",
+            "LIMIT_INVALID",
+        );
+        assert_error(
+            "SELECT * FROM ledger.events_since('r', NULL, 10001)",
+            "22023",
+            "LIMIT_INVALID",
+        );
+        assert_error(
+            "SELECT * FROM ledger.events_since(NULL)",
+            "22023",
+            "ARGUMENT_REQUIRED",
+        );
+    }
+
+    #[pg_test]
+    fn run_channels_are_per_scope_and_fit_a_channel_name() {
+        set_scope("t-chan", "w");
+        let a = one::<String>("SELECT ledger.run_channel('r')");
+        assert!(a.starts_with("ledger_run_") && a.len() <= 63);
+        let long = "r".repeat(128);
+        assert!(one::<String>(&format!("SELECT ledger.run_channel('{long}')")).len() <= 63);
+        set_scope("t-chan-2", "w");
+        assert_ne!(one::<String>("SELECT ledger.run_channel('r')"), a);
+    }
+
+    #[pg_test]
+    fn outbox_rows_are_written_with_the_fact() {
+        set_scope("t-outbox", "w");
+        setup_run_with_events();
+        assert_eq!(
+            one::<String>("SELECT string_agg(event_type || ':' || status, ',' ORDER BY occurred_at, event_type) FROM ledger.outbox"),
+            "run.created:pending,run.status.updated:pending"
+        );
+        assert!(one::<bool>(
+            "SELECT bool_and(id LIKE 'obx\\_%' AND run_id = 'r') FROM ledger.outbox"
+        ));
+        assert_eq!(
+            one::<String>("SELECT payload->>'new_status' FROM ledger.outbox WHERE event_type = 'run.status.updated'"),
+            "succeeded"
+        );
+    }
+}

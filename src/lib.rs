@@ -52,6 +52,124 @@ fn status_transitions() -> TableIterator<
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
 
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, error_of, one, set_scope};
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn status_transitions_lists_the_whole_table() {
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.status_transitions() WHERE resource = 'run'"),
+            40
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.status_transitions() WHERE resource = 'step'"),
+            42
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.status_transitions() WHERE resource = 'task'"),
+            40
+        );
+        assert_eq!(
+            one::<String>("SELECT string_agg(to_status, ',') FROM ledger.status_transitions() WHERE resource = 'run' AND from_status = 'failed'"),
+            "retrying"
+        );
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.status_transitions() WHERE from_status IN ('succeeded', 'skipped')"), 0);
+    }
+
+    #[pg_test]
+    fn every_function_pins_search_path_and_none_is_public() {
+        // set_scope is the documented exception: a SET clause would undo its is_local setting.
+        let unpinned = one::<String>(
+            "SELECT coalesce(string_agg(p.proname, ','), '') FROM pg_proc p \
+              WHERE p.pronamespace = 'ledger'::regnamespace AND p.proname <> 'set_scope' \
+                AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')",
+        );
+        assert_eq!(unpinned, "");
+        let public = one::<String>(
+            "SELECT coalesce(string_agg(p.proname, ','), '') FROM pg_proc p \
+              WHERE p.pronamespace = 'ledger'::regnamespace AND has_function_privilege('public', p.oid, 'EXECUTE')",
+        );
+        assert_eq!(public, "");
+        assert!(one::<bool>(
+            "SELECT bool_and(proowner = 'ledger_owner'::regrole) FROM pg_proc WHERE pronamespace = 'ledger'::regnamespace"
+        ));
+    }
+
+    #[pg_test]
+    fn every_table_forces_rls_and_is_dumped() {
+        let tables = "SELECT c.oid FROM pg_class c WHERE c.relnamespace = 'ledger'::regnamespace AND c.relkind = 'r'";
+        assert!(one::<i64>(&format!("SELECT count(*) FROM ({tables}) t")) >= 5);
+        assert!(one::<bool>(&format!(
+            "SELECT bool_and(relrowsecurity AND relforcerowsecurity AND relowner = 'ledger_owner'::regrole) FROM pg_class WHERE oid IN ({tables})"
+        )));
+        assert!(one::<bool>(&format!(
+            "SELECT bool_and(oid = ANY (SELECT unnest(extconfig) FROM pg_extension WHERE extname = 'ledger')) FROM ({tables}) t"
+        )));
+        // Every primary, unique and foreign key leads with the scope.
+        assert_eq!(
+            one::<String>(
+                "SELECT coalesce(string_agg(conname, ','), '') FROM pg_constraint \
+                  WHERE connamespace = 'ledger'::regnamespace AND contype IN ('p', 'u', 'f') \
+                    AND pg_get_constraintdef(oid) NOT LIKE '%(tenant_id, workspace_id%'"
+            ),
+            ""
+        );
+    }
+
+    #[pg_test]
+    fn application_roles_cannot_write_tables_directly() {
+        set_scope("t-roles", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+        Spi::run("SET LOCAL ROLE ledger_writer").unwrap();
+        // The functions work for the writer ...
+        Spi::run("SELECT ledger.transition_run('r', 'running')").unwrap();
+        // ... but plain writes do not.
+        for sql in [
+            "UPDATE ledger.runs SET status = 'succeeded'",
+            "INSERT INTO ledger.run_events (tenant_id, workspace_id, id, run_id, seq, kind) VALUES ('t-roles', 'w', 'e', 'r', 99, 'forged')",
+            "DELETE FROM ledger.run_events",
+            "UPDATE ledger.outbox SET status = 'done'",
+        ] {
+            let e = error_of(sql);
+            assert_eq!(e.sqlstate, "42501", "{sql}: {e:?}");
+        }
+        Spi::run("RESET ROLE").unwrap();
+        assert_eq!(
+            one::<String>("SELECT status FROM ledger.runs WHERE tenant_id = 't-roles'"),
+            "running"
+        );
+        // A reader may not even call the writing functions.
+        Spi::run("SET LOCAL ROLE ledger_reader").unwrap();
+        assert_eq!(
+            error_of("SELECT ledger.create_run('chat')").sqlstate,
+            "42501"
+        );
+    }
+
+    #[pg_test]
+    fn a_role_without_scope_sees_no_rows() {
+        set_scope("t-rls", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+        Spi::run("SET LOCAL ROLE ledger_reader").unwrap();
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.runs"), 1);
+        Spi::run("SELECT set_config('ledger.tenant_id', '', true)").unwrap();
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.runs"), 0);
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_events"), 0);
+        set_scope("t-rls-other", "w");
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.runs"), 0);
+        // Through the functions, another workspace's run does not exist.
+        Spi::run("RESET ROLE").unwrap();
+        assert_error(
+            "SELECT ledger.transition_run('r', 'running')",
+            "P0002",
+            "RUN_NOT_FOUND",
+        );
+    }
+}
+
 /// Required by `#[pg_test]`: called once before the test cluster starts.
 #[cfg(test)]
 pub mod pg_test {

@@ -363,3 +363,313 @@ fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, ErrorR
         (None, None) => Ok(None),
     }
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, one, set_scope};
+    use pgrx::prelude::*;
+
+    fn count(sql: &str) -> i64 {
+        one::<i64>(sql)
+    }
+
+    #[pg_test]
+    fn create_run_fills_defaults_and_lineage_of_a_first_run() {
+        set_scope("t-defaults", "w");
+        let id = one::<String>(
+            "SELECT id FROM ledger.create_run('chat', '{\"q\": \"hi\", \"n\": 1.50}')",
+        );
+        assert!(id.starts_with("run_") && id.len() == 30, "{id}");
+        let row = one::<String>(&format!(
+            "SELECT concat_ws('|', status, kind, subject_kind, attempt_no, root_run_id = id, input_summary, \
+                    started_at IS NULL, ended_at IS NULL, queued_at IS NOT NULL) \
+               FROM ledger.runs WHERE id = '{id}'"
+        ));
+        assert_eq!(
+            row,
+            "queued|chat|chat|1|t|{\"n\": 1.50, \"q\": \"hi\"}|t|t|t"
+        );
+        assert_eq!(
+            one::<String>(&format!("SELECT ledger.run_inputs('{id}')::text")),
+            "{\"n\": 1.50, \"q\": \"hi\"}"
+        );
+        assert_eq!(count(&format!("SELECT count(*) FROM ledger.run_events WHERE run_id = '{id}' AND kind = 'run.created' AND seq = 1")), 1);
+        assert_eq!(count(&format!("SELECT count(*) FROM ledger.outbox WHERE run_id = '{id}' AND event_type = 'run.created'")), 1);
+    }
+
+    #[pg_test]
+    fn request_id_makes_creation_idempotent() {
+        set_scope("t-request", "w");
+        let a = one::<String>(
+            "SELECT id FROM ledger.create_run('chat', request_id => 'req-1', subject_id => 's1')",
+        );
+        let b = one::<String>(
+            "SELECT id FROM ledger.create_run('chat', request_id => 'req-1', subject_id => 's1')",
+        );
+        assert_eq!(a, b);
+        assert_error(
+            "SELECT ledger.create_run('workflow', request_id => 'req-1', subject_id => 's1')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_error(
+            "SELECT ledger.create_run('chat', request_id => 'req-1', subject_id => 's2')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_eq!(count("SELECT count(*) FROM ledger.runs"), 1);
+        assert_eq!(count("SELECT count(*) FROM ledger.run_events"), 1);
+        // A caller run_id behaves the same way.
+        one::<String>("SELECT id FROM ledger.create_run('chat', run_id => 'mine')");
+        assert_eq!(
+            one::<String>("SELECT id FROM ledger.create_run('chat', run_id => 'mine')"),
+            "mine"
+        );
+        assert_error(
+            "SELECT ledger.create_run('other', run_id => 'mine')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+    }
+
+    #[pg_test]
+    fn lineage_is_validated_and_stored() {
+        set_scope("t-lineage", "w");
+        Spi::run("SELECT ledger.create_run('wf', run_id => 'r1')").unwrap();
+        Spi::run("SELECT ledger.create_run('wf', run_id => 'r2', source_run_id => 'r1')").unwrap();
+        Spi::run("SELECT ledger.create_run('wf', run_id => 'r3', source_run_id => 'r2', parent_run_id => 'r1')").unwrap();
+        assert_eq!(
+            one::<String>("SELECT string_agg(concat_ws(':', id, attempt_no, root_run_id, source_run_id, parent_run_id), ' ' ORDER BY id) FROM ledger.runs"),
+            "r1:1:r1 r2:2:r1:r1 r3:3:r1:r2:r1"
+        );
+        let e = assert_error(
+            "SELECT ledger.create_run('wf', source_run_id => 'nope')",
+            "P0002",
+            "RUN_NOT_FOUND",
+        );
+        assert_eq!(e.detail["argument"], "source_run_id");
+        assert_error(
+            "SELECT ledger.create_run('wf', parent_run_id => 'nope')",
+            "P0002",
+            "RUN_NOT_FOUND",
+        );
+        assert_error(
+            "SELECT ledger.create_run('wf', attempt_no => 0)",
+            "22023",
+            "ATTEMPT_INVALID",
+        );
+        assert_eq!(count("SELECT count(*) FROM ledger.runs"), 3);
+        // Another scope's run does not exist here.
+        set_scope("t-lineage-other", "w");
+        assert_error(
+            "SELECT ledger.create_run('wf', source_run_id => 'r1')",
+            "P0002",
+            "RUN_NOT_FOUND",
+        );
+    }
+
+    #[pg_test]
+    fn large_inputs_live_in_the_blob_store_and_come_back_exactly() {
+        set_scope("t-inputs", "w");
+        let doc = "jsonb_build_object('text', repeat('é', 9000), 'n', 1.000, 'nested', jsonb_build_object('a', '[1, 2.50]'::jsonb))";
+        let id = one::<String>(&format!(
+            "SELECT id FROM ledger.create_run('ingest', {doc})"
+        ));
+        assert!(one::<bool>(&format!(
+            "SELECT ledger.run_inputs('{id}') = {doc}"
+        )));
+        assert!(one::<bool>(&format!(
+            "SELECT ledger.run_inputs('{id}')::text = ({doc})::text"
+        )));
+        assert!(one::<bool>(&format!("SELECT inputs IS NULL AND inputs_sha256 IS NOT NULL FROM ledger.runs WHERE id = '{id}'")));
+        assert_eq!(count("SELECT count(*) FROM ledger.blobs"), 1);
+        assert_eq!(
+            count(&format!(
+                "SELECT char_length(input_summary) FROM ledger.runs WHERE id = '{id}'"
+            )),
+            8192
+        );
+        // Tampered bytes are detected.
+        Spi::run("UPDATE ledger.blobs SET content = content || '\\x20'::bytea WHERE tenant_id = 't-inputs'").unwrap();
+        assert_error(
+            &format!("SELECT ledger.run_inputs('{id}')"),
+            "XX001",
+            "BLOB_HASH_MISMATCH",
+        );
+    }
+
+    #[pg_test]
+    fn bad_create_arguments_are_refused_and_write_nothing() {
+        set_scope("t-bad-create", "w");
+        assert_error(
+            "SELECT ledger.create_run(NULL)",
+            "22023",
+            "ARGUMENT_REQUIRED",
+        );
+        assert_error("SELECT ledger.create_run('')", "22023", "ARGUMENT_REQUIRED");
+        for inputs in ["'[1]'", "'\"x\"'", "'1'", "'null'"] {
+            assert_error(
+                &format!("SELECT ledger.create_run('chat', {inputs}::jsonb)"),
+                "22023",
+                "INPUTS_NOT_OBJECT",
+            );
+        }
+        let long = "x".repeat(129);
+        assert_error(
+            &format!("SELECT ledger.create_run('chat', run_id => '{long}')"),
+            "22023",
+            "ID_INVALID",
+        );
+        assert_error(
+            "SELECT ledger.create_run('chat', run_id => 'has space')",
+            "22023",
+            "ID_INVALID",
+        );
+        assert_error(
+            "SELECT ledger.create_run('chat', request_id => '')",
+            "22023",
+            "ID_INVALID",
+        );
+        assert_eq!(count("SELECT count(*) FROM ledger.runs"), 0);
+        assert_eq!(count("SELECT count(*) FROM ledger.blobs"), 0);
+    }
+
+    #[pg_test]
+    fn every_function_refuses_to_run_without_scope() {
+        Spi::run("SELECT set_config('ledger.tenant_id', '', true), set_config('ledger.workspace_id', '', true)").unwrap();
+        for call in [
+            "SELECT ledger.create_run('chat')",
+            "SELECT ledger.transition_run('r', 'running')",
+            "SELECT ledger.run_inputs('r')",
+            "SELECT ledger.create_step('r', 'llm')",
+            "SELECT ledger.transition_step('s', 'running')",
+            "SELECT * FROM ledger.events_since('r')",
+            "SELECT ledger.run_channel('r')",
+        ] {
+            assert_error(call, "42501", "SCOPE_MISSING");
+        }
+        // Only one half of the scope is not a scope either.
+        Spi::run("SELECT set_config('ledger.tenant_id', 't', true)").unwrap();
+        assert_error("SELECT ledger.create_run('chat')", "42501", "SCOPE_MISSING");
+        assert_error(
+            "SELECT ledger.set_scope('t', NULL)",
+            "22023",
+            "ARGUMENT_REQUIRED",
+        );
+        assert_error("SELECT ledger.set_scope('t', 'a b')", "22023", "ID_INVALID");
+    }
+
+    #[pg_test]
+    fn transitions_follow_the_table_and_stamp_times() {
+        set_scope("t-transitions", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+        let e = assert_error(
+            "SELECT ledger.transition_run('r', 'succeeded')",
+            "55000",
+            "TRANSITION_INVALID",
+        );
+        assert_eq!(
+            (e.detail["from"].as_str(), e.detail["to"].as_str()),
+            (Some("queued"), Some("succeeded"))
+        );
+        assert_error(
+            "SELECT ledger.transition_run('r', 'done')",
+            "22023",
+            "STATUS_UNKNOWN",
+        );
+        assert_error(
+            "SELECT ledger.transition_run('r', 'skipped')",
+            "22023",
+            "STATUS_UNKNOWN",
+        );
+        assert_error(
+            "SELECT ledger.transition_run('r', 'running', expected_status => 'bogus')",
+            "22023",
+            "STATUS_UNKNOWN",
+        );
+        assert_error(
+            "SELECT ledger.transition_run('r', NULL)",
+            "22023",
+            "ARGUMENT_REQUIRED",
+        );
+        assert_error(
+            "SELECT ledger.transition_run('nope', 'running')",
+            "P0002",
+            "RUN_NOT_FOUND",
+        );
+        assert_error(
+            "SELECT ledger.transition_run('r', 'running', expected_status => 'preparing')",
+            "40001",
+            "TRANSITION_CONFLICT",
+        );
+        assert_eq!(count("SELECT count(*) FROM ledger.run_events"), 1);
+
+        Spi::run("SELECT ledger.transition_run('r', 'running', expected_status => 'queued')")
+            .unwrap();
+        assert!(one::<bool>(
+            "SELECT started_at IS NOT NULL AND ended_at IS NULL FROM ledger.runs"
+        ));
+        // Same status: idempotent, nothing rewritten, no event.
+        let before = one::<String>("SELECT updated_at::text FROM ledger.runs");
+        Spi::run("SELECT ledger.transition_run('r', 'running', output_summary => 'ignored')")
+            .unwrap();
+        assert_eq!(
+            one::<String>("SELECT updated_at::text FROM ledger.runs"),
+            before
+        );
+        assert!(one::<bool>(
+            "SELECT output_summary IS NULL FROM ledger.runs"
+        ));
+        assert_eq!(count("SELECT count(*) FROM ledger.run_events"), 2);
+
+        let long = "é".repeat(9000);
+        Spi::run(&format!("SELECT ledger.transition_run('r', 'failed', output_summary => '{long}', error_code => 'E1')")).unwrap();
+        assert_eq!(
+            one::<String>("SELECT concat_ws('|', status, error_code, char_length(output_summary), char_length(error_message), ended_at IS NOT NULL, duration_ms >= 0) FROM ledger.runs"),
+            "failed|E1|8192|8192|t|t"
+        );
+        // A terminal row is not rewritten by a repeat of its status.
+        Spi::run("SELECT ledger.transition_run('r', 'failed', error_code => 'E2')").unwrap();
+        assert_eq!(one::<String>("SELECT error_code FROM ledger.runs"), "E1");
+        assert_eq!(
+            count("SELECT count(*) FROM ledger.outbox WHERE event_type = 'run.status.updated'"),
+            1
+        );
+        // Leaving a terminal state clears ended_at and duration.
+        Spi::run("SELECT ledger.transition_run('r', 'retrying')").unwrap();
+        assert!(one::<bool>(
+            "SELECT ended_at IS NULL AND duration_ms IS NULL FROM ledger.runs"
+        ));
+        assert_eq!(
+            count("SELECT count(*) FROM ledger.outbox WHERE event_type = 'run.status.updated'"),
+            1
+        );
+        assert_eq!(
+            one::<String>("SELECT string_agg(payload->>'to', ',' ORDER BY seq) FROM ledger.run_events WHERE kind = 'run.status'"),
+            "running,failed,retrying"
+        );
+    }
+
+    #[pg_test]
+    fn error_step_id_must_be_a_step_of_the_run() {
+        set_scope("t-error-step", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r'), ledger.create_run('chat', run_id => 'other')").unwrap();
+        Spi::run("SELECT ledger.transition_run('r', 'running')").unwrap();
+        Spi::run("SELECT ledger.create_step('other', 'llm', step_id => 's-other')").unwrap();
+        assert_error(
+            "SELECT ledger.transition_run('r', 'failed', error_step_id => 's-other')",
+            "P0002",
+            "STEP_NOT_FOUND",
+        );
+        assert!(one::<bool>(
+            "SELECT status = 'running' FROM ledger.runs WHERE id = 'r'"
+        ));
+        Spi::run("SELECT ledger.create_step('r', 'llm', step_id => 's')").unwrap();
+        Spi::run("SELECT ledger.transition_run('r', 'failed', error_step_id => 's')").unwrap();
+        assert_eq!(
+            one::<String>("SELECT error_step_id FROM ledger.runs WHERE id = 'r'"),
+            "s"
+        );
+    }
+}

@@ -214,3 +214,132 @@ fn transition_step(
     }
     Ok(row(&scope, step_id)?)
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, one, set_scope};
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn steps_are_created_in_order_on_live_runs_only() {
+        set_scope("t-steps", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+        for key in ["plan", "call", "answer"] {
+            Spi::run(&format!(
+                "SELECT ledger.create_step('r', 'llm', step_key => '{key}')"
+            ))
+            .unwrap();
+        }
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(step_key, ',' ORDER BY step_no) FROM ledger.run_steps"
+            ),
+            "plan,call,answer"
+        );
+        assert!(one::<bool>("SELECT bool_and(id LIKE 'step\\_%' AND status = 'queued' AND started_at IS NULL) FROM ledger.run_steps"));
+        let s =
+            one::<String>("SELECT id FROM ledger.create_step('r', 'tool', status => 'running')");
+        assert!(one::<bool>(&format!(
+            "SELECT started_at IS NOT NULL FROM ledger.run_steps WHERE id = '{s}'"
+        )));
+        assert_error(
+            "SELECT ledger.create_step('r', 'llm', status => 'bogus')",
+            "22023",
+            "STATUS_UNKNOWN",
+        );
+        assert_error(
+            "SELECT ledger.create_step('r', NULL)",
+            "22023",
+            "ARGUMENT_REQUIRED",
+        );
+        assert_error(
+            "SELECT ledger.create_step('nope', 'llm')",
+            "P0002",
+            "RUN_NOT_FOUND",
+        );
+        Spi::run("SELECT ledger.transition_run('r', 'canceled')").unwrap();
+        assert_error(
+            "SELECT ledger.create_step('r', 'llm')",
+            "55000",
+            "RUN_TERMINAL",
+        );
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_steps"), 4);
+        // Seqs stayed gapless through the refusals.
+        assert!(one::<bool>(
+            "SELECT max(seq) = count(*) FROM ledger.run_events"
+        ));
+    }
+
+    #[pg_test]
+    fn caller_step_ids_are_idempotent() {
+        set_scope("t-step-ids", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r'), ledger.create_run('chat', run_id => 'r2')").unwrap();
+        Spi::run("SELECT ledger.create_step('r', 'llm', step_id => 's1')").unwrap();
+        Spi::run("SELECT ledger.create_step('r', 'llm', step_id => 's1')").unwrap();
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_steps"), 1);
+        assert_error(
+            "SELECT ledger.create_step('r2', 'llm', step_id => 's1')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_error(
+            "SELECT ledger.create_step('r', 'tool', step_id => 's1')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_error(
+            "SELECT ledger.create_step('r', 'llm', step_id => E'a\\tb')",
+            "22023",
+            "ID_INVALID",
+        );
+    }
+
+    #[pg_test]
+    fn step_transitions_merge_metrics_and_follow_the_table() {
+        set_scope("t-step-transitions", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+        Spi::run("SELECT ledger.create_step('r', 'llm', step_id => 's')").unwrap();
+        Spi::run(
+            "SELECT ledger.transition_step('s', 'running', metrics => '{\"a\": 1, \"b\": 1}')",
+        )
+        .unwrap();
+        assert_error(
+            "SELECT ledger.transition_step('s', 'skipped')",
+            "55000",
+            "TRANSITION_INVALID",
+        );
+        assert_error(
+            "SELECT ledger.transition_step('s', 'succeeded', metrics => '[1]')",
+            "22023",
+            "METRICS_NOT_OBJECT",
+        );
+        assert_error(
+            "SELECT ledger.transition_step('s', 'succeeded', expected_status => 'queued')",
+            "40001",
+            "TRANSITION_CONFLICT",
+        );
+        assert_error(
+            "SELECT ledger.transition_step('nope', 'running')",
+            "P0002",
+            "STEP_NOT_FOUND",
+        );
+        Spi::run("SELECT ledger.transition_step('s', 'succeeded', metrics => '{\"b\": 2, \"c\": 3}', output_summary => 'ok')").unwrap();
+        assert_eq!(
+            one::<String>("SELECT concat_ws('|', status, metrics::text, output_summary, ended_at IS NOT NULL, duration_ms >= 0) FROM ledger.run_steps"),
+            "succeeded|{\"a\": 1, \"b\": 2, \"c\": 3}|ok|t|t"
+        );
+        assert_error(
+            "SELECT ledger.transition_step('s', 'retrying')",
+            "55000",
+            "TRANSITION_INVALID",
+        );
+        // queued -> skipped is allowed for steps.
+        Spi::run("SELECT ledger.create_step('r', 'llm', step_id => 's2')").unwrap();
+        Spi::run("SELECT ledger.transition_step('s2', 'skipped')").unwrap();
+        assert_eq!(
+            one::<String>("SELECT string_agg(kind || ':' || coalesce(payload->>'to', payload->>'status'), ',' ORDER BY seq) FROM ledger.run_events WHERE step_id IS NOT NULL"),
+            "step.created:queued,step.status:running,step.status:succeeded,step.created:queued,step.status:skipped"
+        );
+    }
+}

@@ -16,6 +16,7 @@ EXCEPTION WHEN OTHERS THEN
     RETURN jsonb_build_object('sqlstate', state, 'message', msg, 'detail', detail);
 END
 $fn$;
+GRANT USAGE ON SCHEMA tests TO PUBLIC;
 "#,
         name = "test_error_of",
     );

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Every test, on every supported PostgreSQL (default 15 16 17 18; narrow it with
+# LEDGER_PG_VERSIONS="15"): plain #[test]s and #[pg_test]s through `cargo pgrx test`, then
+# pg_regress and the multi-session tests against a private cluster of the shipping build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+. pgrx-tests/lib.sh
+
+bash pgrx-tests/bootstrap.sh
+VERSIONS=${LEDGER_PG_VERSIONS:-15 16 17 18}
+summary=()
+
+for v in $VERSIONS; do
+  started=$(date +%s)
+  echo "==> PostgreSQL $v: unit tests and #[pg_test]s"
+  pgtest=/tmp/ledger-pgtest-$v
+  rm -rf "$pgtest"
+  if [ "$(id -u)" -eq 0 ]; then export CARGO_PGRX_TEST_RUNAS=postgres; fi
+  CARGO_PGRX_TEST_PGDATA=$pgtest cargo pgrx test "pg$v"
+  rm -rf "$pgtest"
+
+  echo "==> PostgreSQL $v: pg_regress and multi-session tests"
+  install_ledger "$v"
+  work=/tmp/ledger-regress-$v
+  data=$work/pgdata
+  port=$((28800 + v))
+  cluster_stop "$v" "$data" 2>/dev/null || true
+  rm -rf "$work"
+  mkdir -p "$work"
+  cp -r tests/pg_regress "$work/in"
+  [ "$(id -u)" -eq 0 ] && chown -R postgres: "$work"
+  cluster_start "$v" "$data" "$port"
+  trap 'cluster_stop "$v" "$data" || true' EXIT
+  cluster_psql "$v" "$data" "$port" -q -c "CREATE DATABASE ledger_regress"
+  bindir=$(pg_bindir "$v")
+  regress="$($bindir/pg_config --pkglibdir)/pgxs/src/test/regress/pg_regress"
+  tests=$(cd tests/pg_regress/sql && ls *.sql | sed 's/\.sql$//' | grep -v '^setup$' | sort)
+  if ! as_pg "$regress" --use-existing --dbname=ledger_regress --host="$data" --port="$port" \
+      --user=postgres --bindir="$bindir" --inputdir="$work/in" --outputdir="$work/out" \
+      setup $tests; then
+    cat "$work/out/regression.diffs" 2>/dev/null || true
+    exit 1
+  fi
+  LEDGER_TEST_HOST=$data LEDGER_TEST_PORT=$port LEDGER_TEST_PGDATA=$data LEDGER_TEST_BINDIR=$bindir \
+    cargo test --no-default-features --features "pg$v pg_test" --test sessions -- --ignored --test-threads=1
+  cluster_stop "$v" "$data"
+  trap - EXIT
+  rm -rf "$work"
+  summary+=("PostgreSQL $v: passed in $(( $(date +%s) - started ))s")
+done
+
+printf '%s\n' "==> all tests passed" "${summary[@]}"
