@@ -30,8 +30,8 @@ cluster_stop "$MAJOR" "$DATA" || true
 cluster_start "$MAJOR" "$DATA" "$PORT"
 cluster_psql "$MAJOR" "$DATA" "$PORT" -q -c "DROP DATABASE IF EXISTS ledger_demo" -c "CREATE DATABASE ledger_demo"
 cluster_psql "$MAJOR" "$DATA" "$PORT" -d ledger_demo -q -c "CREATE EXTENSION ledger"
-echo "demo: walkthrough (pgrx-tests/demo.sql)"
-cluster_psql "$MAJOR" "$DATA" "$PORT" -d ledger_demo -e -f pgrx-tests/demo.sql
+echo "demo: walkthrough (tests/pg_regress/sql/walkthrough.sql; its errors are on purpose)"
+cluster_psql "$MAJOR" "$DATA" "$PORT" -d ledger_demo -v ON_ERROR_STOP=0 -a < tests/pg_regress/sql/walkthrough.sql
 psql_cmd="$(pg_bindir $MAJOR)/psql -h $DATA -p $PORT -U postgres ledger_demo"
 [ "$(id -u)" -eq 0 ] && psql_cmd="sudo -u postgres $psql_cmd"
 cat <<MSG

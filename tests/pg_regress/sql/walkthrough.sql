@@ -1,0 +1,70 @@
+-- The ledger's main job, as a psql user sees it. `make demo` runs this file on a throwaway
+-- cluster; the test suite runs it through pg_regress and compares every line.
+\pset null '(null)'
+-- Work as an application role: it may call the functions and SELECT the tables, never write
+-- them directly, and row-level security shows it only its own scope.
+SET ROLE ledger_writer;
+
+-- 1. Everything happens in a scope: a tenant and a workspace. Without one, nothing runs.
+SELECT ledger.create_run('agent');
+SELECT ledger.set_scope('acme', 'support');
+
+-- 2. A run, with its exact inputs, and an idempotent request id.
+SELECT id, status, mode, attempt_no, root_run_id, input_summary
+  FROM ledger.create_run('agent', inputs => '{"question": "Where is my order?", "order": 1042, "max_cost": 0.50}',
+                         run_id => 'run-demo-1', request_id => 'req-1042');
+-- The same request again returns the same run instead of a second one.
+SELECT id, status FROM ledger.create_run('agent', request_id => 'req-1042');
+SELECT ledger.run_inputs('run-demo-1');
+
+-- 3. Steps, moved through the status machine.
+SELECT (ledger.transition_run('run-demo-1', 'running')).status;
+SELECT id, step_no, step_type, status FROM ledger.create_step('run-demo-1', 'llm', step_key => 'plan', step_id => 'step-plan');
+SELECT id, status, metrics FROM ledger.transition_step('step-plan', 'running', metrics => '{"model": "small"}');
+SELECT id, status, metrics, output_summary
+  FROM ledger.transition_step('step-plan', 'succeeded', metrics => '{"prompt_tokens": 812}', output_summary => 'look up order 1042');
+SELECT id, step_no, status FROM ledger.create_step('run-demo-1', 'tool', step_key => 'lookup', step_id => 'step-lookup');
+
+-- 4. The rules hold: an illegal transition is refused, with a machine-readable DETAIL.
+SELECT ledger.transition_step('step-plan', 'failed');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT ledger.transition_run('run-demo-1', 'queued');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- A writer that expected a status the run no longer has loses the race (and may retry).
+SELECT ledger.transition_run('run-demo-1', 'paused', expected_status => 'queued');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- Asking for the status a run already has is idempotent.
+SELECT id, status FROM ledger.transition_run('run-demo-1', 'running');
+
+-- 5. Catch-up (replay #2): a client that saw events up to seq 3 asks for the rest.
+SELECT seq, kind, step_id, payload->>'to' AS "to" FROM ledger.events_since('run-demo-1') ORDER BY seq;
+SELECT event_id AS cursor FROM ledger.events_since('run-demo-1') WHERE seq = 3 \gset
+SELECT seq, kind, step_id FROM ledger.events_since('run-demo-1', :'cursor');
+-- Live clients LISTEN on the run's channel before reading (see the README's client contract).
+SELECT ledger.run_channel('run-demo-1') LIKE 'ledger_run_%' AS channel_ok;
+-- A cursor that is not an event of this run is an error, never a silent replay from the start.
+SELECT * FROM ledger.events_since('run-demo-1', 'evt_unknown');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+
+-- 6. The run ends; the terminal status goes to the outbox in the same transaction.
+SELECT (ledger.transition_step('step-lookup', 'skipped')).status;
+SELECT id, status, ended_at IS NOT NULL AS ended, duration_ms >= 0 AS timed
+  FROM ledger.transition_run('run-demo-1', 'succeeded', output_summary => 'Order 1042 ships tomorrow.');
+SELECT event_type, status, payload->>'new_status' AS new_status FROM ledger.outbox ORDER BY occurred_at, event_type;
+
+-- 7. Re-running keeps lineage in the ledger: a new run from this one is attempt 2 of the same root.
+SELECT id, attempt_no, source_run_id, root_run_id
+  FROM ledger.create_run('agent', run_id => 'run-demo-2', source_run_id => 'run-demo-1');
+
+-- 8. Another workspace sees none of it.
+SELECT ledger.set_scope('acme', 'billing');
+SELECT count(*) AS runs_visible FROM ledger.runs;
+SELECT ledger.transition_run('run-demo-1', 'failed');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT ledger.set_scope('acme', 'support');
+
+-- The status machine itself, for reference (succeeded reaches nothing).
+SELECT from_status, string_agg(to_status, ', ' ORDER BY n) AS to_statuses
+  FROM ledger.status_transitions() WITH ORDINALITY AS t(resource, from_status, to_status, n)
+ WHERE resource = 'run' GROUP BY from_status ORDER BY min(n);
+RESET ROLE;
