@@ -7,7 +7,7 @@ repo=$(pwd)
 . pgrx-tests/lib.sh
 
 MAJOR=15
-PORT=${LEDGER_DEMO_PORT:-28815}
+PORT=${LEDGER_DEMO_PORT:-28915}
 DATA=${LEDGER_DEMO_DIR:-$repo/.demo/pgdata}
 
 if [ "${1:-}" = stop ]; then
