@@ -118,16 +118,17 @@ CREATE TABLE ledger.run_steps (
     duration_ms    bigint,
     created_at     timestamptz NOT NULL DEFAULT now(),
     updated_at     timestamptz NOT NULL DEFAULT now(),
-    -- Creation order within a run (ids are never used for ordering).
-    step_no        integer NOT NULL,
+    -- Creation order within a run: the seq of its step.created event (ids never order anything).
+    step_no        bigint NOT NULL,
     PRIMARY KEY (tenant_id, workspace_id, id),
     UNIQUE (tenant_id, workspace_id, run_id, step_no),
     FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id)
 );
 COMMENT ON TABLE ledger.run_steps IS 'Steps of a run (llm, retrieval, tool, workflow_node, ...). Same statuses as runs plus skipped. Written only through ledger.create_step and ledger.transition_step.';
 
-ALTER TABLE ledger.runs ADD FOREIGN KEY (tenant_id, workspace_id, error_step_id)
-    REFERENCES ledger.run_steps (tenant_id, workspace_id, id);
+-- runs.error_step_id is checked by ledger.transition_run, not by a foreign key: one would make
+-- runs and run_steps a foreign-key cycle, and pg_dump could no longer order their data so that
+-- pg_restore loads it.
 
 CREATE TABLE ledger.run_events (
     tenant_id    text NOT NULL,

@@ -99,6 +99,21 @@ mod tests {
     }
 
     #[pg_test]
+    fn every_function_and_table_has_a_comment() {
+        let bare = one::<String>(
+            "SELECT coalesce(string_agg(oid::regprocedure::text, ', '), '') FROM pg_proc \
+              WHERE pronamespace = 'ledger'::regnamespace AND obj_description(oid, 'pg_proc') IS NULL",
+        );
+        assert_eq!(bare, "");
+        let bare = one::<String>(
+            "SELECT coalesce(string_agg(relname, ', '), '') FROM pg_class \
+              WHERE relnamespace = 'ledger'::regnamespace AND relkind IN ('r', 'v') \
+                AND obj_description(oid, 'pg_class') IS NULL",
+        );
+        assert_eq!(bare, "");
+    }
+
+    #[pg_test]
     fn every_table_forces_rls_and_is_dumped() {
         let tables = "SELECT c.oid FROM pg_class c WHERE c.relnamespace = 'ledger'::regnamespace AND c.relkind = 'r'";
         assert!(one::<i64>(&format!("SELECT count(*) FROM ({tables}) t")) >= 5);

@@ -33,11 +33,13 @@ pub enum Lookup {
     RequestId,
 }
 
-/// Reads a run's head in scope; with `lock`, under `FOR UPDATE`.
+/// Reads a run's head in scope; with `lock`, under `FOR NO KEY UPDATE` (the lock the event seq
+/// bump takes too). Functions that lock a step lock its run first, so locks are always taken
+/// run before step and two writers cannot deadlock.
 pub fn head(scope: &Scope, by: Lookup, key: &str, lock: bool) -> Result<Option<RunHead>> {
     let query = match (by, lock) {
         (Lookup::Id, false) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        (Lookup::Id, true) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
+        (Lookup::Id, true) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR NO KEY UPDATE",
         (Lookup::RequestId, _) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND request_id = $3",
     };
     let args = [
@@ -496,6 +498,37 @@ mod tests {
             &format!("SELECT ledger.run_inputs('{id}')"),
             "XX001",
             "BLOB_HASH_MISMATCH",
+        );
+    }
+
+    #[pg_test]
+    fn deep_and_huge_inputs_are_kept_without_recursion() {
+        set_scope("t-deep", "w");
+        // Inputs are stored as PostgreSQL parsed them; Rust never walks them.
+        let deep = "('{\"a\": ' || repeat('[', 5000) || '1' || repeat(']', 5000) || '}')::jsonb";
+        Spi::run(&format!(
+            "SELECT ledger.create_run('chat', {deep}, run_id => 'deep')"
+        ))
+        .unwrap();
+        assert!(one::<bool>(&format!(
+            "SELECT ledger.run_inputs('deep') = {deep}"
+        )));
+        Spi::run("SELECT ledger.create_step('deep', 'llm', step_id => 's')").unwrap();
+        Spi::run(&format!("SELECT ledger.transition_step('s', 'running', metrics => {deep}, error_details => {deep})")).unwrap();
+        assert!(one::<bool>(&format!(
+            "SELECT metrics = {deep} AND error_details = {deep} FROM ledger.run_steps"
+        )));
+        let huge = "jsonb_build_object('text', repeat('x', 5000000))";
+        Spi::run(&format!(
+            "SELECT ledger.create_run('chat', {huge}, run_id => 'huge')"
+        ))
+        .unwrap();
+        assert!(one::<bool>(&format!(
+            "SELECT ledger.run_inputs('huge') = {huge}"
+        )));
+        assert_eq!(
+            one::<i32>("SELECT char_length(input_summary) FROM ledger.runs WHERE id = 'huge'"),
+            8192
         );
     }
 

@@ -107,7 +107,7 @@ fn create_step(
             node_id.into(),
             status.as_str().into(),
             input_summary.map(text::summary).into(),
-            (seq as i32).into(),
+            seq.into(),
             status.is_started().into(),
             status.is_terminal().into(),
         ],
@@ -153,20 +153,24 @@ fn transition_step(
             .into());
         }
     }
-    let (run_id, current) = db::write_one(
-        "SELECT run_id, status FROM ledger.run_steps \
+    let args = [
+        scope.tenant.as_str().into(),
+        scope.workspace.as_str().into(),
+        step_id.into(),
+    ];
+    let run_id = db::select_one(
+        "SELECT run_id FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &args,
+        |r| db::req::<String>(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))?;
+    // Run first, then step: the lock order every function keeps.
+    runs::existing(&scope, "run_id", &run_id, true)?;
+    let current = db::write_one(
+        "SELECT status FROM ledger.run_steps \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            step_id.into(),
-        ],
-        |r| {
-            Ok((
-                db::req::<String>(r, 1)?,
-                Status::parse(Resource::Step, &db::req::<String>(r, 2)?)?,
-            ))
-        },
+        &args,
+        |r| Status::parse(Resource::Step, &db::req::<String>(r, 1)?),
     )?
     .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))?;
 

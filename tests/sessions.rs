@@ -9,6 +9,8 @@
 
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::{Client, NoTls};
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
@@ -18,15 +20,23 @@ fn env(name: &str) -> String {
 }
 
 fn connect_to(db: &str, user: &str) -> Client {
-    let conn = format!("host={} port={} user={user} dbname={db}", env("LEDGER_TEST_HOST"), env("LEDGER_TEST_PORT"));
+    let conn = format!(
+        "host={} port={} user={user} dbname={db}",
+        env("LEDGER_TEST_HOST"),
+        env("LEDGER_TEST_PORT")
+    );
     Client::connect(&conn, NoTls).unwrap_or_else(|e| panic!("connect {conn}: {e}"))
 }
 
 /// A fresh database with the extension, one per test.
 fn database(name: &str) -> String {
     let mut admin = connect_to("postgres", "postgres");
-    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name}")).unwrap();
-    admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+        .unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .unwrap();
     let mut c = connect_to(name, "postgres");
     c.batch_execute("CREATE EXTENSION ledger").unwrap();
     name.to_owned()
@@ -34,23 +44,35 @@ fn database(name: &str) -> String {
 
 fn session(db: &str) -> Client {
     let mut c = connect_to(db, "postgres");
-    c.batch_execute("SELECT ledger.set_scope('acme', 'support')").unwrap();
+    c.batch_execute("SELECT ledger.set_scope('acme', 'support')")
+        .unwrap();
     c
 }
 
 /// (SQLSTATE, DETAIL code) of a failed statement.
 fn failure(e: &postgres::Error) -> (String, String) {
-    let db = e.as_db_error().unwrap_or_else(|| panic!("not a server error: {e}"));
-    let detail: serde_json::Value = db.detail().and_then(|d| serde_json::from_str(d).ok()).unwrap_or_default();
-    (db.code().code().to_owned(), detail["code"].as_str().unwrap_or_default().to_owned())
+    let db = e
+        .as_db_error()
+        .unwrap_or_else(|| panic!("not a server error: {e}"));
+    let detail: serde_json::Value = db
+        .detail()
+        .and_then(|d| serde_json::from_str(d).ok())
+        .unwrap_or_default();
+    (
+        db.code().code().to_owned(),
+        detail["code"].as_str().unwrap_or_default().to_owned(),
+    )
 }
 
 fn seqs(c: &mut Client, run_id: &str, after: Option<&str>) -> Vec<(String, i64)> {
-    c.query("SELECT event_id, seq FROM ledger.events_since($1, $2)", &[&run_id, &after])
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect()
+    c.query(
+        "SELECT event_id, seq FROM ledger.events_since($1, $2)",
+        &[&run_id, &after],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
 }
 
 #[test]
@@ -62,7 +84,11 @@ fn racing_the_same_transition_exactly_one_wins() {
 
     let mut a = session(&db);
     a.batch_execute("BEGIN").unwrap();
-    a.query("SELECT ledger.transition_run('r', 'succeeded', expected_status => 'running')", &[]).unwrap();
+    a.query(
+        "SELECT ledger.transition_run('r', 'succeeded', expected_status => 'running')",
+        &[],
+    )
+    .unwrap();
 
     // B starts while A holds the row; it waits on the lock and must lose.
     let (tx, rx) = mpsc::channel();
@@ -70,18 +96,36 @@ fn racing_the_same_transition_exactly_one_wins() {
     let b = thread::spawn(move || {
         let mut b = session(&db_b);
         tx.send(()).unwrap();
-        b.query("SELECT ledger.transition_run('r', 'failed', expected_status => 'running')", &[])
-            .map(|_| ())
+        b.query(
+            "SELECT ledger.transition_run('r', 'failed', expected_status => 'running')",
+            &[],
+        )
+        .map(|_| ())
     });
     rx.recv().unwrap();
     thread::sleep(Duration::from_millis(300));
     a.batch_execute("COMMIT").unwrap();
-    let err = b.join().unwrap().expect_err("the second writer must not win");
-    assert_eq!(failure(&err), ("40001".into(), "TRANSITION_CONFLICT".into()));
+    let err = b
+        .join()
+        .unwrap()
+        .expect_err("the second writer must not win");
+    assert_eq!(
+        failure(&err),
+        ("40001".into(), "TRANSITION_CONFLICT".into())
+    );
 
-    let status: String = setup.query_one("SELECT status FROM ledger.runs WHERE id = 'r'", &[]).unwrap().get(0);
+    let status: String = setup
+        .query_one("SELECT status FROM ledger.runs WHERE id = 'r'", &[])
+        .unwrap()
+        .get(0);
     assert_eq!(status, "succeeded");
-    let kinds: i64 = setup.query_one("SELECT count(*) FROM ledger.run_events WHERE kind = 'run.status'", &[]).unwrap().get(0);
+    let kinds: i64 = setup
+        .query_one(
+            "SELECT count(*) FROM ledger.run_events WHERE kind = 'run.status'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
     assert_eq!(kinds, 2, "the loser wrote no event");
 }
 
@@ -90,7 +134,9 @@ fn racing_the_same_transition_exactly_one_wins() {
 fn events_since_never_skips_a_late_commit() {
     let db = database("ledger_order");
     let mut setup = session(&db);
-    setup.batch_execute("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+    setup
+        .batch_execute("SELECT ledger.create_run('chat', run_id => 'r')")
+        .unwrap();
     let mut reader = session(&db);
     let first = seqs(&mut reader, "r", None);
     assert_eq!(first.iter().map(|e| e.1).collect::<Vec<_>>(), vec![1]);
@@ -98,12 +144,14 @@ fn events_since_never_skips_a_late_commit() {
 
     // Writer A takes seq 2 and holds its transaction open.
     let mut a = session(&db);
-    a.batch_execute("BEGIN; SELECT ledger.transition_run('r', 'running')").unwrap();
+    a.batch_execute("BEGIN; SELECT ledger.transition_run('r', 'running')")
+        .unwrap();
     // Writer B starts later; it cannot take seq 3 until A commits.
     let db_b = db.clone();
     let b = thread::spawn(move || {
         let mut b = session(&db_b);
-        b.batch_execute("BEGIN; SELECT ledger.create_step('r', 'llm', step_id => 's'); COMMIT").unwrap();
+        b.batch_execute("BEGIN; SELECT ledger.create_step('r', 'llm', step_id => 's'); COMMIT")
+            .unwrap();
     });
     thread::sleep(Duration::from_millis(300));
     // Nothing after the cursor is visible yet: no seq 3 can exist before seq 2 commits.
@@ -118,14 +166,20 @@ fn events_since_never_skips_a_late_commit() {
 #[ignore]
 fn concurrent_writers_produce_a_gapless_feed() {
     let db = database("ledger_gapless");
-    session(&db).batch_execute("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+    session(&db)
+        .batch_execute("SELECT ledger.create_run('chat', run_id => 'r')")
+        .unwrap();
     let writers: Vec<_> = (0..4)
         .map(|w| {
             let db = db.clone();
             thread::spawn(move || {
                 let mut c = session(&db);
                 for i in 0..25 {
-                    c.execute("SELECT ledger.create_step('r', 'llm', step_key => $1)", &[&format!("w{w}-{i}")]).unwrap();
+                    c.execute(
+                        "SELECT ledger.create_step('r', 'llm', step_key => $1)",
+                        &[&format!("w{w}-{i}")],
+                    )
+                    .unwrap();
                 }
             })
         })
@@ -162,7 +216,10 @@ fn catch_up(c: &mut Client, cursor: &mut Option<String>, seen: &mut Vec<i64>) {
 }
 
 fn listen(c: &mut Client) {
-    let channel: String = c.query_one("SELECT ledger.run_channel('r')", &[]).unwrap().get(0);
+    let channel: String = c
+        .query_one("SELECT ledger.run_channel('r')", &[])
+        .unwrap()
+        .get(0);
     c.batch_execute(&format!("LISTEN {channel}")).unwrap();
 }
 
@@ -181,7 +238,9 @@ fn wait_notified(c: &mut Client) -> serde_json::Value {
 fn listen_and_catch_up_lose_nothing_across_reconnect_and_restart() {
     let db = database("ledger_listen");
     let mut writer = session(&db);
-    writer.batch_execute("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+    writer
+        .batch_execute("SELECT ledger.create_run('chat', run_id => 'r')")
+        .unwrap();
 
     let mut listener = session(&db);
     listen(&mut listener);
@@ -189,7 +248,9 @@ fn listen_and_catch_up_lose_nothing_across_reconnect_and_restart() {
     catch_up(&mut listener, &mut cursor, &mut seen);
     assert_eq!(seen, vec![1]);
 
-    writer.batch_execute("SELECT ledger.transition_run('r', 'running')").unwrap();
+    writer
+        .batch_execute("SELECT ledger.transition_run('r', 'running')")
+        .unwrap();
     let note = wait_notified(&mut listener);
     assert_eq!(note["seq"], 2);
     assert_eq!(note["kind"], "run.status");
@@ -208,39 +269,63 @@ fn listen_and_catch_up_lose_nothing_across_reconnect_and_restart() {
     assert_eq!(seen, vec![1, 2, 3, 4]);
 
     // Events committed, then the server restarts before the client reads them.
-    writer.batch_execute("SELECT ledger.transition_step('s1', 'succeeded')").unwrap();
+    writer
+        .batch_execute("SELECT ledger.transition_step('s1', 'succeeded')")
+        .unwrap();
     drop(writer);
     drop(listener);
     restart_server();
     let mut writer = session(&db);
-    writer.batch_execute("SELECT ledger.transition_run('r', 'failed')").unwrap();
+    writer
+        .batch_execute("SELECT ledger.transition_run('r', 'failed')")
+        .unwrap();
     let mut listener = session(&db);
     listen(&mut listener);
     catch_up(&mut listener, &mut cursor, &mut seen);
     assert_eq!(seen, vec![1, 2, 3, 4, 5, 6]);
     // And live notifications flow again after the restart.
-    writer.batch_execute("SELECT ledger.transition_run('r', 'retrying')").unwrap();
+    writer
+        .batch_execute("SELECT ledger.transition_run('r', 'retrying')")
+        .unwrap();
     assert_eq!(wait_notified(&mut listener)["seq"], 7);
     catch_up(&mut listener, &mut cursor, &mut seen);
     assert_eq!(seen, (1..=7).collect::<Vec<i64>>());
 }
 
-fn restart_server() {
-    let pg_ctl = format!("{}/pg_ctl", env("LEDGER_TEST_BINDIR"));
-    let data = env("LEDGER_TEST_PGDATA");
-    let mut cmd = if running_as_root() {
-        let mut c = std::process::Command::new("sudo");
-        c.args(["-u", "postgres", "--", &pg_ctl]);
+/// A server program of the cluster under test, run as `postgres` when we are root.
+fn pg_tool(name: &str) -> Command {
+    let path = format!("{}/{name}", env("LEDGER_TEST_BINDIR"));
+    if running_as_root() {
+        let mut c = Command::new("sudo");
+        c.args(["-u", "postgres", "--", &path]);
         c
     } else {
-        std::process::Command::new(&pg_ctl)
-    };
-    let status = cmd.args(["-D", &data, "-m", "fast", "-w", "restart"]).stdout(std::process::Stdio::null()).status().unwrap();
+        Command::new(path)
+    }
+}
+
+fn restart_server() {
+    let status = pg_tool("pg_ctl")
+        .args([
+            "-D",
+            &env("LEDGER_TEST_PGDATA"),
+            "-m",
+            "fast",
+            "-w",
+            "restart",
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
     assert!(status.success(), "pg_ctl restart failed");
 }
 
 fn running_as_root() -> bool {
-    std::process::Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0\n")).unwrap_or(false)
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0\n"))
+        .unwrap_or(false)
 }
 
 #[test]
@@ -257,28 +342,254 @@ fn a_login_role_without_scope_sees_zero_rows() {
         .unwrap();
     let mut app = connect_to(&db, "ledger_test_app");
     for table in ["runs", "run_events", "outbox", "run_steps", "blobs"] {
-        let n: i64 = app.query_one(&format!("SELECT count(*) FROM ledger.{table}"), &[]).unwrap().get(0);
+        let n: i64 = app
+            .query_one(&format!("SELECT count(*) FROM ledger.{table}"), &[])
+            .unwrap()
+            .get(0);
         assert_eq!(n, 0, "{table} without scope");
     }
-    let err = app.query("SELECT ledger.create_run('chat')", &[]).unwrap_err();
+    let err = app
+        .query("SELECT ledger.create_run('chat')", &[])
+        .unwrap_err();
     assert_eq!(failure(&err), ("42501".into(), "SCOPE_MISSING".into()));
-    app.batch_execute("SELECT ledger.set_scope('acme', 'other')").unwrap();
-    let n: i64 = app.query_one("SELECT count(*) FROM ledger.runs", &[]).unwrap().get(0);
+    app.batch_execute("SELECT ledger.set_scope('acme', 'other')")
+        .unwrap();
+    let n: i64 = app
+        .query_one("SELECT count(*) FROM ledger.runs", &[])
+        .unwrap()
+        .get(0);
     assert_eq!(n, 0);
-    app.batch_execute("SELECT ledger.set_scope('acme', 'support')").unwrap();
-    let n: i64 = app.query_one("SELECT count(*) FROM ledger.runs", &[]).unwrap().get(0);
+    app.batch_execute("SELECT ledger.set_scope('acme', 'support')")
+        .unwrap();
+    let n: i64 = app
+        .query_one("SELECT count(*) FROM ledger.runs", &[])
+        .unwrap()
+        .get(0);
     assert_eq!(n, 1);
     // A plain write is refused even in the right scope.
-    let err = app.batch_execute("UPDATE ledger.runs SET status = 'succeeded'").unwrap_err();
+    let err = app
+        .batch_execute("UPDATE ledger.runs SET status = 'succeeded'")
+        .unwrap_err();
     assert_eq!(err.as_db_error().unwrap().code().code(), "42501");
     // is_local scope ends with the transaction.
-    app.batch_execute("RESET ledger.tenant_id; RESET ledger.workspace_id").unwrap();
-    app.batch_execute("BEGIN; SELECT ledger.set_scope('acme', 'support', is_local => true)").unwrap();
-    let n: i64 = app.query_one("SELECT count(*) FROM ledger.runs", &[]).unwrap().get(0);
+    app.batch_execute("RESET ledger.tenant_id; RESET ledger.workspace_id")
+        .unwrap();
+    app.batch_execute("BEGIN; SELECT ledger.set_scope('acme', 'support', is_local => true)")
+        .unwrap();
+    let n: i64 = app
+        .query_one("SELECT count(*) FROM ledger.runs", &[])
+        .unwrap()
+        .get(0);
     assert_eq!(n, 1);
     app.batch_execute("COMMIT").unwrap();
-    let n: i64 = app.query_one("SELECT count(*) FROM ledger.runs", &[]).unwrap().get(0);
+    let n: i64 = app
+        .query_one("SELECT count(*) FROM ledger.runs", &[])
+        .unwrap()
+        .get(0);
     assert_eq!(n, 0);
     drop(app);
     admin.batch_execute("DROP ROLE ledger_test_app").unwrap();
+}
+
+/// A digest of every ledger table's rows, read as the superuser (so across all scopes).
+fn table_digests(c: &mut Client) -> Vec<(String, i64, String)> {
+    ["runs", "run_steps", "run_events", "outbox", "blobs"]
+        .iter()
+        .map(|t| {
+            let row = c
+                .query_one(&format!("SELECT count(*), coalesce(md5(string_agg(x::text, '|' ORDER BY x::text)), '') FROM ledger.{t} x"), &[])
+                .unwrap();
+            (t.to_string(), row.get(0), row.get(1))
+        })
+        .collect()
+}
+
+#[test]
+#[ignore]
+fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
+    let src = database("ledger_dump_src");
+    let mut c = session(&src);
+    c.batch_execute(
+        "SELECT ledger.create_run('chat', '{\"q\": 1}', run_id => 'r1'); \
+         SELECT ledger.transition_run('r1', 'running'); \
+         SELECT ledger.create_step('r1', 'llm', step_id => 's1'); \
+         SELECT ledger.transition_step('s1', 'failed'); \
+         SELECT ledger.transition_run('r1', 'failed', error_step_id => 's1'); \
+         SELECT ledger.create_run('chat', jsonb_build_object('big', repeat('x', 20000)), run_id => 'r2', source_run_id => 'r1', parent_run_id => 'r1'); \
+         SELECT ledger.set_scope('other', 'w'); \
+         SELECT ledger.create_run('chat', run_id => 'r1')",
+    )
+    .unwrap();
+    let before = table_digests(&mut connect_to(&src, "postgres"));
+    assert!(before.iter().all(|(_, n, _)| *n > 0), "{before:?}");
+
+    let dump = pg_tool("pg_dump")
+        .args([
+            "-h",
+            &env("LEDGER_TEST_HOST"),
+            "-p",
+            &env("LEDGER_TEST_PORT"),
+            "-U",
+            "postgres",
+            "-Fc",
+            &src,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        dump.status.success(),
+        "pg_dump: {}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
+    let mut admin = connect_to("postgres", "postgres");
+    admin.batch_execute("DROP DATABASE IF EXISTS ledger_dump_dst").unwrap();
+    admin.batch_execute("CREATE DATABASE ledger_dump_dst").unwrap();
+    let mut restore = pg_tool("pg_restore")
+        .args([
+            "-h",
+            &env("LEDGER_TEST_HOST"),
+            "-p",
+            &env("LEDGER_TEST_PORT"),
+            "-U",
+            "postgres",
+            "--exit-on-error",
+            "-d",
+            "ledger_dump_dst",
+        ])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    restore
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&dump.stdout)
+        .unwrap();
+    let out = restore.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "pg_restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    assert_eq!(
+        table_digests(&mut connect_to("ledger_dump_dst", "postgres")),
+        before
+    );
+    let mut d = session("ledger_dump_dst");
+    let big: i32 = d
+        .query_one("SELECT length(ledger.run_inputs('r2')->>'big')", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(big, 20000);
+    // The feed continues where it stopped: the next event is seq 6 of r1.
+    d.batch_execute("SELECT ledger.transition_run('r1', 'retrying')")
+        .unwrap();
+    let seq: Vec<i64> = seqs(&mut d, "r1", None).into_iter().map(|e| e.1).collect();
+    assert_eq!(seq, (1..=6).collect::<Vec<i64>>());
+}
+
+#[test]
+#[ignore]
+fn concurrent_creates_with_one_request_id_make_one_run() {
+    let db = database("ledger_request");
+    let mut a = session(&db);
+    a.batch_execute("BEGIN").unwrap();
+    let first: String = a
+        .query_one(
+            "SELECT id FROM ledger.create_run('chat', request_id => 'req-1')",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    let db_b = db.clone();
+    let b = thread::spawn(move || {
+        let mut b = session(&db_b);
+        // Waits on A's uncommitted row, then returns it.
+        b.query_one(
+            "SELECT id FROM ledger.create_run('chat', request_id => 'req-1')",
+            &[],
+        )
+        .map(|r| r.get::<_, String>(0))
+    });
+    thread::sleep(Duration::from_millis(300));
+    a.batch_execute("COMMIT").unwrap();
+    assert_eq!(
+        b.join()
+            .unwrap()
+            .expect("the second create returns the first run"),
+        first
+    );
+    let n: i64 = a
+        .query_one("SELECT count(*) FROM ledger.runs", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+}
+
+#[test]
+#[ignore]
+fn outbox_rows_notify_their_id_at_commit() {
+    let db = database("ledger_outbox_notify");
+    let mut listener = session(&db);
+    listener.batch_execute("LISTEN ledger_outbox").unwrap();
+    let mut writer = session(&db);
+    writer
+        .batch_execute("BEGIN; SELECT ledger.create_run('chat', run_id => 'r')")
+        .unwrap();
+    // Nothing is delivered before commit.
+    assert!(listener
+        .notifications()
+        .timeout_iter(Duration::from_millis(300))
+        .next()
+        .unwrap()
+        .is_none());
+    writer.batch_execute("COMMIT").unwrap();
+    let n = listener
+        .notifications()
+        .timeout_iter(Duration::from_secs(10))
+        .next()
+        .unwrap()
+        .expect("a notification");
+    let id: String = listener
+        .query_one(
+            "SELECT id FROM ledger.outbox WHERE event_type = 'run.created'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(n.payload(), id);
+    assert!(id.starts_with("obx_"));
+}
+
+#[test]
+#[ignore]
+fn run_and_step_writers_in_one_transaction_do_not_deadlock() {
+    let db = database("ledger_lock_order");
+    let mut y = session(&db);
+    y.batch_execute("SELECT ledger.create_run('chat', run_id => 'r'); SELECT ledger.create_step('r', 'llm', step_id => 's')").unwrap();
+    // Y holds the run ...
+    y.batch_execute("BEGIN; SELECT ledger.transition_run('r', 'running')")
+        .unwrap();
+    // ... while X moves the step (it must queue behind Y on the run, not grab the step first) ...
+    let db_x = db.clone();
+    let x = thread::spawn(move || {
+        session(&db_x).batch_execute("SELECT ledger.transition_step('s', 'running')")
+    });
+    thread::sleep(Duration::from_millis(300));
+    // ... and Y then moves the same step in its transaction.
+    y.batch_execute("SELECT ledger.transition_step('s', 'running'); COMMIT")
+        .unwrap();
+    x.join()
+        .unwrap()
+        .expect("no deadlock: X sees the step already running");
+    let kinds: i64 = y
+        .query_one(
+            "SELECT count(*) FROM ledger.run_events WHERE kind = 'step.status'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert_eq!(kinds, 1);
 }
