@@ -11,6 +11,11 @@ bash pgrx-tests/bootstrap.sh
 VERSIONS=${LEDGER_PG_VERSIONS:-15 16 17 18}
 summary=()
 
+echo "==> formatting and lints"
+cargo fmt --check
+first=${VERSIONS%% *}
+cargo clippy --quiet --all-targets --no-default-features --features "pg$first pg_test" -- -D warnings
+
 for v in $VERSIONS; do
   started=$(date +%s)
   echo "==> PostgreSQL $v: unit tests and #[pg_test]s"

@@ -117,6 +117,7 @@ pub fn run_exists(scope: &Scope, run_id: &str) -> Result<bool> {
 pub const MAX_EVENTS_PER_CALL: i32 = 10_000;
 
 /// The run's events after `after_event_id` (from the start when NULL), in seq order.
+#[allow(clippy::type_complexity)]
 #[pg_extern(stable, parallel_safe, security_definer)]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn events_since(

@@ -31,22 +31,29 @@ fn connect_to(db: &str, user: &str) -> Client {
 /// A fresh database with the extension, one per test.
 fn database(name: &str) -> String {
     let mut admin = connect_to("postgres", "postgres");
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
-        .unwrap();
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .unwrap();
+    exec(&mut admin, &format!("DROP DATABASE IF EXISTS {name}"));
+    exec(&mut admin, &format!("CREATE DATABASE {name}"));
     let mut c = connect_to(name, "postgres");
-    c.batch_execute("CREATE EXTENSION ledger").unwrap();
+    exec(&mut c, "CREATE EXTENSION ledger");
     name.to_owned()
 }
 
 fn session(db: &str) -> Client {
     let mut c = connect_to(db, "postgres");
-    c.batch_execute("SELECT ledger.set_scope('acme', 'support')")
-        .unwrap();
+    exec(&mut c, "SELECT ledger.set_scope('acme', 'support')");
     c
+}
+
+fn exec(c: &mut Client, sql: &str) {
+    c.batch_execute(sql)
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+}
+
+/// The one value of a one-row query.
+fn one<T: postgres::types::FromSqlOwned>(c: &mut Client, sql: &str) -> T {
+    c.query_one(sql, &[])
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .get(0)
 }
 
 /// (SQLSTATE, DETAIL code) of a failed statement.
@@ -80,15 +87,14 @@ fn seqs(c: &mut Client, run_id: &str, after: Option<&str>) -> Vec<(String, i64)>
 fn racing_the_same_transition_exactly_one_wins() {
     let db = database("ledger_race");
     let mut setup = session(&db);
-    setup.batch_execute("SELECT ledger.create_run('chat', run_id => 'r'); SELECT ledger.transition_run('r', 'running')").unwrap();
+    exec(&mut setup, "SELECT ledger.create_run('chat', run_id => 'r'); SELECT ledger.transition_run('r', 'running')");
 
     let mut a = session(&db);
-    a.batch_execute("BEGIN").unwrap();
-    a.query(
+    exec(&mut a, "BEGIN");
+    exec(
+        &mut a,
         "SELECT ledger.transition_run('r', 'succeeded', expected_status => 'running')",
-        &[],
-    )
-    .unwrap();
+    );
 
     // B starts while A holds the row; it waits on the lock and must lose.
     let (tx, rx) = mpsc::channel();
@@ -104,7 +110,7 @@ fn racing_the_same_transition_exactly_one_wins() {
     });
     rx.recv().unwrap();
     thread::sleep(Duration::from_millis(300));
-    a.batch_execute("COMMIT").unwrap();
+    exec(&mut a, "COMMIT");
     let err = b
         .join()
         .unwrap()
@@ -114,18 +120,12 @@ fn racing_the_same_transition_exactly_one_wins() {
         ("40001".into(), "TRANSITION_CONFLICT".into())
     );
 
-    let status: String = setup
-        .query_one("SELECT status FROM ledger.runs WHERE id = 'r'", &[])
-        .unwrap()
-        .get(0);
+    let status: String = one(&mut setup, "SELECT status FROM ledger.runs WHERE id = 'r'");
     assert_eq!(status, "succeeded");
-    let kinds: i64 = setup
-        .query_one(
-            "SELECT count(*) FROM ledger.run_events WHERE kind = 'run.status'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let kinds: i64 = one(
+        &mut setup,
+        "SELECT count(*) FROM ledger.run_events WHERE kind = 'run.status'",
+    );
     assert_eq!(kinds, 2, "the loser wrote no event");
 }
 
@@ -134,9 +134,10 @@ fn racing_the_same_transition_exactly_one_wins() {
 fn events_since_never_skips_a_late_commit() {
     let db = database("ledger_order");
     let mut setup = session(&db);
-    setup
-        .batch_execute("SELECT ledger.create_run('chat', run_id => 'r')")
-        .unwrap();
+    exec(
+        &mut setup,
+        "SELECT ledger.create_run('chat', run_id => 'r')",
+    );
     let mut reader = session(&db);
     let first = seqs(&mut reader, "r", None);
     assert_eq!(first.iter().map(|e| e.1).collect::<Vec<_>>(), vec![1]);
@@ -144,19 +145,23 @@ fn events_since_never_skips_a_late_commit() {
 
     // Writer A takes seq 2 and holds its transaction open.
     let mut a = session(&db);
-    a.batch_execute("BEGIN; SELECT ledger.transition_run('r', 'running')")
-        .unwrap();
+    exec(
+        &mut a,
+        "BEGIN; SELECT ledger.transition_run('r', 'running')",
+    );
     // Writer B starts later; it cannot take seq 3 until A commits.
     let db_b = db.clone();
     let b = thread::spawn(move || {
         let mut b = session(&db_b);
-        b.batch_execute("BEGIN; SELECT ledger.create_step('r', 'llm', step_id => 's'); COMMIT")
-            .unwrap();
+        exec(
+            &mut b,
+            "BEGIN; SELECT ledger.create_step('r', 'llm', step_id => 's'); COMMIT",
+        );
     });
     thread::sleep(Duration::from_millis(300));
     // Nothing after the cursor is visible yet: no seq 3 can exist before seq 2 commits.
     assert!(seqs(&mut reader, "r", Some(&cursor)).is_empty());
-    a.batch_execute("COMMIT").unwrap();
+    exec(&mut a, "COMMIT");
     b.join().unwrap();
     let after = seqs(&mut reader, "r", Some(&cursor));
     assert_eq!(after.iter().map(|e| e.1).collect::<Vec<_>>(), vec![2, 3]);
@@ -166,9 +171,10 @@ fn events_since_never_skips_a_late_commit() {
 #[ignore]
 fn concurrent_writers_produce_a_gapless_feed() {
     let db = database("ledger_gapless");
-    session(&db)
-        .batch_execute("SELECT ledger.create_run('chat', run_id => 'r')")
-        .unwrap();
+    exec(
+        &mut session(&db),
+        "SELECT ledger.create_run('chat', run_id => 'r')",
+    );
     let writers: Vec<_> = (0..4)
         .map(|w| {
             let db = db.clone();
@@ -216,11 +222,8 @@ fn catch_up(c: &mut Client, cursor: &mut Option<String>, seen: &mut Vec<i64>) {
 }
 
 fn listen(c: &mut Client) {
-    let channel: String = c
-        .query_one("SELECT ledger.run_channel('r')", &[])
-        .unwrap()
-        .get(0);
-    c.batch_execute(&format!("LISTEN {channel}")).unwrap();
+    let channel: String = one(c, "SELECT ledger.run_channel('r')");
+    exec(c, &format!("LISTEN {channel}"));
 }
 
 fn wait_notified(c: &mut Client) -> serde_json::Value {
@@ -238,9 +241,10 @@ fn wait_notified(c: &mut Client) -> serde_json::Value {
 fn listen_and_catch_up_lose_nothing_across_reconnect_and_restart() {
     let db = database("ledger_listen");
     let mut writer = session(&db);
-    writer
-        .batch_execute("SELECT ledger.create_run('chat', run_id => 'r')")
-        .unwrap();
+    exec(
+        &mut writer,
+        "SELECT ledger.create_run('chat', run_id => 'r')",
+    );
 
     let mut listener = session(&db);
     listen(&mut listener);
@@ -248,9 +252,7 @@ fn listen_and_catch_up_lose_nothing_across_reconnect_and_restart() {
     catch_up(&mut listener, &mut cursor, &mut seen);
     assert_eq!(seen, vec![1]);
 
-    writer
-        .batch_execute("SELECT ledger.transition_run('r', 'running')")
-        .unwrap();
+    exec(&mut writer, "SELECT ledger.transition_run('r', 'running')");
     let note = wait_notified(&mut listener);
     assert_eq!(note["seq"], 2);
     assert_eq!(note["kind"], "run.status");
@@ -262,31 +264,28 @@ fn listen_and_catch_up_lose_nothing_across_reconnect_and_restart() {
 
     // The client drops; events keep coming; it reconnects, LISTENs, then catches up.
     drop(listener);
-    writer.batch_execute("SELECT ledger.create_step('r', 'llm', step_id => 's1'); SELECT ledger.transition_step('s1', 'running')").unwrap();
+    exec(&mut writer, "SELECT ledger.create_step('r', 'llm', step_id => 's1'); SELECT ledger.transition_step('s1', 'running')");
     let mut listener = session(&db);
     listen(&mut listener);
     catch_up(&mut listener, &mut cursor, &mut seen);
     assert_eq!(seen, vec![1, 2, 3, 4]);
 
     // Events committed, then the server restarts before the client reads them.
-    writer
-        .batch_execute("SELECT ledger.transition_step('s1', 'succeeded')")
-        .unwrap();
+    exec(
+        &mut writer,
+        "SELECT ledger.transition_step('s1', 'succeeded')",
+    );
     drop(writer);
     drop(listener);
     restart_server();
     let mut writer = session(&db);
-    writer
-        .batch_execute("SELECT ledger.transition_run('r', 'failed')")
-        .unwrap();
+    exec(&mut writer, "SELECT ledger.transition_run('r', 'failed')");
     let mut listener = session(&db);
     listen(&mut listener);
     catch_up(&mut listener, &mut cursor, &mut seen);
     assert_eq!(seen, vec![1, 2, 3, 4, 5, 6]);
     // And live notifications flow again after the restart.
-    writer
-        .batch_execute("SELECT ledger.transition_run('r', 'retrying')")
-        .unwrap();
+    exec(&mut writer, "SELECT ledger.transition_run('r', 'retrying')");
     assert_eq!(wait_notified(&mut listener)["seq"], 7);
     catch_up(&mut listener, &mut cursor, &mut seen);
     assert_eq!(seen, (1..=7).collect::<Vec<i64>>());
@@ -333,38 +332,26 @@ fn running_as_root() -> bool {
 fn a_login_role_without_scope_sees_zero_rows() {
     let db = database("ledger_rls");
     let mut admin = session(&db);
-    admin
-        .batch_execute(
-            "SELECT ledger.create_run('chat', run_id => 'r'); \
-             DROP ROLE IF EXISTS ledger_test_app; \
-             CREATE ROLE ledger_test_app LOGIN IN ROLE ledger_writer",
-        )
-        .unwrap();
+    exec(
+        &mut admin,
+        "SELECT ledger.create_run('chat', run_id => 'r'); \
+         DROP ROLE IF EXISTS ledger_test_app; \
+         CREATE ROLE ledger_test_app LOGIN IN ROLE ledger_writer",
+    );
     let mut app = connect_to(&db, "ledger_test_app");
     for table in ["runs", "run_events", "outbox", "run_steps", "blobs"] {
-        let n: i64 = app
-            .query_one(&format!("SELECT count(*) FROM ledger.{table}"), &[])
-            .unwrap()
-            .get(0);
+        let n: i64 = one(&mut app, &format!("SELECT count(*) FROM ledger.{table}"));
         assert_eq!(n, 0, "{table} without scope");
     }
     let err = app
         .query("SELECT ledger.create_run('chat')", &[])
         .unwrap_err();
     assert_eq!(failure(&err), ("42501".into(), "SCOPE_MISSING".into()));
-    app.batch_execute("SELECT ledger.set_scope('acme', 'other')")
-        .unwrap();
-    let n: i64 = app
-        .query_one("SELECT count(*) FROM ledger.runs", &[])
-        .unwrap()
-        .get(0);
+    exec(&mut app, "SELECT ledger.set_scope('acme', 'other')");
+    let n: i64 = one(&mut app, "SELECT count(*) FROM ledger.runs");
     assert_eq!(n, 0);
-    app.batch_execute("SELECT ledger.set_scope('acme', 'support')")
-        .unwrap();
-    let n: i64 = app
-        .query_one("SELECT count(*) FROM ledger.runs", &[])
-        .unwrap()
-        .get(0);
+    exec(&mut app, "SELECT ledger.set_scope('acme', 'support')");
+    let n: i64 = one(&mut app, "SELECT count(*) FROM ledger.runs");
     assert_eq!(n, 1);
     // A plain write is refused even in the right scope.
     let err = app
@@ -372,23 +359,21 @@ fn a_login_role_without_scope_sees_zero_rows() {
         .unwrap_err();
     assert_eq!(err.as_db_error().unwrap().code().code(), "42501");
     // is_local scope ends with the transaction.
-    app.batch_execute("RESET ledger.tenant_id; RESET ledger.workspace_id")
-        .unwrap();
-    app.batch_execute("BEGIN; SELECT ledger.set_scope('acme', 'support', is_local => true)")
-        .unwrap();
-    let n: i64 = app
-        .query_one("SELECT count(*) FROM ledger.runs", &[])
-        .unwrap()
-        .get(0);
+    exec(
+        &mut app,
+        "RESET ledger.tenant_id; RESET ledger.workspace_id",
+    );
+    exec(
+        &mut app,
+        "BEGIN; SELECT ledger.set_scope('acme', 'support', is_local => true)",
+    );
+    let n: i64 = one(&mut app, "SELECT count(*) FROM ledger.runs");
     assert_eq!(n, 1);
-    app.batch_execute("COMMIT").unwrap();
-    let n: i64 = app
-        .query_one("SELECT count(*) FROM ledger.runs", &[])
-        .unwrap()
-        .get(0);
+    exec(&mut app, "COMMIT");
+    let n: i64 = one(&mut app, "SELECT count(*) FROM ledger.runs");
     assert_eq!(n, 0);
     drop(app);
-    admin.batch_execute("DROP ROLE ledger_test_app").unwrap();
+    exec(&mut admin, "DROP ROLE ledger_test_app");
 }
 
 /// A digest of every ledger table's rows, read as the superuser (so across all scopes).
@@ -409,7 +394,8 @@ fn table_digests(c: &mut Client) -> Vec<(String, i64, String)> {
 fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
     let src = database("ledger_dump_src");
     let mut c = session(&src);
-    c.batch_execute(
+    exec(
+        &mut c,
         "SELECT ledger.create_run('chat', '{\"q\": 1}', run_id => 'r1'); \
          SELECT ledger.transition_run('r1', 'running'); \
          SELECT ledger.create_step('r1', 'llm', step_id => 's1'); \
@@ -418,8 +404,7 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
          SELECT ledger.create_run('chat', jsonb_build_object('big', repeat('x', 20000)), run_id => 'r2', source_run_id => 'r1', parent_run_id => 'r1'); \
          SELECT ledger.set_scope('other', 'w'); \
          SELECT ledger.create_run('chat', run_id => 'r1')",
-    )
-    .unwrap();
+    );
     let before = table_digests(&mut connect_to(&src, "postgres"));
     assert!(before.iter().all(|(_, n, _)| *n > 0), "{before:?}");
 
@@ -442,8 +427,8 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
         String::from_utf8_lossy(&dump.stderr)
     );
     let mut admin = connect_to("postgres", "postgres");
-    admin.batch_execute("DROP DATABASE IF EXISTS ledger_dump_dst").unwrap();
-    admin.batch_execute("CREATE DATABASE ledger_dump_dst").unwrap();
+    exec(&mut admin, "DROP DATABASE IF EXISTS ledger_dump_dst");
+    exec(&mut admin, "CREATE DATABASE ledger_dump_dst");
     let mut restore = pg_tool("pg_restore")
         .args([
             "-h",
@@ -478,14 +463,10 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
         before
     );
     let mut d = session("ledger_dump_dst");
-    let big: i32 = d
-        .query_one("SELECT length(ledger.run_inputs('r2')->>'big')", &[])
-        .unwrap()
-        .get(0);
+    let big: i32 = one(&mut d, "SELECT length(ledger.run_inputs('r2')->>'big')");
     assert_eq!(big, 20000);
     // The feed continues where it stopped: the next event is seq 6 of r1.
-    d.batch_execute("SELECT ledger.transition_run('r1', 'retrying')")
-        .unwrap();
+    exec(&mut d, "SELECT ledger.transition_run('r1', 'retrying')");
     let seq: Vec<i64> = seqs(&mut d, "r1", None).into_iter().map(|e| e.1).collect();
     assert_eq!(seq, (1..=6).collect::<Vec<i64>>());
 }
@@ -495,14 +476,11 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
 fn concurrent_creates_with_one_request_id_make_one_run() {
     let db = database("ledger_request");
     let mut a = session(&db);
-    a.batch_execute("BEGIN").unwrap();
-    let first: String = a
-        .query_one(
-            "SELECT id FROM ledger.create_run('chat', request_id => 'req-1')",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    exec(&mut a, "BEGIN");
+    let first: String = one(
+        &mut a,
+        "SELECT id FROM ledger.create_run('chat', request_id => 'req-1')",
+    );
     let db_b = db.clone();
     let b = thread::spawn(move || {
         let mut b = session(&db_b);
@@ -514,17 +492,14 @@ fn concurrent_creates_with_one_request_id_make_one_run() {
         .map(|r| r.get::<_, String>(0))
     });
     thread::sleep(Duration::from_millis(300));
-    a.batch_execute("COMMIT").unwrap();
+    exec(&mut a, "COMMIT");
     assert_eq!(
         b.join()
             .unwrap()
             .expect("the second create returns the first run"),
         first
     );
-    let n: i64 = a
-        .query_one("SELECT count(*) FROM ledger.runs", &[])
-        .unwrap()
-        .get(0);
+    let n: i64 = one(&mut a, "SELECT count(*) FROM ledger.runs");
     assert_eq!(n, 1);
 }
 
@@ -533,11 +508,12 @@ fn concurrent_creates_with_one_request_id_make_one_run() {
 fn outbox_rows_notify_their_id_at_commit() {
     let db = database("ledger_outbox_notify");
     let mut listener = session(&db);
-    listener.batch_execute("LISTEN ledger_outbox").unwrap();
+    exec(&mut listener, "LISTEN ledger_outbox");
     let mut writer = session(&db);
-    writer
-        .batch_execute("BEGIN; SELECT ledger.create_run('chat', run_id => 'r')")
-        .unwrap();
+    exec(
+        &mut writer,
+        "BEGIN; SELECT ledger.create_run('chat', run_id => 'r')",
+    );
     // Nothing is delivered before commit.
     assert!(listener
         .notifications()
@@ -545,20 +521,17 @@ fn outbox_rows_notify_their_id_at_commit() {
         .next()
         .unwrap()
         .is_none());
-    writer.batch_execute("COMMIT").unwrap();
+    exec(&mut writer, "COMMIT");
     let n = listener
         .notifications()
         .timeout_iter(Duration::from_secs(10))
         .next()
         .unwrap()
         .expect("a notification");
-    let id: String = listener
-        .query_one(
-            "SELECT id FROM ledger.outbox WHERE event_type = 'run.created'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let id: String = one(
+        &mut listener,
+        "SELECT id FROM ledger.outbox WHERE event_type = 'run.created'",
+    );
     assert_eq!(n.payload(), id);
     assert!(id.starts_with("obx_"));
 }
@@ -568,10 +541,12 @@ fn outbox_rows_notify_their_id_at_commit() {
 fn run_and_step_writers_in_one_transaction_do_not_deadlock() {
     let db = database("ledger_lock_order");
     let mut y = session(&db);
-    y.batch_execute("SELECT ledger.create_run('chat', run_id => 'r'); SELECT ledger.create_step('r', 'llm', step_id => 's')").unwrap();
+    exec(&mut y, "SELECT ledger.create_run('chat', run_id => 'r'); SELECT ledger.create_step('r', 'llm', step_id => 's')");
     // Y holds the run ...
-    y.batch_execute("BEGIN; SELECT ledger.transition_run('r', 'running')")
-        .unwrap();
+    exec(
+        &mut y,
+        "BEGIN; SELECT ledger.transition_run('r', 'running')",
+    );
     // ... while X moves the step (it must queue behind Y on the run, not grab the step first) ...
     let db_x = db.clone();
     let x = thread::spawn(move || {
@@ -579,17 +554,16 @@ fn run_and_step_writers_in_one_transaction_do_not_deadlock() {
     });
     thread::sleep(Duration::from_millis(300));
     // ... and Y then moves the same step in its transaction.
-    y.batch_execute("SELECT ledger.transition_step('s', 'running'); COMMIT")
-        .unwrap();
+    exec(
+        &mut y,
+        "SELECT ledger.transition_step('s', 'running'); COMMIT",
+    );
     x.join()
         .unwrap()
         .expect("no deadlock: X sees the step already running");
-    let kinds: i64 = y
-        .query_one(
-            "SELECT count(*) FROM ledger.run_events WHERE kind = 'step.status'",
-            &[],
-        )
-        .unwrap()
-        .get(0);
+    let kinds: i64 = one(
+        &mut y,
+        "SELECT count(*) FROM ledger.run_events WHERE kind = 'step.status'",
+    );
     assert_eq!(kinds, 1);
 }

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 thread_local! {
     // One generator per backend process: ULIDs from it are strictly increasing, even within a
     // millisecond.
-    static GENERATOR: RefCell<ulid::Generator> = RefCell::new(ulid::Generator::new());
+    static GENERATOR: RefCell<ulid::Generator> = const { RefCell::new(ulid::Generator::new()) };
 }
 
 pub const MAX_ID_CHARS: usize = 128;
