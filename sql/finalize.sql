@@ -25,8 +25,14 @@ GRANT EXECUTE ON FUNCTION
     ledger.status_transitions(),
     ledger.events_since(text, text, integer),
     ledger.run_channel(text),
-    ledger.run_inputs(text)
+    ledger.run_inputs(text),
+    ledger.get_artifact(text),
+    ledger.redact(jsonb),
+    ledger.canonical_json(jsonb),
+    ledger.request_hash(jsonb)
     TO ledger_reader;
+
+GRANT SELECT ON ledger.tool_calls_in_doubt, ledger.pending_approvals TO ledger_reader;
 
 -- Writers: everything a reader has, and every function. No INSERT, UPDATE or DELETE on any
 -- table: the rules (status machine, event seq, redaction) live in the functions.
@@ -51,3 +57,31 @@ COMMENT ON FUNCTION ledger.events_since(text, text, integer) IS
     'The run''s events after after_event_id (from the start when NULL), ordered by their gapless seq. An unknown after_event_id fails P0002 EVENT_NOT_FOUND. Client contract: LISTEN on ledger.run_channel(run_id) first, then call this with your cursor, and again on each notification.';
 COMMENT ON FUNCTION ledger.run_channel(text) IS
     'The LISTEN/NOTIFY channel of a run. Each event appended to the run notifies it at commit with {"run_id","seq","event_id","kind"}.';
+COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean) IS
+    'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.attempt is your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH.';
+COMMENT ON FUNCTION ledger.begin_tool_call(text, bigint) IS
+    'Marks the outbound boundary of the claimed attempt (status running, outbound_started_at). COMMIT it before the request leaves the process. A stale attempt fails 40001 LEASE_STALE.';
+COMMENT ON FUNCTION ledger.heartbeat_tool_call(text, bigint, integer) IS
+    'Extends the lease of the current attempt by extend_seconds (default: the claim''s lease).';
+COMMENT ON FUNCTION ledger.complete_tool_call(text, bigint, text, jsonb, text, jsonb) IS
+    'Records the end of the current attempt: outcome succeeded, failed, or unknown (sent, no answer: in_doubt). Fenced by attempt, not by the clock: accepted after the lease expired and from in_doubt. Results over 8192 bytes of canonical JSON are stored as a json artifact.';
+COMMENT ON FUNCTION ledger.resolve_tool_call(text, text, jsonb, text, text) IS
+    'Resolves an in_doubt tool call: succeeded or failed (with the evidence as result), or retry (the next claim executes again with attempt + 1). Writes an audit event.';
+COMMENT ON FUNCTION ledger.sweep_tool_calls() IS
+    'Moves every expired lease in the scope to in_doubt (the request left) or back to claimable (it did not); returns how many. For pg_cron or a worker; never waits on busy rows.';
+COMMENT ON FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb) IS
+    'Creates a tool call in waiting_approval and its approval request (outbox approval.requested). Claims of the same identity return waiting_approval while pending, claimed once approved, rejected once rejected.';
+COMMENT ON FUNCTION ledger.resolve_approval(text, text, text, text) IS
+    'Decides a pending approval: approved or rejected. Repeating the same decision is a no-op; a different one fails 55000 APPROVAL_RESOLVED.';
+COMMENT ON FUNCTION ledger.put_artifact(text, bytea, text, text, text, jsonb) IS
+    'Stores bytes in the scope''s content-addressed blob store and records them as an artifact (storage_key blob:sha256:<hex>).';
+COMMENT ON FUNCTION ledger.register_artifact(text, text, bigint, text, text, text, text, jsonb) IS
+    'Records an artifact whose bytes live in an external store, with their size and sha256.';
+COMMENT ON FUNCTION ledger.get_artifact(text) IS
+    'The bytes of an artifact in the built-in store, verified against its sha256 (XX001 ARTIFACT_HASH_MISMATCH).';
+COMMENT ON FUNCTION ledger.redact(jsonb) IS
+    'The value as the ledger would store it: sensitive keys'' values and credential-like strings replaced by "[REDACTED]" (GUCs ledger.redact_keys, ledger.redact_values).';
+COMMENT ON FUNCTION ledger.canonical_json(jsonb) IS
+    'Canonical JSON text: object keys sorted by code point, no insignificant whitespace, numbers as jsonb prints them.';
+COMMENT ON FUNCTION ledger.request_hash(jsonb) IS
+    'Hex sha256 of ledger.canonical_json(value): the request_hash of a tool call with these arguments.';

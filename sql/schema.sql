@@ -171,11 +171,115 @@ CREATE TABLE ledger.outbox (
 CREATE INDEX outbox_due_idx ON ledger.outbox (tenant_id, workspace_id, status, available_at);
 COMMENT ON TABLE ledger.outbox IS 'Transactional outbox: facts for other systems, written in the same transaction as the fact (run.created, terminal run.status.updated, ...). Each insert notifies channel ledger_outbox.';
 
+CREATE TABLE ledger.run_artifacts (
+    tenant_id     text NOT NULL,
+    workspace_id  text NOT NULL,
+    id            text NOT NULL,
+    run_id        text NOT NULL,
+    step_id       text,
+    artifact_type text NOT NULL CHECK (artifact_type IN ('file', 'log', 'blob', 'json')),
+    mime          text,
+    size_bytes    bigint NOT NULL CHECK (size_bytes >= 0),
+    sha256        text NOT NULL CHECK (sha256 ~ '^[0-9a-f]{64}$'),
+    storage_key   text NOT NULL CHECK (storage_key <> ''),
+    meta          jsonb NOT NULL DEFAULT '{}',
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES ledger.run_steps (tenant_id, workspace_id, id)
+);
+CREATE INDEX run_artifacts_run_idx ON ledger.run_artifacts (tenant_id, workspace_id, run_id, created_at);
+COMMENT ON TABLE ledger.run_artifacts IS 'Files, logs, blobs and JSON documents of a run; immutable. storage_key blob:sha256:<hex> means the bytes are in ledger.blobs (read them, verified, with ledger.get_artifact); any other key is a URI of an external store.';
+
+CREATE TABLE ledger.approval_requests (
+    tenant_id      text NOT NULL,
+    workspace_id   text NOT NULL,
+    id             text NOT NULL,
+    run_id         text NOT NULL,
+    step_id        text,
+    tool_call_record_id text,
+    status         text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'approved', 'rejected', 'expired', 'canceled')),
+    title          text,
+    policy_ref     text,
+    details        jsonb NOT NULL DEFAULT '{}',
+    decided_by     text,
+    decision_note  text,
+    decided_at     timestamptz,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES ledger.run_steps (tenant_id, workspace_id, id)
+);
+CREATE INDEX approval_requests_status_idx ON ledger.approval_requests (tenant_id, workspace_id, status, created_at);
+COMMENT ON TABLE ledger.approval_requests IS 'Human approvals a tool call waits for (status pending, approved, rejected, expired, canceled). Created by ledger.request_tool_approval, decided by ledger.resolve_approval.';
+
+CREATE TABLE ledger.run_step_tool_calls (
+    tenant_id           text NOT NULL,
+    workspace_id        text NOT NULL,
+    id                  text NOT NULL,
+    run_id              text NOT NULL,
+    step_id             text NOT NULL,
+    tool_call_id        text NOT NULL,
+    tool_ref            text NOT NULL,
+    idempotency_key     text NOT NULL,
+    request_hash        text NOT NULL CHECK (request_hash ~ '^[0-9a-f]{64}$'),
+    arguments           jsonb NOT NULL DEFAULT '{}',
+    status              text NOT NULL CHECK (status IN ('waiting_approval', 'claimed', 'running', 'succeeded', 'failed', 'in_doubt', 'rejected')),
+    attempt             bigint NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+    lease_owner         text,
+    lease_seconds       integer NOT NULL CHECK (lease_seconds >= 1),
+    lease_expires_at    timestamptz,
+    outbound_started_at timestamptz,
+    result              jsonb,
+    result_artifact_id  text,
+    result_size_bytes   bigint,
+    result_sha256       text,
+    metadata            jsonb NOT NULL DEFAULT '{}',
+    error_code          text,
+    error_message       text CHECK (char_length(error_message) <= 8192),
+    approval_id         text,
+    completed_at        timestamptz,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    updated_at          timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    UNIQUE (tenant_id, workspace_id, step_id),
+    UNIQUE (tenant_id, workspace_id, run_id, tool_call_id),
+    UNIQUE (tenant_id, workspace_id, idempotency_key),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES ledger.run_steps (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, result_artifact_id) REFERENCES ledger.run_artifacts (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, approval_id) REFERENCES ledger.approval_requests (tenant_id, workspace_id, id)
+);
+CREATE INDEX run_step_tool_calls_lease_idx ON ledger.run_step_tool_calls (tenant_id, workspace_id, status, lease_expires_at);
+COMMENT ON TABLE ledger.run_step_tool_calls IS 'Durable tool-call records (one per tool step): claim, lease and attempt (the fencing token), the redacted arguments and canonical request_hash, the result (inline up to 8192 bytes, else an artifact) and the in_doubt status for calls whose request may have left without an answer. Statuses: waiting_approval, claimed, running, succeeded, failed, in_doubt, rejected.';
+COMMENT ON COLUMN ledger.run_step_tool_calls.attempt IS 'The fencing token: every begin, heartbeat and complete must carry the current attempt (40001 LEASE_STALE otherwise).';
+COMMENT ON COLUMN ledger.run_step_tool_calls.arguments IS 'The arguments after redaction, or {truncated, size_bytes, request_hash, argument_names} when their redacted canonical JSON exceeds 8192 bytes.';
+
+CREATE TABLE ledger.audit_events (
+    tenant_id    text NOT NULL,
+    workspace_id text NOT NULL,
+    id           text NOT NULL,
+    run_id       text,
+    step_id      text,
+    gateway_type text NOT NULL,
+    outcome      text NOT NULL,
+    actor        text,
+    payload      jsonb NOT NULL DEFAULT '{}',
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES ledger.run_steps (tenant_id, workspace_id, id)
+);
+CREATE INDEX audit_events_run_idx ON ledger.audit_events (tenant_id, workspace_id, run_id, created_at);
+COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and human interventions such as the resolution of an in-doubt tool call (gateway_type tool_call.resolve). Payloads are redacted.';
+
 -- Row-level security on every table, forced so that the owning role is filtered too.
 DO $rls$
 DECLARE t text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['blobs', 'runs', 'run_steps', 'run_events', 'outbox'] LOOP
+    FOREACH t IN ARRAY ARRAY['blobs', 'runs', 'run_steps', 'run_events', 'outbox', 'run_artifacts',
+                             'approval_requests', 'run_step_tool_calls', 'audit_events'] LOOP
         EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
         EXECUTE format(
@@ -186,3 +290,22 @@ BEGIN
     END LOOP;
 END
 $rls$;
+
+-- Views for people at a psql prompt. security_invoker: the caller's scope and privileges apply.
+CREATE VIEW ledger.tool_calls_in_doubt WITH (security_invoker = true) AS
+    SELECT t.id, t.run_id, t.step_id, t.tool_call_id, t.tool_ref, t.idempotency_key, t.attempt,
+           t.lease_owner, t.outbound_started_at, t.error_code, t.error_message, t.updated_at
+      FROM ledger.run_step_tool_calls t
+     WHERE t.status = 'in_doubt';
+COMMENT ON VIEW ledger.tool_calls_in_doubt IS 'Tool calls whose request may have left without an answer. Never retried automatically: decide each with ledger.resolve_tool_call(id, succeeded|failed|retry).';
+
+CREATE VIEW ledger.pending_approvals WITH (security_invoker = true) AS
+    SELECT a.id, a.run_id, a.step_id, a.tool_call_record_id, t.tool_ref, a.title, a.policy_ref,
+           a.details, a.created_at
+      FROM ledger.approval_requests a
+      LEFT JOIN ledger.run_step_tool_calls t
+        ON t.tenant_id = a.tenant_id AND t.workspace_id = a.workspace_id AND t.id = a.tool_call_record_id
+     WHERE a.status = 'pending';
+COMMENT ON VIEW ledger.pending_approvals IS 'Approvals waiting for a decision: ledger.resolve_approval(id, approved|rejected).';
+ALTER VIEW ledger.tool_calls_in_doubt OWNER TO ledger_owner;
+ALTER VIEW ledger.pending_approvals OWNER TO ledger_owner;

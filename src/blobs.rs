@@ -22,8 +22,9 @@ pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {
     Ok(sha)
 }
 
-/// Loads a blob and checks it against its address (XX001 `BLOB_HASH_MISMATCH`).
-pub fn get(scope: &Scope, sha256: &str) -> Result<Vec<u8>> {
+/// Loads a blob and checks it against its address (XX001 with `mismatch_code`, which names what
+/// the caller was reading).
+pub fn get(scope: &Scope, sha256: &str, mismatch_code: &'static str) -> Result<Vec<u8>> {
     let content = db::select_one(
         "SELECT content FROM ledger.blobs WHERE tenant_id = $1 AND workspace_id = $2 AND sha256 = $3",
         &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), sha256.into()],
@@ -34,7 +35,7 @@ pub fn get(scope: &Scope, sha256: &str) -> Result<Vec<u8>> {
     if actual != sha256 {
         return Err(LedgerError::new(
             Class::Corrupted,
-            "BLOB_HASH_MISMATCH",
+            mismatch_code,
             "stored bytes do not match their sha256",
         )
         .with("expected", sha256)

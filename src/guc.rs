@@ -5,6 +5,8 @@ use std::ffi::CString;
 
 pub static TENANT_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static WORKSPACE_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static REDACT_KEYS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+pub static REDACT_VALUES: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -23,6 +25,22 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    GucRegistry::define_string_guc(
+        c"ledger.redact_keys",
+        c"Extra argument names whose values are redacted before they are stored.",
+        c"A comma list, normalised like every key (camelCase, kebab-case and SCREAMING_CASE all match), added to the built-in sensitive names.",
+        &REDACT_KEYS,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"ledger.redact_values",
+        c"Redact string values that carry a well-known credential, whatever their key.",
+        c"Bearer tokens, sk-... keys, AWS access key ids, GitHub and Slack tokens, PEM private keys.",
+        &REDACT_VALUES,
+        GucContext::Userset,
+        GucFlags::default(),
+    );
 }
 
 /// A string GUC's value; unset and empty are both `None`.
@@ -31,4 +49,9 @@ pub fn string(setting: &GucSetting<Option<CString>>) -> Option<String> {
         .get()
         .map(|v| v.to_string_lossy().into_owned())
         .filter(|v| !v.is_empty())
+}
+
+/// The redaction rules in force: the built-in names, `ledger.redact_keys` and `ledger.redact_values`.
+pub fn redaction_rules() -> crate::model::redact::Rules {
+    crate::model::redact::Rules::new(string(&REDACT_KEYS).as_deref(), REDACT_VALUES.get())
 }

@@ -9,6 +9,7 @@
 
 use pgrx::prelude::*;
 
+mod artifacts;
 mod blobs;
 mod db;
 mod error;
@@ -16,9 +17,11 @@ mod feed;
 mod guc;
 mod jsonb;
 mod model;
+mod redaction;
 mod runs;
 mod scope;
 mod steps;
+mod tool_calls;
 
 ::pgrx::pg_module_magic!();
 

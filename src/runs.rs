@@ -351,7 +351,7 @@ fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, ErrorR
     match (inline, sha) {
         (Some(doc), _) => Ok(Some(doc)),
         (None, Some(sha)) => {
-            let bytes = blobs::get(&scope, &sha)?;
+            let bytes = blobs::get(&scope, &sha, "BLOB_HASH_MISMATCH")?;
             let text = String::from_utf8(bytes).map_err(|_| {
                 LedgerError::new(
                     Class::Corrupted,

@@ -1,7 +1,7 @@
 //! Steps of a run: creation and transitions (SPEC §5).
 
 use crate::db;
-use crate::error::{LedgerError, Result};
+use crate::error::{Class, LedgerError, Result};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required};
@@ -36,6 +36,84 @@ fn row(scope: &Scope, step_id: &str) -> Result<pgrx::composite_type!('static, "l
     .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))
 }
 
+/// What a new step is made of.
+pub struct NewStep<'a> {
+    pub run_id: &'a str,
+    pub step_type: &'a str,
+    pub step_key: Option<&'a str>,
+    pub node_id: Option<&'a str>,
+    pub input_summary: Option<&'a str>,
+    pub status: Status,
+    pub step_id: Option<&'a str>,
+}
+
+/// Creates a step (or returns the existing one for a repeated caller `step_id`); returns its id.
+pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
+    let run = runs::existing(scope, "run_id", new.run_id, true)?;
+    if run.status.is_terminal() {
+        return Err(LedgerError::new(
+            Class::WrongState,
+            "RUN_TERMINAL",
+            format!("run {} is {}; it takes no new steps", new.run_id, run.status.as_str()),
+        )
+        .with("run_id", new.run_id)
+        .with("status", run.status.as_str()));
+    }
+    let id = match new.step_id {
+        Some(id) => {
+            // A caller-supplied id is a key: the same step again returns it (checked under the
+            // run's lock, before a seq is spent).
+            if let Some((other_run, other_type)) = db::select_one(
+                "SELECT run_id, step_type FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+                &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into()],
+                |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
+            )? {
+                if other_run != new.run_id || other_type != new.step_type {
+                    return Err(LedgerError::new(
+                        Class::Duplicate,
+                        "IDEMPOTENCY_MISMATCH",
+                        "step_id was reused for a different run or step type",
+                    )
+                    .with("step_id", id));
+                }
+                return Ok(id.to_owned());
+            }
+            id.to_owned()
+        }
+        None => ids::new_id("step"),
+    };
+    let seq = feed::next_seq(scope, new.run_id)?;
+    db::execute(
+        "INSERT INTO ledger.run_steps (tenant_id, workspace_id, id, run_id, step_key, step_type, node_id, \
+             status, input_summary, step_no, started_at, ended_at, duration_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+                 CASE WHEN $11 OR $12 THEN now() END, CASE WHEN $12 THEN now() END, CASE WHEN $12 THEN 0 END)",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            id.as_str().into(),
+            new.run_id.into(),
+            new.step_key.into(),
+            new.step_type.into(),
+            new.node_id.into(),
+            new.status.as_str().into(),
+            new.input_summary.map(text::summary).into(),
+            seq.into(),
+            new.status.is_started().into(),
+            new.status.is_terminal().into(),
+        ],
+    )?;
+    feed::insert(
+        scope,
+        new.run_id,
+        seq,
+        "step.created",
+        Some(&id),
+        &json!({"step_id": id, "step_key": new.step_key, "step_type": new.step_type, "node_id": new.node_id, "status": new.status.as_str()}),
+    )?;
+    Ok(id)
+}
+
 /// Adds a step to a run that exists in scope and is not terminal (55000 `RUN_TERMINAL`).
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
@@ -49,78 +127,137 @@ fn create_step(
     step_id: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
-    let step_type = required("step_type", step_type)?;
-    let status = Status::parse(Resource::Step, required("status", status)?)?;
-    let step_id = optional_id("step_id", step_id)?;
-    let run = runs::existing(&scope, "run_id", run_id, true)?;
-    if run.status.is_terminal() {
-        return Err(LedgerError::new(
-            crate::error::Class::WrongState,
-            "RUN_TERMINAL",
-            format!(
-                "run {run_id} is {}; it takes no new steps",
-                run.status.as_str()
-            ),
-        )
-        .with("run_id", run_id)
-        .with("status", run.status.as_str())
-        .into());
-    }
-    let id = match step_id {
-        Some(id) => {
-            // A caller-supplied id is a key: the same step again returns it (checked under the
-            // run's lock, before a seq is spent).
-            if let Some((other_run, other_type)) = db::select_one(
-                "SELECT run_id, step_type FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into()],
-                |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
-            )? {
-                if other_run != run_id || other_type != step_type {
-                    return Err(LedgerError::new(
-                        crate::error::Class::Duplicate,
-                        "IDEMPOTENCY_MISMATCH",
-                        "step_id was reused for a different run or step type",
-                    )
-                    .with("step_id", id)
-                    .into());
-                }
-                return Ok(row(&scope, id)?);
-            }
-            id.to_owned()
-        }
-        None => ids::new_id("step"),
+    let new = NewStep {
+        run_id: required("run_id", run_id)?,
+        step_type: required("step_type", step_type)?,
+        step_key,
+        node_id,
+        input_summary,
+        status: Status::parse(Resource::Step, required("status", status)?)?,
+        step_id: optional_id("step_id", step_id)?,
     };
-    let seq = feed::next_seq(&scope, run_id)?;
-    db::execute(
-        "INSERT INTO ledger.run_steps (tenant_id, workspace_id, id, run_id, step_key, step_type, node_id, \
-             status, input_summary, step_no, started_at, ended_at, duration_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-                 CASE WHEN $11 OR $12 THEN now() END, CASE WHEN $12 THEN now() END, CASE WHEN $12 THEN 0 END)",
+    let id = create(&scope, &new)?;
+    Ok(row(&scope, &id)?)
+}
+
+/// The optional fields a step transition may set.
+#[derive(Default)]
+pub struct StepChange<'a> {
+    pub output_summary: Option<&'a str>,
+    pub metrics: Option<Jsonb>,
+    pub error_code: Option<&'a str>,
+    pub error_message: Option<&'a str>,
+    pub error_details: Option<Jsonb>,
+}
+
+/// Moves a step under SPEC §3; returns false when it already was at `to` (nothing written).
+pub fn transition(
+    scope: &Scope,
+    step_id: &str,
+    to: Status,
+    expected: Option<Status>,
+    change: StepChange,
+) -> Result<bool> {
+    let Some((run_id, current)) = lock(scope, step_id)? else {
+        return Err(LedgerError::not_found("STEP_NOT_FOUND", "step", step_id));
+    };
+    let Some(from) = check_transition(Resource::Step, step_id, current, expected, to)? else {
+        return Ok(false);
+    };
+    write_transition(scope, &run_id, step_id, from, to, change)?;
+    Ok(true)
+}
+
+/// Moves a tool's step along with its tool call, where the status table allows it: directly, or
+/// through `retrying` out of a terminal status. Otherwise the step stays where it is.
+pub fn follow(scope: &Scope, step_id: &str, to: Status, change: StepChange) -> Result<()> {
+    let Some((run_id, current)) = lock(scope, step_id)? else {
+        return Err(LedgerError::not_found("STEP_NOT_FOUND", "step", step_id));
+    };
+    if current == to {
+        return Ok(());
+    }
+    if Resource::Step.allows(current, to) {
+        return write_transition(scope, &run_id, step_id, current, to, change);
+    }
+    if Resource::Step.allows(current, Status::Retrying) && Resource::Step.allows(Status::Retrying, to) {
+        write_transition(scope, &run_id, step_id, current, Status::Retrying, StepChange::default())?;
+        return write_transition(scope, &run_id, step_id, Status::Retrying, to, change);
+    }
+    Ok(())
+}
+
+/// Locks the step's run, then the step (the lock order every function keeps); returns the run id
+/// and the step's status, or None when the step is not in scope.
+fn lock(scope: &Scope, step_id: &str) -> Result<Option<(String, Status)>> {
+    let args = [scope.tenant.as_str().into(), scope.workspace.as_str().into(), step_id.into()];
+    let Some(run_id) = db::select_one(
+        "SELECT run_id FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &args,
+        |r| db::req::<String>(r, 1),
+    )?
+    else {
+        return Ok(None);
+    };
+    runs::existing(scope, "run_id", &run_id, true)?;
+    let current = db::write_one(
+        "SELECT status FROM ledger.run_steps \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
+        &args,
+        |r| Status::parse(Resource::Step, &db::req::<String>(r, 1)?),
+    )?
+    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))?;
+    Ok(Some((run_id, current)))
+}
+
+fn write_transition(
+    scope: &Scope,
+    run_id: &str,
+    step_id: &str,
+    from: Status,
+    to: Status,
+    change: StepChange,
+) -> Result<()> {
+    feed::append(
+        scope,
+        run_id,
+        "step.status",
+        Some(step_id),
+        &json!({"step_id": step_id, "from": from.as_str(), "to": to.as_str(), "error_code": change.error_code}),
+    )?;
+    let updated = db::write_one(
+        "UPDATE ledger.run_steps SET status = $4, updated_at = now(), \
+             output_summary = coalesce($5, output_summary), \
+             metrics = metrics || coalesce($6, '{}'::jsonb), \
+             error_code = coalesce($7, error_code), \
+             error_message = coalesce($8, error_message), \
+             error_details = coalesce($9, error_details), \
+             started_at = CASE WHEN $10 THEN coalesce(started_at, now()) ELSE started_at END, \
+             ended_at = CASE WHEN $11 THEN now() END, \
+             duration_ms = CASE WHEN $11 THEN \
+                 (extract(epoch FROM now() - coalesce(started_at, created_at)) * 1000)::bigint END \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $12 \
+          RETURNING id",
         &[
             scope.tenant.as_str().into(),
             scope.workspace.as_str().into(),
-            id.as_str().into(),
-            run_id.into(),
-            step_key.into(),
-            step_type.into(),
-            node_id.into(),
-            status.as_str().into(),
-            input_summary.map(text::summary).into(),
-            seq.into(),
-            status.is_started().into(),
-            status.is_terminal().into(),
+            step_id.into(),
+            to.as_str().into(),
+            change.output_summary.map(text::summary).into(),
+            change.metrics.into(),
+            change.error_code.into(),
+            change.error_message.map(text::summary).into(),
+            change.error_details.into(),
+            to.is_started().into(),
+            to.is_terminal().into(),
+            from.as_str().into(),
         ],
+        |r| db::req::<String>(r, 1),
     )?;
-    feed::insert(
-        &scope,
-        run_id,
-        seq,
-        "step.created",
-        Some(&id),
-        &json!({"step_id": id, "step_key": step_key, "step_type": step_type, "node_id": node_id, "status": status.as_str()}),
-    )?;
-    Ok(row(&scope, &id)?)
+    if updated.is_none() {
+        return Err(conflict(Resource::Step, step_id, from, to));
+    }
+    Ok(())
 }
 
 /// Moves a step to `to_status` under the rules of SPEC §3; `metrics` are merged (top-level keys).
@@ -141,81 +278,14 @@ fn transition_step(
     let step_id = required("step_id", step_id)?;
     ids::validate("step_id", step_id)?;
     let to = Status::parse(Resource::Step, required("to_status", to_status)?)?;
-    let expected = expected_status
-        .map(|s| Status::parse(Resource::Step, s))
-        .transpose()?;
+    let expected = expected_status.map(|s| Status::parse(Resource::Step, s)).transpose()?;
     if let Some(m) = &metrics {
         if !m.is_object() {
-            return Err(LedgerError::invalid(
-                "METRICS_NOT_OBJECT",
-                "metrics must be a JSON object",
-            )
-            .into());
+            return Err(LedgerError::invalid("METRICS_NOT_OBJECT", "metrics must be a JSON object").into());
         }
     }
-    let args = [
-        scope.tenant.as_str().into(),
-        scope.workspace.as_str().into(),
-        step_id.into(),
-    ];
-    let run_id = db::select_one(
-        "SELECT run_id FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &args,
-        |r| db::req::<String>(r, 1),
-    )?
-    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))?;
-    // Run first, then step: the lock order every function keeps.
-    runs::existing(&scope, "run_id", &run_id, true)?;
-    let current = db::write_one(
-        "SELECT status FROM ledger.run_steps \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
-        &args,
-        |r| Status::parse(Resource::Step, &db::req::<String>(r, 1)?),
-    )?
-    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))?;
-
-    let Some(from) = check_transition(Resource::Step, step_id, current, expected, to)? else {
-        return Ok(row(&scope, step_id)?);
-    };
-    feed::append(
-        &scope,
-        &run_id,
-        "step.status",
-        Some(step_id),
-        &json!({"step_id": step_id, "from": from.as_str(), "to": to.as_str(), "error_code": error_code}),
-    )?;
-    let updated = db::write_one(
-        "UPDATE ledger.run_steps SET status = $4, updated_at = now(), \
-             output_summary = coalesce($5, output_summary), \
-             metrics = metrics || coalesce($6, '{}'::jsonb), \
-             error_code = coalesce($7, error_code), \
-             error_message = coalesce($8, error_message), \
-             error_details = coalesce($9, error_details), \
-             started_at = CASE WHEN $10 THEN coalesce(started_at, now()) ELSE started_at END, \
-             ended_at = CASE WHEN $11 THEN now() END, \
-             duration_ms = CASE WHEN $11 THEN \
-                 (extract(epoch FROM now() - coalesce(started_at, created_at)) * 1000)::bigint END \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $12 \
-          RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            step_id.into(),
-            to.as_str().into(),
-            output_summary.map(text::summary).into(),
-            metrics.into(),
-            error_code.into(),
-            error_message.map(text::summary).into(),
-            error_details.into(),
-            to.is_started().into(),
-            to.is_terminal().into(),
-            from.as_str().into(),
-        ],
-        |r| db::req::<String>(r, 1),
-    )?;
-    if updated.is_none() {
-        return Err(conflict(Resource::Step, step_id, from, to).into());
-    }
+    let change = StepChange { output_summary, metrics, error_code, error_message, error_details };
+    transition(&scope, step_id, to, expected, change)?;
     Ok(row(&scope, step_id)?)
 }
 

@@ -24,11 +24,20 @@ pub fn new_id(prefix: &str) -> String {
 
 /// A caller-supplied id (or scope name): 1 to 128 characters, printable, no whitespace.
 pub fn validate(argument: &str, value: &str) -> Result<()> {
+    validate_up_to(argument, value, MAX_ID_CHARS)
+}
+
+/// The longest idempotency key (a default key holds a run id and a tool call id).
+pub const MAX_KEY_CHARS: usize = 512;
+
+/// Like `validate`, for keys of up to `max` characters.
+pub fn validate_up_to(argument: &str, value: &str, max: usize) -> Result<()> {
     let count = value.chars().count();
+    let too_long = format!("is longer than {max} characters");
     let reason = if count == 0 {
         Some("is empty")
-    } else if count > MAX_ID_CHARS {
-        Some("is longer than 128 characters")
+    } else if count > max {
+        Some(too_long.as_str())
     } else if value.chars().any(|c| c.is_whitespace() || c.is_control()) {
         Some("contains whitespace or control characters")
     } else {

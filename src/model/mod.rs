@@ -2,5 +2,8 @@
 pub mod args;
 pub mod hash;
 pub mod ids;
+pub mod json;
+pub mod redact;
 pub mod status;
 pub mod text;
+pub mod tool_call;

@@ -1,0 +1,245 @@
+//! Artifacts of a run (SPEC §8): bytes in the scope's blob store, or a pointer to an external store.
+
+use crate::blobs;
+use crate::db;
+use crate::error::{Class, LedgerError, Result};
+use crate::feed;
+use crate::jsonb::Jsonb;
+use crate::model::args::required;
+use crate::model::{ids, json, redact};
+use crate::runs;
+use crate::scope::{self, Scope};
+use crate::steps;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+use serde_json::json;
+
+/// The storage key of bytes held in `ledger.blobs`.
+const BLOB_KEY_PREFIX: &str = "blob:sha256:";
+
+/// What a new artifact row holds.
+pub struct NewArtifact<'a> {
+    pub run_id: &'a str,
+    pub step_id: Option<&'a str>,
+    pub artifact_type: &'a str,
+    pub mime: Option<&'a str>,
+    pub size_bytes: i64,
+    pub sha256: &'a str,
+    pub storage_key: &'a str,
+    pub meta: &'a serde_json::Value,
+}
+
+/// Inserts the artifact row and its `artifact.created` event; returns its id.
+pub fn insert(scope: &Scope, new: &NewArtifact) -> Result<String> {
+    let id = ids::new_id("art");
+    db::execute(
+        "INSERT INTO ledger.run_artifacts (tenant_id, workspace_id, id, run_id, step_id, artifact_type, \
+             mime, size_bytes, sha256, storage_key, meta) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            id.as_str().into(),
+            new.run_id.into(),
+            new.step_id.into(),
+            new.artifact_type.into(),
+            new.mime.into(),
+            new.size_bytes.into(),
+            new.sha256.into(),
+            new.storage_key.into(),
+            Jsonb::from(new.meta).into(),
+        ],
+    )?;
+    feed::append(
+        scope,
+        new.run_id,
+        "artifact.created",
+        new.step_id,
+        &json!({"artifact_id": id, "artifact_type": new.artifact_type, "size_bytes": new.size_bytes, "sha256": new.sha256}),
+    )?;
+    Ok(id)
+}
+
+/// Stores `bytes` in the blob store and records them as an artifact; returns (id, sha256).
+pub fn put_bytes(
+    scope: &Scope,
+    run_id: &str,
+    step_id: Option<&str>,
+    bytes: &[u8],
+    artifact_type: &str,
+    mime: Option<&str>,
+    meta: &serde_json::Value,
+) -> Result<(String, String)> {
+    let sha = blobs::put(scope, bytes)?;
+    let key = format!("{BLOB_KEY_PREFIX}{sha}");
+    let id = insert(
+        scope,
+        &NewArtifact {
+            run_id,
+            step_id,
+            artifact_type,
+            mime,
+            size_bytes: bytes.len() as i64,
+            sha256: &sha,
+            storage_key: &key,
+            meta,
+        },
+    )?;
+    Ok((id, sha))
+}
+
+/// An artifact row as the read paths need it.
+pub struct Artifact {
+    pub run_id: String,
+    pub step_id: Option<String>,
+    pub sha256: String,
+    pub storage_key: String,
+}
+
+/// Loads an artifact visible in this scope.
+pub fn load(scope: &Scope, artifact_id: &str) -> Result<Option<Artifact>> {
+    db::select_one(
+        "SELECT run_id, step_id, sha256, storage_key FROM ledger.run_artifacts \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), artifact_id.into()],
+        |r| {
+            Ok(Artifact {
+                run_id: db::req(r, 1)?,
+                step_id: db::opt(r, 2)?,
+                sha256: db::req(r, 3)?,
+                storage_key: db::req(r, 4)?,
+            })
+        },
+    )
+}
+
+/// The bytes of an artifact held in the blob store, verified against the artifact's sha256
+/// (XX001 `ARTIFACT_HASH_MISMATCH`).
+pub fn bytes(scope: &Scope, artifact_id: &str, artifact: &Artifact) -> Result<Vec<u8>> {
+    let Some(address) = artifact.storage_key.strip_prefix(BLOB_KEY_PREFIX) else {
+        return Err(LedgerError::new(
+            Class::WrongState,
+            "ARTIFACT_EXTERNAL",
+            "the artifact's bytes live in an external store; read them from its storage_key",
+        )
+        .with("artifact_id", artifact_id)
+        .with("storage_key", artifact.storage_key.as_str()));
+    };
+    if address != artifact.sha256 {
+        return Err(hash_mismatch(artifact_id, &artifact.sha256, address));
+    }
+    blobs::get(scope, address, "ARTIFACT_HASH_MISMATCH")
+}
+
+pub fn hash_mismatch(artifact_id: &str, expected: &str, actual: &str) -> LedgerError {
+    LedgerError::new(Class::Corrupted, "ARTIFACT_HASH_MISMATCH", "stored bytes do not match their sha256")
+        .with("artifact_id", artifact_id)
+        .with("expected", expected)
+        .with("actual", actual)
+}
+
+fn checked_type<'a>(value: Option<&'a str>, default: &'static str) -> Result<&'a str> {
+    let t = value.unwrap_or(default);
+    if ["file", "log", "blob", "json"].contains(&t) {
+        Ok(t)
+    } else {
+        Err(LedgerError::invalid("ARTIFACT_TYPE_UNKNOWN", "artifact_type must be file, log, blob or json")
+            .with("artifact_type", t))
+    }
+}
+
+/// Checks the run (and step) the artifact belongs to, and redacts its meta.
+fn owner_and_meta(scope: &Scope, run_id: &str, step_id: Option<&str>, meta: Option<Jsonb>) -> Result<serde_json::Value> {
+    runs::existing(scope, "run_id", run_id, true)?;
+    if let Some(step) = step_id {
+        ids::validate("step_id", step)?;
+        steps::existing_in_run(scope, step, run_id)?;
+    }
+    match meta {
+        None => Ok(json!({})),
+        Some(m) if m.is_object() => Ok(redact::redact(&crate::guc::redaction_rules(), &json::parse(m.as_str())?)),
+        Some(_) => Err(LedgerError::invalid("META_NOT_OBJECT", "meta must be a JSON object")),
+    }
+}
+
+fn row(scope: &Scope, id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_artifacts")> {
+    db::select_one(
+        "SELECT a FROM ledger.run_artifacts a WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into()],
+        |r| db::req(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::not_found("ARTIFACT_NOT_FOUND", "artifact", id))
+}
+
+/// Stores bytes in the scope's blob store and records them as an artifact of the run.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn put_artifact(
+    run_id: Option<&str>,
+    content: Option<Vec<u8>>,
+    artifact_type: default!(Option<&str>, "'blob'"),
+    mime: default!(Option<&str>, "NULL"),
+    step_id: default!(Option<&str>, "NULL"),
+    meta: default!(Option<Jsonb>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), ErrorReport> {
+    let scope = scope::current()?;
+    let run_id = required("run_id", run_id)?;
+    let content = content.ok_or_else(|| LedgerError::required("content"))?;
+    let artifact_type = checked_type(artifact_type, "blob")?;
+    let meta = owner_and_meta(&scope, run_id, step_id, meta)?;
+    let (id, _) = put_bytes(&scope, run_id, step_id, &content, artifact_type, mime, &meta)?;
+    Ok(row(&scope, &id)?)
+}
+
+/// Records an artifact whose bytes live in an external store.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn register_artifact(
+    run_id: Option<&str>,
+    storage_key: Option<&str>,
+    size_bytes: Option<i64>,
+    sha256: Option<&str>,
+    artifact_type: default!(Option<&str>, "'file'"),
+    mime: default!(Option<&str>, "NULL"),
+    step_id: default!(Option<&str>, "NULL"),
+    meta: default!(Option<Jsonb>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), ErrorReport> {
+    let scope = scope::current()?;
+    let run_id = required("run_id", run_id)?;
+    let storage_key = required("storage_key", storage_key)?;
+    let size_bytes = size_bytes.ok_or_else(|| LedgerError::required("size_bytes"))?;
+    if size_bytes < 0 {
+        return Err(LedgerError::invalid("SIZE_INVALID", "size_bytes must not be negative").with("size_bytes", size_bytes).into());
+    }
+    let sha = required("sha256", sha256)?.to_ascii_lowercase();
+    if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(LedgerError::invalid("SHA256_INVALID", "sha256 must be 64 hex digits").into());
+    }
+    if storage_key.starts_with(BLOB_KEY_PREFIX) {
+        return Err(LedgerError::invalid(
+            "STORAGE_KEY_RESERVED",
+            "blob:sha256: keys are the built-in store's; use ledger.put_artifact",
+        )
+        .into());
+    }
+    let artifact_type = checked_type(artifact_type, "file")?;
+    let meta = owner_and_meta(&scope, run_id, step_id, meta)?;
+    let id = insert(
+        &scope,
+        &NewArtifact { run_id, step_id, artifact_type, mime, size_bytes, sha256: &sha, storage_key, meta: &meta },
+    )?;
+    Ok(row(&scope, &id)?)
+}
+
+/// The bytes of an artifact in the built-in store, verified against its sha256.
+#[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn get_artifact(artifact_id: Option<&str>) -> std::result::Result<Vec<u8>, ErrorReport> {
+    let scope = scope::current()?;
+    let artifact_id = required("artifact_id", artifact_id)?;
+    ids::validate("artifact_id", artifact_id)?;
+    let artifact = load(&scope, artifact_id)?
+        .ok_or_else(|| LedgerError::not_found("ARTIFACT_NOT_FOUND", "artifact", artifact_id))?;
+    Ok(bytes(&scope, artifact_id, &artifact)?)
+}

@@ -1,0 +1,300 @@
+//! JSON in and out: depth-bounded parsing, canonical text and the request hash (SPEC §7.2).
+//!
+//! serde_json is built with `arbitrary_precision` (numbers keep their exact text) and without
+//! `preserve_order` (a `Map` is a BTreeMap, so keys iterate in byte order, which for UTF-8 is
+//! code point order). Its compact writer is therefore already the canonical form.
+
+use serde_json::Value;
+
+use crate::error::{LedgerError, Result};
+use crate::model::hash::sha256_hex;
+
+/// The deepest nesting of arrays and objects the ledger accepts. Every `Value` it handles came
+/// through `parse`, so other modules may recurse over values without risking the stack.
+pub const MAX_DEPTH: usize = 100;
+
+/// Parses JSON text (as PostgreSQL's `jsonb_out` prints it). Nesting deeper than `MAX_DEPTH`
+/// fails with `INPUT_TOO_DEEP`, anything else that is not JSON with `JSON_INVALID`.
+pub fn parse(text: &str) -> Result<Value> {
+    check_depth(text)?;
+    serde_json::from_str(text)
+        .map_err(|e| LedgerError::invalid("JSON_INVALID", format!("invalid JSON: {e}")))
+}
+
+/// Counts nesting without recursion, before serde_json builds anything. On any valid prefix
+/// the count equals the parser's nesting, so serde_json (limit 128) never reaches its own limit.
+fn check_depth(text: &str) -> Result<()> {
+    let mut depth = 0usize;
+    let mut bytes = text.bytes();
+    while let Some(b) = bytes.next() {
+        match b {
+            // Brackets inside strings do not nest; an escaped quote does not end the string.
+            // Multi-byte UTF-8 sequences never contain ASCII bytes, so bytes are safe here.
+            b'"' => loop {
+                match bytes.next() {
+                    Some(b'\\') => {
+                        bytes.next();
+                    }
+                    Some(b'"') | None => break,
+                    Some(_) => {}
+                }
+            },
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(LedgerError::invalid(
+                        "INPUT_TOO_DEEP",
+                        format!("JSON nested deeper than {MAX_DEPTH} levels"),
+                    )
+                    .with("max_depth", MAX_DEPTH));
+                }
+            }
+            // Unbalanced closers are left to serde_json to report as invalid.
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Canonical JSON: keys sorted by code point, no insignificant whitespace, strings escaped
+/// minimally (only `"`, `\` and control characters; UTF-8 kept), numbers exactly as their text.
+pub fn canonical(v: &Value) -> String {
+    v.to_string()
+}
+
+/// Hex SHA-256 of the canonical JSON.
+pub fn request_hash(v: &Value) -> String {
+    sha256_hex(canonical(v).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Class;
+    use serde_json::{json, Map};
+    use std::time::{Duration, Instant};
+
+    fn canon(text: &str) -> String {
+        canonical(&parse(text).unwrap())
+    }
+
+    fn nested(depth: usize) -> String {
+        format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+    }
+
+    #[test]
+    fn keys_are_sorted_at_every_level() {
+        assert_eq!(
+            canon(r#"{"b": 1, "a": {"z": [ {"y": 1, "x": 2} ], "c": null}, "A": true}"#),
+            r#"{"A":true,"a":{"c":null,"z":[{"x":2,"y":1}]},"b":1}"#
+        );
+    }
+
+    #[test]
+    fn keys_sort_by_code_point_not_by_utf16_or_locale() {
+        // U+FF61 sorts after U+1F600 in UTF-16 order but before it by code point.
+        let v = json!({"😀": 1, "｡": 2, "é": 3, "z": 4, "Z": 5, "": 6});
+        assert_eq!(canonical(&v), r#"{"":6,"Z":5,"z":4,"é":3,"｡":2,"😀":1}"#);
+    }
+
+    #[test]
+    fn insertion_order_does_not_matter() {
+        let mut forward = Map::new();
+        let mut backward = Map::new();
+        let keys = ["delta", "alpha", "charlie", "bravo"];
+        for (i, k) in keys.iter().enumerate() {
+            forward.insert((*k).into(), json!({"n": i, "m": [i]}));
+        }
+        for (i, k) in keys.iter().enumerate().rev() {
+            backward.insert((*k).into(), json!({"m": [i], "n": i}));
+        }
+        let (forward, backward) = (Value::Object(forward), Value::Object(backward));
+        assert_eq!(canonical(&forward), canonical(&backward));
+        assert_eq!(request_hash(&forward), request_hash(&backward));
+        assert!(canonical(&forward).starts_with(r#"{"alpha":"#));
+    }
+
+    #[test]
+    fn unicode_is_kept_raw() {
+        let text = canon(r#"{"k": "é 😀 漢字 \u00e9 \ud83d\ude00"}"#);
+        assert_eq!(text, "{\"k\":\"é 😀 漢字 é 😀\"}");
+        assert!(!text.contains("\\u"));
+        // Characters JSON does not require escaping stay raw too.
+        assert_eq!(canonical(&json!("\u{7f}\u{2028}/")), "\"\u{7f}\u{2028}/\"");
+    }
+
+    #[test]
+    fn only_quotes_backslashes_and_controls_are_escaped() {
+        let v = json!("q\" b\\ n\n r\r t\t b\u{8} f\u{c} nul\u{0} us\u{1f}");
+        assert_eq!(
+            canonical(&v),
+            r#""q\" b\\ n\n r\r t\t b\b f\f nul\u0000 us\u001f""#
+        );
+    }
+
+    #[test]
+    fn numbers_keep_their_exact_text() {
+        // jsonb_out prints numerics in plain notation, never with an exponent.
+        for n in [
+            "0",
+            "1.0",
+            "-0",
+            "1.50",
+            "0.1",
+            "100.000",
+            "-0.0000000001",
+            "123456789012345678901234567890",
+            "-123456789012345678901234567890.000000000000000000001",
+        ] {
+            assert_eq!(canon(n), n);
+            assert_eq!(canon(&format!("[{n}]")), format!("[{n}]"));
+        }
+        // Equal numbers written differently are different requests.
+        assert_ne!(
+            request_hash(&parse("1.0").unwrap()),
+            request_hash(&parse("1").unwrap())
+        );
+    }
+
+    #[test]
+    fn exponents_are_written_one_way() {
+        // serde_json keeps the digits but writes a lowercase `e` with an explicit sign. Text
+        // from jsonb_out has no exponents; other text still gets one stable form.
+        for (n, want) in [
+            ("1e2", "1e+2"),
+            ("1E2", "1e+2"),
+            ("1E+2", "1e+2"),
+            ("1e-2", "1e-2"),
+            ("-1.25E-10", "-1.25e-10"),
+            ("1.50e007", "1.50e+007"),
+        ] {
+            assert_eq!(canon(n), want);
+            assert_eq!(canon(want), want);
+        }
+    }
+
+    #[test]
+    fn whitespace_is_dropped_and_empties_kept() {
+        assert_eq!(canon(" { } "), "{}");
+        assert_eq!(canon("[ ]"), "[]");
+        assert_eq!(canon(r#"{ "a" : [ ] , "b" : { } }"#), r#"{"a":[],"b":{}}"#);
+        assert_eq!(
+            canon(r#" [ 1 , true , null , "x" ] "#),
+            r#"[1,true,null,"x"]"#
+        );
+        assert_eq!(canon(r#""""#), r#""""#);
+    }
+
+    #[test]
+    fn hash_vectors() {
+        assert_eq!(
+            request_hash(&json!({})),
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+        assert_eq!(request_hash(&json!({})), sha256_hex(b"{}"));
+        assert_eq!(
+            request_hash(&parse(r#"{"b": "é", "a": 1.50}"#).unwrap()),
+            sha256_hex("{\"a\":1.50,\"b\":\"é\"}".as_bytes())
+        );
+        // Hex, lowercase, 64 characters, and stable across calls.
+        let h = request_hash(&json!([1, {"x": "y"}]));
+        assert_eq!(h.len(), 64);
+        assert!(h
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+        assert_eq!(h, request_hash(&json!([1, {"x": "y"}])));
+    }
+
+    #[test]
+    fn canonical_text_parses_back_to_itself() {
+        let text = r#"{"z":[1.0,-0,{"b":"\n","a":"😀"}],"a":1e2}"#;
+        let once = canon(text);
+        assert_eq!(canon(&once), once);
+    }
+
+    #[test]
+    fn depth_100_is_accepted_and_101_refused() {
+        assert!(parse(&nested(MAX_DEPTH)).is_ok());
+        let objects = format!("{}1{}", r#"{"a":"#.repeat(MAX_DEPTH), "}".repeat(MAX_DEPTH));
+        assert!(parse(&objects).is_ok());
+
+        for text in [
+            nested(MAX_DEPTH + 1),
+            format!("{}1{}", r#"{"a":"#.repeat(101), "}".repeat(101)),
+            // Mixed arrays and objects count alike.
+            format!("{}{}", r#"[{"a":"#.repeat(51), "}]".repeat(51)),
+        ] {
+            let e = parse(&text).unwrap_err();
+            assert_eq!(e.code, "INPUT_TOO_DEEP");
+            assert_eq!(e.class, Class::InvalidParameter);
+            assert_eq!(e.detail["max_depth"], json!(100));
+        }
+    }
+
+    #[test]
+    fn depth_is_nesting_not_total_brackets() {
+        let wide = format!("[{}]", vec![nested(MAX_DEPTH - 1); 1000].join(","));
+        assert!(parse(&wide).is_ok());
+    }
+
+    #[test]
+    fn pathological_depth_is_refused_quickly() {
+        let start = Instant::now();
+        for text in [
+            nested(100_000),
+            "[".repeat(100_000),
+            format!("{}1{}", r#"{"a":"#.repeat(100_000), "}".repeat(100_000)),
+        ] {
+            assert_eq!(parse(&text).unwrap_err().code, "INPUT_TOO_DEEP");
+        }
+        assert!(start.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn brackets_inside_strings_do_not_count() {
+        let inner = "[{".repeat(500);
+        let text = format!(r#"{{"k": "{inner}", "e": "\"[[[[\\", "b": "\\\"{{{{"}}"#);
+        let v = parse(&text).unwrap();
+        assert_eq!(v["k"], json!(inner));
+        assert_eq!(v["e"], json!("\"[[[[\\"));
+        assert_eq!(v["b"], json!("\\\"{{"));
+        // A string ending in an escaped backslash closes; the next brackets count again.
+        let text = format!(r#"["\\", {}]"#, nested(MAX_DEPTH));
+        assert_eq!(parse(&text).unwrap_err().code, "INPUT_TOO_DEEP");
+        let text = format!(r#"["\\", {}]"#, nested(MAX_DEPTH - 1));
+        assert!(parse(&text).is_ok());
+    }
+
+    #[test]
+    fn invalid_json_is_refused() {
+        for text in [
+            "",
+            " ",
+            "{",
+            "[1,]",
+            r#"{"a" 1}"#,
+            r#"{a: 1}"#,
+            "'x'",
+            r#""unterminated"#,
+            "[1] [2]",
+            "]]]]",
+            "}{",
+            "NaN",
+            "01",
+            "1.",
+            r#""\x""#,
+            "[\"raw\nnewline\"]",
+        ] {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.code, "JSON_INVALID", "{text:?}");
+            assert_eq!(e.class, Class::InvalidParameter);
+        }
+    }
+
+    #[test]
+    fn unbalanced_closers_do_not_hide_depth() {
+        let text = format!("{}{}", "]".repeat(10), "[".repeat(100_000));
+        assert_eq!(parse(&text).unwrap_err().code, "INPUT_TOO_DEEP");
+    }
+}

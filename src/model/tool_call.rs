@@ -1,0 +1,320 @@
+//! The tool-call record's rules (SPEC §7.1): what a claim does with an existing record, the
+//! lease length, and attempt fencing. No Postgres here.
+
+use crate::error::{Class, LedgerError, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallStatus {
+    WaitingApproval,
+    Claimed,
+    Running,
+    Succeeded,
+    Failed,
+    InDoubt,
+    Rejected,
+}
+
+impl CallStatus {
+    pub const ALL: [CallStatus; 7] = [
+        CallStatus::WaitingApproval,
+        CallStatus::Claimed,
+        CallStatus::Running,
+        CallStatus::Succeeded,
+        CallStatus::Failed,
+        CallStatus::InDoubt,
+        CallStatus::Rejected,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallStatus::WaitingApproval => "waiting_approval",
+            CallStatus::Claimed => "claimed",
+            CallStatus::Running => "running",
+            CallStatus::Succeeded => "succeeded",
+            CallStatus::Failed => "failed",
+            CallStatus::InDoubt => "in_doubt",
+            CallStatus::Rejected => "rejected",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<CallStatus> {
+        CallStatus::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| LedgerError::internal(format!("unknown tool call status {s:?}")))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApprovalStatus {
+    Pending,
+    Approved,
+    Rejected,
+    Expired,
+    Canceled,
+}
+
+impl ApprovalStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalStatus::Pending => "pending",
+            ApprovalStatus::Approved => "approved",
+            ApprovalStatus::Rejected => "rejected",
+            ApprovalStatus::Expired => "expired",
+            ApprovalStatus::Canceled => "canceled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ApprovalStatus> {
+        [
+            ApprovalStatus::Pending,
+            ApprovalStatus::Approved,
+            ApprovalStatus::Rejected,
+            ApprovalStatus::Expired,
+            ApprovalStatus::Canceled,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == s)
+    }
+}
+
+/// What the ledger knows about an existing record when a claim arrives.
+#[derive(Clone, Copy, Debug)]
+pub struct Existing<'a> {
+    pub status: CallStatus,
+    pub tool_ref: &'a str,
+    pub request_hash: &'a str,
+    pub lease_live: bool,
+    pub outbound_started: bool,
+    pub approval: Option<ApprovalStatus>,
+}
+
+/// What a claim of an existing record does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// The record is finished: return its result, execute nothing.
+    Replay,
+    /// The request may have left and no answer came back. `mark`: the record moves to in_doubt now.
+    InDoubt { mark: bool },
+    /// Someone holds a live lease (whoever it is: claims are not re-entrant).
+    Busy,
+    WaitingApproval,
+    Rejected,
+    /// A new attempt: take-over of an expired lease whose request never left, a re-arm of a
+    /// failed call with `retry_failed`, an approved call, or an in-doubt call resolved `retry`.
+    Claim,
+}
+
+/// Decides a claim against an existing record with the same identity.
+pub fn decide(existing: &Existing, tool_ref: &str, request_hash: &str, retry_failed: bool) -> Result<Decision> {
+    if existing.tool_ref != tool_ref || existing.request_hash != request_hash {
+        return Err(identity_reused()
+            .with("tool_ref_matches", existing.tool_ref == tool_ref)
+            .with("request_hash_matches", existing.request_hash == request_hash));
+    }
+    Ok(match existing.status {
+        CallStatus::Succeeded => Decision::Replay,
+        CallStatus::Failed if retry_failed => Decision::Claim,
+        CallStatus::Failed => Decision::Replay,
+        CallStatus::InDoubt => Decision::InDoubt { mark: false },
+        CallStatus::Rejected => Decision::Rejected,
+        CallStatus::WaitingApproval => match existing.approval {
+            Some(ApprovalStatus::Approved) => Decision::Claim,
+            Some(ApprovalStatus::Rejected | ApprovalStatus::Expired | ApprovalStatus::Canceled) => Decision::Rejected,
+            Some(ApprovalStatus::Pending) | None => Decision::WaitingApproval,
+        },
+        CallStatus::Claimed | CallStatus::Running if existing.lease_live => Decision::Busy,
+        CallStatus::Claimed | CallStatus::Running if existing.outbound_started => Decision::InDoubt { mark: true },
+        CallStatus::Claimed | CallStatus::Running => Decision::Claim,
+    })
+}
+
+pub fn identity_reused() -> LedgerError {
+    LedgerError::new(Class::Duplicate, "IDEMPOTENCY_MISMATCH", "Tool call identity was reused with different input")
+}
+
+/// The longest timeout a claim accepts (one day).
+pub const MAX_TIMEOUT_SECONDS: i32 = 86_400;
+
+/// The lease of a claim: `max(60, timeout + 10)` seconds (SOIT's rule), for 0 <= timeout <= one day.
+pub fn lease_seconds(timeout_seconds: i32) -> Result<i32> {
+    if !(0..=MAX_TIMEOUT_SECONDS).contains(&timeout_seconds) {
+        return Err(LedgerError::invalid("TIMEOUT_INVALID", "timeout_seconds must be between 0 and 86400")
+            .with("timeout_seconds", timeout_seconds));
+    }
+    Ok((timeout_seconds + 10).max(60))
+}
+
+/// A heartbeat's extension, 1 second to one day.
+pub fn extend_seconds(extend: i32) -> Result<i32> {
+    if !(1..=MAX_TIMEOUT_SECONDS).contains(&extend) {
+        return Err(LedgerError::invalid("TIMEOUT_INVALID", "extend_seconds must be between 1 and 86400")
+            .with("extend_seconds", extend));
+    }
+    Ok(extend)
+}
+
+/// The attempt is the fencing token: only the current attempt may write (40001 `LEASE_STALE`).
+pub fn check_fence(current: i64, given: i64) -> Result<()> {
+    if current == given {
+        return Ok(());
+    }
+    Err(LedgerError::new(
+        Class::Conflict,
+        "LEASE_STALE",
+        format!("attempt {given} is no longer current (the current attempt is {current})"),
+    )
+    .with("attempt", given)
+    .with("current_attempt", current))
+}
+
+/// How an executor reports a call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    /// The request left and no answer came back: the call is in doubt.
+    Unknown,
+}
+
+impl Outcome {
+    pub fn parse(s: &str) -> Result<Outcome> {
+        match s {
+            "succeeded" => Ok(Outcome::Succeeded),
+            "failed" => Ok(Outcome::Failed),
+            "unknown" => Ok(Outcome::Unknown),
+            _ => Err(LedgerError::invalid("OUTCOME_UNKNOWN", "outcome must be succeeded, failed or unknown")
+                .with("outcome", s)),
+        }
+    }
+}
+
+/// A human's decision on an in-doubt call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    Succeeded,
+    Failed,
+    /// Execute again: the next claim gets attempt + 1.
+    Retry,
+}
+
+impl Resolution {
+    pub fn parse(s: &str) -> Result<Resolution> {
+        match s {
+            "succeeded" => Ok(Resolution::Succeeded),
+            "failed" => Ok(Resolution::Failed),
+            "retry" => Ok(Resolution::Retry),
+            _ => Err(LedgerError::invalid("RESOLUTION_UNKNOWN", "resolution must be succeeded, failed or retry")
+                .with("resolution", s)),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolution::Succeeded => "succeeded",
+            Resolution::Failed => "failed",
+            Resolution::Retry => "retry",
+        }
+    }
+}
+
+/// The state a call must be in for an operation (55000 `TOOL_CALL_STATE`).
+pub fn wrong_state(op: &str, status: CallStatus) -> LedgerError {
+    LedgerError::new(
+        Class::WrongState,
+        "TOOL_CALL_STATE",
+        format!("a tool call cannot {op} from status {}", status.as_str()),
+    )
+    .with("operation", op)
+    .with("status", status.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn existing(status: CallStatus) -> Existing<'static> {
+        Existing { status, tool_ref: "search", request_hash: "h", lease_live: false, outbound_started: false, approval: None }
+    }
+
+    fn decide_for(e: Existing) -> Decision {
+        decide(&e, "search", "h", false).unwrap()
+    }
+
+    #[test]
+    fn finished_calls_replay_and_failed_ones_rearm_only_when_asked() {
+        assert_eq!(decide_for(existing(CallStatus::Succeeded)), Decision::Replay);
+        assert_eq!(decide_for(existing(CallStatus::Failed)), Decision::Replay);
+        assert_eq!(decide(&existing(CallStatus::Failed), "search", "h", true).unwrap(), Decision::Claim);
+        assert_eq!(decide(&existing(CallStatus::Succeeded), "search", "h", true).unwrap(), Decision::Replay);
+    }
+
+    #[test]
+    fn an_expired_lease_is_in_doubt_once_the_request_left_and_never_claimed() {
+        for status in [CallStatus::Claimed, CallStatus::Running] {
+            let live = Existing { lease_live: true, outbound_started: true, ..existing(status) };
+            assert_eq!(decide_for(live), Decision::Busy);
+            let live = Existing { lease_live: true, ..existing(status) };
+            assert_eq!(decide_for(live), Decision::Busy);
+            let left = Existing { outbound_started: true, ..existing(status) };
+            assert_eq!(decide_for(left), Decision::InDoubt { mark: true });
+            assert_eq!(decide(&left, "search", "h", true).unwrap(), Decision::InDoubt { mark: true });
+            assert_eq!(decide_for(existing(status)), Decision::Claim);
+        }
+        // in_doubt stays in doubt whatever the caller asks.
+        assert_eq!(decide(&existing(CallStatus::InDoubt), "search", "h", true).unwrap(), Decision::InDoubt { mark: false });
+    }
+
+    #[test]
+    fn approvals_gate_the_claim() {
+        let waiting = existing(CallStatus::WaitingApproval);
+        assert_eq!(decide_for(waiting), Decision::WaitingApproval);
+        assert_eq!(decide_for(Existing { approval: Some(ApprovalStatus::Pending), ..waiting }), Decision::WaitingApproval);
+        assert_eq!(decide_for(Existing { approval: Some(ApprovalStatus::Approved), ..waiting }), Decision::Claim);
+        assert_eq!(decide_for(Existing { approval: Some(ApprovalStatus::Rejected), ..waiting }), Decision::Rejected);
+        assert_eq!(decide_for(existing(CallStatus::Rejected)), Decision::Rejected);
+    }
+
+    #[test]
+    fn a_reused_identity_is_a_conflict_in_every_state() {
+        for status in CallStatus::ALL {
+            for (tool, hash) in [("other", "h"), ("search", "other")] {
+                let e = decide(&existing(status), tool, hash, false).unwrap_err();
+                assert_eq!((e.class, e.code), (Class::Duplicate, "IDEMPOTENCY_MISMATCH"), "{status:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn lease_is_at_least_a_minute_and_ten_seconds_over_the_timeout() {
+        assert_eq!(lease_seconds(0).unwrap(), 60);
+        assert_eq!(lease_seconds(30).unwrap(), 60);
+        assert_eq!(lease_seconds(50).unwrap(), 60);
+        assert_eq!(lease_seconds(51).unwrap(), 61);
+        assert_eq!(lease_seconds(86_400).unwrap(), 86_410);
+        for bad in [-1, i32::MIN, 86_401, i32::MAX] {
+            assert_eq!(lease_seconds(bad).unwrap_err().code, "TIMEOUT_INVALID");
+        }
+        assert!(extend_seconds(0).is_err() && extend_seconds(1).is_ok());
+    }
+
+    #[test]
+    fn only_the_current_attempt_passes_the_fence() {
+        assert!(check_fence(2, 2).is_ok());
+        let e = check_fence(2, 1).unwrap_err();
+        assert_eq!((e.class, e.code), (Class::Conflict, "LEASE_STALE"));
+        assert_eq!(e.detail["current_attempt"], 2);
+        assert!(check_fence(2, 3).is_err());
+    }
+
+    #[test]
+    fn outcomes_and_resolutions_parse_strictly() {
+        assert_eq!(Outcome::parse("unknown").unwrap(), Outcome::Unknown);
+        assert_eq!(Outcome::parse("timeout").unwrap_err().code, "OUTCOME_UNKNOWN");
+        assert_eq!(Resolution::parse("retry").unwrap(), Resolution::Retry);
+        assert_eq!(Resolution::parse("Retry").unwrap_err().code, "RESOLUTION_UNKNOWN");
+        for s in CallStatus::ALL {
+            assert_eq!(CallStatus::parse(s.as_str()).unwrap(), s);
+        }
+    }
+}

@@ -1,0 +1,961 @@
+//! Tool calls (SPEC §7, replay #3): claim, lease, fencing, in-doubt, idempotent replay and
+//! approvals. Outcomes are returned as data, never raised, because state written before an
+//! ERROR would roll back (an in-doubt marking must stick).
+//!
+//! Lock order, as everywhere: the run first, then the record, then its step.
+
+use crate::artifacts;
+use crate::db;
+use crate::error::{Class, LedgerError, Result};
+use crate::feed;
+use crate::guc;
+use crate::jsonb::Jsonb;
+use crate::model::args::{optional_id, required};
+use crate::model::status::Status;
+use crate::model::tool_call::{
+    check_fence, decide, extend_seconds, identity_reused, lease_seconds, wrong_state, ApprovalStatus,
+    CallStatus, Decision, Existing, Outcome, Resolution,
+};
+use crate::model::{ids, json, redact, text};
+use crate::runs;
+use crate::scope::{self, Scope};
+use crate::steps::{self, NewStep, StepChange};
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+use serde_json::{json, Value};
+
+/// Results whose canonical JSON is longer than this are stored as an artifact.
+pub const INLINE_RESULT_BYTES: usize = 8192;
+
+/// A tool-call record as the functions decide on it.
+struct Record {
+    id: String,
+    run_id: String,
+    step_id: String,
+    tool_call_id: String,
+    tool_ref: String,
+    idempotency_key: String,
+    request_hash: String,
+    status: CallStatus,
+    attempt: i64,
+    lease_seconds: i32,
+    lease_live: bool,
+    outbound_started: bool,
+    result_artifact_id: Option<String>,
+    result_sha256: Option<String>,
+    approval: Option<ApprovalStatus>,
+}
+
+impl Record {
+    fn existing(&self) -> Existing<'_> {
+        Existing {
+            status: self.status,
+            tool_ref: &self.tool_ref,
+            request_hash: &self.request_hash,
+            lease_live: self.lease_live,
+            outbound_started: self.outbound_started,
+            approval: self.approval,
+        }
+    }
+
+    /// The ids every event and outbox row about the call carries.
+    fn ids(&self) -> Value {
+        json!({
+            "tool_call_record_id": self.id, "tool_call_id": self.tool_call_id, "tool_ref": self.tool_ref,
+            "idempotency_key": self.idempotency_key, "attempt": self.attempt, "step_id": self.step_id,
+        })
+    }
+}
+
+#[derive(Clone, Copy)]
+enum By<'a> {
+    Id(&'a str),
+    Key(&'a str),
+    RunCall(&'a str, &'a str),
+}
+
+fn load(scope: &Scope, by: By, lock: bool) -> Result<Option<Record>> {
+    const SELECT: &str = "SELECT t.id, t.run_id, t.step_id, t.tool_call_id, t.tool_ref, t.idempotency_key, \
+            t.request_hash, t.status, t.attempt, t.lease_seconds, \
+            coalesce(t.lease_expires_at > clock_timestamp(), false), t.outbound_started_at IS NOT NULL, \
+            t.result_artifact_id, t.result_sha256, a.status \
+       FROM ledger.run_step_tool_calls t \
+       LEFT JOIN ledger.approval_requests a \
+         ON a.tenant_id = t.tenant_id AND a.workspace_id = t.workspace_id AND a.id = t.approval_id \
+      WHERE t.tenant_id = $1 AND t.workspace_id = $2";
+    let (filter, key, second) = match by {
+        By::Id(id) => ("t.id = $3", id, None),
+        By::Key(k) => ("t.idempotency_key = $3", k, None),
+        By::RunCall(run, call) => ("t.run_id = $3 AND t.tool_call_id = $4", run, Some(call)),
+    };
+    let query = format!("{SELECT} AND {filter}{}", if lock { " FOR UPDATE OF t" } else { "" });
+    let mut args = vec![scope.tenant.as_str().into(), scope.workspace.as_str().into(), key.into()];
+    if let Some(call) = second {
+        args.push(call.into());
+    }
+    let map = |r: &db::Row| {
+        Ok(Record {
+            id: db::req(r, 1)?,
+            run_id: db::req(r, 2)?,
+            step_id: db::req(r, 3)?,
+            tool_call_id: db::req(r, 4)?,
+            tool_ref: db::req(r, 5)?,
+            idempotency_key: db::req(r, 6)?,
+            request_hash: db::req(r, 7)?,
+            status: CallStatus::parse(&db::req::<String>(r, 8)?)?,
+            attempt: db::req(r, 9)?,
+            lease_seconds: db::req(r, 10)?,
+            lease_live: db::req(r, 11)?,
+            outbound_started: db::req(r, 12)?,
+            result_artifact_id: db::opt(r, 13)?,
+            result_sha256: db::opt(r, 14)?,
+            approval: db::opt::<String>(r, 15)?.as_deref().and_then(ApprovalStatus::parse),
+        })
+    };
+    if lock {
+        db::write_one(&query, &args, map)
+    } else {
+        db::select_one(&query, &args, map)
+    }
+}
+
+/// The record `id`, locked after its run (P0002 `TOOL_CALL_NOT_FOUND`).
+fn locked(scope: &Scope, id: &str) -> Result<Record> {
+    ids::validate("id", id)?;
+    let not_found = || LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", id);
+    let run_id = load(scope, By::Id(id), false)?.ok_or_else(not_found)?.run_id;
+    runs::existing(scope, "run_id", &run_id, true)?;
+    load(scope, By::Id(id), true)?.ok_or_else(not_found)
+}
+
+/// `{"outcome", "tool_call", "approval", "response"}`: what every tool-call function returns.
+fn outcome(scope: &Scope, record_id: &str, outcome: &str, response: Option<Jsonb>) -> Result<Jsonb> {
+    db::select_one(
+        "SELECT jsonb_build_object('outcome', $4::text, \
+                'tool_call', to_jsonb(t) - 'tenant_id' - 'workspace_id' - 'result', \
+                'approval', (SELECT to_jsonb(a) - 'tenant_id' - 'workspace_id' FROM ledger.approval_requests a \
+                              WHERE a.tenant_id = t.tenant_id AND a.workspace_id = t.workspace_id AND a.id = t.approval_id), \
+                'response', $5::jsonb) \
+           FROM ledger.run_step_tool_calls t WHERE t.tenant_id = $1 AND t.workspace_id = $2 AND t.id = $3",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            record_id.into(),
+            outcome.into(),
+            response.into(),
+        ],
+        |r| db::req::<Jsonb>(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", record_id))
+}
+
+fn event(scope: &Scope, run_id: &str, rec: &Record, kind: &str, extra: Value) -> Result<()> {
+    let mut payload = rec.ids();
+    if let (Value::Object(p), Value::Object(e)) = (&mut payload, extra) {
+        p.extend(e);
+    }
+    let step = (run_id == rec.run_id).then_some(rec.step_id.as_str());
+    feed::append(scope, run_id, kind, step, &payload)?;
+    Ok(())
+}
+
+fn args3<'a>(scope: &'a Scope, id: &'a str) -> [pgrx::datum::DatumWithOid<'a>; 3] {
+    [scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into()]
+}
+
+/// Moves the record to in_doubt (its step to paused) and tells the outbox.
+fn mark_in_doubt(scope: &Scope, rec: &mut Record, error: Option<&str>) -> Result<()> {
+    db::execute(
+        "UPDATE ledger.run_step_tool_calls SET status = 'in_doubt', lease_owner = NULL, lease_expires_at = NULL, \
+                error_code = 'OUTCOME_UNKNOWN', error_message = coalesce($4, error_message), updated_at = now() \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), rec.id.as_str().into(), error.map(text::summary).into()],
+    )?;
+    rec.status = CallStatus::InDoubt;
+    steps::follow(
+        scope,
+        &rec.step_id,
+        Status::Paused,
+        StepChange {
+            metrics: Some(Jsonb::from(&json!({"tool_call": {"operational_status": "in_doubt", "attempt": rec.attempt}}))),
+            ..StepChange::default()
+        },
+    )?;
+    feed::enqueue(scope, "tool_call.in_doubt", Some(&rec.run_id), Some(&format!("tool_call:{}", rec.id)), &rec.ids())?;
+    let run_id = rec.run_id.clone();
+    event(scope, &run_id, rec, "tool_call.in_doubt", json!({}))
+}
+
+/// Starts a new attempt: the caller now holds the lease and `attempt` is its fencing token.
+fn arm(scope: &Scope, rec: &mut Record, lease_owner: &str, lease: i32, arguments: &Value) -> Result<()> {
+    rec.attempt = db::write_one(
+        "UPDATE ledger.run_step_tool_calls SET status = 'claimed', attempt = attempt + 1, lease_owner = $4, \
+                lease_seconds = $5, lease_expires_at = clock_timestamp() + make_interval(secs => $5), \
+                outbound_started_at = NULL, result = NULL, result_artifact_id = NULL, result_size_bytes = NULL, \
+                result_sha256 = NULL, metadata = '{}', error_code = NULL, error_message = NULL, \
+                completed_at = NULL, arguments = $6, updated_at = now() \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING attempt",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            rec.id.as_str().into(),
+            lease_owner.into(),
+            lease.into(),
+            Jsonb::from(arguments).into(),
+        ],
+        |r| db::req::<i64>(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::internal("tool call vanished under its lock"))?;
+    rec.status = CallStatus::Claimed;
+    steps::follow(scope, &rec.step_id, Status::Preparing, StepChange::default())?;
+    let run_id = rec.run_id.clone();
+    event(scope, &run_id, rec, "tool_call.claimed", json!({"lease_owner": lease_owner}))
+}
+
+/// Records the final result of the call (inline, or as an artifact when large).
+fn finish(
+    scope: &Scope,
+    rec: &mut Record,
+    success: bool,
+    result: Option<Jsonb>,
+    error: Option<&str>,
+    error_code: Option<&str>,
+    metadata: &Value,
+) -> Result<()> {
+    let canonical = match &result {
+        Some(r) => Some(json::canonical(&json::parse(r.as_str())?)),
+        None => None,
+    };
+    let (inline, artifact, size, sha) = match canonical {
+        Some(c) if c.len() > INLINE_RESULT_BYTES => {
+            let meta = json!({"kind": "tool_result", "tool_call_id": rec.tool_call_id, "tool_call_record_id": rec.id});
+            let (id, sha) = artifacts::put_bytes(
+                scope,
+                &rec.run_id,
+                Some(&rec.step_id),
+                c.as_bytes(),
+                "json",
+                Some("application/json"),
+                &meta,
+            )?;
+            (None, Some(id), Some(c.len() as i64), Some(sha))
+        }
+        Some(c) => {
+            let size = c.len() as i64;
+            (Some(Jsonb(c)), None, Some(size), None)
+        }
+        None => (None, None, None, None),
+    };
+    let status = if success { CallStatus::Succeeded } else { CallStatus::Failed };
+    db::execute(
+        "UPDATE ledger.run_step_tool_calls SET status = $4, result = $5, result_artifact_id = $6, \
+                result_size_bytes = $7, result_sha256 = $8, metadata = $9, error_code = $10, error_message = $11, \
+                lease_owner = NULL, lease_expires_at = NULL, completed_at = now(), updated_at = now() \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            rec.id.as_str().into(),
+            status.as_str().into(),
+            inline.into(),
+            artifact.clone().into(),
+            size.into(),
+            sha.into(),
+            Jsonb::from(metadata).into(),
+            error_code.into(),
+            error.map(text::summary).into(),
+        ],
+    )?;
+    rec.status = status;
+    let step_status = if success { Status::Succeeded } else { Status::Failed };
+    let metrics = json!({"tool_call": {"tool_call_id": rec.tool_call_id, "tool_ref": rec.tool_ref, "attempt": rec.attempt, "replayed": false}});
+    steps::follow(
+        scope,
+        &rec.step_id,
+        step_status,
+        StepChange {
+            output_summary: result.as_ref().map(Jsonb::as_str),
+            metrics: Some(Jsonb::from(&metrics)),
+            error_code,
+            error_message: error,
+            error_details: None,
+        },
+    )?;
+    let run_id = rec.run_id.clone();
+    event(scope, &run_id, rec, "tool_call.completed", json!({"status": status.as_str(), "result_artifact_id": artifact}))
+}
+
+/// `{result, success, error, metadata}` of a finished call, with `metadata.idempotent_replay`.
+/// A result held as an artifact is loaded, its owner checked and its sha256 verified.
+fn replay_response(scope: &Scope, rec: &Record) -> Result<Jsonb> {
+    let (result, metadata, error) = db::select_one(
+        "SELECT result, metadata, error_message FROM ledger.run_step_tool_calls \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &args3(scope, &rec.id),
+        |r| Ok((db::opt::<Jsonb>(r, 1)?, db::req::<Jsonb>(r, 2)?, db::opt::<String>(r, 3)?)),
+    )?
+    .ok_or_else(|| LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", &rec.id))?;
+    let result_text = match &rec.result_artifact_id {
+        None => result.map_or_else(|| "null".to_owned(), |r| r.0),
+        Some(artifact_id) => {
+            let mismatch = || {
+                LedgerError::new(Class::Privilege, "ARTIFACT_SCOPE_MISMATCH", "Tool result artifact scope mismatch")
+                    .with("artifact_id", artifact_id.as_str())
+                    .with("tool_call_record_id", rec.id.as_str())
+            };
+            let artifact = artifacts::load(scope, artifact_id)?.ok_or_else(mismatch)?;
+            if artifact.run_id != rec.run_id || artifact.step_id.as_deref() != Some(rec.step_id.as_str()) {
+                return Err(mismatch());
+            }
+            if let Some(expected) = &rec.result_sha256 {
+                if *expected != artifact.sha256 {
+                    return Err(artifacts::hash_mismatch(artifact_id, expected, &artifact.sha256));
+                }
+            }
+            let bytes = artifacts::bytes(scope, artifact_id, &artifact)?;
+            String::from_utf8(bytes).map_err(|_| artifacts::hash_mismatch(artifact_id, &artifact.sha256, "not UTF-8"))?
+        }
+    };
+    let mut meta = match json::parse(metadata.as_str())? {
+        Value::Object(m) => m,
+        _ => serde_json::Map::new(),
+    };
+    meta.insert("idempotent_replay".into(), Value::Bool(true));
+    if let Some(a) = &rec.result_artifact_id {
+        meta.insert("result_artifact_id".into(), Value::from(a.as_str()));
+    }
+    Ok(Jsonb(format!(
+        r#"{{"result":{result_text},"success":{},"error":{},"metadata":{}}}"#,
+        rec.status == CallStatus::Succeeded,
+        Value::from(error),
+        Value::Object(meta)
+    )))
+}
+
+/// Parsed arguments: their request hash (unredacted) and stored summary (redacted).
+struct Arguments {
+    hash: String,
+    summary: Value,
+}
+
+fn arguments(value: Option<Jsonb>) -> Result<Arguments> {
+    let value = value.ok_or_else(|| LedgerError::required("arguments"))?;
+    if !value.is_object() {
+        return Err(LedgerError::invalid("ARGUMENTS_NOT_OBJECT", "arguments must be a JSON object"));
+    }
+    let parsed = json::parse(value.as_str())?;
+    Ok(Arguments { hash: json::request_hash(&parsed), summary: redact::summarize_arguments(&guc::redaction_rules(), &parsed) })
+}
+
+fn object_or_empty(argument: &str, value: Option<Jsonb>) -> Result<Value> {
+    match value {
+        None => Ok(json!({})),
+        Some(v) if v.is_object() => Ok(redact::redact(&guc::redaction_rules(), &json::parse(v.as_str())?)),
+        Some(_) => Err(LedgerError::invalid("ARGUMENT_NOT_OBJECT", format!("{argument} must be a JSON object"))
+            .with("argument", argument)),
+    }
+}
+
+/// The identity a claim or approval request names.
+struct Identity<'a> {
+    run_id: &'a str,
+    tool_ref: &'a str,
+    tool_call_id: String,
+    idempotency_key: String,
+}
+
+fn identity<'a>(
+    run_id: Option<&'a str>,
+    tool_ref: Option<&'a str>,
+    tool_call_id: Option<&'a str>,
+    idempotency_key: Option<&'a str>,
+) -> Result<Identity<'a>> {
+    let run_id = required("run_id", run_id)?;
+    ids::validate("run_id", run_id)?;
+    let tool_ref = required("tool_ref", tool_ref)?;
+    let tool_call_id = optional_id("tool_call_id", tool_call_id)?.map_or_else(|| ids::new_id("call"), str::to_owned);
+    let idempotency_key = match idempotency_key {
+        Some(k) => {
+            ids::validate_up_to("idempotency_key", k, ids::MAX_KEY_CHARS)?;
+            k.to_owned()
+        }
+        None => format!("tool:{run_id}:{tool_call_id}"),
+    };
+    Ok(Identity { run_id, tool_ref, tool_call_id, idempotency_key })
+}
+
+/// Finds the record an identity names (by idempotency key first, then by run and tool_call_id)
+/// and locks it after its run. The calling run is already locked.
+fn find_locked(scope: &Scope, who: &Identity) -> Result<Option<Record>> {
+    let found = match load(scope, By::Key(&who.idempotency_key), false)? {
+        Some(r) => Some(r),
+        None => load(scope, By::RunCall(who.run_id, &who.tool_call_id), false)?,
+    };
+    let Some(found) = found else { return Ok(None) };
+    if found.run_id != who.run_id {
+        runs::existing(scope, "run_id", &found.run_id, true)?;
+    }
+    let rec = load(scope, By::Id(&found.id), true)?
+        .ok_or_else(|| LedgerError::internal("tool call vanished while locking"))?;
+    if rec.idempotency_key != who.idempotency_key {
+        // Found by (run_id, tool_call_id) under another key.
+        return Err(identity_reused().with("tool_call_id", who.tool_call_id.as_str()));
+    }
+    Ok(Some(rec))
+}
+
+/// Checks a caller-given step: a `tool` step of this run (one tool call per step).
+fn given_step(scope: &Scope, run_id: &str, step_id: &str) -> Result<()> {
+    ids::validate("step_id", step_id)?;
+    let step_type = db::select_one(
+        "SELECT step_type FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), step_id.into(), run_id.into()],
+        |r| db::req::<String>(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id).with("run_id", run_id))?;
+    if step_type != "tool" {
+        return Err(LedgerError::invalid("STEP_NOT_TOOL", "a tool call's step must have step_type tool")
+            .with("step_id", step_id)
+            .with("step_type", step_type));
+    }
+    Ok(())
+}
+
+/// Inserts a new record (and its step unless given); returns the record, locked.
+#[allow(clippy::too_many_arguments)]
+fn insert(
+    scope: &Scope,
+    who: &Identity,
+    args: &Arguments,
+    step_id: Option<&str>,
+    status: CallStatus,
+    lease_owner: Option<&str>,
+    lease: i32,
+    approval_id: Option<&str>,
+) -> Result<Option<Record>> {
+    let step_id = match step_id {
+        Some(s) => {
+            given_step(scope, who.run_id, s)?;
+            s.to_owned()
+        }
+        None => steps::create(
+            scope,
+            &NewStep {
+                run_id: who.run_id,
+                step_type: "tool",
+                step_key: Some(&who.tool_call_id),
+                node_id: None,
+                input_summary: Some(&format!("tool={}", who.tool_ref)),
+                status: Status::Queued,
+                step_id: None,
+            },
+        )?,
+    };
+    let id = ids::new_id("tc");
+    let claimed = status == CallStatus::Claimed;
+    let inserted = db::write_one(
+        "INSERT INTO ledger.run_step_tool_calls (tenant_id, workspace_id, id, run_id, step_id, tool_call_id, \
+             tool_ref, idempotency_key, request_hash, arguments, status, attempt, lease_owner, lease_seconds, \
+             lease_expires_at, approval_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, CASE WHEN $12 THEN 1 ELSE 0 END, $13, $14, \
+                 CASE WHEN $12 THEN clock_timestamp() + make_interval(secs => $14) END, $15) \
+         ON CONFLICT DO NOTHING RETURNING id",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            id.as_str().into(),
+            who.run_id.into(),
+            step_id.as_str().into(),
+            who.tool_call_id.as_str().into(),
+            who.tool_ref.into(),
+            who.idempotency_key.as_str().into(),
+            args.hash.as_str().into(),
+            Jsonb::from(&args.summary).into(),
+            status.as_str().into(),
+            claimed.into(),
+            lease_owner.into(),
+            lease.into(),
+            approval_id.into(),
+        ],
+        |r| db::req::<String>(r, 1),
+    )?;
+    if inserted.is_none() {
+        // The step already has a record; a concurrent claim from another run took the key.
+        return Ok(None);
+    }
+    load(scope, By::Id(&id), true)
+}
+
+/// Claims a tool call for execution, or says why not (SPEC §7.1).
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn claim_tool_call(
+    run_id: Option<&str>,
+    tool_ref: Option<&str>,
+    arguments: default!(Option<Jsonb>, "'{}'"),
+    tool_call_id: default!(Option<&str>, "NULL"),
+    idempotency_key: default!(Option<&str>, "NULL"),
+    step_id: default!(Option<&str>, "NULL"),
+    lease_owner: default!(Option<&str>, "NULL"),
+    timeout_seconds: default!(Option<i32>, 30),
+    retry_failed: default!(Option<bool>, false),
+) -> std::result::Result<Jsonb, ErrorReport> {
+    let scope = scope::current()?;
+    let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
+    let args = self::arguments(arguments)?;
+    let lease = lease_seconds(timeout_seconds.ok_or_else(|| LedgerError::required("timeout_seconds"))?)?;
+    let owner = lease_owner.map_or_else(|| format!("tool:{}", who.run_id), str::to_owned);
+    let retry_failed = retry_failed.unwrap_or(false);
+    let run = runs::existing(&scope, "run_id", who.run_id, true)?;
+
+    // Twice at most: an insert that lost a race to a concurrent claim finds its record next time.
+    for _ in 0..2 {
+        if let Some(mut rec) = find_locked(&scope, &who)? {
+            return Ok(apply(&scope, &who, &mut rec, &args, &owner, lease, retry_failed)?);
+        }
+        if run.status.is_terminal() {
+            return Err(LedgerError::new(
+                Class::WrongState,
+                "RUN_TERMINAL",
+                format!("run {} is {}; it starts no new tool calls", who.run_id, run.status.as_str()),
+            )
+            .with("run_id", who.run_id)
+            .into());
+        }
+        if let Some(mut rec) = insert(&scope, &who, &args, step_id, CallStatus::Claimed, Some(&owner), lease, None)? {
+            steps::follow(&scope, &rec.step_id, Status::Preparing, StepChange::default())?;
+            rec.attempt = 1;
+            let run_id = rec.run_id.clone();
+            event(&scope, &run_id, &rec, "tool_call.claimed", json!({"lease_owner": owner}))?;
+            return Ok(outcome(&scope, &rec.id, "claimed", None)?);
+        }
+        if let Some(step) = step_id {
+            return Err(LedgerError::new(Class::Duplicate, "STEP_HAS_TOOL_CALL", "the step already has a tool call")
+                .with("step_id", step)
+                .into());
+        }
+    }
+    Err(LedgerError::internal("claim did not settle after a concurrent insert").into())
+}
+
+fn apply(
+    scope: &Scope,
+    who: &Identity,
+    rec: &mut Record,
+    args: &Arguments,
+    owner: &str,
+    lease: i32,
+    retry_failed: bool,
+) -> Result<Jsonb> {
+    match decide(&rec.existing(), who.tool_ref, &args.hash, retry_failed)? {
+        Decision::Replay => {
+            let response = replay_response(scope, rec)?;
+            // The replay is evidence in the calling run's feed (a re-run's tool calls come from here).
+            event(scope, who.run_id, rec, "tool_call.replayed", json!({"source_run_id": rec.run_id}))?;
+            outcome(scope, &rec.id, "replayed", Some(response))
+        }
+        Decision::InDoubt { mark } => {
+            if mark {
+                mark_in_doubt(scope, rec, None)?;
+            }
+            outcome(scope, &rec.id, "in_doubt", None)
+        }
+        Decision::Busy => outcome(scope, &rec.id, "busy", None),
+        Decision::WaitingApproval => outcome(scope, &rec.id, "waiting_approval", None),
+        Decision::Rejected => outcome(scope, &rec.id, "rejected", None),
+        Decision::Claim => {
+            arm(scope, rec, owner, lease, &args.summary)?;
+            outcome(scope, &rec.id, "claimed", None)
+        }
+    }
+}
+
+fn attempt_arg(attempt: Option<i64>) -> Result<i64> {
+    attempt.ok_or_else(|| LedgerError::required("attempt"))
+}
+
+/// Marks the outbound boundary: the caller COMMITs this before the request leaves the process.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn begin_tool_call(id: Option<&str>, attempt: Option<i64>) -> std::result::Result<Jsonb, ErrorReport> {
+    let scope = scope::current()?;
+    let id = required("id", id)?;
+    let attempt = attempt_arg(attempt)?;
+    let mut rec = locked(&scope, id)?;
+    check_fence(rec.attempt, attempt)?;
+    match rec.status {
+        CallStatus::Running => {}
+        CallStatus::Claimed => {
+            db::execute(
+                "UPDATE ledger.run_step_tool_calls SET status = 'running', outbound_started_at = clock_timestamp(), \
+                        lease_expires_at = clock_timestamp() + make_interval(secs => lease_seconds), updated_at = now() \
+                  WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+                &args3(&scope, id),
+            )?;
+            rec.status = CallStatus::Running;
+            steps::follow(&scope, &rec.step_id, Status::Running, StepChange::default())?;
+            let run_id = rec.run_id.clone();
+            event(&scope, &run_id, &rec, "tool_call.running", json!({}))?;
+        }
+        other => return Err(wrong_state("begin", other).into()),
+    }
+    Ok(outcome(&scope, id, rec.status.as_str(), None)?)
+}
+
+/// Extends the lease of the current attempt.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn heartbeat_tool_call(
+    id: Option<&str>,
+    attempt: Option<i64>,
+    extend_seconds: default!(Option<i32>, "NULL"),
+) -> std::result::Result<Jsonb, ErrorReport> {
+    let scope = scope::current()?;
+    let id = required("id", id)?;
+    let attempt = attempt_arg(attempt)?;
+    let rec = locked(&scope, id)?;
+    check_fence(rec.attempt, attempt)?;
+    if !matches!(rec.status, CallStatus::Claimed | CallStatus::Running) {
+        return Err(wrong_state("heartbeat", rec.status).into());
+    }
+    let seconds = match extend_seconds {
+        Some(s) => self::extend_seconds(s)?,
+        None => rec.lease_seconds,
+    };
+    db::execute(
+        "UPDATE ledger.run_step_tool_calls SET lease_expires_at = clock_timestamp() + make_interval(secs => $4), \
+                updated_at = now() WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into(), seconds.into()],
+    )?;
+    Ok(outcome(&scope, id, rec.status.as_str(), None)?)
+}
+
+/// Records how the call ended: `succeeded`, `failed`, or `unknown` (sent, no answer: in_doubt).
+/// Fenced by attempt, not by the clock.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn complete_tool_call(
+    id: Option<&str>,
+    attempt: Option<i64>,
+    outcome: Option<&str>,
+    result: default!(Option<Jsonb>, "NULL"),
+    error: default!(Option<&str>, "NULL"),
+    metadata: default!(Option<Jsonb>, "NULL"),
+) -> std::result::Result<Jsonb, ErrorReport> {
+    let scope = scope::current()?;
+    let id = required("id", id)?;
+    let attempt = attempt_arg(attempt)?;
+    let how = Outcome::parse(required("outcome", outcome)?)?;
+    let metadata = object_or_empty("metadata", metadata)?;
+    let mut rec = locked(&scope, id)?;
+    match rec.status {
+        // Completing a finished call again changes nothing.
+        CallStatus::Succeeded | CallStatus::Failed => return Ok(self::outcome(&scope, id, rec.status.as_str(), None)?),
+        CallStatus::WaitingApproval | CallStatus::Rejected => return Err(wrong_state("complete", rec.status).into()),
+        CallStatus::Claimed | CallStatus::Running | CallStatus::InDoubt => {}
+    }
+    check_fence(rec.attempt, attempt)?;
+    match how {
+        Outcome::Unknown if rec.status == CallStatus::InDoubt => {}
+        Outcome::Unknown => mark_in_doubt(&scope, &mut rec, error)?,
+        Outcome::Succeeded => finish(&scope, &mut rec, true, result, error, None, &metadata)?,
+        Outcome::Failed => finish(&scope, &mut rec, false, result, error, Some("TOOL_ERROR"), &metadata)?,
+    }
+    Ok(self::outcome(&scope, id, rec.status.as_str(), None)?)
+}
+
+/// The human decision on an in-doubt call: `succeeded` / `failed` with the evidence as result,
+/// or `retry` (the next claim executes again with attempt + 1). Writes an audit event.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn resolve_tool_call(
+    id: Option<&str>,
+    resolution: Option<&str>,
+    result: default!(Option<Jsonb>, "NULL"),
+    note: default!(Option<&str>, "NULL"),
+    actor: default!(Option<&str>, "NULL"),
+) -> std::result::Result<Jsonb, ErrorReport> {
+    let scope = scope::current()?;
+    let id = required("id", id)?;
+    let resolution = Resolution::parse(required("resolution", resolution)?)?;
+    let mut rec = locked(&scope, id)?;
+    if rec.status != CallStatus::InDoubt {
+        return Err(LedgerError::new(
+            Class::WrongState,
+            "TOOL_CALL_NOT_IN_DOUBT",
+            format!("only an in_doubt tool call can be resolved; this one is {}", rec.status.as_str()),
+        )
+        .with("status", rec.status.as_str())
+        .into());
+    }
+    let metadata = json!({"resolution": resolution.as_str(), "resolved_by": actor, "note": note});
+    match resolution {
+        Resolution::Succeeded => finish(&scope, &mut rec, true, result, None, None, &metadata)?,
+        Resolution::Failed => finish(&scope, &mut rec, false, result, note, Some("RESOLVED_FAILED"), &metadata)?,
+        Resolution::Retry => {
+            db::execute(
+                "UPDATE ledger.run_step_tool_calls SET status = 'claimed', lease_owner = NULL, lease_expires_at = NULL, \
+                        outbound_started_at = NULL, updated_at = now() \
+                  WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+                &args3(&scope, id),
+            )?;
+            rec.status = CallStatus::Claimed;
+        }
+    }
+    let audit = redact::redact(
+        &guc::redaction_rules(),
+        &json!({"tool_call": rec.ids(), "resolution": resolution.as_str(), "note": note}),
+    );
+    db::execute(
+        "INSERT INTO ledger.audit_events (tenant_id, workspace_id, id, run_id, step_id, gateway_type, outcome, actor, payload) \
+         VALUES ($1, $2, $3, $4, $5, 'tool_call.resolve', $6, $7, $8)",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            ids::new_id("aud").into(),
+            rec.run_id.as_str().into(),
+            rec.step_id.as_str().into(),
+            resolution.as_str().into(),
+            actor.into(),
+            Jsonb::from(&audit).into(),
+        ],
+    )?;
+    let run_id = rec.run_id.clone();
+    event(&scope, &run_id, &rec, "tool_call.resolved", json!({"resolution": resolution.as_str(), "actor": actor}))?;
+    Ok(outcome(&scope, id, rec.status.as_str(), None)?)
+}
+
+/// Moves every expired lease in the scope to in_doubt (the request left) or back to claimable
+/// (it did not); returns how many. Never waits: rows and runs that are busy are left for the next sweep.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn sweep_tool_calls() -> std::result::Result<i32, ErrorReport> {
+    let scope = scope::current()?;
+    let candidates = db::select(
+        "SELECT id, run_id FROM ledger.run_step_tool_calls \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('claimed', 'running') \
+            AND lease_expires_at <= clock_timestamp() ORDER BY lease_expires_at",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into()],
+        |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
+    )?;
+    let mut swept = 0;
+    for (id, run_id) in candidates {
+        let run_locked = db::write_one(
+            "SELECT 1 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 \
+                FOR NO KEY UPDATE SKIP LOCKED",
+            &args3(&scope, &run_id),
+            |_| Ok(()),
+        )?;
+        if run_locked.is_none() {
+            continue;
+        }
+        let Some(mut rec) = db::write_one(
+            "SELECT 1 FROM ledger.run_step_tool_calls WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 \
+                FOR UPDATE SKIP LOCKED",
+            &args3(&scope, &id),
+            |_| Ok(()),
+        )?
+        .map(|_| load(&scope, By::Id(&id), false))
+        .transpose()?
+        .flatten() else {
+            continue;
+        };
+        if !matches!(rec.status, CallStatus::Claimed | CallStatus::Running) || rec.lease_live {
+            continue;
+        }
+        if rec.outbound_started {
+            mark_in_doubt(&scope, &mut rec, None)?;
+        } else {
+            db::execute(
+                "UPDATE ledger.run_step_tool_calls SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now() \
+                  WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+                &args3(&scope, &id),
+            )?;
+            event(&scope, &run_id, &rec, "tool_call.lease_expired", json!({}))?;
+        }
+        swept += 1;
+    }
+    Ok(swept)
+}
+
+/// Creates a tool call that waits for a human decision, and its approval request.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn request_tool_approval(
+    run_id: Option<&str>,
+    tool_ref: Option<&str>,
+    arguments: Option<Jsonb>,
+    tool_call_id: default!(Option<&str>, "NULL"),
+    idempotency_key: default!(Option<&str>, "NULL"),
+    title: default!(Option<&str>, "NULL"),
+    policy_ref: default!(Option<&str>, "NULL"),
+    details: default!(Option<Jsonb>, "NULL"),
+) -> std::result::Result<Jsonb, ErrorReport> {
+    let scope = scope::current()?;
+    let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
+    let args = self::arguments(arguments)?;
+    let details = object_or_empty("details", details)?;
+    let run = runs::existing(&scope, "run_id", who.run_id, true)?;
+    if let Some(rec) = find_locked(&scope, &who)? {
+        if rec.tool_ref != who.tool_ref || rec.request_hash != args.hash {
+            return Err(identity_reused().into());
+        }
+        if rec.status != CallStatus::WaitingApproval {
+            return Err(wrong_state("wait for approval", rec.status).into());
+        }
+        return Ok(outcome(&scope, &rec.id, "waiting_approval", None)?);
+    }
+    if run.status.is_terminal() {
+        return Err(LedgerError::new(Class::WrongState, "RUN_TERMINAL", format!("run {} is terminal", who.run_id))
+            .with("run_id", who.run_id)
+            .into());
+    }
+    // The approval row comes first: the record points at it.
+    let approval_id = ids::new_id("apr");
+    let mut full_details = json!({"tool_ref": who.tool_ref, "tool_call_id": who.tool_call_id, "arguments": args.summary});
+    if let (Value::Object(d), Value::Object(extra)) = (&mut full_details, details) {
+        d.extend(extra);
+    }
+    db::execute(
+        "INSERT INTO ledger.approval_requests (tenant_id, workspace_id, id, run_id, title, policy_ref, details) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            approval_id.as_str().into(),
+            who.run_id.into(),
+            title.into(),
+            policy_ref.into(),
+            Jsonb::from(&full_details).into(),
+        ],
+    )?;
+    let lease = lease_seconds(0)?;
+    let rec = insert(&scope, &who, &args, None, CallStatus::WaitingApproval, None, lease, Some(&approval_id))?
+        .ok_or_else(|| identity_reused())?;
+    db::execute(
+        "UPDATE ledger.approval_requests SET step_id = $4, tool_call_record_id = $5 \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            approval_id.as_str().into(),
+            rec.step_id.as_str().into(),
+            rec.id.as_str().into(),
+        ],
+    )?;
+    steps::follow(&scope, &rec.step_id, Status::Preparing, StepChange::default())?;
+    steps::follow(&scope, &rec.step_id, Status::WaitingApproval, StepChange::default())?;
+    let mut payload = rec.ids();
+    if let Value::Object(p) = &mut payload {
+        p.insert("approval_id".into(), Value::from(approval_id.as_str()));
+        p.insert("title".into(), Value::from(title));
+    }
+    feed::enqueue(&scope, "approval.requested", Some(who.run_id), Some(&format!("approval:{approval_id}")), &payload)?;
+    event(&scope, who.run_id, &rec, "approval.requested", json!({"approval_id": approval_id}))?;
+    Ok(outcome(&scope, &rec.id, "waiting_approval", None)?)
+}
+
+/// Decides a pending approval: `approved` (the next claim of the call gets `claimed`) or
+/// `rejected` (the call is rejected and its step canceled).
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn resolve_approval(
+    approval_id: Option<&str>,
+    decision: Option<&str>,
+    actor: default!(Option<&str>, "NULL"),
+    note: default!(Option<&str>, "NULL"),
+) -> std::result::Result<Jsonb, ErrorReport> {
+    let scope = scope::current()?;
+    let approval_id = required("approval_id", approval_id)?;
+    ids::validate("approval_id", approval_id)?;
+    let decision = match required("decision", decision)? {
+        "approved" => ApprovalStatus::Approved,
+        "rejected" => ApprovalStatus::Rejected,
+        other => {
+            return Err(LedgerError::invalid("DECISION_UNKNOWN", "decision must be approved or rejected")
+                .with("decision", other)
+                .into())
+        }
+    };
+    let not_found = || LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id);
+    let run_id = db::select_one(
+        "SELECT run_id FROM ledger.approval_requests WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &args3(&scope, approval_id),
+        |r| db::req::<String>(r, 1),
+    )?
+    .ok_or_else(not_found)?;
+    runs::existing(&scope, "run_id", &run_id, true)?;
+    let (status, record_id) = db::write_one(
+        "SELECT status, tool_call_record_id FROM ledger.approval_requests \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
+        &args3(&scope, approval_id),
+        |r| Ok((db::req::<String>(r, 1)?, db::opt::<String>(r, 2)?)),
+    )?
+    .ok_or_else(not_found)?;
+    let current = ApprovalStatus::parse(&status).ok_or_else(|| LedgerError::internal("unknown approval status"))?;
+    if current != ApprovalStatus::Pending {
+        if current == decision {
+            return Ok(approval_json(&scope, approval_id)?);
+        }
+        return Err(LedgerError::new(
+            Class::WrongState,
+            "APPROVAL_RESOLVED",
+            format!("approval {approval_id} is already {status}"),
+        )
+        .with("status", status)
+        .into());
+    }
+    db::execute(
+        "UPDATE ledger.approval_requests SET status = $4, decided_by = $5, decision_note = $6, \
+                decided_at = now(), updated_at = now() \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            approval_id.into(),
+            decision.as_str().into(),
+            actor.into(),
+            note.into(),
+        ],
+    )?;
+    feed::append(
+        &scope,
+        &run_id,
+        "approval.resolved",
+        None,
+        &json!({"approval_id": approval_id, "decision": decision.as_str(), "actor": actor, "tool_call_record_id": record_id}),
+    )?;
+    if let (ApprovalStatus::Rejected, Some(record_id)) = (decision, record_id) {
+        if let Some(mut rec) = load(&scope, By::Id(&record_id), true)? {
+            if rec.status == CallStatus::WaitingApproval {
+                db::execute(
+                    "UPDATE ledger.run_step_tool_calls SET status = 'rejected', error_code = 'TOOL_APPROVAL_REJECTED', \
+                            error_message = 'Tool call was rejected', completed_at = now(), updated_at = now() \
+                      WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+                    &args3(&scope, &record_id),
+                )?;
+                rec.status = CallStatus::Rejected;
+                steps::follow(
+                    &scope,
+                    &rec.step_id,
+                    Status::Canceled,
+                    StepChange { error_code: Some("TOOL_APPROVAL_REJECTED"), ..StepChange::default() },
+                )?;
+                event(&scope, &run_id, &rec, "tool_call.rejected", json!({"approval_id": approval_id}))?;
+            }
+        }
+    }
+    Ok(approval_json(&scope, approval_id)?)
+}
+
+fn approval_json(scope: &Scope, approval_id: &str) -> Result<Jsonb> {
+    db::select_one(
+        "SELECT to_jsonb(a) - 'tenant_id' - 'workspace_id' FROM ledger.approval_requests a \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &args3(scope, approval_id),
+        |r| db::req::<Jsonb>(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id))
+}
