@@ -101,7 +101,11 @@ pub fn load(scope: &Scope, artifact_id: &str) -> Result<Option<Artifact>> {
     db::select_one(
         "SELECT run_id, step_id, sha256, storage_key FROM ledger.run_artifacts \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), artifact_id.into()],
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            artifact_id.into(),
+        ],
         |r| {
             Ok(Artifact {
                 run_id: db::req(r, 1)?,
@@ -132,10 +136,14 @@ pub fn bytes(scope: &Scope, artifact_id: &str, artifact: &Artifact) -> Result<Ve
 }
 
 pub fn hash_mismatch(artifact_id: &str, expected: &str, actual: &str) -> LedgerError {
-    LedgerError::new(Class::Corrupted, "ARTIFACT_HASH_MISMATCH", "stored bytes do not match their sha256")
-        .with("artifact_id", artifact_id)
-        .with("expected", expected)
-        .with("actual", actual)
+    LedgerError::new(
+        Class::Corrupted,
+        "ARTIFACT_HASH_MISMATCH",
+        "stored bytes do not match their sha256",
+    )
+    .with("artifact_id", artifact_id)
+    .with("expected", expected)
+    .with("actual", actual)
 }
 
 fn checked_type<'a>(value: Option<&'a str>, default: &'static str) -> Result<&'a str> {
@@ -143,13 +151,21 @@ fn checked_type<'a>(value: Option<&'a str>, default: &'static str) -> Result<&'a
     if ["file", "log", "blob", "json"].contains(&t) {
         Ok(t)
     } else {
-        Err(LedgerError::invalid("ARTIFACT_TYPE_UNKNOWN", "artifact_type must be file, log, blob or json")
-            .with("artifact_type", t))
+        Err(LedgerError::invalid(
+            "ARTIFACT_TYPE_UNKNOWN",
+            "artifact_type must be file, log, blob or json",
+        )
+        .with("artifact_type", t))
     }
 }
 
 /// Checks the run (and step) the artifact belongs to, and redacts its meta.
-fn owner_and_meta(scope: &Scope, run_id: &str, step_id: Option<&str>, meta: Option<Jsonb>) -> Result<serde_json::Value> {
+fn owner_and_meta(
+    scope: &Scope,
+    run_id: &str,
+    step_id: Option<&str>,
+    meta: Option<Jsonb>,
+) -> Result<serde_json::Value> {
     runs::existing(scope, "run_id", run_id, true)?;
     if let Some(step) = step_id {
         ids::validate("step_id", step)?;
@@ -157,8 +173,14 @@ fn owner_and_meta(scope: &Scope, run_id: &str, step_id: Option<&str>, meta: Opti
     }
     match meta {
         None => Ok(json!({})),
-        Some(m) if m.is_object() => Ok(redact::redact(&crate::guc::redaction_rules(), &json::parse(m.as_str())?)),
-        Some(_) => Err(LedgerError::invalid("META_NOT_OBJECT", "meta must be a JSON object")),
+        Some(m) if m.is_object() => Ok(redact::redact(
+            &crate::guc::redaction_rules(),
+            &json::parse(m.as_str())?,
+        )),
+        Some(_) => Err(LedgerError::invalid(
+            "META_NOT_OBJECT",
+            "meta must be a JSON object",
+        )),
     }
 }
 
@@ -187,7 +209,15 @@ fn put_artifact(
     let content = content.ok_or_else(|| LedgerError::required("content"))?;
     let artifact_type = checked_type(artifact_type, "blob")?;
     let meta = owner_and_meta(&scope, run_id, step_id, meta)?;
-    let (id, _) = put_bytes(&scope, run_id, step_id, &content, artifact_type, mime, &meta)?;
+    let (id, _) = put_bytes(
+        &scope,
+        run_id,
+        step_id,
+        &content,
+        artifact_type,
+        mime,
+        &meta,
+    )?;
     Ok(row(&scope, &id)?)
 }
 
@@ -210,7 +240,11 @@ fn register_artifact(
     let storage_key = required("storage_key", storage_key)?;
     let size_bytes = size_bytes.ok_or_else(|| LedgerError::required("size_bytes"))?;
     if size_bytes < 0 {
-        return Err(LedgerError::invalid("SIZE_INVALID", "size_bytes must not be negative").with("size_bytes", size_bytes).into());
+        return Err(
+            LedgerError::invalid("SIZE_INVALID", "size_bytes must not be negative")
+                .with("size_bytes", size_bytes)
+                .into(),
+        );
     }
     let sha = required("sha256", sha256)?.to_ascii_lowercase();
     if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -227,7 +261,16 @@ fn register_artifact(
     let meta = owner_and_meta(&scope, run_id, step_id, meta)?;
     let id = insert(
         &scope,
-        &NewArtifact { run_id, step_id, artifact_type, mime, size_bytes, sha256: &sha, storage_key, meta: &meta },
+        &NewArtifact {
+            run_id,
+            step_id,
+            artifact_type,
+            mime,
+            size_bytes,
+            sha256: &sha,
+            storage_key,
+            meta: &meta,
+        },
     )?;
     Ok(row(&scope, &id)?)
 }
@@ -242,4 +285,117 @@ fn get_artifact(artifact_id: Option<&str>) -> std::result::Result<Vec<u8>, Error
     let artifact = load(&scope, artifact_id)?
         .ok_or_else(|| LedgerError::not_found("ARTIFACT_NOT_FOUND", "artifact", artifact_id))?;
     Ok(bytes(&scope, artifact_id, &artifact)?)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, one, set_scope};
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn artifacts_round_trip_and_are_verified() {
+        set_scope("t-artifacts", "w");
+        Spi::run("SELECT ledger.create_run('agent', run_id => 'r')").unwrap();
+        let id = one::<String>("SELECT id FROM ledger.put_artifact('r', '\\x00010203'::bytea, 'file', 'application/octet-stream', meta => '{\"name\": \"a.bin\", \"token\": \"t\"}')");
+        assert!(id.starts_with("art_"));
+        assert_eq!(
+            one::<Vec<u8>>(&format!("SELECT ledger.get_artifact('{id}')")),
+            vec![0, 1, 2, 3]
+        );
+        assert_eq!(
+            one::<String>(&format!("SELECT concat_ws('|', size_bytes, sha256 = encode(sha256('\\x00010203'::bytea), 'hex'), meta->>'token') FROM ledger.run_artifacts WHERE id = '{id}'")),
+            "4|t|[REDACTED]"
+        );
+        // The same bytes again share one blob.
+        Spi::run("SELECT ledger.put_artifact('r', '\\x00010203'::bytea)").unwrap();
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.blobs"), 1);
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE kind = 'artifact.created'"),
+            2
+        );
+
+        let ext = one::<String>(&format!(
+            "SELECT id FROM ledger.register_artifact('r', 's3://bucket/a.pdf', 10, '{}')",
+            "AB".repeat(32)
+        ));
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT sha256 FROM ledger.run_artifacts WHERE id = '{ext}'"
+            )),
+            "ab".repeat(32)
+        );
+        assert_error(
+            &format!("SELECT ledger.get_artifact('{ext}')"),
+            "55000",
+            "ARTIFACT_EXTERNAL",
+        );
+
+        Spi::run(
+            "UPDATE ledger.blobs SET content = '\\x09'::bytea WHERE tenant_id = 't-artifacts'",
+        )
+        .unwrap();
+        assert_error(
+            &format!("SELECT ledger.get_artifact('{id}')"),
+            "XX001",
+            "ARTIFACT_HASH_MISMATCH",
+        );
+    }
+
+    #[pg_test]
+    fn bad_artifacts_are_refused() {
+        set_scope("t-artifacts-bad", "w");
+        Spi::run("SELECT ledger.create_run('agent', run_id => 'r')").unwrap();
+        for (sql, state, code) in [
+            (
+                "SELECT ledger.put_artifact('r', NULL)",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.put_artifact('r', '\\x00', 'video')",
+                "22023",
+                "ARTIFACT_TYPE_UNKNOWN",
+            ),
+            (
+                "SELECT ledger.put_artifact('r', '\\x00', meta => '[1]')",
+                "22023",
+                "META_NOT_OBJECT",
+            ),
+            (
+                "SELECT ledger.put_artifact('nope', '\\x00')",
+                "P0002",
+                "RUN_NOT_FOUND",
+            ),
+            (
+                "SELECT ledger.put_artifact('r', '\\x00', step_id => 'nope')",
+                "P0002",
+                "STEP_NOT_FOUND",
+            ),
+            (
+                "SELECT ledger.register_artifact('r', 's3://x', 1, 'abc')",
+                "22023",
+                "SHA256_INVALID",
+            ),
+            (
+                "SELECT ledger.register_artifact('r', 's3://x', -1, 'abc')",
+                "22023",
+                "SIZE_INVALID",
+            ),
+            (
+                "SELECT ledger.get_artifact('art_nope')",
+                "P0002",
+                "ARTIFACT_NOT_FOUND",
+            ),
+        ] {
+            assert_error(sql, state, code);
+        }
+        let reserved = format!(
+            "SELECT ledger.register_artifact('r', 'blob:sha256:{0}', 1, '{0}')",
+            "a".repeat(64)
+        );
+        assert_error(&reserved, "22023", "STORAGE_KEY_RESERVED");
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_artifacts"), 0);
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.blobs"), 0);
+    }
 }

@@ -17,7 +17,10 @@ fn parse(value: &Jsonb) -> Result<serde_json::Value, LedgerError> {
 #[pg_extern(stable, strict, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn redact(value: Jsonb) -> Result<Jsonb, ErrorReport> {
-    Ok(Jsonb::from(&redact::redact(&guc::redaction_rules(), &parse(&value)?)))
+    Ok(Jsonb::from(&redact::redact(
+        &guc::redaction_rules(),
+        &parse(&value)?,
+    )))
 }
 
 /// The canonical JSON text of a value: keys sorted by code point, no insignificant whitespace.

@@ -54,7 +54,11 @@ pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
         return Err(LedgerError::new(
             Class::WrongState,
             "RUN_TERMINAL",
-            format!("run {} is {}; it takes no new steps", new.run_id, run.status.as_str()),
+            format!(
+                "run {} is {}; it takes no new steps",
+                new.run_id,
+                run.status.as_str()
+            ),
         )
         .with("run_id", new.run_id)
         .with("status", run.status.as_str()));
@@ -169,7 +173,8 @@ pub fn transition(
 }
 
 /// Moves a tool's step along with its tool call, where the status table allows it: directly, or
-/// through `retrying` out of a terminal status. Otherwise the step stays where it is.
+/// through one intermediate status (`running` out of `paused`, `retrying` out of a terminal
+/// status). Otherwise the step stays where it is.
 pub fn follow(scope: &Scope, step_id: &str, to: Status, change: StepChange) -> Result<()> {
     let Some((run_id, current)) = lock(scope, step_id)? else {
         return Err(LedgerError::not_found("STEP_NOT_FOUND", "step", step_id));
@@ -180,9 +185,11 @@ pub fn follow(scope: &Scope, step_id: &str, to: Status, change: StepChange) -> R
     if Resource::Step.allows(current, to) {
         return write_transition(scope, &run_id, step_id, current, to, change);
     }
-    if Resource::Step.allows(current, Status::Retrying) && Resource::Step.allows(Status::Retrying, to) {
-        write_transition(scope, &run_id, step_id, current, Status::Retrying, StepChange::default())?;
-        return write_transition(scope, &run_id, step_id, Status::Retrying, to, change);
+    for via in [Status::Running, Status::Retrying] {
+        if Resource::Step.allows(current, via) && Resource::Step.allows(via, to) {
+            write_transition(scope, &run_id, step_id, current, via, StepChange::default())?;
+            return write_transition(scope, &run_id, step_id, via, to, change);
+        }
     }
     Ok(())
 }
@@ -190,7 +197,11 @@ pub fn follow(scope: &Scope, step_id: &str, to: Status, change: StepChange) -> R
 /// Locks the step's run, then the step (the lock order every function keeps); returns the run id
 /// and the step's status, or None when the step is not in scope.
 fn lock(scope: &Scope, step_id: &str) -> Result<Option<(String, Status)>> {
-    let args = [scope.tenant.as_str().into(), scope.workspace.as_str().into(), step_id.into()];
+    let args = [
+        scope.tenant.as_str().into(),
+        scope.workspace.as_str().into(),
+        step_id.into(),
+    ];
     let Some(run_id) = db::select_one(
         "SELECT run_id FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
         &args,
@@ -278,13 +289,25 @@ fn transition_step(
     let step_id = required("step_id", step_id)?;
     ids::validate("step_id", step_id)?;
     let to = Status::parse(Resource::Step, required("to_status", to_status)?)?;
-    let expected = expected_status.map(|s| Status::parse(Resource::Step, s)).transpose()?;
+    let expected = expected_status
+        .map(|s| Status::parse(Resource::Step, s))
+        .transpose()?;
     if let Some(m) = &metrics {
         if !m.is_object() {
-            return Err(LedgerError::invalid("METRICS_NOT_OBJECT", "metrics must be a JSON object").into());
+            return Err(LedgerError::invalid(
+                "METRICS_NOT_OBJECT",
+                "metrics must be a JSON object",
+            )
+            .into());
         }
     }
-    let change = StepChange { output_summary, metrics, error_code, error_message, error_details };
+    let change = StepChange {
+        output_summary,
+        metrics,
+        error_code,
+        error_message,
+        error_details,
+    };
     transition(&scope, step_id, to, expected, change)?;
     Ok(row(&scope, step_id)?)
 }

@@ -13,8 +13,8 @@ use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required};
 use crate::model::status::Status;
 use crate::model::tool_call::{
-    check_fence, decide, extend_seconds, identity_reused, lease_seconds, wrong_state, ApprovalStatus,
-    CallStatus, Decision, Existing, Outcome, Resolution,
+    check_fence, decide, extend_seconds, identity_reused, lease_seconds, wrong_state,
+    ApprovalStatus, CallStatus, Decision, Existing, Outcome, Resolution,
 };
 use crate::model::{ids, json, redact, text};
 use crate::runs;
@@ -88,8 +88,15 @@ fn load(scope: &Scope, by: By, lock: bool) -> Result<Option<Record>> {
         By::Key(k) => ("t.idempotency_key = $3", k, None),
         By::RunCall(run, call) => ("t.run_id = $3 AND t.tool_call_id = $4", run, Some(call)),
     };
-    let query = format!("{SELECT} AND {filter}{}", if lock { " FOR UPDATE OF t" } else { "" });
-    let mut args = vec![scope.tenant.as_str().into(), scope.workspace.as_str().into(), key.into()];
+    let query = format!(
+        "{SELECT} AND {filter}{}",
+        if lock { " FOR UPDATE OF t" } else { "" }
+    );
+    let mut args = vec![
+        scope.tenant.as_str().into(),
+        scope.workspace.as_str().into(),
+        key.into(),
+    ];
     if let Some(call) = second {
         args.push(call.into());
     }
@@ -109,7 +116,9 @@ fn load(scope: &Scope, by: By, lock: bool) -> Result<Option<Record>> {
             outbound_started: db::req(r, 12)?,
             result_artifact_id: db::opt(r, 13)?,
             result_sha256: db::opt(r, 14)?,
-            approval: db::opt::<String>(r, 15)?.as_deref().and_then(ApprovalStatus::parse),
+            approval: db::opt::<String>(r, 15)?
+                .as_deref()
+                .and_then(ApprovalStatus::parse),
         })
     };
     if lock {
@@ -123,13 +132,20 @@ fn load(scope: &Scope, by: By, lock: bool) -> Result<Option<Record>> {
 fn locked(scope: &Scope, id: &str) -> Result<Record> {
     ids::validate("id", id)?;
     let not_found = || LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", id);
-    let run_id = load(scope, By::Id(id), false)?.ok_or_else(not_found)?.run_id;
+    let run_id = load(scope, By::Id(id), false)?
+        .ok_or_else(not_found)?
+        .run_id;
     runs::existing(scope, "run_id", &run_id, true)?;
     load(scope, By::Id(id), true)?.ok_or_else(not_found)
 }
 
 /// `{"outcome", "tool_call", "approval", "response"}`: what every tool-call function returns.
-fn outcome(scope: &Scope, record_id: &str, outcome: &str, response: Option<Jsonb>) -> Result<Jsonb> {
+fn outcome(
+    scope: &Scope,
+    record_id: &str,
+    outcome: &str,
+    response: Option<Jsonb>,
+) -> Result<Jsonb> {
     db::select_one(
         "SELECT jsonb_build_object('outcome', $4::text, \
                 'tool_call', to_jsonb(t) - 'tenant_id' - 'workspace_id' - 'result', \
@@ -160,7 +176,11 @@ fn event(scope: &Scope, run_id: &str, rec: &Record, kind: &str, extra: Value) ->
 }
 
 fn args3<'a>(scope: &'a Scope, id: &'a str) -> [pgrx::datum::DatumWithOid<'a>; 3] {
-    [scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into()]
+    [
+        scope.tenant.as_str().into(),
+        scope.workspace.as_str().into(),
+        id.into(),
+    ]
 }
 
 /// Moves the record to in_doubt (its step to paused) and tells the outbox.
@@ -177,17 +197,31 @@ fn mark_in_doubt(scope: &Scope, rec: &mut Record, error: Option<&str>) -> Result
         &rec.step_id,
         Status::Paused,
         StepChange {
-            metrics: Some(Jsonb::from(&json!({"tool_call": {"operational_status": "in_doubt", "attempt": rec.attempt}}))),
+            metrics: Some(Jsonb::from(
+                &json!({"tool_call": {"operational_status": "in_doubt", "attempt": rec.attempt}}),
+            )),
             ..StepChange::default()
         },
     )?;
-    feed::enqueue(scope, "tool_call.in_doubt", Some(&rec.run_id), Some(&format!("tool_call:{}", rec.id)), &rec.ids())?;
+    feed::enqueue(
+        scope,
+        "tool_call.in_doubt",
+        Some(&rec.run_id),
+        Some(&format!("tool_call:{}", rec.id)),
+        &rec.ids(),
+    )?;
     let run_id = rec.run_id.clone();
     event(scope, &run_id, rec, "tool_call.in_doubt", json!({}))
 }
 
 /// Starts a new attempt: the caller now holds the lease and `attempt` is its fencing token.
-fn arm(scope: &Scope, rec: &mut Record, lease_owner: &str, lease: i32, arguments: &Value) -> Result<()> {
+fn arm(
+    scope: &Scope,
+    rec: &mut Record,
+    lease_owner: &str,
+    lease: i32,
+    arguments: &Value,
+) -> Result<()> {
     rec.attempt = db::write_one(
         "UPDATE ledger.run_step_tool_calls SET status = 'claimed', attempt = attempt + 1, lease_owner = $4, \
                 lease_seconds = $5, lease_expires_at = clock_timestamp() + make_interval(secs => $5), \
@@ -207,9 +241,20 @@ fn arm(scope: &Scope, rec: &mut Record, lease_owner: &str, lease: i32, arguments
     )?
     .ok_or_else(|| LedgerError::internal("tool call vanished under its lock"))?;
     rec.status = CallStatus::Claimed;
-    steps::follow(scope, &rec.step_id, Status::Preparing, StepChange::default())?;
+    steps::follow(
+        scope,
+        &rec.step_id,
+        Status::Preparing,
+        StepChange::default(),
+    )?;
     let run_id = rec.run_id.clone();
-    event(scope, &run_id, rec, "tool_call.claimed", json!({"lease_owner": lease_owner}))
+    event(
+        scope,
+        &run_id,
+        rec,
+        "tool_call.claimed",
+        json!({"lease_owner": lease_owner}),
+    )
 }
 
 /// Records the final result of the call (inline, or as an artifact when large).
@@ -246,7 +291,11 @@ fn finish(
         }
         None => (None, None, None, None),
     };
-    let status = if success { CallStatus::Succeeded } else { CallStatus::Failed };
+    let status = if success {
+        CallStatus::Succeeded
+    } else {
+        CallStatus::Failed
+    };
     db::execute(
         "UPDATE ledger.run_step_tool_calls SET status = $4, result = $5, result_artifact_id = $6, \
                 result_size_bytes = $7, result_sha256 = $8, metadata = $9, error_code = $10, error_message = $11, \
@@ -267,7 +316,11 @@ fn finish(
         ],
     )?;
     rec.status = status;
-    let step_status = if success { Status::Succeeded } else { Status::Failed };
+    let step_status = if success {
+        Status::Succeeded
+    } else {
+        Status::Failed
+    };
     let metrics = json!({"tool_call": {"tool_call_id": rec.tool_call_id, "tool_ref": rec.tool_ref, "attempt": rec.attempt, "replayed": false}});
     steps::follow(
         scope,
@@ -282,7 +335,13 @@ fn finish(
         },
     )?;
     let run_id = rec.run_id.clone();
-    event(scope, &run_id, rec, "tool_call.completed", json!({"status": status.as_str(), "result_artifact_id": artifact}))
+    event(
+        scope,
+        &run_id,
+        rec,
+        "tool_call.completed",
+        json!({"status": status.as_str(), "result_artifact_id": artifact}),
+    )
 }
 
 /// `{result, success, error, metadata}` of a finished call, with `metadata.idempotent_replay`.
@@ -292,28 +351,45 @@ fn replay_response(scope: &Scope, rec: &Record) -> Result<Jsonb> {
         "SELECT result, metadata, error_message FROM ledger.run_step_tool_calls \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
         &args3(scope, &rec.id),
-        |r| Ok((db::opt::<Jsonb>(r, 1)?, db::req::<Jsonb>(r, 2)?, db::opt::<String>(r, 3)?)),
+        |r| {
+            Ok((
+                db::opt::<Jsonb>(r, 1)?,
+                db::req::<Jsonb>(r, 2)?,
+                db::opt::<String>(r, 3)?,
+            ))
+        },
     )?
     .ok_or_else(|| LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", &rec.id))?;
     let result_text = match &rec.result_artifact_id {
         None => result.map_or_else(|| "null".to_owned(), |r| r.0),
         Some(artifact_id) => {
             let mismatch = || {
-                LedgerError::new(Class::Privilege, "ARTIFACT_SCOPE_MISMATCH", "Tool result artifact scope mismatch")
-                    .with("artifact_id", artifact_id.as_str())
-                    .with("tool_call_record_id", rec.id.as_str())
+                LedgerError::new(
+                    Class::Privilege,
+                    "ARTIFACT_SCOPE_MISMATCH",
+                    "Tool result artifact scope mismatch",
+                )
+                .with("artifact_id", artifact_id.as_str())
+                .with("tool_call_record_id", rec.id.as_str())
             };
             let artifact = artifacts::load(scope, artifact_id)?.ok_or_else(mismatch)?;
-            if artifact.run_id != rec.run_id || artifact.step_id.as_deref() != Some(rec.step_id.as_str()) {
+            if artifact.run_id != rec.run_id
+                || artifact.step_id.as_deref() != Some(rec.step_id.as_str())
+            {
                 return Err(mismatch());
             }
             if let Some(expected) = &rec.result_sha256 {
                 if *expected != artifact.sha256 {
-                    return Err(artifacts::hash_mismatch(artifact_id, expected, &artifact.sha256));
+                    return Err(artifacts::hash_mismatch(
+                        artifact_id,
+                        expected,
+                        &artifact.sha256,
+                    ));
                 }
             }
             let bytes = artifacts::bytes(scope, artifact_id, &artifact)?;
-            String::from_utf8(bytes).map_err(|_| artifacts::hash_mismatch(artifact_id, &artifact.sha256, "not UTF-8"))?
+            String::from_utf8(bytes)
+                .map_err(|_| artifacts::hash_mismatch(artifact_id, &artifact.sha256, "not UTF-8"))?
         }
     };
     let mut meta = match json::parse(metadata.as_str())? {
@@ -341,18 +417,30 @@ struct Arguments {
 fn arguments(value: Option<Jsonb>) -> Result<Arguments> {
     let value = value.ok_or_else(|| LedgerError::required("arguments"))?;
     if !value.is_object() {
-        return Err(LedgerError::invalid("ARGUMENTS_NOT_OBJECT", "arguments must be a JSON object"));
+        return Err(LedgerError::invalid(
+            "ARGUMENTS_NOT_OBJECT",
+            "arguments must be a JSON object",
+        ));
     }
     let parsed = json::parse(value.as_str())?;
-    Ok(Arguments { hash: json::request_hash(&parsed), summary: redact::summarize_arguments(&guc::redaction_rules(), &parsed) })
+    Ok(Arguments {
+        hash: json::request_hash(&parsed),
+        summary: redact::summarize_arguments(&guc::redaction_rules(), &parsed),
+    })
 }
 
 fn object_or_empty(argument: &str, value: Option<Jsonb>) -> Result<Value> {
     match value {
         None => Ok(json!({})),
-        Some(v) if v.is_object() => Ok(redact::redact(&guc::redaction_rules(), &json::parse(v.as_str())?)),
-        Some(_) => Err(LedgerError::invalid("ARGUMENT_NOT_OBJECT", format!("{argument} must be a JSON object"))
-            .with("argument", argument)),
+        Some(v) if v.is_object() => Ok(redact::redact(
+            &guc::redaction_rules(),
+            &json::parse(v.as_str())?,
+        )),
+        Some(_) => Err(LedgerError::invalid(
+            "ARGUMENT_NOT_OBJECT",
+            format!("{argument} must be a JSON object"),
+        )
+        .with("argument", argument)),
     }
 }
 
@@ -373,7 +461,8 @@ fn identity<'a>(
     let run_id = required("run_id", run_id)?;
     ids::validate("run_id", run_id)?;
     let tool_ref = required("tool_ref", tool_ref)?;
-    let tool_call_id = optional_id("tool_call_id", tool_call_id)?.map_or_else(|| ids::new_id("call"), str::to_owned);
+    let tool_call_id = optional_id("tool_call_id", tool_call_id)?
+        .map_or_else(|| ids::new_id("call"), str::to_owned);
     let idempotency_key = match idempotency_key {
         Some(k) => {
             ids::validate_up_to("idempotency_key", k, ids::MAX_KEY_CHARS)?;
@@ -381,7 +470,12 @@ fn identity<'a>(
         }
         None => format!("tool:{run_id}:{tool_call_id}"),
     };
-    Ok(Identity { run_id, tool_ref, tool_call_id, idempotency_key })
+    Ok(Identity {
+        run_id,
+        tool_ref,
+        tool_call_id,
+        idempotency_key,
+    })
 }
 
 /// Finds the record an identity names (by idempotency key first, then by run and tool_call_id)
@@ -414,9 +508,12 @@ fn given_step(scope: &Scope, run_id: &str, step_id: &str) -> Result<()> {
     )?
     .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id).with("run_id", run_id))?;
     if step_type != "tool" {
-        return Err(LedgerError::invalid("STEP_NOT_TOOL", "a tool call's step must have step_type tool")
-            .with("step_id", step_id)
-            .with("step_type", step_type));
+        return Err(LedgerError::invalid(
+            "STEP_NOT_TOOL",
+            "a tool call's step must have step_type tool",
+        )
+        .with("step_id", step_id)
+        .with("step_type", step_type));
     }
     Ok(())
 }
@@ -504,7 +601,8 @@ fn claim_tool_call(
     let scope = scope::current()?;
     let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
     let args = self::arguments(arguments)?;
-    let lease = lease_seconds(timeout_seconds.ok_or_else(|| LedgerError::required("timeout_seconds"))?)?;
+    let lease =
+        lease_seconds(timeout_seconds.ok_or_else(|| LedgerError::required("timeout_seconds"))?)?;
     let owner = lease_owner.map_or_else(|| format!("tool:{}", who.run_id), str::to_owned);
     let retry_failed = retry_failed.unwrap_or(false);
     let run = runs::existing(&scope, "run_id", who.run_id, true)?;
@@ -512,28 +610,64 @@ fn claim_tool_call(
     // Twice at most: an insert that lost a race to a concurrent claim finds its record next time.
     for _ in 0..2 {
         if let Some(mut rec) = find_locked(&scope, &who)? {
-            return Ok(apply(&scope, &who, &mut rec, &args, &owner, lease, retry_failed)?);
+            return Ok(apply(
+                &scope,
+                &who,
+                &mut rec,
+                &args,
+                &owner,
+                lease,
+                retry_failed,
+            )?);
         }
         if run.status.is_terminal() {
             return Err(LedgerError::new(
                 Class::WrongState,
                 "RUN_TERMINAL",
-                format!("run {} is {}; it starts no new tool calls", who.run_id, run.status.as_str()),
+                format!(
+                    "run {} is {}; it starts no new tool calls",
+                    who.run_id,
+                    run.status.as_str()
+                ),
             )
             .with("run_id", who.run_id)
             .into());
         }
-        if let Some(mut rec) = insert(&scope, &who, &args, step_id, CallStatus::Claimed, Some(&owner), lease, None)? {
-            steps::follow(&scope, &rec.step_id, Status::Preparing, StepChange::default())?;
+        if let Some(mut rec) = insert(
+            &scope,
+            &who,
+            &args,
+            step_id,
+            CallStatus::Claimed,
+            Some(&owner),
+            lease,
+            None,
+        )? {
+            steps::follow(
+                &scope,
+                &rec.step_id,
+                Status::Preparing,
+                StepChange::default(),
+            )?;
             rec.attempt = 1;
             let run_id = rec.run_id.clone();
-            event(&scope, &run_id, &rec, "tool_call.claimed", json!({"lease_owner": owner}))?;
+            event(
+                &scope,
+                &run_id,
+                &rec,
+                "tool_call.claimed",
+                json!({"lease_owner": owner}),
+            )?;
             return Ok(outcome(&scope, &rec.id, "claimed", None)?);
         }
         if let Some(step) = step_id {
-            return Err(LedgerError::new(Class::Duplicate, "STEP_HAS_TOOL_CALL", "the step already has a tool call")
-                .with("step_id", step)
-                .into());
+            return Err(LedgerError::new(
+                Class::Duplicate,
+                "STEP_HAS_TOOL_CALL",
+                "the step already has a tool call",
+            )
+            .with("step_id", step)
+            .into());
         }
     }
     Err(LedgerError::internal("claim did not settle after a concurrent insert").into())
@@ -552,7 +686,13 @@ fn apply(
         Decision::Replay => {
             let response = replay_response(scope, rec)?;
             // The replay is evidence in the calling run's feed (a re-run's tool calls come from here).
-            event(scope, who.run_id, rec, "tool_call.replayed", json!({"source_run_id": rec.run_id}))?;
+            event(
+                scope,
+                who.run_id,
+                rec,
+                "tool_call.replayed",
+                json!({"source_run_id": rec.run_id}),
+            )?;
             outcome(scope, &rec.id, "replayed", Some(response))
         }
         Decision::InDoubt { mark } => {
@@ -578,7 +718,10 @@ fn attempt_arg(attempt: Option<i64>) -> Result<i64> {
 /// Marks the outbound boundary: the caller COMMITs this before the request leaves the process.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn begin_tool_call(id: Option<&str>, attempt: Option<i64>) -> std::result::Result<Jsonb, ErrorReport> {
+fn begin_tool_call(
+    id: Option<&str>,
+    attempt: Option<i64>,
+) -> std::result::Result<Jsonb, ErrorReport> {
     let scope = scope::current()?;
     let id = required("id", id)?;
     let attempt = attempt_arg(attempt)?;
@@ -651,8 +794,12 @@ fn complete_tool_call(
     let mut rec = locked(&scope, id)?;
     match rec.status {
         // Completing a finished call again changes nothing.
-        CallStatus::Succeeded | CallStatus::Failed => return Ok(self::outcome(&scope, id, rec.status.as_str(), None)?),
-        CallStatus::WaitingApproval | CallStatus::Rejected => return Err(wrong_state("complete", rec.status).into()),
+        CallStatus::Succeeded | CallStatus::Failed => {
+            return Ok(self::outcome(&scope, id, rec.status.as_str(), None)?)
+        }
+        CallStatus::WaitingApproval | CallStatus::Rejected => {
+            return Err(wrong_state("complete", rec.status).into())
+        }
         CallStatus::Claimed | CallStatus::Running | CallStatus::InDoubt => {}
     }
     check_fence(rec.attempt, attempt)?;
@@ -660,7 +807,15 @@ fn complete_tool_call(
         Outcome::Unknown if rec.status == CallStatus::InDoubt => {}
         Outcome::Unknown => mark_in_doubt(&scope, &mut rec, error)?,
         Outcome::Succeeded => finish(&scope, &mut rec, true, result, error, None, &metadata)?,
-        Outcome::Failed => finish(&scope, &mut rec, false, result, error, Some("TOOL_ERROR"), &metadata)?,
+        Outcome::Failed => finish(
+            &scope,
+            &mut rec,
+            false,
+            result,
+            error,
+            Some("TOOL_ERROR"),
+            &metadata,
+        )?,
     }
     Ok(self::outcome(&scope, id, rec.status.as_str(), None)?)
 }
@@ -684,7 +839,10 @@ fn resolve_tool_call(
         return Err(LedgerError::new(
             Class::WrongState,
             "TOOL_CALL_NOT_IN_DOUBT",
-            format!("only an in_doubt tool call can be resolved; this one is {}", rec.status.as_str()),
+            format!(
+                "only an in_doubt tool call can be resolved; this one is {}",
+                rec.status.as_str()
+            ),
         )
         .with("status", rec.status.as_str())
         .into());
@@ -692,7 +850,15 @@ fn resolve_tool_call(
     let metadata = json!({"resolution": resolution.as_str(), "resolved_by": actor, "note": note});
     match resolution {
         Resolution::Succeeded => finish(&scope, &mut rec, true, result, None, None, &metadata)?,
-        Resolution::Failed => finish(&scope, &mut rec, false, result, note, Some("RESOLVED_FAILED"), &metadata)?,
+        Resolution::Failed => finish(
+            &scope,
+            &mut rec,
+            false,
+            result,
+            note,
+            Some("RESOLVED_FAILED"),
+            &metadata,
+        )?,
         Resolution::Retry => {
             db::execute(
                 "UPDATE ledger.run_step_tool_calls SET status = 'claimed', lease_owner = NULL, lease_expires_at = NULL, \
@@ -722,7 +888,13 @@ fn resolve_tool_call(
         ],
     )?;
     let run_id = rec.run_id.clone();
-    event(&scope, &run_id, &rec, "tool_call.resolved", json!({"resolution": resolution.as_str(), "actor": actor}))?;
+    event(
+        &scope,
+        &run_id,
+        &rec,
+        "tool_call.resolved",
+        json!({"resolution": resolution.as_str(), "actor": actor}),
+    )?;
     Ok(outcome(&scope, id, rec.status.as_str(), None)?)
 }
 
@@ -736,7 +908,10 @@ fn sweep_tool_calls() -> std::result::Result<i32, ErrorReport> {
         "SELECT id, run_id FROM ledger.run_step_tool_calls \
           WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('claimed', 'running') \
             AND lease_expires_at <= clock_timestamp() ORDER BY lease_expires_at",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into()],
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+        ],
         |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
     )?;
     let mut swept = 0;
@@ -808,9 +983,13 @@ fn request_tool_approval(
         return Ok(outcome(&scope, &rec.id, "waiting_approval", None)?);
     }
     if run.status.is_terminal() {
-        return Err(LedgerError::new(Class::WrongState, "RUN_TERMINAL", format!("run {} is terminal", who.run_id))
-            .with("run_id", who.run_id)
-            .into());
+        return Err(LedgerError::new(
+            Class::WrongState,
+            "RUN_TERMINAL",
+            format!("run {} is terminal", who.run_id),
+        )
+        .with("run_id", who.run_id)
+        .into());
     }
     // The approval row comes first: the record points at it.
     let approval_id = ids::new_id("apr");
@@ -832,8 +1011,17 @@ fn request_tool_approval(
         ],
     )?;
     let lease = lease_seconds(0)?;
-    let rec = insert(&scope, &who, &args, None, CallStatus::WaitingApproval, None, lease, Some(&approval_id))?
-        .ok_or_else(|| identity_reused())?;
+    let rec = insert(
+        &scope,
+        &who,
+        &args,
+        None,
+        CallStatus::WaitingApproval,
+        None,
+        lease,
+        Some(&approval_id),
+    )?
+    .ok_or_else(identity_reused)?;
     db::execute(
         "UPDATE ledger.approval_requests SET step_id = $4, tool_call_record_id = $5 \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
@@ -845,15 +1033,37 @@ fn request_tool_approval(
             rec.id.as_str().into(),
         ],
     )?;
-    steps::follow(&scope, &rec.step_id, Status::Preparing, StepChange::default())?;
-    steps::follow(&scope, &rec.step_id, Status::WaitingApproval, StepChange::default())?;
+    steps::follow(
+        &scope,
+        &rec.step_id,
+        Status::Preparing,
+        StepChange::default(),
+    )?;
+    steps::follow(
+        &scope,
+        &rec.step_id,
+        Status::WaitingApproval,
+        StepChange::default(),
+    )?;
     let mut payload = rec.ids();
     if let Value::Object(p) = &mut payload {
         p.insert("approval_id".into(), Value::from(approval_id.as_str()));
         p.insert("title".into(), Value::from(title));
     }
-    feed::enqueue(&scope, "approval.requested", Some(who.run_id), Some(&format!("approval:{approval_id}")), &payload)?;
-    event(&scope, who.run_id, &rec, "approval.requested", json!({"approval_id": approval_id}))?;
+    feed::enqueue(
+        &scope,
+        "approval.requested",
+        Some(who.run_id),
+        Some(&format!("approval:{approval_id}")),
+        &payload,
+    )?;
+    event(
+        &scope,
+        who.run_id,
+        &rec,
+        "approval.requested",
+        json!({"approval_id": approval_id}),
+    )?;
     Ok(outcome(&scope, &rec.id, "waiting_approval", None)?)
 }
 
@@ -874,9 +1084,12 @@ fn resolve_approval(
         "approved" => ApprovalStatus::Approved,
         "rejected" => ApprovalStatus::Rejected,
         other => {
-            return Err(LedgerError::invalid("DECISION_UNKNOWN", "decision must be approved or rejected")
-                .with("decision", other)
-                .into())
+            return Err(LedgerError::invalid(
+                "DECISION_UNKNOWN",
+                "decision must be approved or rejected",
+            )
+            .with("decision", other)
+            .into())
         }
     };
     let not_found = || LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id);
@@ -894,7 +1107,8 @@ fn resolve_approval(
         |r| Ok((db::req::<String>(r, 1)?, db::opt::<String>(r, 2)?)),
     )?
     .ok_or_else(not_found)?;
-    let current = ApprovalStatus::parse(&status).ok_or_else(|| LedgerError::internal("unknown approval status"))?;
+    let current = ApprovalStatus::parse(&status)
+        .ok_or_else(|| LedgerError::internal("unknown approval status"))?;
     if current != ApprovalStatus::Pending {
         if current == decision {
             return Ok(approval_json(&scope, approval_id)?);
@@ -941,9 +1155,18 @@ fn resolve_approval(
                     &scope,
                     &rec.step_id,
                     Status::Canceled,
-                    StepChange { error_code: Some("TOOL_APPROVAL_REJECTED"), ..StepChange::default() },
+                    StepChange {
+                        error_code: Some("TOOL_APPROVAL_REJECTED"),
+                        ..StepChange::default()
+                    },
                 )?;
-                event(&scope, &run_id, &rec, "tool_call.rejected", json!({"approval_id": approval_id}))?;
+                event(
+                    &scope,
+                    &run_id,
+                    &rec,
+                    "tool_call.rejected",
+                    json!({"approval_id": approval_id}),
+                )?;
             }
         }
     }
@@ -958,4 +1181,669 @@ fn approval_json(scope: &Scope, approval_id: &str) -> Result<Jsonb> {
         |r| db::req::<Jsonb>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id))
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, error_of, one, set_scope};
+    use pgrx::prelude::*;
+
+    /// A running run `r` in a scope of its own.
+    fn run(scope: &str) {
+        set_scope(scope, "w");
+        Spi::run("SELECT ledger.create_run('agent', run_id => 'r'), ledger.transition_run('r', 'running')").unwrap();
+    }
+
+    fn claim(args: &str, call: &str) -> String {
+        format!("SELECT ledger.claim_tool_call('r', 'search', '{args}', tool_call_id => '{call}')")
+    }
+
+    fn outcome(args: &str, call: &str) -> String {
+        one::<String>(&format!("{}->>'outcome'", claim(args, call)))
+    }
+
+    fn record(call: &str) -> String {
+        one::<String>(&format!(
+            "SELECT id FROM ledger.run_step_tool_calls WHERE tool_call_id = '{call}'"
+        ))
+    }
+
+    fn field(call: &str, column: &str) -> String {
+        one::<String>(&format!("SELECT coalesce({column}::text, '(null)') FROM ledger.run_step_tool_calls WHERE tool_call_id = '{call}'"))
+    }
+
+    fn step_status(call: &str) -> String {
+        one::<String>(&format!(
+            "SELECT s.status FROM ledger.run_steps s JOIN ledger.run_step_tool_calls t ON t.step_id = s.id AND t.tenant_id = s.tenant_id \
+              WHERE t.tool_call_id = '{call}'"
+        ))
+    }
+
+    /// Makes the lease of a call expire now (as if its time had passed).
+    fn expire(call: &str) {
+        Spi::run(&format!(
+            "UPDATE ledger.run_step_tool_calls SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE tool_call_id = '{call}'"
+        ))
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn a_new_claim_records_the_call_with_redacted_arguments() {
+        run("t-tc-new");
+        let out = one::<pgrx::JsonB>(&claim(
+            r#"{"q": "shoes", "apiKey": "k-123", "n": 1.50}"#,
+            "c1",
+        ))
+        .0;
+        assert_eq!(out["outcome"], "claimed");
+        assert_eq!(out["response"], serde_json::Value::Null);
+        let tc = &out["tool_call"];
+        assert_eq!(tc["attempt"], 1);
+        assert_eq!(tc["status"], "claimed");
+        assert_eq!(tc["idempotency_key"], "tool:r:c1");
+        assert_eq!(tc["arguments"]["apiKey"], "[REDACTED]");
+        assert!(tc["id"].as_str().unwrap().starts_with("tc_"));
+        // The hash is over the unredacted arguments.
+        assert_eq!(
+            tc["request_hash"].as_str().unwrap(),
+            one::<String>(
+                r#"SELECT ledger.request_hash('{"q": "shoes", "apiKey": "k-123", "n": 1.50}')"#
+            )
+        );
+        assert_eq!(step_status("c1"), "preparing");
+        assert_eq!(
+            one::<String>("SELECT step_type FROM ledger.run_steps"),
+            "tool"
+        );
+        // Not re-entrant: the same claim again is busy, whoever asks.
+        assert_eq!(
+            outcome(r#"{"q": "shoes", "apiKey": "k-123", "n": 1.50}"#, "c1"),
+            "busy"
+        );
+        assert_eq!(field("c1", "attempt"), "1");
+    }
+
+    #[pg_test]
+    fn a_finished_call_replays_its_result_without_a_new_attempt() {
+        run("t-tc-replay");
+        outcome(r#"{"q": 1}"#, "c1");
+        let id = record("c1");
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT ledger.begin_tool_call('{id}', 1)->>'outcome'"
+            )),
+            "running"
+        );
+        assert_eq!(step_status("c1"), "running");
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{{\"hits\": [1, 2]}}', metadata => '{{\"latency_ms\": 12}}')"
+        ))
+        .unwrap();
+        assert_eq!(step_status("c1"), "succeeded");
+        let out = one::<pgrx::JsonB>(&claim(r#"{"q": 1}"#, "c1")).0;
+        assert_eq!(out["outcome"], "replayed");
+        assert_eq!(
+            out["response"]["result"],
+            serde_json::json!({"hits": [1, 2]})
+        );
+        assert_eq!(out["response"]["success"], true);
+        assert_eq!(
+            out["response"]["metadata"],
+            serde_json::json!({"latency_ms": 12, "idempotent_replay": true})
+        );
+        assert_eq!(out["tool_call"]["attempt"], 1);
+        // The same key under another tool_call_id is the same call: a replay, not a unique violation.
+        let again = one::<String>(&format!(
+            "SELECT ledger.claim_tool_call('r', 'search', '{{\"q\": 1}}', tool_call_id => 'other', idempotency_key => 'tool:r:c1')->>'outcome'"
+        ));
+        assert_eq!(again, "replayed");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE kind = 'tool_call.replayed'"),
+            2
+        );
+        // Completing again returns it unchanged.
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, 'failed', error => 'late')"
+        ))
+        .unwrap();
+        assert_eq!(field("c1", "status"), "succeeded");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_step_tool_calls"),
+            1
+        );
+    }
+
+    #[pg_test]
+    fn a_reused_identity_with_other_input_is_a_conflict() {
+        run("t-tc-identity");
+        outcome(r#"{"q": 1}"#, "c1");
+        let e = assert_error(&claim(r#"{"q": 2}"#, "c1"), "23505", "IDEMPOTENCY_MISMATCH");
+        assert_eq!(
+            e.message,
+            "ledger: Tool call identity was reused with different input"
+        );
+        assert_error(
+            "SELECT ledger.claim_tool_call('r', 'fetch', '{\"q\": 1}', tool_call_id => 'c1')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        // The same tool_call_id under another key is a conflict too.
+        assert_error(
+            "SELECT ledger.claim_tool_call('r', 'search', '{\"q\": 1}', tool_call_id => 'c1', idempotency_key => 'k2')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_step_tool_calls"),
+            1
+        );
+        assert_eq!(field("c1", "attempt"), "1");
+    }
+
+    #[pg_test]
+    fn an_expired_claim_whose_request_never_left_is_taken_over_and_the_old_attempt_fenced() {
+        run("t-tc-takeover");
+        outcome("{}", "c1");
+        let id = record("c1");
+        expire("c1");
+        let out = one::<pgrx::JsonB>(&claim("{}", "c1")).0;
+        assert_eq!(
+            (
+                out["outcome"].as_str(),
+                out["tool_call"]["attempt"].as_i64()
+            ),
+            (Some("claimed"), Some(2))
+        );
+        for late in [
+            format!("SELECT ledger.begin_tool_call('{id}', 1)"),
+            format!("SELECT ledger.heartbeat_tool_call('{id}', 1)"),
+            format!("SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{{}}')"),
+        ] {
+            let e = assert_error(&late, "40001", "LEASE_STALE");
+            assert_eq!(e.detail["current_attempt"], 2);
+        }
+        assert_eq!(field("c1", "status"), "claimed");
+    }
+
+    #[pg_test]
+    fn an_expired_call_whose_request_left_is_in_doubt_and_never_claimed_again() {
+        run("t-tc-doubt");
+        outcome("{}", "c1");
+        let id = record("c1");
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        expire("c1");
+        assert_eq!(outcome("{}", "c1"), "in_doubt");
+        assert_eq!(field("c1", "status"), "in_doubt");
+        assert_eq!(step_status("c1"), "paused");
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM ledger.outbox WHERE event_type = 'tool_call.in_doubt'"
+            ),
+            1
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.tool_calls_in_doubt"),
+            1
+        );
+        // Whatever the caller asks, it stays in doubt; nothing is re-armed.
+        assert_eq!(outcome("{}", "c1"), "in_doubt");
+        assert_eq!(
+            one::<String>("SELECT ledger.claim_tool_call('r', 'search', '{}', tool_call_id => 'c1', retry_failed => true)->>'outcome'"),
+            "in_doubt"
+        );
+        assert_eq!(field("c1", "attempt"), "1");
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM ledger.outbox WHERE event_type = 'tool_call.in_doubt'"
+            ),
+            1
+        );
+        // The executor of the current attempt still knows the answer: it is accepted.
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{{\"sent\": true}}')"
+        ))
+        .unwrap();
+        assert_eq!(field("c1", "status"), "succeeded");
+        assert_eq!(step_status("c1"), "succeeded");
+        assert_eq!(outcome("{}", "c1"), "replayed");
+    }
+
+    #[pg_test]
+    fn a_late_completion_of_the_current_attempt_is_accepted() {
+        run("t-tc-late");
+        outcome("{}", "c1");
+        let id = record("c1");
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        expire("c1");
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, 'failed', error => 'HTTP 500')"
+        ))
+        .unwrap();
+        assert_eq!(field("c1", "status"), "failed");
+        assert_eq!(field("c1", "error_message"), "HTTP 500");
+        assert_eq!(step_status("c1"), "failed");
+        // A failed call replays as a failure, and re-arms only when asked.
+        let out = one::<pgrx::JsonB>(&claim("{}", "c1")).0;
+        assert_eq!(
+            (
+                out["outcome"].as_str(),
+                out["response"]["success"].as_bool()
+            ),
+            (Some("replayed"), Some(false))
+        );
+        assert_eq!(out["response"]["error"], "HTTP 500");
+        let again = one::<pgrx::JsonB>("SELECT ledger.claim_tool_call('r', 'search', '{}', tool_call_id => 'c1', retry_failed => true)").0;
+        assert_eq!(
+            (
+                again["outcome"].as_str(),
+                again["tool_call"]["attempt"].as_i64()
+            ),
+            (Some("claimed"), Some(2))
+        );
+        assert_eq!(field("c1", "error_message"), "(null)");
+        assert_eq!(step_status("c1"), "preparing");
+    }
+
+    #[pg_test]
+    fn unknown_outcomes_go_to_in_doubt_and_only_a_resolution_leaves_it() {
+        run("t-tc-resolve");
+        outcome("{}", "c1");
+        let id = record("c1");
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        assert_error(
+            &format!("SELECT ledger.resolve_tool_call('{id}', 'succeeded')"),
+            "55000",
+            "TOOL_CALL_NOT_IN_DOUBT",
+        );
+        Spi::run(&format!("SELECT ledger.complete_tool_call('{id}', 1, 'unknown', error => 'timed out after sending')")).unwrap();
+        assert_eq!(field("c1", "status"), "in_doubt");
+        assert_eq!(field("c1", "error_message"), "timed out after sending");
+        assert_error(
+            &format!("SELECT ledger.resolve_tool_call('{id}', 'maybe')"),
+            "22023",
+            "RESOLUTION_UNKNOWN",
+        );
+        Spi::run(&format!(
+            "SELECT ledger.resolve_tool_call('{id}', 'succeeded', '{{\"order\": 7}}', note => 'seen in the CRM', actor => 'ops@acme')"
+        ))
+        .unwrap();
+        assert_eq!(field("c1", "status"), "succeeded");
+        assert_eq!(
+            one::<String>("SELECT concat_ws('|', gateway_type, outcome, actor, payload->>'note') FROM ledger.audit_events"),
+            "tool_call.resolve|succeeded|ops@acme|seen in the CRM"
+        );
+        let out = one::<pgrx::JsonB>(&claim("{}", "c1")).0;
+        assert_eq!(out["response"]["result"], serde_json::json!({"order": 7}));
+        assert_eq!(out["response"]["metadata"]["resolved_by"], "ops@acme");
+    }
+
+    #[pg_test]
+    fn a_retry_resolution_executes_again_with_the_next_attempt() {
+        run("t-tc-retry");
+        outcome("{}", "c1");
+        let id = record("c1");
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, 'unknown')"
+        ))
+        .unwrap();
+        Spi::run(&format!(
+            "SELECT ledger.resolve_tool_call('{id}', 'retry', actor => 'ops')"
+        ))
+        .unwrap();
+        let out = one::<pgrx::JsonB>(&claim("{}", "c1")).0;
+        assert_eq!(
+            (
+                out["outcome"].as_str(),
+                out["tool_call"]["attempt"].as_i64()
+            ),
+            (Some("claimed"), Some(2))
+        );
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 2)")).unwrap();
+        assert_eq!(step_status("c1"), "running");
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 2, 'succeeded', '{{}}')"
+        ))
+        .unwrap();
+        assert_eq!(step_status("c1"), "succeeded");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.audit_events WHERE outcome = 'retry'"),
+            1
+        );
+    }
+
+    #[pg_test]
+    fn large_results_live_in_a_verified_artifact() {
+        run("t-tc-large");
+        outcome("{}", "c1");
+        let id = record("c1");
+        let big = "jsonb_build_object('rows', (SELECT jsonb_agg(jsonb_build_object('i', i, 'name', 'row ' || i)) FROM generate_series(1, 2000) i))";
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', {big})"
+        ))
+        .unwrap();
+        assert_eq!(field("c1", "result"), "(null)");
+        let artifact = field("c1", "result_artifact_id");
+        assert_eq!(
+            one::<String>(&format!("SELECT concat_ws('|', artifact_type, mime, meta->>'kind', storage_key LIKE 'blob:sha256:%') FROM ledger.run_artifacts WHERE id = '{artifact}'")),
+            "json|application/json|tool_result|t"
+        );
+        assert!(one::<bool>(&format!(
+            "SELECT ({}->'response'->'result') = {big}",
+            claim("{}", "c1")
+        )));
+        assert!(one::<bool>(&format!(
+            "SELECT ({}->'response'->'metadata'->>'result_artifact_id') = '{artifact}'",
+            claim("{}", "c1")
+        )));
+        // Tampered bytes are refused.
+        Spi::run("UPDATE ledger.blobs SET content = content || '\\x20'::bytea WHERE tenant_id = 't-tc-large'").unwrap();
+        assert_error(&claim("{}", "c1"), "XX001", "ARTIFACT_HASH_MISMATCH");
+    }
+
+    #[pg_test]
+    fn a_result_artifact_of_another_run_is_refused() {
+        run("t-tc-artifact-owner");
+        Spi::run("SELECT ledger.create_run('agent', run_id => 'other')").unwrap();
+        outcome("{}", "c1");
+        let id = record("c1");
+        let big = "jsonb_build_object('text', repeat('x', 10000))";
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', {big})"
+        ))
+        .unwrap();
+        let foreign = one::<String>("SELECT id FROM ledger.put_artifact('other', convert_to(repeat('x', 10), 'UTF8'), 'json')");
+        Spi::run(&format!("UPDATE ledger.run_step_tool_calls SET result_artifact_id = '{foreign}' WHERE id = '{id}'")).unwrap();
+        let e = assert_error(&claim("{}", "c1"), "42501", "ARTIFACT_SCOPE_MISMATCH");
+        assert_eq!(e.message, "ledger: Tool result artifact scope mismatch");
+    }
+
+    #[pg_test]
+    fn approvals_gate_the_call() {
+        run("t-tc-approval");
+        let req = "SELECT ledger.request_tool_approval('r', 'wire_money', '{\"amount\": 100}', tool_call_id => 'pay', title => 'Pay supplier')";
+        let out = one::<pgrx::JsonB>(req).0;
+        assert_eq!(out["outcome"], "waiting_approval");
+        let approval = out["approval"]["id"].as_str().unwrap().to_owned();
+        assert_eq!(out["approval"]["status"], "pending");
+        assert_eq!(step_status("pay"), "waiting_approval");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.pending_approvals"),
+            1
+        );
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM ledger.outbox WHERE event_type = 'approval.requested'"
+            ),
+            1
+        );
+        // Idempotent request; other arguments are a conflict (the hash is compared, never overwritten).
+        assert_eq!(
+            one::<String>(&format!(
+                "{}",
+                req.replace("SELECT ", "SELECT (") + ")->>'outcome'"
+            )),
+            "waiting_approval"
+        );
+        let pay = |args: &str| {
+            format!(
+                "SELECT ledger.claim_tool_call('r', 'wire_money', '{args}', tool_call_id => 'pay')"
+            )
+        };
+        assert_error(&pay("{\"amount\": 999}"), "23505", "IDEMPOTENCY_MISMATCH");
+        assert_eq!(
+            one::<String>(&format!("{}->>'outcome'", pay("{\"amount\": 100}"))),
+            "waiting_approval"
+        );
+        assert_error(
+            &format!("SELECT ledger.resolve_approval('{approval}', 'maybe')"),
+            "22023",
+            "DECISION_UNKNOWN",
+        );
+        Spi::run(&format!(
+            "SELECT ledger.resolve_approval('{approval}', 'approved', actor => 'cfo')"
+        ))
+        .unwrap();
+        Spi::run(&format!(
+            "SELECT ledger.resolve_approval('{approval}', 'approved', actor => 'cfo')"
+        ))
+        .unwrap();
+        assert_error(
+            &format!("SELECT ledger.resolve_approval('{approval}', 'rejected')"),
+            "55000",
+            "APPROVAL_RESOLVED",
+        );
+        let claimed = one::<pgrx::JsonB>(&pay("{\"amount\": 100}")).0;
+        assert_eq!(
+            (
+                claimed["outcome"].as_str(),
+                claimed["tool_call"]["attempt"].as_i64()
+            ),
+            (Some("claimed"), Some(1))
+        );
+        let id = record("pay");
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        assert_eq!(step_status("pay"), "running");
+
+        // A rejected approval rejects the call and cancels its step.
+        let out = one::<pgrx::JsonB>(
+            "SELECT ledger.request_tool_approval('r', 'delete_repo', '{}', tool_call_id => 'rm')",
+        )
+        .0;
+        let approval = out["approval"]["id"].as_str().unwrap().to_owned();
+        Spi::run(&format!(
+            "SELECT ledger.resolve_approval('{approval}', 'rejected', note => 'no')"
+        ))
+        .unwrap();
+        assert_eq!(one::<String>("SELECT ledger.claim_tool_call('r', 'delete_repo', '{}', tool_call_id => 'rm')->>'outcome'"), "rejected");
+        assert_eq!(field("rm", "error_code"), "TOOL_APPROVAL_REJECTED");
+        assert_eq!(step_status("rm"), "canceled");
+        assert_error(
+            "SELECT ledger.resolve_approval('apr_nope', 'approved')",
+            "P0002",
+            "APPROVAL_NOT_FOUND",
+        );
+    }
+
+    #[pg_test]
+    fn sweep_moves_expired_leases_by_whether_the_request_left() {
+        run("t-tc-sweep");
+        outcome("{}", "quiet");
+        outcome("{\"x\": 1}", "sent");
+        Spi::run(&format!(
+            "SELECT ledger.begin_tool_call('{}', 1)",
+            record("sent")
+        ))
+        .unwrap();
+        outcome("{\"x\": 2}", "live");
+        expire("quiet");
+        expire("sent");
+        assert_eq!(one::<i32>("SELECT ledger.sweep_tool_calls()"), 2);
+        assert_eq!(field("sent", "status"), "in_doubt");
+        assert_eq!(
+            field("quiet", "status") + "|" + &field("quiet", "lease_expires_at"),
+            "claimed|(null)"
+        );
+        assert_eq!(field("live", "status"), "claimed");
+        assert_eq!(one::<i32>("SELECT ledger.sweep_tool_calls()"), 0);
+        // The swept claim is claimable again, with the next attempt.
+        assert_eq!(
+            one::<String>(&format!(
+                "{}->'tool_call'->>'attempt'",
+                claim("{}", "quiet")
+            )),
+            "2"
+        );
+    }
+
+    #[pg_test]
+    fn large_arguments_are_summarised_and_still_hashed_in_full() {
+        run("t-tc-bigargs");
+        let args = "jsonb_build_object('b', repeat('x', 9000), 'a', 1, 'password', 'hunter2')";
+        let out = one::<pgrx::JsonB>(&format!(
+            "SELECT ledger.claim_tool_call('r', 'upload', {args}, tool_call_id => 'u')"
+        ))
+        .0;
+        let stored = &out["tool_call"]["arguments"];
+        assert_eq!(stored["truncated"], true);
+        assert_eq!(
+            stored["argument_names"],
+            serde_json::json!(["a", "b", "password"])
+        );
+        assert_eq!(stored["request_hash"], out["tool_call"]["request_hash"]);
+        assert!(one::<bool>(&format!(
+            "SELECT ledger.request_hash({args}) = '{}'",
+            out["tool_call"]["request_hash"].as_str().unwrap()
+        )));
+        assert!(
+            !one::<String>("SELECT arguments::text FROM ledger.run_step_tool_calls")
+                .contains("hunter2")
+        );
+        // 50 MB of arguments: hashed and summarised, not stored.
+        let huge = "jsonb_build_object('blob', repeat('y', 50 * 1024 * 1024))";
+        let out = one::<pgrx::JsonB>(&format!(
+            "SELECT ledger.claim_tool_call('r', 'upload', {huge}, tool_call_id => 'huge')"
+        ))
+        .0;
+        assert_eq!(out["outcome"], "claimed");
+        assert!(
+            one::<i32>("SELECT max(pg_column_size(arguments)) FROM ledger.run_step_tool_calls")
+                < 1000
+        );
+    }
+
+    #[pg_test]
+    fn bad_tool_call_input_is_refused_and_writes_nothing() {
+        run("t-tc-bad");
+        for (sql, state, code) in [
+            (
+                "SELECT ledger.claim_tool_call('r', 'search', '[1]')",
+                "22023",
+                "ARGUMENTS_NOT_OBJECT",
+            ),
+            (
+                "SELECT ledger.claim_tool_call('r', 'search', NULL)",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.claim_tool_call('r', NULL)",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.claim_tool_call('r', 'search', timeout_seconds => -1)",
+                "22023",
+                "TIMEOUT_INVALID",
+            ),
+            (
+                "SELECT ledger.claim_tool_call('r', 'search', idempotency_key => 'a b')",
+                "22023",
+                "ID_INVALID",
+            ),
+            (
+                "SELECT ledger.claim_tool_call('nope', 'search')",
+                "P0002",
+                "RUN_NOT_FOUND",
+            ),
+            (
+                "SELECT ledger.begin_tool_call('tc_nope', 1)",
+                "P0002",
+                "TOOL_CALL_NOT_FOUND",
+            ),
+            (
+                "SELECT ledger.begin_tool_call('tc_nope', NULL)",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.complete_tool_call('tc_nope', 1, 'maybe')",
+                "22023",
+                "OUTCOME_UNKNOWN",
+            ),
+            (
+                "SELECT ledger.heartbeat_tool_call('tc_nope', 1, 0)",
+                "P0002",
+                "TOOL_CALL_NOT_FOUND",
+            ),
+            (
+                "SELECT ledger.resolve_tool_call('tc_nope', 'retry')",
+                "P0002",
+                "TOOL_CALL_NOT_FOUND",
+            ),
+        ] {
+            assert_error(sql, state, code);
+        }
+        let deep =
+            format!("('{{\"a\": ' || repeat('[', 150) || '1' || repeat(']', 150) || '}}')::jsonb");
+        assert_error(
+            &format!("SELECT ledger.claim_tool_call('r', 'search', {deep})"),
+            "22023",
+            "INPUT_TOO_DEEP",
+        );
+        // 100,000 deep cannot even become a jsonb value: PostgreSQL refuses it before the ledger runs.
+        let e = error_of("SELECT ledger.claim_tool_call('r', 'search', ('{\"a\": ' || repeat('[', 100000) || repeat(']', 100000) || '}')::jsonb)");
+        assert!(["54001", "22023"].contains(&e.sqlstate.as_str()), "{e:?}");
+        // Hostile keys are just keys.
+        let hostile = r#"{"\u202eevil": 1, "": 2, "a\"b": 3, "\\": 4, "🦀🦀": {"PASSWORD": "x"}}"#;
+        let out = one::<pgrx::JsonB>(&format!(
+            "SELECT ledger.claim_tool_call('r', 'search', '{hostile}', tool_call_id => 'h')"
+        ))
+        .0;
+        assert_eq!(
+            out["tool_call"]["arguments"]["🦀🦀"]["PASSWORD"],
+            "[REDACTED]"
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_step_tool_calls"),
+            1
+        );
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_steps"), 1);
+        // A call on a finished run, or on a step that is not a tool step, is refused.
+        Spi::run("SELECT ledger.create_step('r', 'llm', step_id => 'llm-step')").unwrap();
+        assert_error(
+            "SELECT ledger.claim_tool_call('r', 'search', step_id => 'llm-step')",
+            "22023",
+            "STEP_NOT_TOOL",
+        );
+        Spi::run("SELECT ledger.transition_run('r', 'succeeded')").unwrap();
+        assert_error(
+            "SELECT ledger.claim_tool_call('r', 'search', '{\"new\": 1}')",
+            "55000",
+            "RUN_TERMINAL",
+        );
+        // ... but an existing call of it still replays or reports.
+        assert_eq!(
+            one::<String>(&format!("{}->>'outcome'", claim(hostile, "h"))),
+            "busy"
+        );
+    }
+
+    #[pg_test]
+    fn redaction_and_hashing_are_exposed_for_clients() {
+        assert_eq!(
+            one::<String>(
+                r#"SELECT ledger.redact('{"X-API-Key": "a", "token_count": 3, "auth": "Bearer abcdefghijk"}')::text"#
+            ),
+            r#"{"auth": "[REDACTED]", "X-API-Key": "[REDACTED]", "token_count": 3}"#
+        );
+        Spi::run("SET LOCAL ledger.redact_keys = 'customerSsn, internal-note'").unwrap();
+        Spi::run("SET LOCAL ledger.redact_values = off").unwrap();
+        assert_eq!(
+            one::<String>(
+                r#"SELECT ledger.redact('{"customer_ssn": "1", "InternalNote": "2", "auth": "Bearer abcdefghijk"}')::text"#
+            ),
+            r#"{"auth": "Bearer abcdefghijk", "InternalNote": "[REDACTED]", "customer_ssn": "[REDACTED]"}"#
+        );
+        assert_eq!(
+            one::<String>(r#"SELECT ledger.canonical_json('{"b": [1.0, {}], "a": "é"}')"#),
+            r#"{"a":"é","b":[1.0,{}]}"#
+        );
+        assert_eq!(
+            one::<String>("SELECT ledger.request_hash('{}')"),
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+        assert!(one::<bool>("SELECT ledger.redact(NULL) IS NULL"));
+    }
 }

@@ -95,7 +95,9 @@ pub enum Decision {
     /// The record is finished: return its result, execute nothing.
     Replay,
     /// The request may have left and no answer came back. `mark`: the record moves to in_doubt now.
-    InDoubt { mark: bool },
+    InDoubt {
+        mark: bool,
+    },
     /// Someone holds a live lease (whoever it is: claims are not re-entrant).
     Busy,
     WaitingApproval,
@@ -106,11 +108,19 @@ pub enum Decision {
 }
 
 /// Decides a claim against an existing record with the same identity.
-pub fn decide(existing: &Existing, tool_ref: &str, request_hash: &str, retry_failed: bool) -> Result<Decision> {
+pub fn decide(
+    existing: &Existing,
+    tool_ref: &str,
+    request_hash: &str,
+    retry_failed: bool,
+) -> Result<Decision> {
     if existing.tool_ref != tool_ref || existing.request_hash != request_hash {
         return Err(identity_reused()
             .with("tool_ref_matches", existing.tool_ref == tool_ref)
-            .with("request_hash_matches", existing.request_hash == request_hash));
+            .with(
+                "request_hash_matches",
+                existing.request_hash == request_hash,
+            ));
     }
     Ok(match existing.status {
         CallStatus::Succeeded => Decision::Replay,
@@ -120,17 +130,25 @@ pub fn decide(existing: &Existing, tool_ref: &str, request_hash: &str, retry_fai
         CallStatus::Rejected => Decision::Rejected,
         CallStatus::WaitingApproval => match existing.approval {
             Some(ApprovalStatus::Approved) => Decision::Claim,
-            Some(ApprovalStatus::Rejected | ApprovalStatus::Expired | ApprovalStatus::Canceled) => Decision::Rejected,
+            Some(ApprovalStatus::Rejected | ApprovalStatus::Expired | ApprovalStatus::Canceled) => {
+                Decision::Rejected
+            }
             Some(ApprovalStatus::Pending) | None => Decision::WaitingApproval,
         },
         CallStatus::Claimed | CallStatus::Running if existing.lease_live => Decision::Busy,
-        CallStatus::Claimed | CallStatus::Running if existing.outbound_started => Decision::InDoubt { mark: true },
+        CallStatus::Claimed | CallStatus::Running if existing.outbound_started => {
+            Decision::InDoubt { mark: true }
+        }
         CallStatus::Claimed | CallStatus::Running => Decision::Claim,
     })
 }
 
 pub fn identity_reused() -> LedgerError {
-    LedgerError::new(Class::Duplicate, "IDEMPOTENCY_MISMATCH", "Tool call identity was reused with different input")
+    LedgerError::new(
+        Class::Duplicate,
+        "IDEMPOTENCY_MISMATCH",
+        "Tool call identity was reused with different input",
+    )
 }
 
 /// The longest timeout a claim accepts (one day).
@@ -139,8 +157,11 @@ pub const MAX_TIMEOUT_SECONDS: i32 = 86_400;
 /// The lease of a claim: `max(60, timeout + 10)` seconds (SOIT's rule), for 0 <= timeout <= one day.
 pub fn lease_seconds(timeout_seconds: i32) -> Result<i32> {
     if !(0..=MAX_TIMEOUT_SECONDS).contains(&timeout_seconds) {
-        return Err(LedgerError::invalid("TIMEOUT_INVALID", "timeout_seconds must be between 0 and 86400")
-            .with("timeout_seconds", timeout_seconds));
+        return Err(LedgerError::invalid(
+            "TIMEOUT_INVALID",
+            "timeout_seconds must be between 0 and 86400",
+        )
+        .with("timeout_seconds", timeout_seconds));
     }
     Ok((timeout_seconds + 10).max(60))
 }
@@ -148,8 +169,11 @@ pub fn lease_seconds(timeout_seconds: i32) -> Result<i32> {
 /// A heartbeat's extension, 1 second to one day.
 pub fn extend_seconds(extend: i32) -> Result<i32> {
     if !(1..=MAX_TIMEOUT_SECONDS).contains(&extend) {
-        return Err(LedgerError::invalid("TIMEOUT_INVALID", "extend_seconds must be between 1 and 86400")
-            .with("extend_seconds", extend));
+        return Err(LedgerError::invalid(
+            "TIMEOUT_INVALID",
+            "extend_seconds must be between 1 and 86400",
+        )
+        .with("extend_seconds", extend));
     }
     Ok(extend)
 }
@@ -183,8 +207,11 @@ impl Outcome {
             "succeeded" => Ok(Outcome::Succeeded),
             "failed" => Ok(Outcome::Failed),
             "unknown" => Ok(Outcome::Unknown),
-            _ => Err(LedgerError::invalid("OUTCOME_UNKNOWN", "outcome must be succeeded, failed or unknown")
-                .with("outcome", s)),
+            _ => Err(LedgerError::invalid(
+                "OUTCOME_UNKNOWN",
+                "outcome must be succeeded, failed or unknown",
+            )
+            .with("outcome", s)),
         }
     }
 }
@@ -204,8 +231,11 @@ impl Resolution {
             "succeeded" => Ok(Resolution::Succeeded),
             "failed" => Ok(Resolution::Failed),
             "retry" => Ok(Resolution::Retry),
-            _ => Err(LedgerError::invalid("RESOLUTION_UNKNOWN", "resolution must be succeeded, failed or retry")
-                .with("resolution", s)),
+            _ => Err(LedgerError::invalid(
+                "RESOLUTION_UNKNOWN",
+                "resolution must be succeeded, failed or retry",
+            )
+            .with("resolution", s)),
         }
     }
 
@@ -234,7 +264,14 @@ mod tests {
     use super::*;
 
     fn existing(status: CallStatus) -> Existing<'static> {
-        Existing { status, tool_ref: "search", request_hash: "h", lease_live: false, outbound_started: false, approval: None }
+        Existing {
+            status,
+            tool_ref: "search",
+            request_hash: "h",
+            lease_live: false,
+            outbound_started: false,
+            approval: None,
+        }
     }
 
     fn decide_for(e: Existing) -> Decision {
@@ -243,36 +280,82 @@ mod tests {
 
     #[test]
     fn finished_calls_replay_and_failed_ones_rearm_only_when_asked() {
-        assert_eq!(decide_for(existing(CallStatus::Succeeded)), Decision::Replay);
+        assert_eq!(
+            decide_for(existing(CallStatus::Succeeded)),
+            Decision::Replay
+        );
         assert_eq!(decide_for(existing(CallStatus::Failed)), Decision::Replay);
-        assert_eq!(decide(&existing(CallStatus::Failed), "search", "h", true).unwrap(), Decision::Claim);
-        assert_eq!(decide(&existing(CallStatus::Succeeded), "search", "h", true).unwrap(), Decision::Replay);
+        assert_eq!(
+            decide(&existing(CallStatus::Failed), "search", "h", true).unwrap(),
+            Decision::Claim
+        );
+        assert_eq!(
+            decide(&existing(CallStatus::Succeeded), "search", "h", true).unwrap(),
+            Decision::Replay
+        );
     }
 
     #[test]
     fn an_expired_lease_is_in_doubt_once_the_request_left_and_never_claimed() {
         for status in [CallStatus::Claimed, CallStatus::Running] {
-            let live = Existing { lease_live: true, outbound_started: true, ..existing(status) };
+            let live = Existing {
+                lease_live: true,
+                outbound_started: true,
+                ..existing(status)
+            };
             assert_eq!(decide_for(live), Decision::Busy);
-            let live = Existing { lease_live: true, ..existing(status) };
+            let live = Existing {
+                lease_live: true,
+                ..existing(status)
+            };
             assert_eq!(decide_for(live), Decision::Busy);
-            let left = Existing { outbound_started: true, ..existing(status) };
+            let left = Existing {
+                outbound_started: true,
+                ..existing(status)
+            };
             assert_eq!(decide_for(left), Decision::InDoubt { mark: true });
-            assert_eq!(decide(&left, "search", "h", true).unwrap(), Decision::InDoubt { mark: true });
+            assert_eq!(
+                decide(&left, "search", "h", true).unwrap(),
+                Decision::InDoubt { mark: true }
+            );
             assert_eq!(decide_for(existing(status)), Decision::Claim);
         }
         // in_doubt stays in doubt whatever the caller asks.
-        assert_eq!(decide(&existing(CallStatus::InDoubt), "search", "h", true).unwrap(), Decision::InDoubt { mark: false });
+        assert_eq!(
+            decide(&existing(CallStatus::InDoubt), "search", "h", true).unwrap(),
+            Decision::InDoubt { mark: false }
+        );
     }
 
     #[test]
     fn approvals_gate_the_claim() {
         let waiting = existing(CallStatus::WaitingApproval);
         assert_eq!(decide_for(waiting), Decision::WaitingApproval);
-        assert_eq!(decide_for(Existing { approval: Some(ApprovalStatus::Pending), ..waiting }), Decision::WaitingApproval);
-        assert_eq!(decide_for(Existing { approval: Some(ApprovalStatus::Approved), ..waiting }), Decision::Claim);
-        assert_eq!(decide_for(Existing { approval: Some(ApprovalStatus::Rejected), ..waiting }), Decision::Rejected);
-        assert_eq!(decide_for(existing(CallStatus::Rejected)), Decision::Rejected);
+        assert_eq!(
+            decide_for(Existing {
+                approval: Some(ApprovalStatus::Pending),
+                ..waiting
+            }),
+            Decision::WaitingApproval
+        );
+        assert_eq!(
+            decide_for(Existing {
+                approval: Some(ApprovalStatus::Approved),
+                ..waiting
+            }),
+            Decision::Claim
+        );
+        assert_eq!(
+            decide_for(Existing {
+                approval: Some(ApprovalStatus::Rejected),
+                ..waiting
+            }),
+            Decision::Rejected
+        );
+        assert_eq!(
+            decide_for(existing(CallStatus::Rejected)),
+            Decision::Rejected
+        );
     }
 
     #[test]
@@ -280,7 +363,11 @@ mod tests {
         for status in CallStatus::ALL {
             for (tool, hash) in [("other", "h"), ("search", "other")] {
                 let e = decide(&existing(status), tool, hash, false).unwrap_err();
-                assert_eq!((e.class, e.code), (Class::Duplicate, "IDEMPOTENCY_MISMATCH"), "{status:?}");
+                assert_eq!(
+                    (e.class, e.code),
+                    (Class::Duplicate, "IDEMPOTENCY_MISMATCH"),
+                    "{status:?}"
+                );
             }
         }
     }
@@ -310,9 +397,15 @@ mod tests {
     #[test]
     fn outcomes_and_resolutions_parse_strictly() {
         assert_eq!(Outcome::parse("unknown").unwrap(), Outcome::Unknown);
-        assert_eq!(Outcome::parse("timeout").unwrap_err().code, "OUTCOME_UNKNOWN");
+        assert_eq!(
+            Outcome::parse("timeout").unwrap_err().code,
+            "OUTCOME_UNKNOWN"
+        );
         assert_eq!(Resolution::parse("retry").unwrap(), Resolution::Retry);
-        assert_eq!(Resolution::parse("Retry").unwrap_err().code, "RESOLUTION_UNKNOWN");
+        assert_eq!(
+            Resolution::parse("Retry").unwrap_err().code,
+            "RESOLUTION_UNKNOWN"
+        );
         for s in CallStatus::ALL {
             assert_eq!(CallStatus::parse(s.as_str()).unwrap(), s);
         }
