@@ -1294,9 +1294,9 @@ mod tests {
         );
         assert_eq!(out["tool_call"]["attempt"], 1);
         // The same key under another tool_call_id is the same call: a replay, not a unique violation.
-        let again = one::<String>(&format!(
-            "SELECT ledger.claim_tool_call('r', 'search', '{{\"q\": 1}}', tool_call_id => 'other', idempotency_key => 'tool:r:c1')->>'outcome'"
-        ));
+        let again = one::<String>(
+            "SELECT ledger.claim_tool_call('r', 'search', '{\"q\": 1}', tool_call_id => 'other', idempotency_key => 'tool:r:c1')->>'outcome'",
+        );
         assert_eq!(again, "replayed");
         assert_eq!(
             one::<i64>("SELECT count(*) FROM ledger.run_events WHERE kind = 'tool_call.replayed'"),
@@ -1580,10 +1580,7 @@ mod tests {
         );
         // Idempotent request; other arguments are a conflict (the hash is compared, never overwritten).
         assert_eq!(
-            one::<String>(&format!(
-                "{}",
-                req.replace("SELECT ", "SELECT (") + ")->>'outcome'"
-            )),
+            one::<String>(&(req.replace("SELECT ", "SELECT (") + ")->>'outcome'")),
             "waiting_approval"
         );
         let pay = |args: &str| {
@@ -1775,8 +1772,7 @@ mod tests {
         ] {
             assert_error(sql, state, code);
         }
-        let deep =
-            format!("('{{\"a\": ' || repeat('[', 150) || '1' || repeat(']', 150) || '}}')::jsonb");
+        let deep = "('{\"a\": ' || repeat('[', 150) || '1' || repeat(']', 150) || '}')::jsonb";
         assert_error(
             &format!("SELECT ledger.claim_tool_call('r', 'search', {deep})"),
             "22023",

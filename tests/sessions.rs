@@ -567,3 +567,302 @@ fn run_and_step_writers_in_one_transaction_do_not_deadlock() {
     );
     assert_eq!(kinds, 1);
 }
+
+// ---- Tool calls --------------------------------------------------------------------------
+
+/// A database with a running run `r`.
+fn tool_db(name: &str) -> String {
+    let db = database(name);
+    exec(
+        &mut session(&db),
+        "SELECT ledger.create_run('agent', run_id => 'r'); SELECT ledger.transition_run('r', 'running')",
+    );
+    db
+}
+
+fn claim_json(c: &mut Client, call: &str) -> serde_json::Value {
+    let text: String = one(
+        c,
+        &format!("SELECT ledger.claim_tool_call('r', 'send_email', '{{\"to\": \"a@example.com\"}}', tool_call_id => '{call}')::text"),
+    );
+    serde_json::from_str(&text).unwrap()
+}
+
+fn record_id(c: &mut Client, call: &str) -> String {
+    one(
+        c,
+        &format!("SELECT id FROM ledger.run_step_tool_calls WHERE tool_call_id = '{call}'"),
+    )
+}
+
+fn expire_lease(c: &mut Client, call: &str) {
+    exec(
+        c,
+        &format!("UPDATE ledger.run_step_tool_calls SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE tool_call_id = '{call}'"),
+    );
+}
+
+/// Kills an executor's backend, as a crash would.
+fn crash(admin: &mut Client, executor: &mut Client) {
+    let pid: i32 = one(executor, "SELECT pg_backend_pid()");
+    let killed: bool = one(admin, &format!("SELECT pg_terminate_backend({pid}, 5000)"));
+    assert!(killed);
+    assert!(
+        executor.batch_execute("SELECT 1").is_err(),
+        "the executor's session is gone"
+    );
+}
+
+#[test]
+#[ignore]
+fn two_executors_claiming_one_key_one_wins_one_is_busy() {
+    let db = tool_db("ledger_tc_race");
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let claims: Vec<_> = (0..2)
+        .map(|_| {
+            let (db, barrier) = (db.clone(), barrier.clone());
+            thread::spawn(move || {
+                let mut c = session(&db);
+                barrier.wait();
+                claim_json(&mut c, "c1")["outcome"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+        })
+        .collect();
+    let mut outcomes: Vec<String> = claims.into_iter().map(|t| t.join().unwrap()).collect();
+    outcomes.sort();
+    assert_eq!(outcomes, ["busy", "claimed"]);
+    let n: i64 = one(
+        &mut session(&db),
+        "SELECT count(*) FROM ledger.run_step_tool_calls",
+    );
+    assert_eq!(n, 1);
+}
+
+#[test]
+#[ignore]
+fn a_crash_after_begin_leaves_the_call_in_doubt_never_claimed() {
+    let db = tool_db("ledger_tc_crash_after");
+    let mut admin = session(&db);
+    let mut executor = session(&db);
+    assert_eq!(claim_json(&mut executor, "c1")["outcome"], "claimed");
+    let id = record_id(&mut executor, "c1");
+    exec(
+        &mut executor,
+        &format!("SELECT ledger.begin_tool_call('{id}', 1)"),
+    );
+    // The request leaves; the executor dies before it can record the answer.
+    crash(&mut admin, &mut executor);
+    let mut other = session(&db);
+    assert_eq!(
+        claim_json(&mut other, "c1")["outcome"],
+        "busy",
+        "the lease is still live"
+    );
+    expire_lease(&mut admin, "c1");
+    for _ in 0..3 {
+        let out = claim_json(&mut other, "c1");
+        assert_eq!(out["outcome"], "in_doubt");
+        assert_eq!(out["tool_call"]["attempt"], 1);
+    }
+    let n: i64 = one(
+        &mut admin,
+        "SELECT count(*) FROM ledger.outbox WHERE event_type = 'tool_call.in_doubt'",
+    );
+    assert_eq!(n, 1);
+}
+
+#[test]
+#[ignore]
+fn a_crash_before_begin_is_taken_over_and_the_zombie_is_fenced() {
+    let db = tool_db("ledger_tc_crash_before");
+    let mut admin = session(&db);
+    let mut executor = session(&db);
+    assert_eq!(claim_json(&mut executor, "c1")["outcome"], "claimed");
+    let id = record_id(&mut executor, "c1");
+    crash(&mut admin, &mut executor);
+    expire_lease(&mut admin, "c1");
+    let mut next = session(&db);
+    let out = claim_json(&mut next, "c1");
+    assert_eq!(
+        (
+            out["outcome"].as_str(),
+            out["tool_call"]["attempt"].as_i64()
+        ),
+        (Some("claimed"), Some(2))
+    );
+    // The first executor comes back (a paused process, a slow network): its writes are refused.
+    let mut zombie = session(&db);
+    for late in [
+        format!("SELECT ledger.begin_tool_call('{id}', 1)"),
+        format!("SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{{}}')"),
+    ] {
+        let err = zombie.batch_execute(&late).unwrap_err();
+        assert_eq!(failure(&err), ("40001".into(), "LEASE_STALE".into()));
+    }
+    exec(
+        &mut next,
+        &format!("SELECT ledger.begin_tool_call('{id}', 2)"),
+    );
+    exec(
+        &mut next,
+        &format!("SELECT ledger.complete_tool_call('{id}', 2, 'succeeded', '{{\"id\": 42}}')"),
+    );
+    assert_eq!(claim_json(&mut zombie, "c1")["outcome"], "replayed");
+}
+
+#[test]
+#[ignore]
+fn a_late_completion_of_the_current_attempt_is_accepted_after_expiry() {
+    let db = tool_db("ledger_tc_late");
+    let mut admin = session(&db);
+    let mut executor = session(&db);
+    claim_json(&mut executor, "c1");
+    let id = record_id(&mut executor, "c1");
+    exec(
+        &mut executor,
+        &format!("SELECT ledger.begin_tool_call('{id}', 1)"),
+    );
+    expire_lease(&mut admin, "c1");
+    // A sweep marks it in doubt meanwhile; the executor's answer still resolves it.
+    let swept: i32 = one(&mut admin, "SELECT ledger.sweep_tool_calls()");
+    assert_eq!(swept, 1);
+    exec(
+        &mut executor,
+        &format!("SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{{\"ok\": true}}')"),
+    );
+    let out = claim_json(&mut admin, "c1");
+    assert_eq!(out["outcome"], "replayed");
+    assert_eq!(out["response"]["result"]["ok"], true);
+}
+
+#[test]
+#[ignore]
+fn sweep_under_concurrent_claims_never_double_executes() {
+    let db = tool_db("ledger_tc_sweep");
+    let mut admin = session(&db);
+    // 40 calls: even ones had their request leave, odd ones never began.
+    for i in 0..40 {
+        let call = format!("c{i}");
+        claim_json(&mut admin, &call);
+        if i % 2 == 0 {
+            let id = record_id(&mut admin, &call);
+            exec(
+                &mut admin,
+                &format!("SELECT ledger.begin_tool_call('{id}', 1)"),
+            );
+        }
+    }
+    exec(&mut admin, "UPDATE ledger.run_step_tool_calls SET lease_expires_at = clock_timestamp() - interval '1 second'");
+    let sweepers: Vec<_> = (0..2)
+        .map(|_| {
+            let db = db.clone();
+            thread::spawn(move || {
+                let mut c = session(&db);
+                (0..5)
+                    .map(|_| one::<i32>(&mut c, "SELECT ledger.sweep_tool_calls()"))
+                    .sum::<i32>()
+            })
+        })
+        .collect();
+    let claimers: Vec<_> = (0..2)
+        .map(|w| {
+            let db = db.clone();
+            thread::spawn(move || {
+                let mut c = session(&db);
+                (0..40)
+                    .map(|i| {
+                        let out = claim_json(&mut c, &format!("c{}", (i + w * 20) % 40));
+                        (i, out["outcome"].as_str().unwrap().to_owned())
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let swept: i32 = sweepers.into_iter().map(|t| t.join().unwrap()).sum();
+    for t in claimers {
+        for (_, outcome) in t.join().unwrap() {
+            assert!(
+                ["claimed", "busy", "in_doubt"].contains(&outcome.as_str()),
+                "{outcome}"
+            );
+        }
+    }
+    assert!(swept <= 40);
+    // Every call whose request left is in doubt at attempt 1; every other one was claimed at most once more.
+    let wrong: i64 = one(
+        &mut admin,
+        "SELECT count(*) FROM ledger.run_step_tool_calls WHERE \
+           (substr(tool_call_id, 2)::int % 2 = 0 AND NOT (status = 'in_doubt' AND attempt = 1)) OR \
+           (substr(tool_call_id, 2)::int % 2 = 1 AND NOT (status = 'claimed' AND attempt <= 2))",
+    );
+    assert_eq!(wrong, 0);
+    let doubts: i64 = one(
+        &mut admin,
+        "SELECT count(*) FROM ledger.outbox WHERE event_type = 'tool_call.in_doubt'",
+    );
+    assert_eq!(doubts, 20, "each in-doubt call is announced once");
+}
+
+#[test]
+#[ignore]
+fn a_re_run_gets_every_tool_result_back_without_executing() {
+    let db = tool_db("ledger_tc_rerun");
+    let mut a = session(&db);
+    // Run r calls three tools; one returns 1 MB.
+    let calls = [
+        (
+            "lookup",
+            "'{\"order\": 1042}'",
+            "'{\"status\": \"shipped\"}'",
+        ),
+        (
+            "history",
+            "'{\"order\": 1042}'",
+            "jsonb_build_object('pages', repeat('x', 1024 * 1024))",
+        ),
+        (
+            "notify",
+            "'{\"to\": \"a@example.com\"}'",
+            "'{\"sent\": true}'",
+        ),
+    ];
+    for (tool, args, result) in calls {
+        let id: String = one(
+            &mut a,
+            &format!("SELECT ledger.claim_tool_call('r', '{tool}', {args}, idempotency_key => 'order-1042:{tool}')->'tool_call'->>'id'"),
+        );
+        exec(&mut a, &format!("SELECT ledger.begin_tool_call('{id}', 1)"));
+        exec(
+            &mut a,
+            &format!("SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', {result})"),
+        );
+    }
+    exec(&mut a, "SELECT ledger.transition_run('r', 'succeeded')");
+    let artifacts: i64 = one(&mut a, "SELECT count(*) FROM ledger.run_artifacts");
+    assert_eq!(artifacts, 1);
+
+    // Run r2 replays r: the same keys come back from the ledger.
+    let mut b = session(&db);
+    exec(&mut b, "SELECT ledger.create_run('agent', run_id => 'r2', source_run_id => 'r'); SELECT ledger.transition_run('r2', 'running')");
+    for (tool, args, result) in calls {
+        let matches: bool = one(
+            &mut b,
+            &format!(
+                "WITH c AS (SELECT ledger.claim_tool_call('r2', '{tool}', {args}, idempotency_key => 'order-1042:{tool}') AS o) \
+                 SELECT o->>'outcome' = 'replayed' AND (o->'response'->'result') = {result} \
+                        AND (o->'tool_call'->>'attempt')::int = 1 AND (o->'response'->'metadata'->>'idempotent_replay')::bool FROM c"
+            ),
+        );
+        assert!(matches, "{tool}");
+    }
+    let replayed: i64 = one(
+        &mut b,
+        "SELECT count(*) FROM ledger.events_since('r2') WHERE kind = 'tool_call.replayed'",
+    );
+    assert_eq!(replayed, 3);
+    let records: i64 = one(&mut b, "SELECT count(*) FROM ledger.run_step_tool_calls");
+    assert_eq!(records, 3, "no new record, no new attempt");
+}
