@@ -46,17 +46,58 @@ SELECT ledger.run_channel('run-demo-1') LIKE 'ledger_run_%' AS channel_ok;
 SELECT * FROM ledger.events_since('run-demo-1', 'evt_unknown');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 
--- 6. The run ends; the terminal status goes to the outbox in the same transaction.
+-- 6. Tool calls (replay #3). An executor claims a call; secrets in the arguments are redacted
+--    before they are stored, and the request hash covers the exact arguments.
+SELECT r->>'outcome' AS outcome, r->'tool_call'->>'attempt' AS attempt, r->'tool_call'->'arguments' AS stored_arguments
+  FROM ledger.claim_tool_call('run-demo-1', 'crm.lookup_order', '{"order": 1042, "api_key": "sk-live-0123456789abcdefghij"}',
+                              tool_call_id => 'call-lookup') AS r;
+SELECT id AS call_lookup FROM ledger.run_step_tool_calls WHERE tool_call_id = 'call-lookup' \gset
+-- Claims are not re-entrant: while the lease lives, the same call is busy for everyone.
+SELECT ledger.claim_tool_call('run-demo-1', 'crm.lookup_order', '{"order": 1042, "api_key": "sk-live-0123456789abcdefghij"}',
+                              tool_call_id => 'call-lookup')->>'outcome' AS outcome;
+-- begin (COMMIT it before the request leaves), then complete with the answer. The attempt is the fencing token.
+SELECT ledger.begin_tool_call(:'call_lookup', 1)->>'outcome' AS outcome;
+SELECT ledger.complete_tool_call(:'call_lookup', 1, 'succeeded', '{"status": "shipped", "eta": "tomorrow"}')->>'outcome' AS outcome;
+-- The same key again executes nothing: the last result comes back.
+SELECT r->>'outcome' AS outcome, r->'response' AS response
+  FROM ledger.claim_tool_call('run-demo-1', 'crm.lookup_order', '{"order": 1042, "api_key": "sk-live-0123456789abcdefghij"}',
+                              tool_call_id => 'call-lookup') AS r;
+-- The same key with other arguments is a conflict, never a silent re-execution.
+SELECT ledger.claim_tool_call('run-demo-1', 'crm.lookup_order', '{"order": 9999}', tool_call_id => 'call-lookup');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+
+-- 7. In doubt: an email was sent, then the executor died before recording the answer.
+SELECT ledger.claim_tool_call('run-demo-1', 'email.send', '{"to": "customer@example.com"}', tool_call_id => 'call-email')->>'outcome' AS outcome;
+SELECT id AS call_email FROM ledger.run_step_tool_calls WHERE tool_call_id = 'call-email' \gset
+SELECT ledger.begin_tool_call(:'call_email', 1)->>'outcome' AS outcome;
+-- (Time passes: we make the lease expire by hand, as a superuser.)
+RESET ROLE;
+UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() - interval '1 second' WHERE id = :'call_email';
+SET ROLE ledger_writer;
+-- The next claim does not send it again: the call is in doubt, and stays so.
+SELECT ledger.claim_tool_call('run-demo-1', 'email.send', '{"to": "customer@example.com"}', tool_call_id => 'call-email')->>'outcome' AS outcome;
+SELECT tool_call_id, tool_ref, attempt FROM ledger.tool_calls_in_doubt;
+-- A human checks the mail log and decides.
+SELECT ledger.resolve_tool_call(:'call_email', 'succeeded', '{"message_id": "<42@mail>"}',
+                                note => 'found in the mail log', actor => 'ops@acme')->>'outcome' AS outcome;
+SELECT gateway_type, outcome, actor FROM ledger.audit_events;
+SELECT ledger.claim_tool_call('run-demo-1', 'email.send', '{"to": "customer@example.com"}', tool_call_id => 'call-email')->'response'->'result' AS result;
+
+-- 8. The run ends; the terminal status goes to the outbox in the same transaction.
 SELECT (ledger.transition_step('step-lookup', 'skipped')).status;
 SELECT id, status, ended_at IS NOT NULL AS ended, duration_ms >= 0 AS timed
   FROM ledger.transition_run('run-demo-1', 'succeeded', output_summary => 'Order 1042 ships tomorrow.');
 SELECT event_type, status, payload->>'new_status' AS new_status FROM ledger.outbox ORDER BY occurred_at, event_type;
 
--- 7. Re-running keeps lineage in the ledger: a new run from this one is attempt 2 of the same root.
+-- 9. Re-running (replay #4) keeps lineage in the ledger: a new run from this one is attempt 2 of the
+--    same root, and its tool calls with unchanged keys come back from the ledger.
 SELECT id, attempt_no, source_run_id, root_run_id
   FROM ledger.create_run('agent', run_id => 'run-demo-2', source_run_id => 'run-demo-1');
+SELECT r->>'outcome' AS outcome, r->'response'->'result' AS result
+  FROM ledger.claim_tool_call('run-demo-2', 'crm.lookup_order', '{"order": 1042, "api_key": "sk-live-0123456789abcdefghij"}',
+                              idempotency_key => 'tool:run-demo-1:call-lookup') AS r;
 
--- 8. Another workspace sees none of it.
+-- 10. Another workspace sees none of it.
 SELECT ledger.set_scope('acme', 'billing');
 SELECT count(*) AS runs_visible FROM ledger.runs;
 SELECT ledger.transition_run('run-demo-1', 'failed');
