@@ -1,5 +1,14 @@
 -- ledger: ownership, privileges and comments. Runs last (finalize).
 
+-- The public name and argument names; the Rust function cannot call an argument `type`.
+CREATE FUNCTION ledger.record_response_event(run_id text, type text, payload jsonb DEFAULT '{}',
+                                             step_id text DEFAULT NULL)
+    RETURNS ledger.response_events LANGUAGE sql VOLATILE
+    SET search_path = pg_catalog, ledger, pg_temp
+    AS $$ SELECT ledger.record_response_event_internal(run_id, type, payload, step_id) $$;
+COMMENT ON FUNCTION ledger.record_response_event_internal(text, text, jsonb, text) IS
+    'The implementation of ledger.record_response_event; call that instead.';
+
 -- Every function belongs to ledger_owner, so SECURITY DEFINER functions run as a role that is
 -- not a superuser and is still subject to the tables' forced row-level security.
 DO $own$
@@ -29,10 +38,14 @@ GRANT EXECUTE ON FUNCTION
     ledger.get_artifact(text),
     ledger.redact(jsonb),
     ledger.canonical_json(jsonb),
-    ledger.request_hash(jsonb)
+    ledger.request_hash(jsonb),
+    ledger.replay_bundle(text),
+    ledger.run_evidence(text),
+    ledger.replay_ready(text)
     TO ledger_reader;
 
-GRANT SELECT ON ledger.tool_calls_in_doubt, ledger.pending_approvals TO ledger_reader;
+GRANT SELECT ON ledger.tool_calls_in_doubt, ledger.pending_approvals, ledger.run_overview,
+    ledger.outbox_backlog TO ledger_reader;
 
 -- Writers: everything a reader has, and every function. No INSERT, UPDATE or DELETE on any
 -- table: the rules (status machine, event seq, redaction) live in the functions.
@@ -85,3 +98,19 @@ COMMENT ON FUNCTION ledger.canonical_json(jsonb) IS
     'Canonical JSON text: object keys sorted by code point, no insignificant whitespace, numbers as jsonb prints them.';
 COMMENT ON FUNCTION ledger.request_hash(jsonb) IS
     'Hex sha256 of ledger.canonical_json(value): the request_hash of a tool call with these arguments.';
+COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, numeric, text, text, jsonb, jsonb, text, text, text, text, text, text) IS
+    'Records a cost entry: billed_quantity >= 0, amount >= 0 with a currency, usage with the known keys as non-negative integers. source_ref is idempotent per scope. Writes cost.recorded to the feed and the outbox.';
+COMMENT ON FUNCTION ledger.record_audit(text, text, text, jsonb, text, text) IS
+    'Records an audit event for a run (gateway decisions, human interventions). The payload is redacted.';
+COMMENT ON FUNCTION ledger.record_response_event(text, text, jsonb, text) IS
+    'Records what a run showed its user (type: message, delta, ...). The payload is redacted.';
+COMMENT ON FUNCTION ledger.record_citation(text, jsonb, text) IS
+    'Records a knowledge citation of a run (an object: chunk_id, document_id, knowledge_id, ...). Redacted.';
+COMMENT ON FUNCTION ledger.record_feedback(text, integer, text, text, text, jsonb) IS
+    'Records a rating of a run (any integer scale) with an optional comment and metadata.';
+COMMENT ON FUNCTION ledger.replay_bundle(text) IS
+    'Everything about a run in one read (replay #1): {run, steps, artifacts, costs, approvals, feedback, trace_spec}. Lists are complete and ordered; money is decimal strings per currency.';
+COMMENT ON FUNCTION ledger.run_evidence(text) IS
+    'The thirteen governance evidence items of a run, in order: each {key, status pass|warning|fail|not_applicable, label, summary, evidence_refs, missing}.';
+COMMENT ON FUNCTION ledger.replay_ready(text) IS
+    'Whether the ledger alone can replay the run: {"status": "pass"|"fail", "missing": [...]} over steps, response_events, costs, citations, tool_calls, audits (each where applicable) and inputs.';

@@ -274,12 +274,90 @@ CREATE TABLE ledger.audit_events (
 CREATE INDEX audit_events_run_idx ON ledger.audit_events (tenant_id, workspace_id, run_id, created_at);
 COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and human interventions such as the resolution of an in-doubt tool call (gateway_type tool_call.resolve). Payloads are redacted.';
 
+CREATE TABLE ledger.run_cost_entries (
+    tenant_id        text NOT NULL,
+    workspace_id     text NOT NULL,
+    id               text NOT NULL,
+    run_id           text NOT NULL,
+    step_id          text,
+    billing_basis    text NOT NULL CHECK (billing_basis <> ''),
+    billed_quantity  numeric NOT NULL CHECK (billed_quantity >= 0),
+    amount           numeric CHECK (amount >= 0),
+    currency         text CHECK (currency ~ '^[A-Z][A-Z0-9_]{1,15}$'),
+    usage            jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(usage) = 'object'),
+    pricing_snapshot jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(pricing_snapshot) = 'object'),
+    provider         text,
+    model_ref        text,
+    tool_ref         text,
+    source_port      text,
+    operation        text,
+    source_ref       text,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES ledger.run_steps (tenant_id, workspace_id, id),
+    CHECK (amount IS NULL OR currency IS NOT NULL)
+);
+CREATE UNIQUE INDEX run_cost_entries_source_ref_key ON ledger.run_cost_entries (tenant_id, workspace_id, source_ref)
+    WHERE source_ref IS NOT NULL;
+CREATE INDEX run_cost_entries_run_idx ON ledger.run_cost_entries (tenant_id, workspace_id, run_id, created_at);
+COMMENT ON TABLE ledger.run_cost_entries IS 'Cost and usage entries of a run. Money is numeric, never float, and never summed across currencies. usage keys: prompt_tokens, completion_tokens, total_tokens, cache_read_tokens, cache_creation_tokens, reasoning_tokens, latency_ms, request_count, embedding_count, rerank_count, vector_count, storage_bytes. source_ref is idempotent per scope.';
+
+CREATE TABLE ledger.response_events (
+    tenant_id    text NOT NULL,
+    workspace_id text NOT NULL,
+    id           text NOT NULL,
+    run_id       text NOT NULL,
+    step_id      text,
+    type         text NOT NULL CHECK (type <> ''),
+    payload      jsonb NOT NULL DEFAULT '{}',
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES ledger.run_steps (tenant_id, workspace_id, id)
+);
+CREATE INDEX response_events_run_idx ON ledger.response_events (tenant_id, workspace_id, run_id, created_at);
+COMMENT ON TABLE ledger.response_events IS 'What a chat or agent run said to its user, event by event (message, delta, tool output shown, ...). Payloads are redacted.';
+
+CREATE TABLE ledger.citations (
+    tenant_id    text NOT NULL,
+    workspace_id text NOT NULL,
+    id           text NOT NULL,
+    run_id       text NOT NULL,
+    step_id      text,
+    citation     jsonb NOT NULL CHECK (jsonb_typeof(citation) = 'object'),
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES ledger.run_steps (tenant_id, workspace_id, id)
+);
+CREATE INDEX citations_run_idx ON ledger.citations (tenant_id, workspace_id, run_id, created_at);
+COMMENT ON TABLE ledger.citations IS 'Knowledge a run cited (chunk_id, document_id, knowledge_id, ...). Redacted.';
+
+CREATE TABLE ledger.run_feedback (
+    tenant_id    text NOT NULL,
+    workspace_id text NOT NULL,
+    id           text NOT NULL,
+    run_id       text NOT NULL,
+    rating       integer NOT NULL,
+    category     text NOT NULL DEFAULT 'general' CHECK (category <> ''),
+    comment      text CHECK (char_length(comment) <= 8192),
+    user_id      text,
+    metadata     jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(metadata) = 'object'),
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id)
+);
+CREATE INDEX run_feedback_run_idx ON ledger.run_feedback (tenant_id, workspace_id, run_id, created_at);
+COMMENT ON TABLE ledger.run_feedback IS 'Ratings and comments people gave a run.';
+
 -- Row-level security on every table, forced so that the owning role is filtered too.
 DO $rls$
 DECLARE t text;
 BEGIN
     FOREACH t IN ARRAY ARRAY['blobs', 'runs', 'run_steps', 'run_events', 'outbox', 'run_artifacts',
-                             'approval_requests', 'run_step_tool_calls', 'audit_events'] LOOP
+                             'approval_requests', 'run_step_tool_calls', 'audit_events', 'run_cost_entries',
+                             'response_events', 'citations', 'run_feedback'] LOOP
         EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
         EXECUTE format(
@@ -309,3 +387,31 @@ CREATE VIEW ledger.pending_approvals WITH (security_invoker = true) AS
 COMMENT ON VIEW ledger.pending_approvals IS 'Approvals waiting for a decision: ledger.resolve_approval(id, approved|rejected).';
 ALTER VIEW ledger.tool_calls_in_doubt OWNER TO ledger_owner;
 ALTER VIEW ledger.pending_approvals OWNER TO ledger_owner;
+
+CREATE VIEW ledger.run_overview WITH (security_invoker = true) AS
+    SELECT r.id, r.status, r.mode, r.kind, r.subject_kind, r.subject_id, r.attempt_no,
+           r.source_run_id, r.parent_run_id, r.root_run_id, r.control_action,
+           (SELECT count(*) FROM ledger.run_steps s
+             WHERE s.tenant_id = r.tenant_id AND s.workspace_id = r.workspace_id AND s.run_id = r.id) AS steps,
+           (SELECT count(*) FROM ledger.run_step_tool_calls t
+             WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id AND t.run_id = r.id) AS tool_calls,
+           (SELECT count(*) FROM ledger.run_step_tool_calls t
+             WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id AND t.run_id = r.id
+               AND t.status = 'in_doubt') AS tool_calls_in_doubt,
+           (SELECT coalesce(jsonb_object_agg(c.currency, c.total::text ORDER BY c.currency), '{}')
+              FROM (SELECT currency, sum(amount) AS total FROM ledger.run_cost_entries e
+                     WHERE e.tenant_id = r.tenant_id AND e.workspace_id = r.workspace_id AND e.run_id = r.id
+                       AND e.amount IS NOT NULL GROUP BY currency) c) AS cost,
+           r.error_code, r.queued_at, r.started_at, r.ended_at, r.duration_ms
+      FROM ledger.runs r;
+COMMENT ON VIEW ledger.run_overview IS 'One line per run: status, step and tool-call counts, cost per currency (decimal strings, never mixed), lineage and timing.';
+
+CREATE VIEW ledger.outbox_backlog WITH (security_invoker = true) AS
+    SELECT event_type, status, count(*) AS events, min(occurred_at) AS oldest,
+           max(attempt_count) AS max_attempts
+      FROM ledger.outbox
+     WHERE status <> 'done'
+     GROUP BY event_type, status;
+COMMENT ON VIEW ledger.outbox_backlog IS 'Outbox rows not yet done, by event type and status, with the oldest and the most attempts.';
+ALTER VIEW ledger.run_overview OWNER TO ledger_owner;
+ALTER VIEW ledger.outbox_backlog OWNER TO ledger_owner;

@@ -6,8 +6,8 @@ use crate::error::{Class, LedgerError, Result};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::required;
-use crate::model::{ids, json, redact};
-use crate::runs;
+use crate::model::ids;
+use crate::redaction::redacted_object;
 use crate::scope::{self, Scope};
 use crate::steps;
 use pgrx::pg_sys::panic::ErrorReport;
@@ -159,31 +159,6 @@ fn checked_type<'a>(value: Option<&'a str>, default: &'static str) -> Result<&'a
     }
 }
 
-/// Checks the run (and step) the artifact belongs to, and redacts its meta.
-fn owner_and_meta(
-    scope: &Scope,
-    run_id: &str,
-    step_id: Option<&str>,
-    meta: Option<Jsonb>,
-) -> Result<serde_json::Value> {
-    runs::existing(scope, "run_id", run_id, true)?;
-    if let Some(step) = step_id {
-        ids::validate("step_id", step)?;
-        steps::existing_in_run(scope, step, run_id)?;
-    }
-    match meta {
-        None => Ok(json!({})),
-        Some(m) if m.is_object() => Ok(redact::redact(
-            &crate::guc::redaction_rules(),
-            &json::parse(m.as_str())?,
-        )),
-        Some(_) => Err(LedgerError::invalid(
-            "META_NOT_OBJECT",
-            "meta must be a JSON object",
-        )),
-    }
-}
-
 fn row(scope: &Scope, id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_artifacts")> {
     db::select_one(
         "SELECT a FROM ledger.run_artifacts a WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
@@ -208,7 +183,8 @@ fn put_artifact(
     let run_id = required("run_id", run_id)?;
     let content = content.ok_or_else(|| LedgerError::required("content"))?;
     let artifact_type = checked_type(artifact_type, "blob")?;
-    let meta = owner_and_meta(&scope, run_id, step_id, meta)?;
+    steps::check_owner(&scope, run_id, step_id)?;
+    let meta = redacted_object("meta", meta)?;
     let (id, _) = put_bytes(
         &scope,
         run_id,
@@ -258,7 +234,8 @@ fn register_artifact(
         .into());
     }
     let artifact_type = checked_type(artifact_type, "file")?;
-    let meta = owner_and_meta(&scope, run_id, step_id, meta)?;
+    steps::check_owner(&scope, run_id, step_id)?;
+    let meta = redacted_object("meta", meta)?;
     let id = insert(
         &scope,
         &NewArtifact {
@@ -360,7 +337,7 @@ mod tests {
             (
                 "SELECT ledger.put_artifact('r', '\\x00', meta => '[1]')",
                 "22023",
-                "META_NOT_OBJECT",
+                "ARGUMENT_NOT_OBJECT",
             ),
             (
                 "SELECT ledger.put_artifact('nope', '\\x00')",

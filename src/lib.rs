@@ -11,12 +11,15 @@ use pgrx::prelude::*;
 
 mod artifacts;
 mod blobs;
+mod bundle;
+mod costs;
 mod db;
 mod error;
 mod feed;
 mod guc;
 mod jsonb;
 mod model;
+mod records;
 mod redaction;
 mod runs;
 mod scope;

@@ -12,6 +12,23 @@ fn parse(value: &Jsonb) -> Result<serde_json::Value, LedgerError> {
     json::parse(value.as_str())
 }
 
+/// A JSON-object argument, redacted under the current rules; NULL is `{}`. Anything but an
+/// object fails 22023 `ARGUMENT_NOT_OBJECT`.
+pub fn redacted_object(
+    argument: &str,
+    value: Option<Jsonb>,
+) -> Result<serde_json::Value, LedgerError> {
+    match value {
+        None => Ok(serde_json::json!({})),
+        Some(v) if v.is_object() => Ok(redact::redact(&guc::redaction_rules(), &parse(&v)?)),
+        Some(_) => Err(LedgerError::invalid(
+            "ARGUMENT_NOT_OBJECT",
+            format!("{argument} must be a JSON object"),
+        )
+        .with("argument", argument)),
+    }
+}
+
 /// The value with every sensitive key's value and every credential-like string replaced by
 /// "[REDACTED]", under the current `ledger.redact_keys` and `ledger.redact_values`.
 #[pg_extern(stable, strict, parallel_safe)]

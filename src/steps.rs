@@ -13,6 +13,16 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use serde_json::json;
 
+/// Locks the run a record is written for, and checks the step it names, if any, belongs to it.
+pub fn check_owner(scope: &Scope, run_id: &str, step_id: Option<&str>) -> Result<runs::RunHead> {
+    let run = runs::existing(scope, "run_id", run_id, true)?;
+    if let Some(step) = step_id {
+        ids::validate("step_id", step)?;
+        existing_in_run(scope, step, run_id)?;
+    }
+    Ok(run)
+}
+
 /// Checks that `step_id` is a step of `run_id` in scope (P0002 `STEP_NOT_FOUND`).
 pub fn existing_in_run(scope: &Scope, step_id: &str, run_id: &str) -> Result<()> {
     db::select_one(
@@ -50,19 +60,7 @@ pub struct NewStep<'a> {
 /// Creates a step (or returns the existing one for a repeated caller `step_id`); returns its id.
 pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
     let run = runs::existing(scope, "run_id", new.run_id, true)?;
-    if run.status.is_terminal() {
-        return Err(LedgerError::new(
-            Class::WrongState,
-            "RUN_TERMINAL",
-            format!(
-                "run {} is {}; it takes no new steps",
-                new.run_id,
-                run.status.as_str()
-            ),
-        )
-        .with("run_id", new.run_id)
-        .with("status", run.status.as_str()));
-    }
+    run.ensure_live("steps")?;
     let id = match new.step_id {
         Some(id) => {
             // A caller-supplied id is a key: the same step again returns it (checked under the
@@ -293,6 +291,8 @@ fn transition_step(
         .map(|s| Status::parse(Resource::Step, s))
         .transpose()?;
     if let Some(m) = &metrics {
+        // Metrics are evidence the ledger walks later (run_evidence): bound their depth now.
+        crate::model::json::parse(m.as_str())?;
         if !m.is_object() {
             return Err(LedgerError::invalid(
                 "METRICS_NOT_OBJECT",

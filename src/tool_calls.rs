@@ -17,6 +17,7 @@ use crate::model::tool_call::{
     ApprovalStatus, CallStatus, Decision, Existing, Outcome, Resolution,
 };
 use crate::model::{ids, json, redact, text};
+use crate::redaction::redacted_object;
 use crate::runs;
 use crate::scope::{self, Scope};
 use crate::steps::{self, NewStep, StepChange};
@@ -429,21 +430,6 @@ fn arguments(value: Option<Jsonb>) -> Result<Arguments> {
     })
 }
 
-fn object_or_empty(argument: &str, value: Option<Jsonb>) -> Result<Value> {
-    match value {
-        None => Ok(json!({})),
-        Some(v) if v.is_object() => Ok(redact::redact(
-            &guc::redaction_rules(),
-            &json::parse(v.as_str())?,
-        )),
-        Some(_) => Err(LedgerError::invalid(
-            "ARGUMENT_NOT_OBJECT",
-            format!("{argument} must be a JSON object"),
-        )
-        .with("argument", argument)),
-    }
-}
-
 /// The identity a claim or approval request names.
 struct Identity<'a> {
     run_id: &'a str,
@@ -620,19 +606,7 @@ fn claim_tool_call(
                 retry_failed,
             )?);
         }
-        if run.status.is_terminal() {
-            return Err(LedgerError::new(
-                Class::WrongState,
-                "RUN_TERMINAL",
-                format!(
-                    "run {} is {}; it starts no new tool calls",
-                    who.run_id,
-                    run.status.as_str()
-                ),
-            )
-            .with("run_id", who.run_id)
-            .into());
-        }
+        run.ensure_live("tool calls")?;
         if let Some(mut rec) = insert(
             &scope,
             &who,
@@ -790,7 +764,7 @@ fn complete_tool_call(
     let id = required("id", id)?;
     let attempt = attempt_arg(attempt)?;
     let how = Outcome::parse(required("outcome", outcome)?)?;
-    let metadata = object_or_empty("metadata", metadata)?;
+    let metadata = redacted_object("metadata", metadata)?;
     let mut rec = locked(&scope, id)?;
     match rec.status {
         // Completing a finished call again changes nothing.
@@ -971,7 +945,7 @@ fn request_tool_approval(
     let scope = scope::current()?;
     let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
     let args = self::arguments(arguments)?;
-    let details = object_or_empty("details", details)?;
+    let details = redacted_object("details", details)?;
     let run = runs::existing(&scope, "run_id", who.run_id, true)?;
     if let Some(rec) = find_locked(&scope, &who)? {
         if rec.tool_ref != who.tool_ref || rec.request_hash != args.hash {
@@ -982,15 +956,7 @@ fn request_tool_approval(
         }
         return Ok(outcome(&scope, &rec.id, "waiting_approval", None)?);
     }
-    if run.status.is_terminal() {
-        return Err(LedgerError::new(
-            Class::WrongState,
-            "RUN_TERMINAL",
-            format!("run {} is terminal", who.run_id),
-        )
-        .with("run_id", who.run_id)
-        .into());
-    }
+    run.ensure_live("tool calls")?;
     // The approval row comes first: the record points at it.
     let approval_id = ids::new_id("apr");
     let mut full_details = json!({"tool_ref": who.tool_ref, "tool_call_id": who.tool_call_id, "arguments": args.summary});

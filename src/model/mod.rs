@@ -1,5 +1,7 @@
 //! Pure logic: no Postgres calls, tested with plain `#[test]`s.
 pub mod args;
+pub mod cost;
+pub mod evidence;
 pub mod hash;
 pub mod ids;
 pub mod json;

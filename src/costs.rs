@@ -1,0 +1,138 @@
+//! Cost entries of a run (SPEC §9).
+
+use crate::db;
+use crate::error::{LedgerError, Result};
+use crate::feed;
+use crate::jsonb::Jsonb;
+use crate::model::args::required;
+use crate::model::{cost, ids, json};
+use crate::scope::{self, Scope};
+use crate::steps;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+use pgrx::AnyNumeric;
+use serde_json::json;
+
+fn row(
+    scope: &Scope,
+    id: &str,
+) -> Result<pgrx::composite_type!('static, "ledger.run_cost_entries")> {
+    db::select_one(
+        "SELECT c FROM ledger.run_cost_entries c WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into()],
+        |r| db::req(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::not_found("COST_NOT_FOUND", "cost entry", id))
+}
+
+fn object(argument: &str, value: Option<Jsonb>) -> Result<serde_json::Value> {
+    match value {
+        None => Ok(json!({})),
+        Some(v) => json::parse(v.as_str()),
+    }
+    .and_then(|v| {
+        if v.is_object() {
+            Ok(v)
+        } else {
+            Err(LedgerError::invalid(
+                "ARGUMENT_NOT_OBJECT",
+                format!("{argument} must be a JSON object"),
+            )
+            .with("argument", argument))
+        }
+    })
+}
+
+/// Records a cost entry. `source_ref` is idempotent per scope: the same reference again returns
+/// the entry already recorded. Writes `cost.recorded` to the run's feed and the outbox.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn record_cost(
+    run_id: Option<&str>,
+    billing_basis: Option<&str>,
+    billed_quantity: Option<AnyNumeric>,
+    amount: default!(Option<AnyNumeric>, "NULL"),
+    currency: default!(Option<&str>, "NULL"),
+    step_id: default!(Option<&str>, "NULL"),
+    usage: default!(Option<Jsonb>, "'{}'"),
+    pricing_snapshot: default!(Option<Jsonb>, "'{}'"),
+    provider: default!(Option<&str>, "NULL"),
+    model_ref: default!(Option<&str>, "NULL"),
+    tool_ref: default!(Option<&str>, "NULL"),
+    source_port: default!(Option<&str>, "NULL"),
+    operation: default!(Option<&str>, "NULL"),
+    source_ref: default!(Option<&str>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), ErrorReport> {
+    let scope = scope::current()?;
+    let run_id = required("run_id", run_id)?;
+    let billing_basis = required("billing_basis", billing_basis)?;
+    let quantity = billed_quantity.ok_or_else(|| LedgerError::required("billed_quantity"))?;
+    cost::check_non_negative("billed_quantity", "QUANTITY_INVALID", &quantity.to_string())?;
+    if let Some(a) = &amount {
+        cost::check_non_negative("amount", "AMOUNT_INVALID", &a.to_string())?;
+    }
+    let currency = currency.map(cost::currency).transpose()?;
+    if amount.is_some() && currency.is_none() {
+        return Err(LedgerError::invalid("CURRENCY_REQUIRED", "an amount needs a currency").into());
+    }
+    let usage = object("usage", usage)?;
+    cost::validate_usage(&usage)?;
+    let pricing = object("pricing_snapshot", pricing_snapshot)?;
+    if let Some(r) = source_ref {
+        ids::validate_up_to("source_ref", r, ids::MAX_KEY_CHARS)?;
+    }
+    steps::check_owner(&scope, run_id, step_id)?;
+
+    let id = ids::new_id("cost");
+    let inserted = db::write_one(
+        "INSERT INTO ledger.run_cost_entries (tenant_id, workspace_id, id, run_id, step_id, billing_basis, \
+             billed_quantity, amount, currency, usage, pricing_snapshot, provider, model_ref, tool_ref, \
+             source_port, operation, source_ref) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+         ON CONFLICT DO NOTHING RETURNING amount::text",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            id.as_str().into(),
+            run_id.into(),
+            step_id.into(),
+            billing_basis.into(),
+            quantity.into(),
+            amount.into(),
+            currency.clone().into(),
+            Jsonb::from(&usage).into(),
+            Jsonb::from(&pricing).into(),
+            provider.into(),
+            model_ref.into(),
+            tool_ref.into(),
+            source_port.into(),
+            operation.into(),
+            source_ref.into(),
+        ],
+        |r| db::opt::<String>(r, 1),
+    )?;
+    let Some(amount_text) = inserted else {
+        // Only source_ref can conflict (the id is new): that entry is the answer.
+        let existing = db::select_one(
+            "SELECT id FROM ledger.run_cost_entries WHERE tenant_id = $1 AND workspace_id = $2 AND source_ref = $3",
+            &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), source_ref.into()],
+            |r| db::req::<String>(r, 1),
+        )?
+        .ok_or_else(|| LedgerError::internal("cost insert conflicted but no entry was found"))?;
+        return Ok(row(&scope, &existing)?);
+    };
+    let payload = json!({
+        "cost_id": id, "run_id": run_id, "step_id": step_id, "billing_basis": billing_basis,
+        "amount": amount_text, "currency": currency, "source_ref": source_ref,
+    });
+    feed::append(&scope, run_id, "cost.recorded", step_id, &payload)?;
+    feed::enqueue(
+        &scope,
+        "cost.recorded",
+        Some(run_id),
+        Some(&format!("cost:{id}")),
+        &payload,
+    )?;
+    Ok(row(&scope, &id)?)
+}

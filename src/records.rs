@@ -1,0 +1,196 @@
+//! Evidence records written against a run (SPEC §10): audits, response events, citations and
+//! feedback. Every payload is redacted before it is stored.
+
+use crate::db;
+use crate::error::{LedgerError, Result};
+use crate::feed;
+use crate::jsonb::Jsonb;
+use crate::model::args::required;
+use crate::model::{ids, text};
+use crate::redaction::redacted_object;
+use crate::scope::{self, Scope};
+use crate::steps;
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+use serde_json::json;
+
+/// Inserts one record (columns after tenant, workspace, id, run_id) and its feed event; returns its id.
+fn insert(
+    scope: &Scope,
+    table: &str,
+    prefix: &str,
+    run_id: &str,
+    columns: &[&str],
+    values: Vec<DatumWithOid>,
+    event: (&str, Option<&str>),
+) -> Result<String> {
+    let id = ids::new_id(prefix);
+    let placeholders: Vec<String> = (5..5 + columns.len()).map(|i| format!("${i}")).collect();
+    let query = format!(
+        "INSERT INTO ledger.{table} (tenant_id, workspace_id, id, run_id, {}) VALUES ($1, $2, $3, $4, {})",
+        columns.join(", "),
+        placeholders.join(", ")
+    );
+    let mut args: Vec<DatumWithOid> = vec![
+        scope.tenant.as_str().into(),
+        scope.workspace.as_str().into(),
+        id.as_str().into(),
+        run_id.into(),
+    ];
+    args.extend(values);
+    db::execute(&query, &args)?;
+    let (kind, step_id) = event;
+    feed::append(
+        scope,
+        run_id,
+        kind,
+        step_id,
+        &json!({"id": id, "table": table}),
+    )?;
+    Ok(id)
+}
+
+macro_rules! row_of {
+    ($scope:expr, $table:literal, $id:expr) => {
+        db::select_one(
+            concat!(
+                "SELECT x FROM ledger.",
+                $table,
+                " x WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3"
+            ),
+            &[
+                $scope.tenant.as_str().into(),
+                $scope.workspace.as_str().into(),
+                $id.as_str().into(),
+            ],
+            |r| db::req(r, 1),
+        )?
+        .ok_or_else(|| LedgerError::internal(concat!("new ", $table, " row vanished")))
+    };
+}
+
+/// Records an audit event (a gateway decision, a human intervention, ...) for a run.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn record_audit(
+    run_id: Option<&str>,
+    gateway_type: Option<&str>,
+    outcome: Option<&str>,
+    payload: default!(Option<Jsonb>, "'{}'"),
+    step_id: default!(Option<&str>, "NULL"),
+    actor: default!(Option<&str>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.audit_events"), ErrorReport> {
+    let scope = scope::current()?;
+    let run_id = required("run_id", run_id)?;
+    let gateway_type = required("gateway_type", gateway_type)?;
+    let outcome = required("outcome", outcome)?;
+    let payload = redacted_object("payload", payload)?;
+    steps::check_owner(&scope, run_id, step_id)?;
+    let id = insert(
+        &scope,
+        "audit_events",
+        "aud",
+        run_id,
+        &["step_id", "gateway_type", "outcome", "actor", "payload"],
+        vec![
+            step_id.into(),
+            gateway_type.into(),
+            outcome.into(),
+            actor.into(),
+            Jsonb::from(&payload).into(),
+        ],
+        ("audit.recorded", step_id),
+    )?;
+    Ok(row_of!(scope, "audit_events", id)?)
+}
+
+/// Records what a run showed its user (a message, a delta, a tool output, ...). Called through
+/// the SQL wrapper `ledger.record_response_event(run_id, type, ...)` in finalize.sql: `type` is a
+/// Rust keyword, and pgrx would name the argument `r#type`.
+#[pg_extern(name = "record_response_event_internal", volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn record_response_event(
+    run_id: Option<&str>,
+    event_type: Option<&str>,
+    payload: default!(Option<Jsonb>, "'{}'"),
+    step_id: default!(Option<&str>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.response_events"), ErrorReport> {
+    let scope = scope::current()?;
+    let run_id = required("run_id", run_id)?;
+    let kind = required("type", event_type)?;
+    let payload = redacted_object("payload", payload)?;
+    steps::check_owner(&scope, run_id, step_id)?;
+    let id = insert(
+        &scope,
+        "response_events",
+        "rev",
+        run_id,
+        &["step_id", "type", "payload"],
+        vec![step_id.into(), kind.into(), Jsonb::from(&payload).into()],
+        ("response.event", step_id),
+    )?;
+    Ok(row_of!(scope, "response_events", id)?)
+}
+
+/// Records a knowledge citation (an object: chunk_id, document_id, knowledge_id, ...).
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn record_citation(
+    run_id: Option<&str>,
+    citation: Option<Jsonb>,
+    step_id: default!(Option<&str>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.citations"), ErrorReport> {
+    let scope = scope::current()?;
+    let run_id = required("run_id", run_id)?;
+    let citation = redacted_object(
+        "citation",
+        Some(citation.ok_or_else(|| LedgerError::required("citation"))?),
+    )?;
+    steps::check_owner(&scope, run_id, step_id)?;
+    let id = insert(
+        &scope,
+        "citations",
+        "cit",
+        run_id,
+        &["step_id", "citation"],
+        vec![step_id.into(), Jsonb::from(&citation).into()],
+        ("citation.recorded", step_id),
+    )?;
+    Ok(row_of!(scope, "citations", id)?)
+}
+
+/// Records a person's rating of a run (any integer scale: thumbs as -1/1, stars as 1..5).
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn record_feedback(
+    run_id: Option<&str>,
+    rating: Option<i32>,
+    category: default!(Option<&str>, "'general'"),
+    comment: default!(Option<&str>, "NULL"),
+    user_id: default!(Option<&str>, "NULL"),
+    metadata: default!(Option<Jsonb>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_feedback"), ErrorReport> {
+    let scope = scope::current()?;
+    let run_id = required("run_id", run_id)?;
+    let rating = rating.ok_or_else(|| LedgerError::required("rating"))?;
+    let category = required("category", category)?;
+    let metadata = redacted_object("metadata", metadata)?;
+    steps::check_owner(&scope, run_id, None)?;
+    let id = insert(
+        &scope,
+        "run_feedback",
+        "fbk",
+        run_id,
+        &["rating", "category", "comment", "user_id", "metadata"],
+        vec![
+            rating.into(),
+            category.into(),
+            comment.map(text::summary).into(),
+            user_id.into(),
+            Jsonb::from(&metadata).into(),
+        ],
+        ("feedback.recorded", None),
+    )?;
+    Ok(row_of!(scope, "run_feedback", id)?)
+}
