@@ -307,3 +307,259 @@ fn replay_ready(run_id: Option<&str>) -> std::result::Result<Jsonb, ErrorReport>
         &scope, run_id,
     )?)))
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, error_of, one, set_scope};
+    use pgrx::prelude::*;
+    use serde_json::{json, Value};
+
+    fn bundle(run: &str) -> Value {
+        one::<pgrx::JsonB>(&format!("SELECT ledger.replay_bundle('{run}')")).0
+    }
+
+    fn ready(run: &str) -> Value {
+        one::<pgrx::JsonB>(&format!("SELECT ledger.replay_ready('{run}')")).0
+    }
+
+    fn run_sql(sql: &str) {
+        Spi::run(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// A chat turn with everything: llm costs in two currencies, a tool call with an offloaded
+    /// result and its audit, retrieval with citations, an approval, feedback, response events.
+    fn realistic_run() {
+        run_sql("SELECT ledger.create_run('chat', '{\"question\": \"Where is order 1042?\"}', run_id => 'turn', user_id => 'u1', subject_id => 'bot-1')");
+        run_sql("SELECT ledger.transition_run('turn', 'running')");
+        run_sql("SELECT ledger.create_step('turn', 'llm', step_key => 'plan', step_id => 'plan')");
+        run_sql("SELECT ledger.transition_step('plan', 'running')");
+        run_sql("SELECT ledger.record_cost('turn', 'tokens', 1200, 0.10, 'USD', step_id => 'plan', usage => '{\"prompt_tokens\": 1000, \"completion_tokens\": 200, \"latency_ms\": 800, \"request_count\": 1}', provider => 'openai', model_ref => 'gpt-x')");
+        run_sql("SELECT ledger.record_cost('turn', 'tokens', 300, 0.0125, 'USD', step_id => 'plan', usage => '{\"prompt_tokens\": 250, \"completion_tokens\": 50, \"cache_read_tokens\": 100, \"reasoning_tokens\": 20, \"latency_ms\": 300, \"request_count\": 1}')");
+        run_sql("SELECT ledger.record_cost('turn', 'requests', 1, 0.5, 'EUR', usage => '{\"request_count\": 1}')");
+        run_sql("SELECT ledger.transition_step('plan', 'succeeded', metrics => '{\"model_ref\": \"gpt-x\"}')");
+        run_sql("SELECT ledger.create_step('turn', 'retrieval', step_key => 'search', step_id => 'search', status => 'running')");
+        run_sql("SELECT ledger.record_citation('turn', '{\"chunk_id\": \"ch-2\", \"document_id\": \"faq\"}', step_id => 'search')");
+        run_sql("SELECT ledger.record_citation('turn', '{\"chunk_id\": \"ch-1\", \"document_id\": \"faq\"}', step_id => 'search')");
+        run_sql("SELECT ledger.record_cost('turn', 'vectors', 2, usage => '{\"vector_count\": 2, \"embedding_count\": 1}', step_id => 'search')");
+        run_sql("SELECT ledger.transition_step('search', 'succeeded')");
+        let tc = one::<String>("SELECT ledger.claim_tool_call('turn', 'crm.history', '{\"order\": 1042}', tool_call_id => 'hist')->'tool_call'->>'id'");
+        run_sql(&format!("SELECT ledger.begin_tool_call('{tc}', 1)"));
+        run_sql(&format!("SELECT ledger.complete_tool_call('{tc}', 1, 'succeeded', jsonb_build_object('log', repeat('x', 9000)))"));
+        let step = one::<String>(&format!(
+            "SELECT step_id FROM ledger.run_step_tool_calls WHERE id = '{tc}'"
+        ));
+        run_sql(&format!(
+            "SELECT ledger.record_audit('turn', 'gateway.request', 'allowed', '{{\"egress_decision\": \"allow\", \"request\": {{\"url\": \"https://crm.example.com\"}}}}', step_id => '{step}')"
+        ));
+        run_sql("SELECT ledger.request_tool_approval('turn', 'refund', '{\"amount\": 5}', tool_call_id => 'refund', title => 'Refund 5 EUR')");
+        run_sql("SELECT ledger.record_response_event('turn', 'message', '{\"text\": \"It ships tomorrow.\"}')");
+        run_sql("SELECT ledger.record_feedback('turn', 1, comment => 'helpful', user_id => 'u1')");
+    }
+
+    #[pg_test]
+    fn the_bundle_of_a_realistic_run_is_complete_ordered_and_exact() {
+        set_scope("t-bundle", "w");
+        realistic_run();
+        let b = bundle("turn");
+        let mut keys: Vec<&str> = b.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort();
+        assert_eq!(
+            keys,
+            [
+                "approvals",
+                "artifacts",
+                "costs",
+                "feedback",
+                "run",
+                "steps",
+                "trace_spec"
+            ]
+        );
+        assert_eq!(b["run"]["id"], "turn");
+        assert_eq!(
+            b["run"]["inputs"],
+            json!({"question": "Where is order 1042?"})
+        );
+        let step_keys: Vec<&str> = b["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["step_key"].as_str().unwrap())
+            .collect();
+        assert_eq!(step_keys, ["plan", "search", "hist", "refund"]);
+        assert_eq!(b["artifacts"].as_array().unwrap().len(), 1);
+        assert_eq!(b["artifacts"][0]["meta"]["kind"], "tool_result");
+        let amounts: Vec<Value> = b["costs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["amount"].clone())
+            .collect();
+        assert_eq!(
+            amounts,
+            [json!("0.10"), json!("0.0125"), json!("0.5"), Value::Null]
+        );
+        assert_eq!(b["costs"][0]["billed_quantity"], "1200");
+        assert_eq!(b["approvals"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            (
+                b["approvals"][0]["status"].as_str(),
+                b["approvals"][0]["title"].as_str()
+            ),
+            (Some("pending"), Some("Refund 5 EUR"))
+        );
+        assert_eq!(b["feedback"][0]["comment"], "helpful");
+
+        let t = &b["trace_spec"];
+        assert_eq!(t["run"].as_object().unwrap().len(), 22);
+        assert_eq!(t["run"]["run_id"], "turn");
+        assert_eq!(t["steps"].as_array().unwrap().len(), 4);
+        assert_eq!(t["steps"][0]["metrics"], json!({"model_ref": "gpt-x"}));
+        assert_eq!(t["steps"][0]["error"], Value::Null);
+        assert_eq!(t["artifacts"][0]["type"], "json");
+        assert_eq!(
+            t["usage_summary"],
+            json!({"tokens_prompt": 1250, "tokens_completion": 250, "embedding_count": 1, "rerank_count": 0,
+                   "ms_total": 1100, "storage_bytes": 0, "request_count": 3, "vector_count": 2})
+        );
+        // Decimal sums per currency, never mixed, never floats.
+        assert_eq!(
+            t["charge_summary"],
+            json!({"entry_count": 3, "amounts": {"EUR": "0.5", "USD": "0.1125"}})
+        );
+        let entries = t["entries"].as_array().unwrap();
+        assert_eq!(entries.len(), 4);
+        assert_eq!(
+            (
+                entries[1]["amount"].as_str(),
+                entries[1]["cache_read_tokens"].as_i64()
+            ),
+            (Some("0.0125"), Some(100))
+        );
+        assert_eq!(entries[3]["vector_count"], 2);
+        assert!(entries
+            .iter()
+            .all(|e| e["cost_id"].as_str().unwrap().starts_with("cost_")));
+
+        // The run is deficient until it has all its evidence.
+        assert_eq!(ready("turn"), json!({"status": "pass", "missing": []}));
+        let ev = one::<pgrx::JsonB>("SELECT ledger.run_evidence('turn')").0;
+        let statuses: Vec<String> = ev
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                format!(
+                    "{}:{}",
+                    i["key"].as_str().unwrap(),
+                    i["status"].as_str().unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(
+            statuses,
+            [
+                "actor_scope:pass",
+                "subject_version:not_applicable",
+                "capability_binding:pass",
+                "permission_scope:warning",
+                "secret_boundary:warning",
+                "egress_policy:pass",
+                "audit_record:pass",
+                "cost_attribution:pass",
+                "trace_timeline:pass",
+                "tool_call:pass",
+                "knowledge_citation:pass",
+                "child_workflow:not_applicable",
+                "replay_ready:pass"
+            ]
+        );
+    }
+
+    #[pg_test]
+    fn the_bundle_lists_every_approval() {
+        set_scope("t-bundle-1000", "w");
+        run_sql("SELECT ledger.create_run('agent', run_id => 'r')");
+        run_sql("SELECT ledger.request_tool_approval('r', 'send', jsonb_build_object('n', i), tool_call_id => 'a' || i) FROM generate_series(1, 1000) i");
+        let b = bundle("r");
+        let approvals = b["approvals"].as_array().unwrap();
+        assert_eq!(approvals.len(), 1000);
+        let first_and_last = (
+            approvals[0]["details"]["tool_call_id"].as_str(),
+            approvals[999]["details"]["tool_call_id"].as_str(),
+        );
+        assert_eq!(first_and_last, (Some("a1"), Some("a1000")));
+        assert_eq!(b["steps"].as_array().unwrap().len(), 1000);
+    }
+
+    #[pg_test]
+    fn replay_ready_fails_deficient_runs_with_what_is_missing() {
+        set_scope("t-ready", "w");
+        let cases = [
+            // (mode, step type, extra SQL, expected missing)
+            ("workflow", None, "", vec!["steps"]),
+            ("chat", Some("other"), "", vec!["response_events"]),
+            ("workflow", Some("llm"), "", vec!["costs"]),
+            ("workflow", Some("retrieval"), "", vec!["costs", "citations"]),
+            ("workflow", Some("tool"), "", vec!["tool_calls", "audits"]),
+            ("workflow", Some("other"), "", vec![]),
+            ("workflow", Some("other"), "SELECT ledger.create_run('workflow', input_summary => 'only a summary', run_id => 'RUN_summary')", vec![]),
+        ];
+        for (i, (mode, step, extra, missing)) in cases.into_iter().enumerate() {
+            let run = format!("r{i}");
+            run_sql(&format!(
+                "SELECT ledger.create_run('{mode}', run_id => '{run}')"
+            ));
+            if let Some(t) = step {
+                run_sql(&format!("SELECT ledger.create_step('{run}', '{t}')"));
+            }
+            if !extra.is_empty() {
+                run_sql(extra);
+            }
+            let status = if missing.is_empty() { "pass" } else { "fail" };
+            assert_eq!(
+                ready(&run),
+                json!({"status": status, "missing": missing}),
+                "{mode} {step:?}"
+            );
+        }
+        // Inputs known only by their summary cannot be replayed.
+        run_sql("SELECT ledger.create_step('RUN_summary', 'other')");
+        assert_eq!(
+            ready("RUN_summary"),
+            json!({"status": "fail", "missing": ["inputs"]})
+        );
+        // A tool run passes once it has its call and audit.
+        run_sql("SELECT ledger.transition_run('r4', 'running')");
+        let tc =
+            one::<String>("SELECT ledger.claim_tool_call('r4', 'x', '{}')->'tool_call'->>'id'");
+        assert_eq!(
+            ready("r4"),
+            json!({"status": "fail", "missing": ["audits"]})
+        );
+        run_sql(&format!("SELECT ledger.record_audit('r4', 'gateway.request', 'allowed', jsonb_build_object('tool_call', '{tc}'))"));
+        assert_eq!(ready("r4"), json!({"status": "pass", "missing": []}));
+    }
+
+    #[pg_test]
+    fn another_workspace_cannot_read_the_bundle_and_readers_cannot_write() {
+        set_scope("t-bundle-rls", "w");
+        run_sql("SELECT ledger.create_run('chat', run_id => 'r')");
+        run_sql("SET LOCAL ROLE ledger_reader");
+        assert_eq!(bundle("r")["run"]["id"], "r");
+        assert_eq!(ready("r")["status"], "fail");
+        assert_eq!(
+            error_of("SELECT ledger.record_cost('r', 'tokens', 1)").sqlstate,
+            "42501"
+        );
+        assert_eq!(
+            error_of("SELECT ledger.record_feedback('r', 1)").sqlstate,
+            "42501"
+        );
+        set_scope("t-bundle-rls", "other");
+        for f in ["replay_bundle", "run_evidence", "replay_ready"] {
+            assert_error(&format!("SELECT ledger.{f}('r')"), "P0002", "RUN_NOT_FOUND");
+        }
+    }
+}

@@ -136,3 +136,106 @@ fn record_cost(
     )?;
     Ok(row(&scope, &id)?)
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, one, set_scope};
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn costs_are_exact_idempotent_and_announced() {
+        set_scope("t-costs", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+        let a = one::<String>("SELECT id FROM ledger.record_cost('r', 'tokens', 3, 0.1, 'usd', source_ref => 'inv-1')");
+        let b = one::<String>("SELECT id FROM ledger.record_cost('r', 'tokens', 3, 0.1, 'usd', source_ref => 'inv-1')");
+        assert_eq!(a, b);
+        Spi::run("SELECT ledger.record_cost('r', 'tokens', 3, 0.2, 'USD')").unwrap();
+        // 0.1 + 0.2 is 0.3 in numeric (it is not in float).
+        assert_eq!(
+            one::<String>("SELECT cost->>'USD' FROM ledger.run_overview"),
+            "0.3"
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_cost_entries"),
+            2
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.outbox WHERE event_type = 'cost.recorded'"),
+            2
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE kind = 'cost.recorded'"),
+            2
+        );
+        assert_eq!(one::<String>("SELECT payload->>'amount' FROM ledger.outbox WHERE event_type = 'cost.recorded' ORDER BY id LIMIT 1"), "0.1");
+    }
+
+    #[pg_test]
+    fn bad_costs_are_refused_and_write_nothing() {
+        set_scope("t-costs-bad", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+        for (sql, code) in [
+            (
+                "SELECT ledger.record_cost('r', 'tokens', -1)",
+                "QUANTITY_INVALID",
+            ),
+            (
+                "SELECT ledger.record_cost('r', 'tokens', 'NaN')",
+                "QUANTITY_INVALID",
+            ),
+            (
+                "SELECT ledger.record_cost('r', 'tokens', 1, -0.01, 'USD')",
+                "AMOUNT_INVALID",
+            ),
+            (
+                "SELECT ledger.record_cost('r', 'tokens', 1, 1)",
+                "CURRENCY_REQUIRED",
+            ),
+            (
+                "SELECT ledger.record_cost('r', 'tokens', 1, 1, 'US DOLLARS')",
+                "CURRENCY_INVALID",
+            ),
+            (
+                "SELECT ledger.record_cost('r', 'tokens', 1, usage => '{\"tokens\": 1}')",
+                "USAGE_KEY_UNKNOWN",
+            ),
+            (
+                "SELECT ledger.record_cost('r', 'tokens', 1, usage => '{\"prompt_tokens\": -5}')",
+                "USAGE_INVALID",
+            ),
+            (
+                "SELECT ledger.record_cost('r', 'tokens', 1, usage => '[1]')",
+                "ARGUMENT_NOT_OBJECT",
+            ),
+            (
+                "SELECT ledger.record_cost('r', 'tokens', 1, pricing_snapshot => '1')",
+                "ARGUMENT_NOT_OBJECT",
+            ),
+            (
+                "SELECT ledger.record_cost('r', NULL, 1)",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.record_cost('r', 'tokens', NULL)",
+                "ARGUMENT_REQUIRED",
+            ),
+        ] {
+            assert_error(sql, "22023", code);
+        }
+        assert_error(
+            "SELECT ledger.record_cost('nope', 'tokens', 1)",
+            "P0002",
+            "RUN_NOT_FOUND",
+        );
+        assert_error(
+            "SELECT ledger.record_cost('r', 'tokens', 1, step_id => 'nope')",
+            "P0002",
+            "STEP_NOT_FOUND",
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_cost_entries"),
+            0
+        );
+    }
+}

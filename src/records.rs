@@ -194,3 +194,91 @@ fn record_feedback(
     )?;
     Ok(row_of!(scope, "run_feedback", id)?)
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, one, set_scope};
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn records_are_redacted_and_announced() {
+        set_scope("t-records", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r'), ledger.create_step('r', 'tool', step_id => 's')").unwrap();
+        Spi::run("SELECT ledger.record_audit('r', 'gateway.request', 'allowed', '{\"headers\": {\"Authorization\": \"Bearer abcdefghijkl\"}}', step_id => 's', actor => 'gw')").unwrap();
+        Spi::run("SELECT ledger.record_response_event('r', 'message', '{\"text\": \"key sk-abcdefghijklmnopqrstuvwx\"}')").unwrap();
+        Spi::run(
+            "SELECT ledger.record_citation('r', '{\"chunk_id\": \"c1\", \"password\": \"x\"}')",
+        )
+        .unwrap();
+        Spi::run("SELECT ledger.record_feedback('r', -1, 'accuracy', 'wrong order', 'u1', '{\"token\": \"t\"}')").unwrap();
+        let all = one::<String>(
+            "SELECT concat_ws('|', (SELECT payload::text FROM ledger.audit_events), (SELECT payload::text FROM ledger.response_events), \
+                    (SELECT citation::text FROM ledger.citations), (SELECT metadata::text FROM ledger.run_feedback))",
+        );
+        assert_eq!(
+            all,
+            r#"{"headers": {"Authorization": "[REDACTED]"}}|{"text": "[REDACTED]"}|{"chunk_id": "c1", "password": "[REDACTED]"}|{"token": "[REDACTED]"}"#
+        );
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(kind, ',' ORDER BY seq) FROM ledger.run_events WHERE seq > 2"
+            ),
+            "audit.recorded,response.event,citation.recorded,feedback.recorded"
+        );
+        assert!(one::<bool>(
+            "SELECT bool_and(id LIKE 'aud\\_%') FROM ledger.audit_events"
+        ));
+    }
+
+    #[pg_test]
+    fn bad_records_are_refused() {
+        set_scope("t-records-bad", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+        for (sql, state, code) in [
+            (
+                "SELECT ledger.record_audit('r', NULL, 'x')",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.record_audit('r', 'g', 'x', '[1]')",
+                "22023",
+                "ARGUMENT_NOT_OBJECT",
+            ),
+            (
+                "SELECT ledger.record_response_event('r', NULL)",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.record_citation('r', '\"text\"')",
+                "22023",
+                "ARGUMENT_NOT_OBJECT",
+            ),
+            (
+                "SELECT ledger.record_citation('r', NULL)",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.record_feedback('r', NULL)",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.record_feedback('nope', 1)",
+                "P0002",
+                "RUN_NOT_FOUND",
+            ),
+            (
+                "SELECT ledger.record_audit('r', 'g', 'x', step_id => 'nope')",
+                "P0002",
+                "STEP_NOT_FOUND",
+            ),
+        ] {
+            assert_error(sql, state, code);
+        }
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_events"), 1);
+    }
+}
