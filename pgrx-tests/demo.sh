@@ -32,6 +32,9 @@ cluster_psql "$MAJOR" "$DATA" "$PORT" -q -c "DROP DATABASE IF EXISTS ledger_demo
 cluster_psql "$MAJOR" "$DATA" "$PORT" -d ledger_demo -q -c "CREATE EXTENSION ledger"
 echo "demo: walkthrough (tests/pg_regress/sql/walkthrough.sql; its errors are on purpose)"
 cluster_psql "$MAJOR" "$DATA" "$PORT" -d ledger_demo -v ON_ERROR_STOP=0 -a < tests/pg_regress/sql/walkthrough.sql
+echo "demo: the whole replay bundle of run-demo-1"
+cluster_psql "$MAJOR" "$DATA" "$PORT" -d ledger_demo -q -c "SELECT ledger.set_scope('acme', 'support')" \
+  -c "SELECT jsonb_pretty(ledger.replay_bundle('run-demo-1')) AS replay_bundle"
 psql_cmd="$(pg_bindir $MAJOR)/psql -h $DATA -p $PORT -U postgres ledger_demo"
 [ "$(id -u)" -eq 0 ] && psql_cmd="sudo -u postgres $psql_cmd"
 cat <<MSG

@@ -12,7 +12,8 @@ SELECT ledger.set_scope('acme', 'support');
 -- 2. A run, with its exact inputs, and an idempotent request id.
 SELECT id, status, mode, attempt_no, root_run_id, input_summary
   FROM ledger.create_run('agent', inputs => '{"question": "Where is my order?", "order": 1042, "max_cost": 0.50}',
-                         run_id => 'run-demo-1', request_id => 'req-1042');
+                         run_id => 'run-demo-1', request_id => 'req-1042', user_id => 'customer-7',
+                         subject_id => 'support-agent', subject_version_id => 'support-agent@v3');
 -- The same request again returns the same run instead of a second one.
 SELECT id, status FROM ledger.create_run('agent', request_id => 'req-1042');
 SELECT ledger.run_inputs('run-demo-1');
@@ -97,7 +98,27 @@ SELECT r->>'outcome' AS outcome, r->'response'->'result' AS result
   FROM ledger.claim_tool_call('run-demo-2', 'crm.lookup_order', '{"order": 1042, "api_key": "sk-live-0123456789abcdefghij"}',
                               idempotency_key => 'tool:run-demo-1:call-lookup') AS r;
 
--- 10. Another workspace sees none of it.
+-- 10. Evidence (replay #1). Is run-demo-1 replayable from the ledger alone? Not yet:
+SELECT ledger.replay_ready('run-demo-1');
+-- Record what it is missing: the model's cost, what the user was shown, the tool gateway's audit.
+SELECT (ledger.record_cost('run-demo-1', 'tokens', 1200, 0.0125, 'USD', step_id => 'step-plan',
+        usage => '{"prompt_tokens": 1000, "completion_tokens": 200, "latency_ms": 850}', model_ref => 'small')).amount;
+SELECT (ledger.record_cost('run-demo-1', 'requests', 1, 0.01, 'EUR', usage => '{"request_count": 1}')).amount;
+SELECT (ledger.record_response_event('run-demo-1', 'message', '{"text": "Order 1042 ships tomorrow."}')).type;
+SELECT (ledger.record_audit('run-demo-1', 'gateway.request', 'allowed',
+        '{"tool": "crm.lookup_order", "egress_decision": "allow", "authorization": "Bearer abc123def456"}',
+        step_id => (SELECT step_id FROM ledger.run_step_tool_calls WHERE id = :'call_lookup'))).payload;
+SELECT ledger.replay_ready('run-demo-1');
+SELECT e->>'key' AS item, e->>'status' AS status, e->>'summary' AS summary
+  FROM jsonb_array_elements(ledger.run_evidence('run-demo-1')) e;
+-- The bundle: one read, every list complete and ordered, money as decimal strings per currency.
+SELECT key, jsonb_typeof(value) AS type, CASE WHEN jsonb_typeof(value) = 'array' THEN jsonb_array_length(value) END AS items
+  FROM jsonb_each(ledger.replay_bundle('run-demo-1')) ORDER BY key;
+SELECT b->'trace_spec'->'charge_summary' AS charge_summary, b->'trace_spec'->'usage_summary' AS usage_summary
+  FROM ledger.replay_bundle('run-demo-1') AS b;
+SELECT id, status, steps, tool_calls, cost FROM ledger.run_overview ORDER BY id;
+
+-- 11. Another workspace sees none of it.
 SELECT ledger.set_scope('acme', 'billing');
 SELECT count(*) AS runs_visible FROM ledger.runs;
 SELECT ledger.transition_run('run-demo-1', 'failed');
