@@ -48,7 +48,7 @@ for v in $VERSIONS; do
     exit 1
   fi
   LEDGER_TEST_HOST=$data LEDGER_TEST_PORT=$port LEDGER_TEST_PGDATA=$data LEDGER_TEST_BINDIR=$bindir \
-    cargo test --no-default-features --features "pg$v pg_test" --test sessions -- --ignored --test-threads=1
+    cargo test --no-default-features --features "pg$v pg_test" --test '*' -- --ignored --test-threads=1
   cluster_stop "$v" "$data"
   trap - EXIT
   rm -rf "$work"

@@ -2,85 +2,20 @@
 //! cannot show: races, commit order, LISTEN/NOTIFY across reconnects and a server restart,
 //! and row-level security for a login role.
 //!
-//! They need a running cluster with the extension installed; `pgrx-tests/test.sh` starts one
-//! and passes it in LEDGER_TEST_HOST / LEDGER_TEST_PORT (and LEDGER_TEST_PGDATA /
-//! LEDGER_TEST_BINDIR for the restart). They are `#[ignore]`d so that `cargo pgrx test`
-//! does not run them without a server: `cargo test --test sessions -- --ignored`.
+//! They need a running cluster with the extension installed (see `common`). They are
+//! `#[ignore]`d so that `cargo pgrx test` does not run them without a server;
+//! `pgrx-tests/test.sh` runs every test file with `-- --ignored`.
 
+mod common;
+
+use common::*;
 use postgres::fallible_iterator::FallibleIterator;
-use postgres::{Client, NoTls};
+use postgres::Client;
 use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set; run pgrx-tests/test.sh"))
-}
-
-fn connect_to(db: &str, user: &str) -> Client {
-    let conn = format!(
-        "host={} port={} user={user} dbname={db}",
-        env("LEDGER_TEST_HOST"),
-        env("LEDGER_TEST_PORT")
-    );
-    Client::connect(&conn, NoTls).unwrap_or_else(|e| panic!("connect {conn}: {e}"))
-}
-
-/// A fresh database with the extension, one per test.
-fn database(name: &str) -> String {
-    let mut admin = connect_to("postgres", "postgres");
-    exec(&mut admin, &format!("DROP DATABASE IF EXISTS {name}"));
-    exec(&mut admin, &format!("CREATE DATABASE {name}"));
-    let mut c = connect_to(name, "postgres");
-    exec(&mut c, "CREATE EXTENSION ledger");
-    name.to_owned()
-}
-
-fn session(db: &str) -> Client {
-    let mut c = connect_to(db, "postgres");
-    exec(&mut c, "SELECT ledger.set_scope('acme', 'support')");
-    c
-}
-
-fn exec(c: &mut Client, sql: &str) {
-    c.batch_execute(sql)
-        .unwrap_or_else(|e| panic!("{sql}: {e}"));
-}
-
-/// The one value of a one-row query.
-fn one<T: postgres::types::FromSqlOwned>(c: &mut Client, sql: &str) -> T {
-    c.query_one(sql, &[])
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .get(0)
-}
-
-/// (SQLSTATE, DETAIL code) of a failed statement.
-fn failure(e: &postgres::Error) -> (String, String) {
-    let db = e
-        .as_db_error()
-        .unwrap_or_else(|| panic!("not a server error: {e}"));
-    let detail: serde_json::Value = db
-        .detail()
-        .and_then(|d| serde_json::from_str(d).ok())
-        .unwrap_or_default();
-    (
-        db.code().code().to_owned(),
-        detail["code"].as_str().unwrap_or_default().to_owned(),
-    )
-}
-
-fn seqs(c: &mut Client, run_id: &str, after: Option<&str>) -> Vec<(String, i64)> {
-    c.query(
-        "SELECT event_id, seq FROM ledger.events_since($1, $2)",
-        &[&run_id, &after],
-    )
-    .unwrap()
-    .iter()
-    .map(|r| (r.get(0), r.get(1)))
-    .collect()
-}
 
 #[test]
 #[ignore]
@@ -289,42 +224,6 @@ fn listen_and_catch_up_lose_nothing_across_reconnect_and_restart() {
     assert_eq!(wait_notified(&mut listener)["seq"], 7);
     catch_up(&mut listener, &mut cursor, &mut seen);
     assert_eq!(seen, (1..=7).collect::<Vec<i64>>());
-}
-
-/// A server program of the cluster under test, run as `postgres` when we are root.
-fn pg_tool(name: &str) -> Command {
-    let path = format!("{}/{name}", env("LEDGER_TEST_BINDIR"));
-    if running_as_root() {
-        let mut c = Command::new("sudo");
-        c.args(["-u", "postgres", "--", &path]);
-        c
-    } else {
-        Command::new(path)
-    }
-}
-
-fn restart_server() {
-    let status = pg_tool("pg_ctl")
-        .args([
-            "-D",
-            &env("LEDGER_TEST_PGDATA"),
-            "-m",
-            "fast",
-            "-w",
-            "restart",
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "pg_ctl restart failed");
-}
-
-fn running_as_root() -> bool {
-    std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout.starts_with(b"0\n"))
-        .unwrap_or(false)
 }
 
 #[test]
@@ -599,17 +498,6 @@ fn expire_lease(c: &mut Client, call: &str) {
     exec(
         c,
         &format!("UPDATE ledger.run_step_tool_calls SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE tool_call_id = '{call}'"),
-    );
-}
-
-/// Kills an executor's backend, as a crash would.
-fn crash(admin: &mut Client, executor: &mut Client) {
-    let pid: i32 = one(executor, "SELECT pg_backend_pid()");
-    let killed: bool = one(admin, &format!("SELECT pg_terminate_backend({pid}, 5000)"));
-    assert!(killed);
-    assert!(
-        executor.batch_execute("SELECT 1").is_err(),
-        "the executor's session is gone"
     );
 }
 
