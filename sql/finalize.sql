@@ -114,3 +114,9 @@ COMMENT ON FUNCTION ledger.run_evidence(text) IS
     'The thirteen governance evidence items of a run, in order: each {key, status pass|warning|fail|not_applicable, label, summary, evidence_refs, missing}.';
 COMMENT ON FUNCTION ledger.replay_ready(text) IS
     'Whether the ledger alone can replay the run: {"status": "pass"|"fail", "missing": [...]} over steps, response_events, costs, citations, tool_calls, audits (each where applicable) and inputs.';
+COMMENT ON FUNCTION ledger.retry_run(text, jsonb) IS
+    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, and the exact original inputs unless inputs overrides them. The caller executes it; its tool calls with unchanged keys replay from the ledger.';
+COMMENT ON FUNCTION ledger.replay_run(text, jsonb) IS
+    'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
+COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
+    'Deletes up to batch terminal runs of the scope that ended more than older_than ago, with all their rows and the blobs nothing else refers to, keeping each tool call''s idempotency key as a tombstone. Skips runs with open tool calls or that other runs or tasks refer to (leaf first). Returns how many runs went.';

@@ -88,7 +88,7 @@ CREATE UNIQUE INDEX runs_request_id_key ON ledger.runs (tenant_id, workspace_id,
     WHERE request_id IS NOT NULL;
 CREATE INDEX runs_parent_idx ON ledger.runs (tenant_id, workspace_id, parent_run_id) WHERE parent_run_id IS NOT NULL;
 CREATE INDEX runs_source_idx ON ledger.runs (tenant_id, workspace_id, source_run_id) WHERE source_run_id IS NOT NULL;
-CREATE INDEX runs_root_idx ON ledger.runs (tenant_id, workspace_id, root_run_id);
+CREATE INDEX runs_root_idx ON ledger.runs (tenant_id, workspace_id, root_run_id, attempt_no);
 CREATE INDEX runs_subject_idx ON ledger.runs (tenant_id, workspace_id, subject_kind, subject_id, created_at);
 CREATE INDEX runs_status_idx ON ledger.runs (tenant_id, workspace_id, status, updated_at);
 COMMENT ON TABLE ledger.runs IS 'One row per run. status is one of queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired; see ledger.status_transitions(). Written only through ledger.create_run and ledger.transition_run.';
@@ -256,6 +256,22 @@ COMMENT ON TABLE ledger.run_step_tool_calls IS 'Durable tool-call records (one p
 COMMENT ON COLUMN ledger.run_step_tool_calls.attempt IS 'The fencing token: every begin, heartbeat and complete must carry the current attempt (40001 LEASE_STALE otherwise).';
 COMMENT ON COLUMN ledger.run_step_tool_calls.arguments IS 'The arguments after redaction, or {truncated, size_bytes, request_hash, argument_names} when their redacted canonical JSON exceeds 8192 bytes.';
 
+CREATE TABLE ledger.tool_call_tombstones (
+    tenant_id           text NOT NULL,
+    workspace_id        text NOT NULL,
+    idempotency_key     text NOT NULL,
+    tool_ref            text NOT NULL,
+    request_hash        text NOT NULL,
+    status              text NOT NULL,
+    tool_call_record_id text NOT NULL,
+    tool_call_id        text NOT NULL,
+    run_id              text NOT NULL,
+    completed_at        timestamptz,
+    purged_at           timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, idempotency_key)
+);
+COMMENT ON TABLE ledger.tool_call_tombstones IS 'The idempotency keys of tool calls whose runs were purged, with their identity and final status, so that a late duplicate gets outcome purged instead of executing again. run_id names a run that no longer exists (no foreign key).';
+
 CREATE TABLE ledger.audit_events (
     tenant_id    text NOT NULL,
     workspace_id text NOT NULL,
@@ -357,7 +373,7 @@ DECLARE t text;
 BEGIN
     FOREACH t IN ARRAY ARRAY['blobs', 'runs', 'run_steps', 'run_events', 'outbox', 'run_artifacts',
                              'approval_requests', 'run_step_tool_calls', 'audit_events', 'run_cost_entries',
-                             'response_events', 'citations', 'run_feedback'] LOOP
+                             'response_events', 'citations', 'run_feedback', 'tool_call_tombstones'] LOOP
         EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
         EXECUTE format(

@@ -8,6 +8,12 @@ use crate::scope::Scope;
 /// Stores `bytes` in the scope's content-addressed blob store; returns their sha256.
 pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {
     let sha = hash::sha256_hex(bytes);
+    // Shared with other writers, exclusive for the purge's sweep of unreferenced blobs: a blob
+    // this transaction is about to reference cannot be swept before it commits.
+    db::execute(
+        "SELECT pg_catalog.pg_advisory_xact_lock_shared($1)",
+        &[gc_lock_key(scope).into()],
+    )?;
     db::execute(
         "INSERT INTO ledger.blobs (tenant_id, workspace_id, sha256, size_bytes, content) \
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
@@ -42,4 +48,11 @@ pub fn get(scope: &Scope, sha256: &str, mismatch_code: &'static str) -> Result<V
         .with("actual", actual));
     }
     Ok(content)
+}
+
+/// The advisory lock key that orders blob writers against the purge's sweep, per scope.
+pub fn gc_lock_key(scope: &Scope) -> i64 {
+    let digest =
+        hash::sha256_hex(format!("ledger.blobs\0{}\0{}", scope.tenant, scope.workspace).as_bytes());
+    i64::from_str_radix(&digest[..15], 16).unwrap_or(0)
 }

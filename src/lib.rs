@@ -21,6 +21,7 @@ mod jsonb;
 mod model;
 mod records;
 mod redaction;
+mod retention;
 mod runs;
 mod scope;
 mod steps;

@@ -106,6 +106,174 @@ fn row(scope: &Scope, run_id: &str) -> Result<pgrx::composite_type!('static, "le
     .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
 }
 
+/// What a new run is made of (SPEC §5).
+#[derive(Default)]
+pub struct NewRun<'a> {
+    pub mode: &'a str,
+    pub inputs: Option<Jsonb>,
+    pub kind: Option<&'a str>,
+    pub subject_kind: Option<&'a str>,
+    pub subject_id: Option<&'a str>,
+    pub subject_version_id: Option<&'a str>,
+    pub request_id: Option<&'a str>,
+    pub parent_run_id: Option<&'a str>,
+    pub source_run_id: Option<&'a str>,
+    pub attempt_no: Option<i32>,
+    pub run_id: Option<&'a str>,
+    pub user_id: Option<&'a str>,
+    pub trace_id: Option<&'a str>,
+    pub input_summary: Option<&'a str>,
+    pub control_action: Option<&'static str>,
+}
+
+/// Creates a run in status `queued`, or returns the existing run for a repeated `request_id`
+/// (or caller `run_id`); returns its id.
+pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
+    let mode = required("mode", Some(new.mode))?;
+    let request_id = optional_id("request_id", new.request_id)?;
+    let id = match optional_id("run_id", new.run_id)? {
+        Some(id) => id.to_owned(),
+        None => ids::new_id("run"),
+    };
+    if let Some(inputs) = &new.inputs {
+        if !inputs.is_object() {
+            return Err(LedgerError::invalid(
+                "INPUTS_NOT_OBJECT",
+                "inputs must be a JSON object",
+            ));
+        }
+    }
+    if let Some(n) = new.attempt_no {
+        if n < 1 {
+            return Err(
+                LedgerError::invalid("ATTEMPT_INVALID", "attempt_no must be at least 1")
+                    .with("attempt_no", n),
+            );
+        }
+    }
+    if let Some(parent) = new.parent_run_id {
+        existing(scope, "parent_run_id", parent, false)?;
+    }
+    let source = new
+        .source_run_id
+        .map(|s| existing(scope, "source_run_id", s, false))
+        .transpose()?;
+    let attempt_no = new.attempt_no.unwrap_or(
+        source
+            .as_ref()
+            .map_or(1, |s| s.attempt_no.saturating_add(1)),
+    );
+    let root_run_id = source
+        .as_ref()
+        .map_or(id.clone(), |s| s.root_run_id.clone());
+    let kind = new.kind.unwrap_or(mode);
+    let subject_kind = new.subject_kind.unwrap_or(mode);
+    let (subject_id, subject_version_id, parent_run_id, source_run_id) = (
+        new.subject_id,
+        new.subject_version_id,
+        new.parent_run_id,
+        new.source_run_id,
+    );
+
+    let input_summary = new
+        .input_summary
+        .or(new.inputs.as_ref().map(Jsonb::as_str))
+        .map(text::summary);
+    let (inline_inputs, inputs_sha256, inputs_size) = match new.inputs {
+        Some(doc) if doc.0.len() > INLINE_INPUT_BYTES => {
+            let size = doc.0.len() as i64;
+            (None, Some(blobs::put(scope, doc.0.as_bytes())?), Some(size))
+        }
+        Some(doc) => {
+            let size = doc.0.len() as i64;
+            (Some(doc), None, Some(size))
+        }
+        None => (None, None, None),
+    };
+
+    let inserted = db::write_one(
+        "INSERT INTO ledger.runs (tenant_id, workspace_id, id, mode, kind, subject_kind, subject_id, \
+             subject_version_id, user_id, trace_id, request_id, parent_run_id, source_run_id, \
+             root_run_id, attempt_no, input_summary, inputs, inputs_sha256, inputs_size_bytes, control_action) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
+         ON CONFLICT DO NOTHING RETURNING id",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            id.as_str().into(),
+            mode.into(),
+            kind.into(),
+            subject_kind.into(),
+            subject_id.into(),
+            subject_version_id.into(),
+            new.user_id.into(),
+            new.trace_id.into(),
+            request_id.into(),
+            parent_run_id.into(),
+            source_run_id.into(),
+            root_run_id.as_str().into(),
+            attempt_no.into(),
+            input_summary.into(),
+            inline_inputs.into(),
+            inputs_sha256.into(),
+            inputs_size.into(),
+            new.control_action.into(),
+        ],
+        |r| db::req::<String>(r, 1),
+    )?;
+
+    if inserted.is_none() {
+        // A run with this request_id (or this run_id) exists: the same request returns it.
+        let found = match request_id {
+            Some(key) => head(scope, Lookup::RequestId, key, false)?,
+            None => None,
+        };
+        let found = match found {
+            Some(f) => f,
+            None => head(scope, Lookup::Id, &id, false)?
+                .ok_or_else(|| LedgerError::internal("insert conflicted but no run was found"))?,
+        };
+        if found.mode != mode
+            || found.subject_kind != subject_kind
+            || found.subject_id.as_deref() != subject_id
+        {
+            return Err(LedgerError::new(
+                Class::Duplicate,
+                "IDEMPOTENCY_MISMATCH",
+                "request_id or run_id was reused with a different mode or subject",
+            )
+            .with("run_id", found.id)
+            .with("request_id", request_id));
+        }
+        return Ok(found.id);
+    }
+
+    let payload = json!({
+        "run_id": id,
+        "status": "queued",
+        "mode": mode,
+        "kind": kind,
+        "subject_kind": subject_kind,
+        "subject_id": subject_id,
+        "subject_version_id": subject_version_id,
+        "request_id": request_id,
+        "parent_run_id": parent_run_id,
+        "source_run_id": source_run_id,
+        "root_run_id": root_run_id,
+        "attempt_no": attempt_no,
+        "control_action": new.control_action,
+    });
+    feed::append(scope, &id, "run.created", None, &payload)?;
+    feed::enqueue(
+        scope,
+        "run.created",
+        Some(&id),
+        Some(&format!("run:{id}")),
+        &payload,
+    )?;
+    Ok(id)
+}
+
 /// Creates a run in status `queued` (SPEC §5). Idempotent on `request_id` (and on a
 /// caller-supplied `run_id`): the same key returns the existing run, a different mode or subject
 /// fails 23505 `IDEMPOTENCY_MISMATCH`.
@@ -129,144 +297,115 @@ fn create_run(
     input_summary: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
     let scope = scope::current()?;
-    let mode = required("mode", mode)?;
-    let request_id = optional_id("request_id", request_id)?;
-    let id = match optional_id("run_id", run_id)? {
-        Some(id) => id.to_owned(),
-        None => ids::new_id("run"),
+    let new = NewRun {
+        mode: required("mode", mode)?,
+        inputs,
+        kind,
+        subject_kind,
+        subject_id,
+        subject_version_id,
+        request_id,
+        parent_run_id,
+        source_run_id,
+        attempt_no,
+        run_id,
+        user_id,
+        trace_id,
+        input_summary,
+        control_action: None,
     };
-    if let Some(inputs) = &inputs {
-        if !inputs.is_object() {
-            return Err(
-                LedgerError::invalid("INPUTS_NOT_OBJECT", "inputs must be a JSON object").into(),
-            );
-        }
-    }
-    if let Some(n) = attempt_no {
-        if n < 1 {
-            return Err(
-                LedgerError::invalid("ATTEMPT_INVALID", "attempt_no must be at least 1")
-                    .with("attempt_no", n)
-                    .into(),
-            );
-        }
-    }
-    if let Some(parent) = parent_run_id {
-        existing(&scope, "parent_run_id", parent, false)?;
-    }
-    let source = source_run_id
-        .map(|s| existing(&scope, "source_run_id", s, false))
-        .transpose()?;
-    let attempt_no = attempt_no.unwrap_or(
-        source
-            .as_ref()
-            .map_or(1, |s| s.attempt_no.saturating_add(1)),
-    );
-    let root_run_id = source
-        .as_ref()
-        .map_or(id.clone(), |s| s.root_run_id.clone());
-    let kind = kind.unwrap_or(mode);
-    let subject_kind = subject_kind.unwrap_or(mode);
-
-    let input_summary = input_summary
-        .or(inputs.as_ref().map(Jsonb::as_str))
-        .map(text::summary);
-    let (inline_inputs, inputs_sha256, inputs_size) = match inputs {
-        Some(doc) if doc.0.len() > INLINE_INPUT_BYTES => {
-            let size = doc.0.len() as i64;
-            (
-                None,
-                Some(blobs::put(&scope, doc.0.as_bytes())?),
-                Some(size),
-            )
-        }
-        Some(doc) => {
-            let size = doc.0.len() as i64;
-            (Some(doc), None, Some(size))
-        }
-        None => (None, None, None),
-    };
-
-    let inserted = db::write_one(
-        "INSERT INTO ledger.runs (tenant_id, workspace_id, id, mode, kind, subject_kind, subject_id, \
-             subject_version_id, user_id, trace_id, request_id, parent_run_id, source_run_id, \
-             root_run_id, attempt_no, input_summary, inputs, inputs_sha256, inputs_size_bytes) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
-         ON CONFLICT DO NOTHING RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            id.as_str().into(),
-            mode.into(),
-            kind.into(),
-            subject_kind.into(),
-            subject_id.into(),
-            subject_version_id.into(),
-            user_id.into(),
-            trace_id.into(),
-            request_id.into(),
-            parent_run_id.into(),
-            source_run_id.into(),
-            root_run_id.as_str().into(),
-            attempt_no.into(),
-            input_summary.into(),
-            inline_inputs.into(),
-            inputs_sha256.into(),
-            inputs_size.into(),
-        ],
-        |r| db::req::<String>(r, 1),
-    )?;
-
-    if inserted.is_none() {
-        // A run with this request_id (or this run_id) exists: the same request returns it.
-        let found = match request_id {
-            Some(key) => head(&scope, Lookup::RequestId, key, false)?,
-            None => None,
-        };
-        let found = match found {
-            Some(f) => f,
-            None => head(&scope, Lookup::Id, &id, false)?
-                .ok_or_else(|| LedgerError::internal("insert conflicted but no run was found"))?,
-        };
-        if found.mode != mode
-            || found.subject_kind != subject_kind
-            || found.subject_id.as_deref() != subject_id
-        {
-            return Err(LedgerError::new(
-                Class::Duplicate,
-                "IDEMPOTENCY_MISMATCH",
-                "request_id or run_id was reused with a different mode or subject",
-            )
-            .with("run_id", found.id)
-            .with("request_id", request_id)
-            .into());
-        }
-        return Ok(row(&scope, &found.id)?);
-    }
-
-    let payload = json!({
-        "run_id": id,
-        "status": "queued",
-        "mode": mode,
-        "kind": kind,
-        "subject_kind": subject_kind,
-        "subject_id": subject_id,
-        "subject_version_id": subject_version_id,
-        "request_id": request_id,
-        "parent_run_id": parent_run_id,
-        "source_run_id": source_run_id,
-        "root_run_id": root_run_id,
-        "attempt_no": attempt_no,
-    });
-    feed::append(&scope, &id, "run.created", None, &payload)?;
-    feed::enqueue(
-        &scope,
-        "run.created",
-        Some(&id),
-        Some(&format!("run:{id}")),
-        &payload,
-    )?;
+    let id = create(&scope, new)?;
     Ok(row(&scope, &id)?)
+}
+
+/// A new attempt of a finished run (replay #4): the source's mode, kind and subject pinned to its
+/// subject_version_id, lineage stored, and its exact inputs unless `inputs` overrides them.
+fn rerun(
+    run_id: Option<&str>,
+    inputs: Option<Jsonb>,
+    action: &'static str,
+    allowed: fn(Status) -> bool,
+) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
+    let scope = scope::current()?;
+    let run_id = required("run_id", run_id)?;
+    let source = existing(&scope, "run_id", run_id, false)?;
+    if !allowed(source.status) {
+        return Err(LedgerError::new(
+            Class::WrongState,
+            "RUN_NOT_RERUNNABLE",
+            format!("a {} run cannot be {action}ed", source.status.as_str()),
+        )
+        .with("run_id", run_id)
+        .with("status", source.status.as_str())
+        .with("control_action", action));
+    }
+    let (kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary) = db::select_one(
+        "SELECT kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary FROM ledger.runs \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), run_id.into()],
+        |r| {
+            Ok((
+                db::req::<String>(r, 1)?,
+                db::opt::<String>(r, 2)?,
+                db::opt::<String>(r, 3)?,
+                db::opt::<String>(r, 4)?,
+                db::opt::<String>(r, 5)?,
+                db::opt::<String>(r, 6)?,
+            ))
+        },
+    )?
+    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
+    let overridden = inputs.is_some();
+    let inputs = match inputs {
+        Some(i) => Some(i),
+        None => load_inputs(&scope, run_id)?,
+    };
+    let id = create(
+        &scope,
+        NewRun {
+            mode: &source.mode,
+            inputs,
+            kind: Some(&kind),
+            subject_kind: Some(&source.subject_kind),
+            subject_id: source.subject_id.as_deref(),
+            subject_version_id: subject_version_id.as_deref(),
+            parent_run_id: parent_run_id.as_deref(),
+            source_run_id: Some(run_id),
+            user_id: user_id.as_deref(),
+            trace_id: trace_id.as_deref(),
+            // A run given only a summary keeps it (replay_ready reports its inputs missing).
+            input_summary: if overridden {
+                None
+            } else {
+                input_summary.as_deref()
+            },
+            control_action: Some(action),
+            ..NewRun::default()
+        },
+    )?;
+    row(&scope, &id)
+}
+
+/// Retries a failed or canceled run as a new run (SPEC §12).
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn retry_run(
+    run_id: Option<&str>,
+    inputs: default!(Option<Jsonb>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
+    Ok(rerun(run_id, inputs, "retry", |s| {
+        matches!(s, Status::Failed | Status::Canceled)
+    })?)
+}
+
+/// Replays a finished run (any terminal status) as a new run (SPEC §12).
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn replay_run(
+    run_id: Option<&str>,
+    inputs: default!(Option<Jsonb>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
+    Ok(rerun(run_id, inputs, "replay", Status::is_terminal)?)
 }
 
 /// Moves a run to `to_status` under the rules of SPEC §3.
@@ -362,6 +501,11 @@ fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, ErrorR
     let scope = scope::current()?;
     let run_id = required("run_id", run_id)?;
     ids::validate("run_id", run_id)?;
+    Ok(load_inputs(&scope, run_id)?)
+}
+
+/// A run's exact inputs, from the row or, verified, from the blob store.
+pub fn load_inputs(scope: &Scope, run_id: &str) -> Result<Option<Jsonb>> {
     let (inline, sha) = db::select_one(
         "SELECT inputs, inputs_sha256 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
         &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), run_id.into()],
@@ -371,7 +515,7 @@ fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, ErrorR
     match (inline, sha) {
         (Some(doc), _) => Ok(Some(doc)),
         (None, Some(sha)) => {
-            let bytes = blobs::get(&scope, &sha, "BLOB_HASH_MISMATCH")?;
+            let bytes = blobs::get(scope, &sha, "BLOB_HASH_MISMATCH")?;
             let text = String::from_utf8(bytes).map_err(|_| {
                 LedgerError::new(
                     Class::Corrupted,
@@ -710,6 +854,78 @@ mod tests {
         assert_eq!(
             one::<String>("SELECT string_agg(payload->>'to', ',' ORDER BY seq) FROM ledger.run_events WHERE kind = 'run.status'"),
             "running,failed,retrying"
+        );
+    }
+
+    #[pg_test]
+    fn retry_and_replay_keep_lineage_pinning_and_exact_inputs() {
+        set_scope("t-rerun", "w");
+        let big = "jsonb_build_object('doc', repeat('x', 100 * 1024), 'n', 1.50)";
+        Spi::run(&format!(
+            "SELECT ledger.create_run('workflow', {big}, run_id => 'a1', subject_id => 'wf-1', subject_version_id => 'wf-1@v7', user_id => 'u1')"
+        ))
+        .unwrap();
+        assert_error(
+            "SELECT ledger.retry_run('a1')",
+            "55000",
+            "RUN_NOT_RERUNNABLE",
+        );
+        assert_error(
+            "SELECT ledger.replay_run('a1')",
+            "55000",
+            "RUN_NOT_RERUNNABLE",
+        );
+        Spi::run(
+            "SELECT ledger.transition_run('a1', 'running'), ledger.transition_run('a1', 'failed')",
+        )
+        .unwrap();
+        let a2 = one::<String>("SELECT id FROM ledger.retry_run('a1')");
+        Spi::run(&format!("SELECT ledger.transition_run('{a2}', 'running'), ledger.transition_run('{a2}', 'succeeded')")).unwrap();
+        let e = assert_error(
+            &format!("SELECT ledger.retry_run('{a2}')"),
+            "55000",
+            "RUN_NOT_RERUNNABLE",
+        );
+        assert_eq!(e.detail["status"], "succeeded");
+        let a3 = one::<String>(&format!("SELECT id FROM ledger.replay_run('{a2}')"));
+        // The chain, by root: attempts 1, 2, 3, each pinned to the same version.
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(concat_ws(':', attempt_no, coalesce(control_action, '-'), subject_version_id, user_id, status), ' ' ORDER BY attempt_no) \
+                   FROM ledger.runs WHERE root_run_id = 'a1'"
+            ),
+            "1:-:wf-1@v7:u1:failed 2:retry:wf-1@v7:u1:succeeded 3:replay:wf-1@v7:u1:queued"
+        );
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT source_run_id FROM ledger.runs WHERE id = '{a3}'"
+            )),
+            a2
+        );
+        // 100 KB of inputs come back byte for byte.
+        for id in [&a2, &a3] {
+            assert!(one::<bool>(&format!(
+                "SELECT ledger.run_inputs('{id}')::text = ({big})::text"
+            )));
+        }
+        // Inputs can be overridden; a run with none stays without.
+        let a4 = one::<String>(&format!(
+            "SELECT id FROM ledger.replay_run('{a2}', '{{\"n\": 2}}')"
+        ));
+        assert_eq!(
+            one::<String>(&format!("SELECT ledger.run_inputs('{a4}')::text")),
+            "{\"n\": 2}"
+        );
+        assert_error(
+            &format!("SELECT ledger.replay_run('{a2}', '[1]')"),
+            "22023",
+            "INPUTS_NOT_OBJECT",
+        );
+        assert_error("SELECT ledger.retry_run('nope')", "P0002", "RUN_NOT_FOUND");
+        assert_error(
+            "SELECT ledger.retry_run(NULL)",
+            "22023",
+            "ARGUMENT_REQUIRED",
         );
     }
 

@@ -475,13 +475,36 @@ fn find_locked(scope: &Scope, who: &Identity) -> Result<Option<Record>> {
     if found.run_id != who.run_id {
         runs::existing(scope, "run_id", &found.run_id, true)?;
     }
-    let rec = load(scope, By::Id(&found.id), true)?
-        .ok_or_else(|| LedgerError::internal("tool call vanished while locking"))?;
+    // A purge may have removed it meanwhile: then its tombstone answers.
+    let Some(rec) = load(scope, By::Id(&found.id), true)? else {
+        return Ok(None);
+    };
     if rec.idempotency_key != who.idempotency_key {
         // Found by (run_id, tool_call_id) under another key.
         return Err(identity_reused().with("tool_call_id", who.tool_call_id.as_str()));
     }
     Ok(Some(rec))
+}
+
+/// The tombstone of a purged call with this key: `{"outcome": "purged", ...}`, never a new
+/// execution (a different tool or request under the key is still a conflict).
+fn tombstone(scope: &Scope, who: &Identity, args: &Arguments) -> Result<Option<Jsonb>> {
+    let Some((tool_ref, hash, record)) = db::select_one(
+        "SELECT tool_ref, request_hash, to_jsonb(t) - 'tenant_id' - 'workspace_id' FROM ledger.tool_call_tombstones t \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND idempotency_key = $3",
+        &args3(scope, &who.idempotency_key),
+        |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?, db::req::<Jsonb>(r, 3)?)),
+    )?
+    else {
+        return Ok(None);
+    };
+    if tool_ref != who.tool_ref || hash != args.hash {
+        return Err(identity_reused().with("purged", true));
+    }
+    Ok(Some(Jsonb(format!(
+        r#"{{"outcome":"purged","tool_call":{},"approval":null,"response":null}}"#,
+        record.0
+    ))))
 }
 
 /// Checks a caller-given step: a `tool` step of this run (one tool call per step).
@@ -605,6 +628,9 @@ fn claim_tool_call(
                 lease,
                 retry_failed,
             )?);
+        }
+        if let Some(purged) = tombstone(&scope, &who, &args)? {
+            return Ok(purged);
         }
         run.ensure_live("tool calls")?;
         if let Some(mut rec) = insert(
@@ -947,6 +973,15 @@ fn request_tool_approval(
     let args = self::arguments(arguments)?;
     let details = redacted_object("details", details)?;
     let run = runs::existing(&scope, "run_id", who.run_id, true)?;
+    if tombstone(&scope, &who, &args)?.is_some() {
+        return Err(LedgerError::new(
+            Class::WrongState,
+            "TOOL_CALL_PURGED",
+            "this tool call was purged",
+        )
+        .with("idempotency_key", who.idempotency_key.as_str())
+        .into());
+    }
     if let Some(rec) = find_locked(&scope, &who)? {
         if rec.tool_ref != who.tool_ref || rec.request_hash != args.hash {
             return Err(identity_reused().into());

@@ -1,0 +1,277 @@
+//! Retention (SPEC §14): purging finished runs with everything that hangs off them, while the
+//! idempotency keys of their tool calls stay behind as tombstones, so a late duplicate can
+//! never execute again.
+
+use crate::blobs;
+use crate::db;
+use crate::error::{LedgerError, Result};
+use crate::scope::{self, Scope};
+use pgrx::datum::Interval;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+
+pub const MAX_BATCH: i32 = 100_000;
+
+/// Up to `limit` purgeable runs, locked: terminal and ended before the cutoff, with no tool call
+/// still open (claimed, running, in_doubt, waiting_approval), and referenced by no other run or
+/// task. Runs referenced by a newer attempt go once that attempt has gone (leaf first).
+fn candidates(scope: &Scope, older_than: &Interval, limit: i32) -> Result<Vec<String>> {
+    db::write_one(
+        "SELECT coalesce(array_agg(id), '{}') FROM ( \
+           SELECT r.id FROM ledger.runs r \
+            WHERE r.tenant_id = $1 AND r.workspace_id = $2 \
+              AND r.status IN ('succeeded', 'failed', 'canceled', 'expired') \
+              AND r.ended_at < now() - $3 \
+              AND NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t \
+                               WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id \
+                                 AND t.run_id = r.id AND t.status NOT IN ('succeeded', 'failed', 'rejected')) \
+              AND NOT EXISTS (SELECT 1 FROM ledger.runs c \
+                               WHERE c.tenant_id = r.tenant_id AND c.workspace_id = r.workspace_id AND c.id <> r.id \
+                                 AND (c.parent_run_id = r.id OR c.source_run_id = r.id OR c.root_run_id = r.id)) \
+              AND NOT EXISTS (SELECT 1 FROM ledger.tasks k \
+                               WHERE k.tenant_id = r.tenant_id AND k.workspace_id = r.workspace_id AND k.run_id = r.id) \
+            ORDER BY r.ended_at, r.id LIMIT $4 FOR UPDATE OF r SKIP LOCKED) p",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), older_than.clone().into(), limit.into()],
+        |r| db::req::<Vec<String>>(r, 1),
+    )
+    .map(Option::unwrap_or_default)
+}
+
+/// Deletes the runs `ids` and every row that hangs off them, keeping tool-call tombstones.
+fn purge(scope: &Scope, ids: Vec<String>) -> Result<()> {
+    let statements = [
+        "INSERT INTO ledger.tool_call_tombstones (tenant_id, workspace_id, idempotency_key, tool_ref, request_hash, \
+             status, tool_call_record_id, tool_call_id, run_id, completed_at) \
+         SELECT tenant_id, workspace_id, idempotency_key, tool_ref, request_hash, status, id, tool_call_id, run_id, completed_at \
+           FROM ledger.run_step_tool_calls WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3) \
+         ON CONFLICT DO NOTHING",
+        "DELETE FROM ledger.run_step_tool_calls WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
+        "DELETE FROM ledger.approval_requests WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
+        "DELETE FROM ledger.run_cost_entries WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
+        "DELETE FROM ledger.audit_events WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
+        "DELETE FROM ledger.response_events WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
+        "DELETE FROM ledger.citations WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
+        "DELETE FROM ledger.run_feedback WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
+        "DELETE FROM ledger.run_events WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
+        "DELETE FROM ledger.run_artifacts WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
+        "DELETE FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
+        // Delivered facts go; undelivered ones stay for their consumers, detached from the run.
+        "DELETE FROM ledger.outbox WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3) AND status = 'done'",
+        "UPDATE ledger.outbox SET run_id = NULL WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
+        "DELETE FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
+    ];
+    for sql in statements {
+        db::execute(
+            sql,
+            &[
+                scope.tenant.as_str().into(),
+                scope.workspace.as_str().into(),
+                ids.clone().into(),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// Blobs no run input and no artifact refers to any more, swept under the exclusive blob lock.
+fn sweep_blobs(scope: &Scope) -> Result<()> {
+    db::execute(
+        "SELECT pg_catalog.pg_advisory_xact_lock($1)",
+        &[blobs::gc_lock_key(scope).into()],
+    )?;
+    db::execute(
+        "DELETE FROM ledger.blobs b WHERE b.tenant_id = $1 AND b.workspace_id = $2 \
+            AND NOT EXISTS (SELECT 1 FROM ledger.runs r WHERE r.tenant_id = b.tenant_id \
+                              AND r.workspace_id = b.workspace_id AND r.inputs_sha256 = b.sha256) \
+            AND NOT EXISTS (SELECT 1 FROM ledger.run_artifacts a WHERE a.tenant_id = b.tenant_id \
+                              AND a.workspace_id = b.workspace_id AND a.storage_key = 'blob:sha256:' || b.sha256)",
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into()],
+    )
+}
+
+/// Deletes up to `batch` finished runs of the scope that ended more than `older_than` ago, with
+/// all their rows and the blobs nothing else refers to; returns how many runs went.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn purge_runs(
+    older_than: Option<Interval>,
+    batch: default!(Option<i32>, 1000),
+) -> std::result::Result<i32, ErrorReport> {
+    let scope = scope::current()?;
+    let older_than = older_than.ok_or_else(|| LedgerError::required("older_than"))?;
+    let batch = batch.ok_or_else(|| LedgerError::required("batch"))?;
+    if !(1..=MAX_BATCH).contains(&batch) {
+        return Err(
+            LedgerError::invalid("LIMIT_INVALID", "batch must be between 1 and 100000")
+                .with("batch", batch)
+                .into(),
+        );
+    }
+    let negative = db::select_one(
+        "SELECT $1 < interval '0'",
+        &[older_than.clone().into()],
+        |r| db::req::<bool>(r, 1),
+    )?;
+    if negative == Some(true) {
+        return Err(
+            LedgerError::invalid("INTERVAL_INVALID", "older_than must not be negative").into(),
+        );
+    }
+    let mut purged = 0;
+    while purged < batch {
+        let ids = candidates(&scope, &older_than, batch - purged)?;
+        if ids.is_empty() {
+            break;
+        }
+        purged += ids.len() as i32;
+        purge(&scope, ids)?;
+    }
+    if purged > 0 {
+        sweep_blobs(&scope)?;
+    }
+    Ok(purged)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, one, set_scope};
+    use pgrx::prelude::*;
+
+    fn run_sql(sql: &str) {
+        Spi::run(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// A finished run with a step, a tool call (its result offloaded), costs, events, outbox rows.
+    fn finished_run(id: &str, key: &str) {
+        run_sql(&format!("SELECT ledger.create_run('agent', '{{\"big\": \"' || repeat('i', 9000) || '\"}}', run_id => '{id}')"));
+        run_sql(&format!("SELECT ledger.transition_run('{id}', 'running')"));
+        let tc = one::<String>(&format!(
+            "SELECT ledger.claim_tool_call('{id}', 'send', '{{\"to\": \"x\"}}', idempotency_key => '{key}')->'tool_call'->>'id'"
+        ));
+        run_sql(&format!("SELECT ledger.begin_tool_call('{tc}', 1)"));
+        run_sql(&format!("SELECT ledger.complete_tool_call('{tc}', 1, 'succeeded', jsonb_build_object('r', repeat('r', 9000)))"));
+        run_sql(&format!(
+            "SELECT ledger.record_cost('{id}', 'tokens', 1, 0.1, 'USD')"
+        ));
+        run_sql(&format!("SELECT ledger.record_feedback('{id}', 1)"));
+        run_sql(&format!(
+            "SELECT ledger.transition_run('{id}', 'succeeded')"
+        ));
+    }
+
+    fn count(table: &str) -> i64 {
+        one::<i64>(&format!("SELECT count(*) FROM ledger.{table}"))
+    }
+
+    #[pg_test]
+    fn purge_removes_old_runs_and_keeps_tombstones() {
+        set_scope("t-purge", "w");
+        finished_run("old", "k-old");
+        finished_run("new", "k-new");
+        run_sql("SELECT ledger.create_run('agent', run_id => 'live')");
+        // Make "old" look old; "new" ended just now.
+        run_sql("UPDATE ledger.runs SET ended_at = now() - interval '40 days' WHERE tenant_id = 't-purge' AND id = 'old'");
+        assert_eq!(count("blobs"), 4);
+        assert_eq!(
+            one::<i32>("SELECT ledger.purge_runs(interval '30 days')"),
+            1
+        );
+        assert_eq!(
+            one::<String>("SELECT string_agg(id, ',' ORDER BY id) FROM ledger.runs"),
+            "live,new"
+        );
+        for table in [
+            "run_steps",
+            "run_step_tool_calls",
+            "run_events",
+            "run_artifacts",
+            "run_cost_entries",
+            "run_feedback",
+        ] {
+            assert_eq!(
+                one::<i64>(&format!(
+                    "SELECT count(*) FROM ledger.{table} WHERE run_id = 'old'"
+                )),
+                0,
+                "{table}"
+            );
+        }
+        assert_eq!(
+            count("blobs"),
+            2,
+            "the old run's inputs and result blobs went"
+        );
+        assert_eq!(
+            one::<i32>("SELECT ledger.purge_runs(interval '30 days')"),
+            0
+        );
+        // A late duplicate of the old run's call does not execute.
+        let out = one::<pgrx::JsonB>("SELECT ledger.claim_tool_call('live', 'send', '{\"to\": \"x\"}', idempotency_key => 'k-old')").0;
+        assert_eq!(out["outcome"], "purged");
+        assert_eq!(out["tool_call"]["status"], "succeeded");
+        assert_eq!(out["tool_call"]["run_id"], "old");
+        assert_error(
+            "SELECT ledger.claim_tool_call('live', 'send', '{\"to\": \"y\"}', idempotency_key => 'k-old')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_error(
+            "SELECT ledger.request_tool_approval('live', 'send', '{\"to\": \"x\"}', idempotency_key => 'k-old')",
+            "55000",
+            "TOOL_CALL_PURGED",
+        );
+        assert_eq!(count("run_step_tool_calls"), 1);
+    }
+
+    #[pg_test]
+    fn purge_goes_leaf_first_and_spares_open_calls_and_other_scopes() {
+        set_scope("t-purge-other", "w");
+        finished_run("theirs", "k-theirs");
+        run_sql("UPDATE ledger.runs SET ended_at = now() - interval '40 days' WHERE tenant_id = 't-purge-other'");
+        set_scope("t-purge-chain", "w");
+        finished_run("a1", "k-a1");
+        run_sql("SELECT ledger.retry_run('a1')");
+        run_sql("SELECT ledger.transition_run(id, 'canceled') FROM ledger.runs WHERE source_run_id = 'a1'");
+        // A run whose tool call is still in doubt is kept.
+        run_sql("SELECT ledger.create_run('agent', run_id => 'doubt'), ledger.transition_run('doubt', 'running')");
+        let tc =
+            one::<String>("SELECT ledger.claim_tool_call('doubt', 'x', '{}')->'tool_call'->>'id'");
+        run_sql(&format!(
+            "SELECT ledger.complete_tool_call('{tc}', 1, 'unknown')"
+        ));
+        run_sql("SELECT ledger.transition_run('doubt', 'failed')");
+        run_sql("UPDATE ledger.runs SET ended_at = now() - interval '40 days' WHERE tenant_id = 't-purge-chain'");
+        // One at a time: the retry goes first, then its source.
+        assert_eq!(
+            one::<i32>("SELECT ledger.purge_runs(interval '1 day', 1)"),
+            1
+        );
+        assert!(one::<bool>(
+            "SELECT EXISTS (SELECT 1 FROM ledger.runs WHERE id = 'a1')"
+        ));
+        assert_eq!(one::<i32>("SELECT ledger.purge_runs(interval '1 day')"), 1);
+        assert_eq!(
+            one::<String>("SELECT string_agg(id, ',') FROM ledger.runs"),
+            "doubt"
+        );
+        set_scope("t-purge-other", "w");
+        assert_eq!(count("runs"), 1, "another scope's runs are untouched");
+        assert_eq!(count("blobs"), 2);
+        assert_error(
+            "SELECT ledger.purge_runs(interval '-1 day')",
+            "22023",
+            "INTERVAL_INVALID",
+        );
+        assert_error(
+            "SELECT ledger.purge_runs(interval '1 day', 0)",
+            "22023",
+            "LIMIT_INVALID",
+        );
+        assert_error(
+            "SELECT ledger.purge_runs(NULL)",
+            "22023",
+            "ARGUMENT_REQUIRED",
+        );
+    }
+}
