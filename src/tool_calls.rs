@@ -1818,6 +1818,36 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_replayed_run_gets_its_tool_results_from_the_ledger() {
+        run("t-tc-replay-run");
+        let key = "SELECT ledger.claim_tool_call('{run}', 'lookup', '{\"order\": 7}', idempotency_key => 'order-7:lookup')";
+        let id = one::<String>(&format!(
+            "{}->'tool_call'->>'id'",
+            key.replace("{run}", "r")
+        ));
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{{\"eta\": 2}}')"
+        ))
+        .unwrap();
+        Spi::run("SELECT ledger.transition_run('r', 'succeeded')").unwrap();
+        let again = one::<String>("SELECT id FROM ledger.replay_run('r')");
+        let out = one::<pgrx::JsonB>(&key.replace("{run}", &again)).0;
+        assert_eq!(out["outcome"], "replayed");
+        assert_eq!(out["response"]["result"], serde_json::json!({"eta": 2}));
+        assert_eq!(out["tool_call"]["attempt"], 1);
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_step_tool_calls"),
+            1,
+            "nothing claimed twice"
+        );
+        assert_eq!(
+            one::<i64>(&format!("SELECT count(*) FROM ledger.events_since('{again}') WHERE kind = 'tool_call.replayed'")),
+            1
+        );
+    }
+
+    #[pg_test]
     fn redaction_and_hashing_are_exposed_for_clients() {
         assert_eq!(
             one::<String>(
