@@ -120,3 +120,25 @@ COMMENT ON FUNCTION ledger.replay_run(text, jsonb) IS
     'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
 COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
     'Deletes up to batch terminal runs of the scope that ended more than older_than ago, with all their rows and the blobs nothing else refers to, keeping each tool call''s idempotency key as a tombstone. Skips runs with open tool calls or that other runs or tasks refer to (leaf first). Returns how many runs went.';
+COMMENT ON FUNCTION ledger.outbox_claim(text, integer, integer) IS
+    'Claims up to max_events (1 to 1000) due outbox events of the scope for consumer, oldest first: pending ones whose available_at has come and processing ones whose lease expired. Each becomes processing under a lease of lease_seconds (1 to 86400) and counts an attempt. FOR UPDATE SKIP LOCKED: never waits for another claimer. An expired lease on an event''s 64th attempt since its last replay fails it instead. Delivery is at least once: deduplicate on id.';
+COMMENT ON FUNCTION ledger.outbox_ack(text, text[]) IS
+    'Marks the events consumer holds as done and returns how many. Ids it does not hold (a lease re-taken by another consumer, an event already done) are ignored.';
+COMMENT ON FUNCTION ledger.outbox_nack(text, text, text) IS
+    'Reports a failed attempt of an event consumer holds (55000 OUTBOX_NOT_LOCKED otherwise): pending again after min(300, 2^(n-1)) seconds for the n-th attempt since the last replay, or failed after the 64th. error goes to last_error (8192 characters at most).';
+COMMENT ON FUNCTION ledger.outbox_replay(text) IS
+    'Puts a failed outbox event back to pending, due now, with another 64 attempts (55000 OUTBOX_NOT_FAILED otherwise). attempt_count is kept; replay_count + 1. Notifies ledger_outbox.';
+COMMENT ON FUNCTION ledger.create_task(text, jsonb, text, text) IS
+    'Creates a queued task of task_type with input (a JSON object, redacted), optionally for run_id (which must exist in scope). A caller task_id is idempotent: the same type and run return the task, anything else fails 23505 IDEMPOTENCY_MISMATCH. Writes task.created to ledger.task_events.';
+COMMENT ON FUNCTION ledger.transition_task(text, text, text, jsonb, jsonb, text, text) IS
+    'Moves a task to to_status under the run rules: a conditional update under the row lock (55000 TRANSITION_INVALID, 40001 TRANSITION_CONFLICT with expected_status; the current status returns the row unchanged). progress is merged by top-level key, output replaced (both JSON objects, redacted). Writes task.status.';
+COMMENT ON FUNCTION ledger.add_task_checkpoint(text, jsonb) IS
+    'Adds a checkpoint (payload: a JSON object, redacted) to a task that is not terminal (55000 TASK_TERMINAL), numbered 1, 2, 3, ... without gaps per task. Writes task.checkpoint.';
+COMMENT ON FUNCTION ledger.record_task_event(text, text, jsonb) IS
+    'Appends the caller''s event (payload: a JSON object, redacted) to a task''s history, in any status. The ledger''s own types task.created, task.status, task.checkpoint and task.snapshot are refused (22023 EVENT_TYPE_RESERVED).';
+COMMENT ON FUNCTION ledger.set_task_snapshot(text, jsonb) IS
+    'Stores the persisted execution snapshot (a JSON object, redacted) of a task that is not terminal (55000 TASK_TERMINAL); ledger.replay_task starts from it. Writes task.snapshot.';
+COMMENT ON FUNCTION ledger.retry_task(text) IS
+    'Retries a failed, canceled or expired task in place (55000 TRANSITION_INVALID otherwise; TASK_REPLAYED if it was replayed): retrying, then queued, as attempt_count + 1 with errors, output and times cleared and progress {"action": "requeued"}. Writes outbox task.retried.';
+COMMENT ON FUNCTION ledger.replay_task(text) IS
+    'Replays a task from its snapshot in one transaction and returns the NEW task: queued, same type and input, no run, replayed_from_task_id set, snapshot without task_id and run_id (top level and in payload). The old task goes to canceled (through retrying when terminal; succeeded fails 55000 TRANSITION_INVALID) with retried_as_task_id. No snapshot: 55000 TASK_RETRY_SNAPSHOT_MISSING, nothing changed. A task already replayed returns its replacement.';

@@ -169,6 +169,7 @@ CREATE TABLE ledger.outbox (
     FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id)
 );
 CREATE INDEX outbox_due_idx ON ledger.outbox (tenant_id, workspace_id, status, available_at);
+CREATE INDEX outbox_claim_idx ON ledger.outbox (tenant_id, workspace_id, available_at, id) WHERE status IN ('pending', 'processing');
 COMMENT ON TABLE ledger.outbox IS 'Transactional outbox: facts for other systems, written in the same transaction as the fact (run.created, terminal run.status.updated, ...). Each insert notifies channel ledger_outbox.';
 
 CREATE TABLE ledger.run_artifacts (

@@ -131,6 +131,7 @@ fn record_cost(
         &scope,
         "cost.recorded",
         Some(run_id),
+        None,
         Some(&format!("cost:{id}")),
         &payload,
     )?;

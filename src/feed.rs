@@ -79,14 +79,15 @@ pub fn enqueue(
     scope: &Scope,
     event_type: &str,
     run_id: Option<&str>,
+    task_id: Option<&str>,
     subject: Option<&str>,
     payload: &Value,
 ) -> Result<String> {
     let id = ids::new_id("obx");
     db::execute(
         "WITH o AS (INSERT INTO ledger.outbox \
-                        (tenant_id, workspace_id, id, event_type, run_id, subject, payload) \
-                    VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id) \
+                        (tenant_id, workspace_id, id, event_type, run_id, task_id, subject, payload) \
+                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id) \
          SELECT pg_catalog.pg_notify('ledger_outbox', o.id) FROM o",
         &[
             scope.tenant.as_str().into(),
@@ -94,6 +95,7 @@ pub fn enqueue(
             id.as_str().into(),
             event_type.into(),
             run_id.into(),
+            task_id.into(),
             subject.into(),
             Jsonb::from(payload).into(),
         ],

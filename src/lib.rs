@@ -19,17 +19,24 @@ mod feed;
 mod guc;
 mod jsonb;
 mod model;
+mod outbox;
 mod records;
 mod redaction;
 mod retention;
 mod runs;
 mod scope;
 mod steps;
+mod tasks;
 mod tool_calls;
 
 ::pgrx::pg_module_magic!();
 
 extension_sql_file!("../sql/schema.sql", name = "ledger_schema", bootstrap);
+extension_sql_file!(
+    "../sql/tasks.sql",
+    name = "ledger_tasks",
+    requires = ["ledger_schema"]
+);
 extension_sql_file!("../sql/finalize.sql", name = "ledger_finalize", finalize);
 
 #[pg_guard]

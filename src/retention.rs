@@ -31,7 +31,7 @@ fn candidates(scope: &Scope, older_than: &Interval, limit: i32) -> Result<Vec<St
               AND NOT EXISTS (SELECT 1 FROM ledger.tasks k \
                                WHERE k.tenant_id = r.tenant_id AND k.workspace_id = r.workspace_id AND k.run_id = r.id) \
             ORDER BY r.ended_at, r.id LIMIT $4 FOR UPDATE OF r SKIP LOCKED) p",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), older_than.clone().into(), limit.into()],
+        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), (*older_than).into(), limit.into()],
         |r| db::req::<Vec<String>>(r, 1),
     )
     .map(Option::unwrap_or_default)
@@ -107,11 +107,9 @@ fn purge_runs(
                 .into(),
         );
     }
-    let negative = db::select_one(
-        "SELECT $1 < interval '0'",
-        &[older_than.clone().into()],
-        |r| db::req::<bool>(r, 1),
-    )?;
+    let negative = db::select_one("SELECT $1 < interval '0'", &[older_than.into()], |r| {
+        db::req::<bool>(r, 1)
+    })?;
     if negative == Some(true) {
         return Err(
             LedgerError::invalid("INTERVAL_INVALID", "older_than must not be negative").into(),
@@ -144,13 +142,13 @@ mod tests {
 
     /// A finished run with a step, a tool call (its result offloaded), costs, events, outbox rows.
     fn finished_run(id: &str, key: &str) {
-        run_sql(&format!("SELECT ledger.create_run('agent', '{{\"big\": \"' || repeat('i', 9000) || '\"}}', run_id => '{id}')"));
+        run_sql(&format!("SELECT ledger.create_run('agent', ('{{\"run\": \"{id}\", \"big\": \"' || repeat('i', 9000) || '\"}}')::jsonb, run_id => '{id}')"));
         run_sql(&format!("SELECT ledger.transition_run('{id}', 'running')"));
         let tc = one::<String>(&format!(
             "SELECT ledger.claim_tool_call('{id}', 'send', '{{\"to\": \"x\"}}', idempotency_key => '{key}')->'tool_call'->>'id'"
         ));
         run_sql(&format!("SELECT ledger.begin_tool_call('{tc}', 1)"));
-        run_sql(&format!("SELECT ledger.complete_tool_call('{tc}', 1, 'succeeded', jsonb_build_object('r', repeat('r', 9000)))"));
+        run_sql(&format!("SELECT ledger.complete_tool_call('{tc}', 1, 'succeeded', jsonb_build_object('run', '{id}', 'r', repeat('r', 9000)))"));
         run_sql(&format!(
             "SELECT ledger.record_cost('{id}', 'tokens', 1, 0.1, 'USD')"
         ));
@@ -161,7 +159,9 @@ mod tests {
     }
 
     fn count(table: &str) -> i64 {
-        one::<i64>(&format!("SELECT count(*) FROM ledger.{table}"))
+        one::<i64>(&format!(
+            "SELECT count(*) FROM ledger.{table} WHERE tenant_id = 't-purge'"
+        ))
     }
 
     #[pg_test]
@@ -231,7 +231,7 @@ mod tests {
         run_sql("UPDATE ledger.runs SET ended_at = now() - interval '40 days' WHERE tenant_id = 't-purge-other'");
         set_scope("t-purge-chain", "w");
         finished_run("a1", "k-a1");
-        run_sql("SELECT ledger.retry_run('a1')");
+        run_sql("SELECT ledger.replay_run('a1')");
         run_sql("SELECT ledger.transition_run(id, 'canceled') FROM ledger.runs WHERE source_run_id = 'a1'");
         // A run whose tool call is still in doubt is kept.
         run_sql("SELECT ledger.create_run('agent', run_id => 'doubt'), ledger.transition_run('doubt', 'running')");
@@ -248,16 +248,25 @@ mod tests {
             1
         );
         assert!(one::<bool>(
-            "SELECT EXISTS (SELECT 1 FROM ledger.runs WHERE id = 'a1')"
+            "SELECT EXISTS (SELECT 1 FROM ledger.runs WHERE tenant_id = 't-purge-chain' AND id = 'a1')"
         ));
         assert_eq!(one::<i32>("SELECT ledger.purge_runs(interval '1 day')"), 1);
+        // (Tests run as a superuser, which bypasses row-level security: filter by tenant.)
+        let left = |t: &str, table: &str| {
+            one::<String>(&format!("SELECT coalesce(string_agg(x::text, ','), '') FROM (SELECT count(*) x FROM ledger.{table} WHERE tenant_id = '{t}') c"))
+        };
         assert_eq!(
-            one::<String>("SELECT string_agg(id, ',') FROM ledger.runs"),
+            one::<String>(
+                "SELECT string_agg(id, ',') FROM ledger.runs WHERE tenant_id = 't-purge-chain'"
+            ),
             "doubt"
         );
-        set_scope("t-purge-other", "w");
-        assert_eq!(count("runs"), 1, "another scope's runs are untouched");
-        assert_eq!(count("blobs"), 2);
+        assert_eq!(
+            left("t-purge-other", "runs"),
+            "1",
+            "another scope's runs are untouched"
+        );
+        assert_eq!(left("t-purge-other", "blobs"), "2");
         assert_error(
             "SELECT ledger.purge_runs(interval '-1 day')",
             "22023",

@@ -268,6 +268,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         scope,
         "run.created",
         Some(&id),
+        None,
         Some(&format!("run:{id}")),
         &payload,
     )?;
@@ -333,7 +334,15 @@ fn rerun(
         return Err(LedgerError::new(
             Class::WrongState,
             "RUN_NOT_RERUNNABLE",
-            format!("a {} run cannot be {action}ed", source.status.as_str()),
+            format!(
+                "a {} run cannot be {}",
+                source.status.as_str(),
+                if action == "retry" {
+                    "retried"
+                } else {
+                    "replayed"
+                }
+            ),
         )
         .with("run_id", run_id)
         .with("status", source.status.as_str())
@@ -484,6 +493,7 @@ fn transition_run(
             &scope,
             "run.status.updated",
             Some(run_id),
+            None,
             Some(&format!("run:{run_id}")),
             &json!({
                 "run_id": run_id, "old_status": from.as_str(), "new_status": to.as_str(),

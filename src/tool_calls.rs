@@ -208,6 +208,7 @@ fn mark_in_doubt(scope: &Scope, rec: &mut Record, error: Option<&str>) -> Result
         scope,
         "tool_call.in_doubt",
         Some(&rec.run_id),
+        None,
         Some(&format!("tool_call:{}", rec.id)),
         &rec.ids(),
     )?;
@@ -1055,6 +1056,7 @@ fn request_tool_approval(
         &scope,
         "approval.requested",
         Some(who.run_id),
+        None,
         Some(&format!("approval:{approval_id}")),
         &payload,
     )?;

@@ -5,6 +5,7 @@ pub mod evidence;
 pub mod hash;
 pub mod ids;
 pub mod json;
+pub mod outbox;
 pub mod redact;
 pub mod status;
 pub mod text;

@@ -92,11 +92,14 @@ SELECT event_type, status, payload->>'new_status' AS new_status FROM ledger.outb
 
 -- 9. Re-running (replay #4) keeps lineage in the ledger: a new run from this one is attempt 2 of the
 --    same root, and its tool calls with unchanged keys come back from the ledger.
-SELECT id, attempt_no, source_run_id, root_run_id
-  FROM ledger.create_run('agent', run_id => 'run-demo-2', source_run_id => 'run-demo-1');
+SELECT id AS run_demo_2 FROM ledger.replay_run('run-demo-1') \gset
+SELECT attempt_no, control_action, source_run_id, root_run_id, subject_version_id, ledger.run_inputs(id) AS inputs
+  FROM ledger.runs WHERE id = :'run_demo_2';
 SELECT r->>'outcome' AS outcome, r->'response'->'result' AS result
-  FROM ledger.claim_tool_call('run-demo-2', 'crm.lookup_order', '{"order": 1042, "api_key": "sk-live-0123456789abcdefghij"}',
+  FROM ledger.claim_tool_call(:'run_demo_2', 'crm.lookup_order', '{"order": 1042, "api_key": "sk-live-0123456789abcdefghij"}',
                               idempotency_key => 'tool:run-demo-1:call-lookup') AS r;
+-- The whole chain, oldest first:
+SELECT attempt_no, control_action, status FROM ledger.runs WHERE root_run_id = 'run-demo-1' ORDER BY attempt_no;
 
 -- 10. Evidence (replay #1). Is run-demo-1 replayable from the ledger alone? Not yet:
 SELECT ledger.replay_ready('run-demo-1');
@@ -116,7 +119,7 @@ SELECT key, jsonb_typeof(value) AS type, CASE WHEN jsonb_typeof(value) = 'array'
   FROM jsonb_each(ledger.replay_bundle('run-demo-1')) ORDER BY key;
 SELECT b->'trace_spec'->'charge_summary' AS charge_summary, b->'trace_spec'->'usage_summary' AS usage_summary
   FROM ledger.replay_bundle('run-demo-1') AS b;
-SELECT id, status, steps, tool_calls, cost FROM ledger.run_overview ORDER BY id;
+SELECT id, status, steps, tool_calls, cost FROM ledger.run_overview WHERE id = 'run-demo-1';
 
 -- 11. Another workspace sees none of it.
 SELECT ledger.set_scope('acme', 'billing');

@@ -1,0 +1,708 @@
+//! The outbox consumer API (SPEC §11): claim a batch under a lease, ack, nack with backoff, and
+//! replay a failed event. Delivery is at least once: a lease that expires is re-taken by the
+//! next claim, so consumers deduplicate on the event id.
+//!
+//! The rules (bounds, backoff, when an event fails) are in `model::outbox`; this is SPI.
+
+use crate::db;
+use crate::error::{LedgerError, Result};
+use crate::model::ids;
+use crate::model::outbox::{self as rules, AfterNack};
+use crate::model::text;
+use crate::scope::{self, Scope};
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
+
+type Event = pgrx::composite_type!('static, "ledger.outbox");
+
+fn not_found(id: &str) -> LedgerError {
+    LedgerError::not_found("OUTBOX_EVENT_NOT_FOUND", "outbox event", id)
+}
+
+fn row(scope: &Scope, id: &str) -> Result<Event> {
+    db::select_one(
+        "SELECT o FROM ledger.outbox o WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            id.into(),
+        ],
+        |r| db::req(r, 1),
+    )?
+    .ok_or_else(|| not_found(id))
+}
+
+/// The columns nack and replay decide on.
+struct Held {
+    status: String,
+    lock_owner: Option<String>,
+    attempt_count: i32,
+    replay_count: i32,
+}
+
+/// The event `id`, locked (P0002 `OUTBOX_EVENT_NOT_FOUND`).
+fn locked(scope: &Scope, id: &str) -> Result<Held> {
+    db::write_one(
+        "SELECT status, lock_owner, attempt_count, replay_count FROM ledger.outbox \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            id.into(),
+        ],
+        |r| {
+            Ok(Held {
+                status: db::req(r, 1)?,
+                lock_owner: db::opt(r, 2)?,
+                attempt_count: db::req(r, 3)?,
+                replay_count: db::req(r, 4)?,
+            })
+        },
+    )?
+    .ok_or_else(|| not_found(id))
+}
+
+fn consumer_arg(consumer: Option<&str>) -> Result<&str> {
+    let consumer = consumer.ok_or_else(|| LedgerError::required("consumer"))?;
+    ids::validate("consumer", consumer)?;
+    Ok(consumer)
+}
+
+/// Claims up to `max_events` due events of the scope for `consumer`: pending ones whose
+/// `available_at` has come and processing ones whose lease expired, oldest first. Each becomes
+/// processing under a lease of `lease_seconds` and counts an attempt. Rows another claimer holds
+/// are skipped, never waited for. An expired lease on an event's last attempt fails the event
+/// instead of delivering it again, so a consumer that crashes on it cannot loop forever.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn outbox_claim(
+    consumer: Option<&str>,
+    max_events: default!(Option<i32>, 50),
+    lease_seconds: default!(Option<i32>, 60),
+) -> std::result::Result<
+    SetOfIterator<'static, pgrx::composite_type!('static, "ledger.outbox")>,
+    ErrorReport,
+> {
+    let scope = scope::current()?;
+    let consumer = consumer_arg(consumer)?;
+    let limit =
+        rules::claim_events(max_events.ok_or_else(|| LedgerError::required("max_events"))?)?;
+    let lease =
+        rules::lease_seconds(lease_seconds.ok_or_else(|| LedgerError::required("lease_seconds"))?)?;
+    let tenant = scope.tenant.as_str();
+    let workspace = scope.workspace.as_str();
+
+    // Locks the batch; the updates below then never wait. A processing event was due when it
+    // was claimed, so `available_at <= now` holds for both kinds: outbox_claim_idx is scanned in
+    // claim order up to now and stops at the limit.
+    let (due, attempts, replays) = db::write_one(
+        "WITH due AS (SELECT id, attempt_count, replay_count FROM ledger.outbox \
+                       WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('pending', 'processing') \
+                         AND available_at <= (SELECT clock_timestamp()) \
+                         AND (status = 'pending' OR lock_expires_at <= (SELECT clock_timestamp())) \
+                       ORDER BY available_at, id LIMIT $3 \
+                       FOR UPDATE SKIP LOCKED) \
+         SELECT array_agg(id), array_agg(attempt_count), array_agg(replay_count) FROM due",
+        &[tenant.into(), workspace.into(), i64::from(limit).into()],
+        |r| {
+            Ok((
+                db::opt::<Vec<String>>(r, 1)?.unwrap_or_default(),
+                db::opt::<Vec<i32>>(r, 2)?.unwrap_or_default(),
+                db::opt::<Vec<i32>>(r, 3)?.unwrap_or_default(),
+            ))
+        },
+    )?
+    .ok_or_else(|| LedgerError::internal("an aggregate returned no row"))?;
+    let (mut spent, mut fresh) = (Vec::new(), Vec::new());
+    for (id, (attempt, replay)) in due.into_iter().zip(attempts.into_iter().zip(replays)) {
+        if rules::exhausted(attempt, replay) {
+            spent.push(id);
+        } else {
+            fresh.push(id);
+        }
+    }
+
+    if !spent.is_empty() {
+        db::execute(
+            "UPDATE ledger.outbox SET status = 'failed', processed_at = clock_timestamp(), \
+                    last_error = format('the lease of attempt %s (consumer %s) expired and no attempts are left', \
+                                        attempt_count, lock_owner), \
+                    lock_owner = NULL, lock_expires_at = NULL \
+              WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
+            &[tenant.into(), workspace.into(), spent.into()],
+        )?;
+    }
+    if fresh.is_empty() {
+        return Ok(SetOfIterator::new(Vec::new()));
+    }
+    db::execute(
+        "UPDATE ledger.outbox SET status = 'processing', lock_owner = $4, \
+                lock_expires_at = clock_timestamp() + make_interval(secs => $5), \
+                attempt_count = attempt_count + 1 \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
+        &[
+            tenant.into(),
+            workspace.into(),
+            fresh.clone().into(),
+            consumer.into(),
+            lease.into(),
+        ],
+    )?;
+    let rows = db::select(
+        "SELECT o FROM ledger.outbox o WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3) \
+          ORDER BY available_at, id",
+        &[tenant.into(), workspace.into(), fresh.into()],
+        |r| db::req::<Event>(r, 1),
+    )?;
+    Ok(SetOfIterator::new(rows))
+}
+
+/// Marks the events `consumer` holds as done; returns how many. Ids it does not hold (an expired
+/// lease re-taken by another consumer, an event already done) are ignored: delivery is at least
+/// once, and the other consumer acks its own copy.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn outbox_ack(
+    consumer: Option<&str>,
+    event_ids: Option<Vec<Option<String>>>,
+) -> std::result::Result<i32, ErrorReport> {
+    let scope = scope::current()?;
+    let consumer = consumer_arg(consumer)?;
+    let event_ids = event_ids.ok_or_else(|| LedgerError::required("event_ids"))?;
+    let event_ids = event_ids
+        .into_iter()
+        .map(|id| {
+            let id = id.ok_or_else(|| {
+                LedgerError::invalid("ARGUMENT_REQUIRED", "event_ids must not contain NULL")
+                    .with("argument", "event_ids")
+            })?;
+            ids::validate("event_ids", &id)?;
+            Ok(id)
+        })
+        .collect::<Result<Vec<String>>>()?;
+    let acked = db::write_one(
+        "WITH a AS (UPDATE ledger.outbox SET status = 'done', processed_at = clock_timestamp(), \
+                           lock_owner = NULL, lock_expires_at = NULL \
+                     WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3) \
+                       AND status = 'processing' AND lock_owner = $4 RETURNING 1) \
+         SELECT count(*)::int FROM a",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            event_ids.into(),
+            consumer.into(),
+        ],
+        |r| db::req::<i32>(r, 1),
+    )?;
+    Ok(acked.unwrap_or(0))
+}
+
+/// Reports a failed attempt of an event `consumer` holds: back to pending after a backoff of
+/// min(300, 2^(n-1)) seconds for the n-th attempt since the last replay, or failed after the
+/// 64th. `error` is kept in `last_error`, cut to 8192 characters.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn outbox_nack(
+    consumer: Option<&str>,
+    event_id: Option<&str>,
+    error: Option<&str>,
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox"), ErrorReport> {
+    let scope = scope::current()?;
+    let consumer = consumer_arg(consumer)?;
+    let id = event_id.ok_or_else(|| LedgerError::required("event_id"))?;
+    ids::validate("event_id", id)?;
+    // An empty message is still a failure report (many exceptions have no text).
+    let error = text::summary(error.ok_or_else(|| LedgerError::required("error"))?);
+    let held = locked(&scope, id)?;
+    rules::check_held(id, consumer, &held.status, held.lock_owner.as_deref())?;
+    let (status, delay) = match rules::after_nack(held.attempt_count, held.replay_count) {
+        AfterNack::Retry { delay_seconds } => ("pending", delay_seconds),
+        AfterNack::Fail => ("failed", 0),
+    };
+    db::execute(
+        "UPDATE ledger.outbox SET status = $4, last_error = $5, lock_owner = NULL, lock_expires_at = NULL, \
+                available_at = CASE WHEN $4 = 'pending' THEN clock_timestamp() + make_interval(secs => $6) \
+                                    ELSE available_at END, \
+                processed_at = CASE WHEN $4 = 'failed' THEN clock_timestamp() END \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            id.into(),
+            status.into(),
+            error.into(),
+            delay.into(),
+        ],
+    )?;
+    Ok(row(&scope, id)?)
+}
+
+/// Puts a failed event back to pending, due now, with another 64 attempts. `attempt_count` is
+/// kept (the history) and `replay_count` counts the replays. Notifies `ledger_outbox` like an
+/// insert, so a consumer waiting on it picks the event up.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn outbox_replay(
+    event_id: Option<&str>,
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox"), ErrorReport> {
+    let scope = scope::current()?;
+    let id = event_id.ok_or_else(|| LedgerError::required("event_id"))?;
+    ids::validate("event_id", id)?;
+    let held = locked(&scope, id)?;
+    rules::check_failed(id, &held.status)?;
+    db::execute(
+        "WITH u AS (UPDATE ledger.outbox SET status = 'pending', replay_count = replay_count + 1, \
+                           available_at = clock_timestamp(), lock_owner = NULL, lock_expires_at = NULL, \
+                           processed_at = NULL \
+                     WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING id) \
+         SELECT pg_catalog.pg_notify('ledger_outbox', u.id) FROM u",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            id.into(),
+        ],
+    )?;
+    Ok(row(&scope, id)?)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, one, set_scope};
+    use pgrx::prelude::*;
+
+    /// Three runs, so three `run.created` events, oldest first.
+    fn three_events(tenant: &str) {
+        set_scope(tenant, "w");
+        for run in ["r1", "r2", "r3"] {
+            Spi::run(&format!(
+                "SELECT ledger.create_run('chat', run_id => '{run}')"
+            ))
+            .unwrap();
+        }
+    }
+
+    fn event_of(run: &str) -> String {
+        one(&format!(
+            "SELECT id FROM ledger.outbox WHERE ledger.scope_tenant() = tenant_id AND run_id = '{run}'"
+        ))
+    }
+
+    /// Makes the scope's events due now, as if their backoff or lease had passed.
+    fn make_due(tenant: &str) {
+        Spi::run(&format!(
+            "UPDATE ledger.outbox SET available_at = clock_timestamp() - interval '1 second', \
+                    lock_expires_at = clock_timestamp() - interval '1 second' WHERE tenant_id = '{tenant}'"
+        ))
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn claim_leases_due_events_oldest_first_and_ack_completes_them() {
+        three_events("t-obx-claim");
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(run_id || ':' || status || ':' || lock_owner || ':' || attempt_count, ',') \
+                   FROM ledger.outbox_claim('c1', 2, 30)"
+            ),
+            "r1:processing:c1:1,r2:processing:c1:1"
+        );
+        assert!(one::<bool>(
+            "SELECT bool_and(lock_expires_at BETWEEN clock_timestamp() + interval '29 seconds' \
+                                                 AND clock_timestamp() + interval '31 seconds') \
+               FROM ledger.outbox WHERE tenant_id = 't-obx-claim' AND status = 'processing'"
+        ));
+        // Held events are not claimed again; the defaults take the rest.
+        assert_eq!(
+            one::<String>("SELECT string_agg(run_id, ',') FROM ledger.outbox_claim('c2')"),
+            "r3"
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c2')"),
+            0
+        );
+        // An event not yet due is not claimed.
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r4')").unwrap();
+        Spi::run("UPDATE ledger.outbox SET available_at = clock_timestamp() + interval '1 hour' WHERE tenant_id = 't-obx-claim' AND run_id = 'r4'").unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c2')"),
+            0
+        );
+
+        let (e1, e2, e3) = (event_of("r1"), event_of("r2"), event_of("r3"));
+        // Only the holder's ids count; others, unknown ones and repeats are ignored.
+        assert_eq!(
+            one::<i32>(&format!(
+                "SELECT ledger.outbox_ack('c1', ARRAY['{e1}', '{e2}', '{e3}', '{e1}', 'obx_nope'])"
+            )),
+            2
+        );
+        assert_eq!(
+            one::<i32>(&format!("SELECT ledger.outbox_ack('c1', ARRAY['{e1}'])")),
+            0,
+            "already done"
+        );
+        assert_eq!(one::<i32>("SELECT ledger.outbox_ack('c1', '{}')"), 0);
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(run_id || ':' || status, ',' ORDER BY run_id) FROM ledger.outbox \
+                  WHERE tenant_id = 't-obx-claim' AND processed_at IS NOT NULL \
+                    AND lock_owner IS NULL AND lock_expires_at IS NULL"
+            ),
+            "r1:done,r2:done"
+        );
+        assert_eq!(
+            one::<String>("SELECT status || ':' || lock_owner FROM ledger.outbox WHERE tenant_id = 't-obx-claim' AND run_id = 'r3'"),
+            "processing:c2"
+        );
+    }
+
+    #[pg_test]
+    fn an_expired_lease_is_taken_over_and_the_old_holder_can_no_longer_ack() {
+        set_scope("t-obx-expire", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r1')").unwrap();
+        let e1 = event_of("r1");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1', lease_seconds => 1)"),
+            1
+        );
+        make_due("t-obx-expire");
+        assert_eq!(
+            one::<String>(
+                "SELECT lock_owner || ':' || attempt_count FROM ledger.outbox_claim('c2')"
+            ),
+            "c2:2"
+        );
+        assert_eq!(
+            one::<i32>(&format!("SELECT ledger.outbox_ack('c1', ARRAY['{e1}'])")),
+            0
+        );
+        assert_error(
+            &format!("SELECT ledger.outbox_nack('c1', '{e1}', 'late')"),
+            "55000",
+            "OUTBOX_NOT_LOCKED",
+        );
+        assert_eq!(
+            one::<i32>(&format!("SELECT ledger.outbox_ack('c2', ARRAY['{e1}'])")),
+            1
+        );
+        assert_eq!(
+            one::<String>("SELECT status || ':' || attempt_count FROM ledger.outbox WHERE tenant_id = 't-obx-expire'"),
+            "done:2"
+        );
+    }
+
+    #[pg_test]
+    fn nack_backs_off_and_keeps_the_error() {
+        set_scope("t-obx-nack", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r1')").unwrap();
+        let e1 = event_of("r1");
+        for (attempt, delay) in [(1, 1), (2, 2), (3, 4), (4, 8)] {
+            assert_eq!(
+                one::<i32>("SELECT attempt_count FROM ledger.outbox_claim('c1')"),
+                attempt
+            );
+            let row = format!(
+                "SELECT status || ':' || attempt_count || ':' || last_error || ':' || \
+                        (lock_owner IS NULL AND lock_expires_at IS NULL AND processed_at IS NULL) \
+                   FROM ledger.outbox_nack('c1', '{e1}', 'boom {attempt}')"
+            );
+            assert_eq!(
+                one::<String>(&row),
+                format!("pending:{attempt}:boom {attempt}:true")
+            );
+            let wait = one::<f64>(
+                "SELECT extract(epoch FROM available_at - clock_timestamp())::float8 FROM ledger.outbox WHERE tenant_id = 't-obx-nack'",
+            );
+            assert!(
+                wait > f64::from(delay) - 0.5 && wait <= f64::from(delay),
+                "attempt {attempt}: {wait}"
+            );
+            assert_eq!(
+                one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1')"),
+                0,
+                "not due during the backoff"
+            );
+            make_due("t-obx-nack");
+        }
+        // The error is cut to 8192 characters; an empty one is accepted.
+        Spi::run("SELECT ledger.outbox_claim('c1')").unwrap();
+        assert_eq!(
+            one::<i32>(&format!(
+                "SELECT length(last_error) FROM ledger.outbox_nack('c1', '{e1}', repeat('x', 10000))"
+            )),
+            8192
+        );
+        make_due("t-obx-nack");
+        Spi::run("SELECT ledger.outbox_claim('c1')").unwrap();
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT status || ':[' || last_error || ']' FROM ledger.outbox_nack('c1', '{e1}', '')"
+            )),
+            "pending:[]"
+        );
+    }
+
+    #[pg_test]
+    fn the_64th_attempt_fails_the_event_and_replay_gives_another_64() {
+        set_scope("t-obx-fail", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r1')").unwrap();
+        let e1 = event_of("r1");
+        Spi::run("UPDATE ledger.outbox SET attempt_count = 62 WHERE tenant_id = 't-obx-fail'")
+            .unwrap();
+        Spi::run("SELECT ledger.outbox_claim('c1')").unwrap();
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT status || ':' || attempt_count FROM ledger.outbox_nack('c1', '{e1}', 'no')"
+            )),
+            "pending:63"
+        );
+        make_due("t-obx-fail");
+        Spi::run("SELECT ledger.outbox_claim('c1')").unwrap();
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT status || ':' || attempt_count || ':' || (processed_at IS NOT NULL) || ':' || (lock_owner IS NULL) \
+                   FROM ledger.outbox_nack('c1', '{e1}', 'still no')"
+            )),
+            "failed:64:true:true"
+        );
+        make_due("t-obx-fail");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1')"),
+            0,
+            "a failed event is never claimed"
+        );
+
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT status || ':' || attempt_count || ':' || replay_count || ':' || (processed_at IS NULL) || ':' || \
+                        (available_at <= clock_timestamp()) || ':' || last_error \
+                   FROM ledger.outbox_replay('{e1}')"
+            )),
+            "pending:64:1:true:true:still no"
+        );
+        // A fresh budget: the backoff starts over, and 64 more attempts until it fails again.
+        assert_eq!(
+            one::<i32>("SELECT attempt_count FROM ledger.outbox_claim('c1')"),
+            65
+        );
+        let wait = one::<f64>(&format!(
+            "SELECT extract(epoch FROM available_at - clock_timestamp())::float8 FROM ledger.outbox_nack('c1', '{e1}', 'x')"
+        ));
+        assert!(wait > 0.5 && wait <= 1.0, "{wait}");
+        Spi::run("UPDATE ledger.outbox SET attempt_count = 127 WHERE tenant_id = 't-obx-fail'")
+            .unwrap();
+        make_due("t-obx-fail");
+        assert_eq!(
+            one::<i32>("SELECT attempt_count FROM ledger.outbox_claim('c1')"),
+            128
+        );
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT status FROM ledger.outbox_nack('c1', '{e1}', 'x')"
+            )),
+            "failed"
+        );
+        assert_eq!(
+            one::<i32>(&format!(
+                "SELECT replay_count FROM ledger.outbox_replay('{e1}')"
+            )),
+            2
+        );
+    }
+
+    #[pg_test]
+    fn a_lease_that_expires_on_the_last_attempt_fails_the_event() {
+        set_scope("t-obx-crash", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r1')").unwrap();
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r2')").unwrap();
+        Spi::run("UPDATE ledger.outbox SET attempt_count = 63 WHERE tenant_id = 't-obx-crash' AND run_id = 'r1'")
+            .unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1')"),
+            2
+        );
+        // c1 dies holding both; r1 was on its 64th attempt.
+        make_due("t-obx-crash");
+        assert_eq!(
+            one::<String>("SELECT string_agg(run_id || ':' || attempt_count, ',') FROM ledger.outbox_claim('c2')"),
+            "r2:2"
+        );
+        assert_eq!(
+            one::<String>(
+                "SELECT status || ':' || attempt_count || ':' || (processed_at IS NOT NULL) || ':' || (lock_owner IS NULL) || ':' || last_error \
+                   FROM ledger.outbox WHERE tenant_id = 't-obx-crash' AND run_id = 'r1'"
+            ),
+            "failed:64:true:true:the lease of attempt 64 (consumer c1) expired and no attempts are left"
+        );
+    }
+
+    #[pg_test]
+    fn nack_and_replay_refuse_events_in_the_wrong_state() {
+        set_scope("t-obx-state", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r1')").unwrap();
+        let e1 = event_of("r1");
+        let e = assert_error(
+            &format!("SELECT ledger.outbox_nack('c1', '{e1}', 'x')"),
+            "55000",
+            "OUTBOX_NOT_LOCKED",
+        );
+        assert_eq!(e.detail["status"], "pending");
+        let e = assert_error(
+            &format!("SELECT ledger.outbox_replay('{e1}')"),
+            "55000",
+            "OUTBOX_NOT_FAILED",
+        );
+        assert!(e.message.contains("not in failed state"), "{e:?}");
+        Spi::run("SELECT ledger.outbox_claim('c1')").unwrap();
+        let e = assert_error(
+            &format!("SELECT ledger.outbox_nack('c2', '{e1}', 'x')"),
+            "55000",
+            "OUTBOX_NOT_LOCKED",
+        );
+        assert_eq!(e.detail["lock_owner"], "c1");
+        assert_error(
+            &format!("SELECT ledger.outbox_replay('{e1}')"),
+            "55000",
+            "OUTBOX_NOT_FAILED",
+        );
+        Spi::run(&format!("SELECT ledger.outbox_ack('c1', ARRAY['{e1}'])")).unwrap();
+        assert_error(
+            &format!("SELECT ledger.outbox_nack('c1', '{e1}', 'x')"),
+            "55000",
+            "OUTBOX_NOT_LOCKED",
+        );
+        assert_error(
+            &format!("SELECT ledger.outbox_replay('{e1}')"),
+            "55000",
+            "OUTBOX_NOT_FAILED",
+        );
+        for sql in [
+            "SELECT ledger.outbox_nack('c1', 'obx_nope', 'x')",
+            "SELECT ledger.outbox_replay('obx_nope')",
+        ] {
+            let e = assert_error(sql, "P0002", "OUTBOX_EVENT_NOT_FOUND");
+            assert_eq!(e.detail["id"], "obx_nope");
+        }
+        // Refused calls changed nothing.
+        assert_eq!(
+            one::<String>("SELECT status || ':' || attempt_count || ':' || replay_count FROM ledger.outbox WHERE tenant_id = 't-obx-state'"),
+            "done:1:0"
+        );
+    }
+
+    #[pg_test]
+    fn another_scopes_events_are_never_claimed_or_touched() {
+        three_events("t-obx-a");
+        let e1 = event_of("r1");
+        Spi::run(&format!(
+            "UPDATE ledger.outbox SET status = 'failed' WHERE tenant_id = 't-obx-a' AND id = '{e1}'"
+        ))
+        .unwrap();
+        set_scope("t-obx-a", "other");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1', 1000)"),
+            0
+        );
+        set_scope("t-obx-b", "w");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1', 1000)"),
+            0
+        );
+        assert_eq!(
+            one::<i32>(&format!("SELECT ledger.outbox_ack('c1', ARRAY['{e1}'])")),
+            0
+        );
+        assert_error(
+            &format!("SELECT ledger.outbox_nack('c1', '{e1}', 'x')"),
+            "P0002",
+            "OUTBOX_EVENT_NOT_FOUND",
+        );
+        assert_error(
+            &format!("SELECT ledger.outbox_replay('{e1}')"),
+            "P0002",
+            "OUTBOX_EVENT_NOT_FOUND",
+        );
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(status || ':' || attempt_count, ',' ORDER BY run_id) FROM ledger.outbox WHERE tenant_id = 't-obx-a'"
+            ),
+            "failed:0,pending:0,pending:0"
+        );
+        set_scope("t-obx-a", "w");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1', 1000)"),
+            2
+        );
+    }
+
+    #[pg_test]
+    fn bad_arguments_are_refused() {
+        set_scope("t-obx-args", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r1')").unwrap();
+        let e1 = event_of("r1");
+        for (sql, code) in [
+            ("SELECT ledger.outbox_claim(NULL)", "ARGUMENT_REQUIRED"),
+            ("SELECT ledger.outbox_claim('')", "ID_INVALID"),
+            ("SELECT ledger.outbox_claim('a b')", "ID_INVALID"),
+            (
+                "SELECT ledger.outbox_claim('c1', NULL)",
+                "ARGUMENT_REQUIRED",
+            ),
+            ("SELECT ledger.outbox_claim('c1', 0)", "LIMIT_INVALID"),
+            ("SELECT ledger.outbox_claim('c1', 1001)", "LIMIT_INVALID"),
+            (
+                "SELECT ledger.outbox_claim('c1', 50, NULL)",
+                "ARGUMENT_REQUIRED",
+            ),
+            ("SELECT ledger.outbox_claim('c1', 50, 0)", "TIMEOUT_INVALID"),
+            (
+                "SELECT ledger.outbox_claim('c1', 50, 86401)",
+                "TIMEOUT_INVALID",
+            ),
+            ("SELECT ledger.outbox_ack(NULL, '{}')", "ARGUMENT_REQUIRED"),
+            ("SELECT ledger.outbox_ack('c1', NULL)", "ARGUMENT_REQUIRED"),
+            (
+                "SELECT ledger.outbox_ack('c1', ARRAY[NULL])",
+                "ARGUMENT_REQUIRED",
+            ),
+            ("SELECT ledger.outbox_ack('c1', ARRAY['a b'])", "ID_INVALID"),
+            (
+                "SELECT ledger.outbox_nack(NULL, 'obx_x', 'x')",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.outbox_nack('c1', NULL, 'x')",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.outbox_nack('c1', 'obx_x', NULL)",
+                "ARGUMENT_REQUIRED",
+            ),
+            ("SELECT ledger.outbox_nack('c1', '', 'x')", "ID_INVALID"),
+            ("SELECT ledger.outbox_replay(NULL)", "ARGUMENT_REQUIRED"),
+            (
+                "SELECT ledger.outbox_replay(repeat('x', 129))",
+                "ID_INVALID",
+            ),
+        ] {
+            assert_error(sql, "22023", code);
+        }
+        // Nothing was claimed by the refused calls.
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT status FROM ledger.outbox WHERE id = '{e1}'"
+            )),
+            "pending"
+        );
+        Spi::run("SELECT set_config('ledger.tenant_id', '', true)").unwrap();
+        for sql in [
+            "SELECT ledger.outbox_claim('c1')",
+            "SELECT ledger.outbox_ack('c1', '{}')",
+            "SELECT ledger.outbox_nack('c1', 'obx_x', 'x')",
+            "SELECT ledger.outbox_replay('obx_x')",
+        ] {
+            assert_error(sql, "42501", "SCOPE_MISSING");
+        }
+    }
+}
