@@ -160,12 +160,13 @@ fn checked_type<'a>(value: Option<&'a str>, default: &'static str) -> Result<&'a
 }
 
 fn row(scope: &Scope, id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_artifacts")> {
-    db::select_one(
-        "SELECT a FROM ledger.run_artifacts a WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into()],
-        |r| db::req(r, 1),
-    )?
-    .ok_or_else(|| LedgerError::not_found("ARTIFACT_NOT_FOUND", "artifact", id))
+    db::scoped_row(
+        scope,
+        "ledger.run_artifacts",
+        id,
+        "ARTIFACT_NOT_FOUND",
+        "artifact",
+    )
 }
 
 /// Stores bytes in the scope's blob store and records them as an artifact of the run.

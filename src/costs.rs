@@ -17,12 +17,13 @@ fn row(
     scope: &Scope,
     id: &str,
 ) -> Result<pgrx::composite_type!('static, "ledger.run_cost_entries")> {
-    db::select_one(
-        "SELECT c FROM ledger.run_cost_entries c WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into()],
-        |r| db::req(r, 1),
-    )?
-    .ok_or_else(|| LedgerError::not_found("COST_NOT_FOUND", "cost entry", id))
+    db::scoped_row(
+        scope,
+        "ledger.run_cost_entries",
+        id,
+        "COST_NOT_FOUND",
+        "cost entry",
+    )
 }
 
 fn object(argument: &str, value: Option<Jsonb>) -> Result<serde_json::Value> {

@@ -51,25 +51,6 @@ fn insert(
     Ok(id)
 }
 
-macro_rules! row_of {
-    ($scope:expr, $table:literal, $id:expr) => {
-        db::select_one(
-            concat!(
-                "SELECT x FROM ledger.",
-                $table,
-                " x WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3"
-            ),
-            &[
-                $scope.tenant.as_str().into(),
-                $scope.workspace.as_str().into(),
-                $id.as_str().into(),
-            ],
-            |r| db::req(r, 1),
-        )?
-        .ok_or_else(|| LedgerError::internal(concat!("new ", $table, " row vanished")))
-    };
-}
-
 /// Records an audit event (a gateway decision, a human intervention, ...) for a run.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
@@ -102,7 +83,15 @@ fn record_audit(
         ],
         ("audit.recorded", step_id),
     )?;
-    Ok(row_of!(scope, "audit_events", id)?)
+    Ok(db::scoped_row::<
+        pgrx::composite_type!('static, "ledger.audit_events"),
+    >(
+        &scope,
+        "ledger.audit_events",
+        &id,
+        "AUDIT_NOT_FOUND",
+        "audit event",
+    )?)
 }
 
 /// Records what a run showed its user (a message, a delta, a tool output, ...). Called through
@@ -130,7 +119,15 @@ fn record_response_event(
         vec![step_id.into(), kind.into(), Jsonb::from(&payload).into()],
         ("response.event", step_id),
     )?;
-    Ok(row_of!(scope, "response_events", id)?)
+    Ok(db::scoped_row::<
+        pgrx::composite_type!('static, "ledger.response_events"),
+    >(
+        &scope,
+        "ledger.response_events",
+        &id,
+        "RESPONSE_EVENT_NOT_FOUND",
+        "response event",
+    )?)
 }
 
 /// Records a knowledge citation (an object: chunk_id, document_id, knowledge_id, ...).
@@ -157,7 +154,15 @@ fn record_citation(
         vec![step_id.into(), Jsonb::from(&citation).into()],
         ("citation.recorded", step_id),
     )?;
-    Ok(row_of!(scope, "citations", id)?)
+    Ok(db::scoped_row::<
+        pgrx::composite_type!('static, "ledger.citations"),
+    >(
+        &scope,
+        "ledger.citations",
+        &id,
+        "CITATION_NOT_FOUND",
+        "citation",
+    )?)
 }
 
 /// Records a person's rating of a run (any integer scale: thumbs as -1/1, stars as 1..5).
@@ -192,7 +197,15 @@ fn record_feedback(
         ],
         ("feedback.recorded", None),
     )?;
-    Ok(row_of!(scope, "run_feedback", id)?)
+    Ok(db::scoped_row::<
+        pgrx::composite_type!('static, "ledger.run_feedback"),
+    >(
+        &scope,
+        "ledger.run_feedback",
+        &id,
+        "FEEDBACK_NOT_FOUND",
+        "feedback",
+    )?)
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -94,16 +94,7 @@ pub fn existing(scope: &Scope, argument: &str, run_id: &str, lock: bool) -> Resu
 }
 
 fn row(scope: &Scope, run_id: &str) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
-    db::select_one(
-        "SELECT r FROM ledger.runs r WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-        ],
-        |r| db::req(r, 1),
-    )?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
+    db::scoped_row(scope, "ledger.runs", run_id, "RUN_NOT_FOUND", "run")
 }
 
 /// What a new run is made of (SPEC §5).

@@ -34,16 +34,7 @@ pub fn existing_in_run(scope: &Scope, step_id: &str, run_id: &str) -> Result<()>
 }
 
 fn row(scope: &Scope, step_id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_steps")> {
-    db::select_one(
-        "SELECT s FROM ledger.run_steps s WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            step_id.into(),
-        ],
-        |r| db::req(r, 1),
-    )?
-    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))
+    db::scoped_row(scope, "ledger.run_steps", step_id, "STEP_NOT_FOUND", "step")
 }
 
 /// What a new step is made of.

@@ -90,16 +90,7 @@ impl TaskHead {
 }
 
 fn row(scope: &Scope, task_id: &str) -> Result<pgrx::composite_type!('static, "ledger.tasks")> {
-    db::select_one(
-        "SELECT t FROM ledger.tasks t WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            task_id.into(),
-        ],
-        |r| db::req(r, 1),
-    )?
-    .ok_or_else(|| LedgerError::not_found("TASK_NOT_FOUND", "task", task_id))
+    db::scoped_row(scope, "ledger.tasks", task_id, "TASK_NOT_FOUND", "task")
 }
 
 /// Appends to the task's history (not the run feed: a task may have no run).

@@ -8,6 +8,8 @@
 
 mod common;
 
+const LEDGER_TABLES: [&str; 5] = ["runs", "run_steps", "run_events", "outbox", "blobs"];
+
 use common::*;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::Client;
@@ -275,19 +277,6 @@ fn a_login_role_without_scope_sees_zero_rows() {
     exec(&mut admin, "DROP ROLE ledger_test_app");
 }
 
-/// A digest of every ledger table's rows, read as the superuser (so across all scopes).
-fn table_digests(c: &mut Client) -> Vec<(String, i64, String)> {
-    ["runs", "run_steps", "run_events", "outbox", "blobs"]
-        .iter()
-        .map(|t| {
-            let row = c
-                .query_one(&format!("SELECT count(*), coalesce(md5(string_agg(x::text, '|' ORDER BY x::text)), '') FROM ledger.{t} x"), &[])
-                .unwrap();
-            (t.to_string(), row.get(0), row.get(1))
-        })
-        .collect()
-}
-
 #[test]
 #[ignore]
 fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
@@ -304,7 +293,7 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
          SELECT ledger.set_scope('other', 'w'); \
          SELECT ledger.create_run('chat', run_id => 'r1')",
     );
-    let before = table_digests(&mut connect_to(&src, "postgres"));
+    let before = table_digests(&mut connect_to(&src, "postgres"), &LEDGER_TABLES);
     assert!(before.iter().all(|(_, n, _)| *n > 0), "{before:?}");
 
     let dump = pg_tool("pg_dump")
@@ -358,7 +347,10 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
     );
 
     assert_eq!(
-        table_digests(&mut connect_to("ledger_dump_dst", "postgres")),
+        table_digests(
+            &mut connect_to("ledger_dump_dst", "postgres"),
+            &LEDGER_TABLES
+        ),
         before
     );
     let mut d = session("ledger_dump_dst");

@@ -4,6 +4,8 @@
 
 mod common;
 
+const TASK_TABLES: [&str; 4] = ["tasks", "task_events", "task_checkpoints", "outbox"];
+
 use common::*;
 use postgres::Client;
 use std::sync::{mpsc, Arc, Barrier};
@@ -120,19 +122,6 @@ fn racing_task_transitions_exactly_one_wins() {
     }
 }
 
-/// A digest of the task tables and the outbox, read as the superuser (so across all scopes).
-fn task_digests(c: &mut Client) -> Vec<(String, i64, String)> {
-    ["tasks", "task_events", "task_checkpoints", "outbox"]
-        .iter()
-        .map(|t| {
-            let row = c
-                .query_one(&format!("SELECT count(*), coalesce(md5(string_agg(x::text, '|' ORDER BY x::text)), '') FROM ledger.{t} x"), &[])
-                .unwrap();
-            (t.to_string(), row.get(0), row.get(1))
-        })
-        .collect()
-}
-
 #[test]
 #[ignore]
 fn a_replay_killed_before_commit_changes_nothing_and_a_committed_one_changes_both() {
@@ -145,7 +134,7 @@ fn a_replay_killed_before_commit_changes_nothing_and_a_committed_one_changes_bot
          SELECT ledger.transition_task('t', 'running'); \
          SELECT ledger.transition_task('t', 'failed', error_code => 'E')",
     );
-    let before = task_digests(&mut admin);
+    let before = table_digests(&mut admin, &TASK_TABLES);
 
     let mut executor = session(&db);
     exec(&mut executor, "BEGIN");
@@ -160,7 +149,11 @@ fn a_replay_killed_before_commit_changes_nothing_and_a_committed_one_changes_bot
     );
     crash(&mut admin, &mut executor);
 
-    assert_eq!(task_digests(&mut admin), before, "neither half survived");
+    assert_eq!(
+        table_digests(&mut admin, &TASK_TABLES),
+        before,
+        "neither half survived"
+    );
     let n: i64 = one(
         &mut admin,
         &format!("SELECT count(*) FROM ledger.tasks WHERE id = '{lost}'"),

@@ -119,3 +119,20 @@ pub fn crash(admin: &mut Client, executor: &mut Client) {
         "the executor's session is gone"
     );
 }
+
+/// (table, row count, digest of the rows) for each of `tables`, read as the superuser (so across
+/// all scopes): equal digests mean equal rows.
+pub fn table_digests(c: &mut Client, tables: &[&str]) -> Vec<(String, i64, String)> {
+    tables
+        .iter()
+        .map(|t| {
+            let row = c
+                .query_one(
+                    &format!("SELECT count(*), coalesce(md5(string_agg(x::text, '|' ORDER BY x::text)), '') FROM ledger.{t} x"),
+                    &[],
+                )
+                .unwrap();
+            (t.to_string(), row.get(0), row.get(1))
+        })
+        .collect()
+}
