@@ -20,16 +20,7 @@ fn not_found(id: &str) -> LedgerError {
 }
 
 fn row(scope: &Scope, id: &str) -> Result<Event> {
-    db::select_one(
-        "SELECT o FROM ledger.outbox o WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            id.into(),
-        ],
-        |r| db::req(r, 1),
-    )?
-    .ok_or_else(|| not_found(id))
+    db::scoped_row(scope, "ledger.outbox", id, "OUTBOX_EVENT_NOT_FOUND", "outbox event")
 }
 
 /// The columns nack and replay decide on.
