@@ -8,8 +8,6 @@
 
 mod common;
 
-const LEDGER_TABLES: [&str; 5] = ["runs", "run_steps", "run_events", "outbox", "blobs"];
-
 use common::*;
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::Client;
@@ -290,11 +288,56 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
          SELECT ledger.transition_step('s1', 'failed'); \
          SELECT ledger.transition_run('r1', 'failed', error_step_id => 's1'); \
          SELECT ledger.create_run('chat', jsonb_build_object('big', repeat('x', 20000)), run_id => 'r2', source_run_id => 'r1', parent_run_id => 'r1'); \
+         SELECT ledger.transition_run('r2', 'running'); \
+         SELECT ledger.record_cost('r2', 'tokens', 10, 0.01, 'USD'); \
+         SELECT ledger.create_task('agent.stream', run_id => 'r2', task_id => 't1'); \
          SELECT ledger.set_scope('other', 'w'); \
          SELECT ledger.create_run('chat', run_id => 'r1')",
     );
-    let before = table_digests(&mut connect_to(&src, "postgres"), &LEDGER_TABLES);
-    assert!(before.iter().all(|(_, n, _)| *n > 0), "{before:?}");
+    exec(&mut c, "SELECT ledger.set_scope('acme', 'support')");
+    // A finished tool call whose 30 KB result lives in an artifact.
+    let tc: String = one(
+        &mut c,
+        "SELECT ledger.claim_tool_call('r2', 'fetch', '{\"page\": 1}', idempotency_key => 'fetch-1')->'tool_call'->>'id'",
+    );
+    exec(&mut c, &format!("SELECT ledger.begin_tool_call('{tc}', 1)"));
+    exec(
+        &mut c,
+        &format!("SELECT ledger.complete_tool_call('{tc}', 1, 'succeeded', jsonb_build_object('html', repeat('h', 30000)))"),
+    );
+    let cursor: String = one(
+        &mut c,
+        "SELECT event_id FROM ledger.events_since('r2') WHERE seq = 2",
+    );
+    let tables: Vec<String> = connect_to(&src, "postgres")
+        .query(
+            "SELECT relname::text FROM pg_class WHERE relnamespace = 'ledger'::regnamespace AND relkind = 'r' ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
+    let before = table_digests(&mut connect_to(&src, "postgres"), &tables);
+    let empty: Vec<&str> = before
+        .iter()
+        .filter(|(_, n, _)| *n == 0)
+        .map(|(t, _, _)| t.as_str())
+        .collect();
+    assert!(
+        empty.iter().all(|t| [
+            "approval_requests",
+            "audit_events",
+            "citations",
+            "response_events",
+            "run_feedback",
+            "task_checkpoints",
+            "tool_call_tombstones"
+        ]
+        .contains(t)),
+        "tables left empty: {empty:?}"
+    );
 
     let dump = pg_tool("pg_dump")
         .args([
@@ -347,10 +390,7 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
     );
 
     assert_eq!(
-        table_digests(
-            &mut connect_to("ledger_dump_dst", "postgres"),
-            &LEDGER_TABLES
-        ),
+        table_digests(&mut connect_to("ledger_dump_dst", "postgres"), &tables),
         before
     );
     let mut d = session("ledger_dump_dst");
@@ -360,6 +400,20 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
     exec(&mut d, "SELECT ledger.transition_run('r1', 'retrying')");
     let seq: Vec<i64> = seqs(&mut d, "r1", None).into_iter().map(|e| e.1).collect();
     assert_eq!(seq, (1..=6).collect::<Vec<i64>>());
+    // A catch-up cursor taken before the dump still works after the restore.
+    let rest: Vec<i64> = seqs(&mut d, "r2", Some(&cursor))
+        .into_iter()
+        .map(|e| e.1)
+        .collect();
+    let all: i64 = one(&mut d, "SELECT count(*) FROM ledger.events_since('r2')");
+    assert_eq!(rest, (3..=all).collect::<Vec<i64>>());
+    // Idempotent replay works on the restored ledger, the offloaded result verified.
+    let replayed: bool = one(
+        &mut d,
+        "WITH c AS (SELECT ledger.claim_tool_call('r2', 'fetch', '{\"page\": 1}', idempotency_key => 'fetch-1') AS o) \
+         SELECT o->>'outcome' = 'replayed' AND length(o->'response'->'result'->>'html') = 30000 FROM c",
+    );
+    assert!(replayed);
 }
 
 #[test]
