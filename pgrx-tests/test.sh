@@ -47,6 +47,7 @@ for v in $VERSIONS; do
     cat "$work/out/regression.diffs" 2>/dev/null || true
     exit 1
   fi
+  bash pgrx-tests/upgrade.sh "$v" "$data" "$port" "$work"
   LEDGER_TEST_HOST=$data LEDGER_TEST_PORT=$port LEDGER_TEST_PGDATA=$data LEDGER_TEST_BINDIR=$bindir \
     cargo test --no-default-features --features "pg$v pg_test" --test '*' -- --ignored --test-threads=1
   cluster_stop "$v" "$data"
