@@ -136,3 +136,25 @@ pub fn table_digests(c: &mut Client, tables: &[&str]) -> Vec<(String, i64, Strin
         })
         .collect()
 }
+
+/// `table_digests` of the rows outside one scope: what a caller in that scope must never change,
+/// while its own rows may.
+pub fn digests_outside_scope(
+    c: &mut Client,
+    tables: &[&str],
+    tenant: &str,
+    workspace: &str,
+) -> Vec<(String, i64, String)> {
+    tables
+        .iter()
+        .map(|t| {
+            let row = c
+                .query_one(
+                    &format!("SELECT count(*), coalesce(md5(string_agg(x::text, '|' ORDER BY x::text)), '') FROM ledger.{t} x WHERE NOT (x.tenant_id = $1 AND x.workspace_id = $2)"),
+                    &[&tenant, &workspace],
+                )
+                .unwrap();
+            (t.to_string(), row.get(0), row.get(1))
+        })
+        .collect()
+}
