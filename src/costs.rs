@@ -81,7 +81,7 @@ fn record_cost(
     cost::validate_usage(&usage)?;
     let pricing = object("pricing_snapshot", pricing_snapshot)?;
     if let Some(r) = source_ref {
-        ids::validate_up_to("source_ref", r, ids::MAX_KEY_CHARS)?;
+        ids::validate_key("source_ref", r)?;
     }
     steps::check_owner(&scope, run_id, step_id)?;
 

@@ -71,6 +71,9 @@ fn status_transitions() -> TableIterator<
 mod testing;
 
 #[cfg(any(test, feature = "pg_test"))]
+mod hostile;
+
+#[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
     use crate::testing::{assert_error, error_of, one, set_scope};

@@ -20,7 +20,13 @@ fn not_found(id: &str) -> LedgerError {
 }
 
 fn row(scope: &Scope, id: &str) -> Result<Event> {
-    db::scoped_row(scope, "ledger.outbox", id, "OUTBOX_EVENT_NOT_FOUND", "outbox event")
+    db::scoped_row(
+        scope,
+        "ledger.outbox",
+        id,
+        "OUTBOX_EVENT_NOT_FOUND",
+        "outbox event",
+    )
 }
 
 /// The columns nack and replay decide on.

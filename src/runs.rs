@@ -121,6 +121,17 @@ pub struct NewRun<'a> {
 /// (or caller `run_id`); returns its id.
 pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     let mode = required("mode", Some(new.mode))?;
+    for (argument, label) in [
+        ("mode", Some(mode)),
+        ("kind", new.kind),
+        ("subject_kind", new.subject_kind),
+        ("subject_id", new.subject_id),
+        ("subject_version_id", new.subject_version_id),
+    ] {
+        if let Some(label) = label {
+            ids::validate_label(argument, label)?;
+        }
+    }
     let request_id = optional_id("request_id", new.request_id)?;
     let id = match optional_id("run_id", new.run_id)? {
         Some(id) => id.to_owned(),

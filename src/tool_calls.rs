@@ -452,7 +452,7 @@ fn identity<'a>(
         .map_or_else(|| ids::new_id("call"), str::to_owned);
     let idempotency_key = match idempotency_key {
         Some(k) => {
-            ids::validate_up_to("idempotency_key", k, ids::MAX_KEY_CHARS)?;
+            ids::validate_key("idempotency_key", k)?;
             k.to_owned()
         }
         None => format!("tool:{run_id}:{tool_call_id}"),

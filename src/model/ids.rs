@@ -22,22 +22,33 @@ pub fn new_id(prefix: &str) -> String {
     format!("{prefix}_{ulid}")
 }
 
-/// A caller-supplied id (or scope name): 1 to 128 characters, printable, no whitespace.
+/// A caller-supplied id (or scope name): 1 to 128 characters, printable, no whitespace. (128
+/// characters are at most 512 bytes, so a scope and an id always fit one index row.)
 pub fn validate(argument: &str, value: &str) -> Result<()> {
-    validate_up_to(argument, value, MAX_ID_CHARS)
+    check(argument, value, MAX_ID_CHARS, MAX_ID_CHARS * 4)
 }
 
 /// The longest idempotency key (a default key holds a run id and a tool call id).
 pub const MAX_KEY_CHARS: usize = 512;
+/// Keys are indexed after a scope of up to 2 x 512 bytes; a btree row holds at most 2704.
+pub const MAX_KEY_BYTES: usize = 1024;
 
-/// Like `validate`, for keys of up to `max` characters.
-pub fn validate_up_to(argument: &str, value: &str, max: usize) -> Result<()> {
+/// Like `validate`, for keys (idempotency keys, cost source references): up to 512 characters
+/// and 1024 bytes.
+pub fn validate_key(argument: &str, value: &str) -> Result<()> {
+    check(argument, value, MAX_KEY_CHARS, MAX_KEY_BYTES)
+}
+
+fn check(argument: &str, value: &str, max_chars: usize, max_bytes: usize) -> Result<()> {
     let count = value.chars().count();
-    let too_long = format!("is longer than {max} characters");
+    let too_long = format!("is longer than {max_chars} characters");
+    let too_big = format!("is longer than {max_bytes} bytes");
     let reason = if count == 0 {
         Some("is empty")
-    } else if count > max {
+    } else if count > max_chars {
         Some(too_long.as_str())
+    } else if value.len() > max_bytes {
+        Some(too_big.as_str())
     } else if value.chars().any(|c| c.is_whitespace() || c.is_control()) {
         Some("contains whitespace or control characters")
     } else {
@@ -51,6 +62,26 @@ pub fn validate_up_to(argument: &str, value: &str, max: usize) -> Result<()> {
                 .with("length", count),
         ),
     }
+}
+
+/// The longest label (mode, kind, subject): they are indexed, and a btree row holds 2704 bytes.
+pub const MAX_LABEL_BYTES: usize = 256;
+
+/// A label such as a run's mode or subject: free text (spaces allowed), no control characters,
+/// at most 256 bytes (22023 `LABEL_INVALID`).
+pub fn validate_label(argument: &str, value: &str) -> Result<()> {
+    let reason = if value.len() > MAX_LABEL_BYTES {
+        "is longer than 256 bytes"
+    } else if value.chars().any(char::is_control) {
+        "contains control characters"
+    } else {
+        return Ok(());
+    };
+    Err(
+        LedgerError::invalid("LABEL_INVALID", format!("{argument} {reason}"))
+            .with("argument", argument)
+            .with("bytes", value.len()),
+    )
 }
 
 #[cfg(test)]
@@ -94,5 +125,27 @@ mod tests {
         }
         let e = validate("run_id", &"x".repeat(129)).unwrap_err();
         assert_eq!(e.detail["length"], 129);
+    }
+
+    #[test]
+    fn keys_and_labels_are_bounded_in_bytes_too() {
+        let wide = "\u{20000}"; // 4 bytes
+        assert!(validate_key("k", &wide.repeat(256)).is_ok());
+        let e = validate_key("k", &wide.repeat(257)).unwrap_err();
+        assert_eq!(e.code, "ID_INVALID");
+        assert!(e.message.contains("1024 bytes"));
+        assert!(validate_key("k", &"k".repeat(512)).is_ok());
+        assert!(validate_key("k", &"k".repeat(513)).is_err());
+        assert!(validate("id", &wide.repeat(128)).is_ok());
+        assert!(validate_label("mode", "Support Bot v2").is_ok());
+        assert!(validate_label("mode", &"m".repeat(256)).is_ok());
+        assert_eq!(
+            validate_label("mode", &"m".repeat(257)).unwrap_err().code,
+            "LABEL_INVALID"
+        );
+        assert_eq!(
+            validate_label("mode", "a\nb").unwrap_err().code,
+            "LABEL_INVALID"
+        );
     }
 }

@@ -6,6 +6,8 @@ pub mod hash;
 pub mod ids;
 pub mod json;
 pub mod outbox;
+#[cfg(test)]
+mod properties;
 pub mod redact;
 pub mod status;
 pub mod text;

@@ -77,12 +77,14 @@ impl Status {
             .into_iter()
             .find(|s| s.as_str() == name && resource.has(*s))
             .ok_or_else(|| {
+                // Echo at most 64 characters of a bad value back (it may be megabytes).
+                let shown = crate::model::text::truncate_chars(name, 64);
                 LedgerError::invalid(
                     "STATUS_UNKNOWN",
-                    format!("unknown {} status: {name:?}", resource.as_str()),
+                    format!("unknown {} status: {shown:?}", resource.as_str()),
                 )
                 .with("resource", resource.as_str())
-                .with("status", name)
+                .with("status", shown)
             })
     }
 }

@@ -1,0 +1,523 @@
+//! Hostile input at the SQL level (issue 6): payloads near PostgreSQL's limits, deep nesting,
+//! invalid surrogates, huge objects, megabyte text arguments and odd Unicode in ids and keys.
+//! Every case ends in a documented error (SQLSTATE, and the DETAIL code when the error is the
+//! ledger's) or a correct result, and a refused call leaves the row counts as they were.
+
+use pgrx::prelude::*;
+
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, error_of, one, set_scope};
+    use pgrx::prelude::*;
+
+    /// 1 MiB of text (1,048,576 characters) that pglz cannot compress, so nothing is saved on
+    /// the way to a table or an index.
+    const MB: &str = "(SELECT string_agg(md5(i::text), '') FROM generate_series(1, 32768) i)";
+    const MB_CHARS: i32 = 1_048_576;
+
+    /// Rows of every table a call could write, in the current scope.
+    fn rows() -> String {
+        let counts: Vec<String> = [
+            "runs",
+            "run_steps",
+            "run_events",
+            "outbox",
+            "run_step_tool_calls",
+            "audit_events",
+            "run_cost_entries",
+            "run_artifacts",
+            "blobs",
+        ]
+        .iter()
+        .map(|t| {
+            format!("'{t}=' || (SELECT count(*) FROM ledger.{t} WHERE tenant_id = ledger.scope_tenant())")
+        })
+        .collect();
+        one::<String>(&format!("SELECT concat_ws(' ', {})", counts.join(", ")))
+    }
+
+    /// A scope of its own with a running run `r`.
+    fn running_run(tenant: &str) {
+        set_scope(tenant, "w");
+        Spi::run("SELECT ledger.create_run('agent', run_id => 'r'), ledger.transition_run('r', 'running')").unwrap();
+    }
+
+    /// `levels` of nesting: an object around arrays, built by PostgreSQL's own parser.
+    fn deep(levels: usize) -> String {
+        let n = levels - 1;
+        format!("('{{\"a\": ' || repeat('[', {n}) || repeat(']', {n}) || '}}')::jsonb")
+    }
+
+    #[pg_test]
+    fn hostile_payloads_near_one_gigabyte_are_refused_by_postgres_not_crashed() {
+        running_run("t-hostile-gb");
+        let before = rows();
+        // No text value reaches 1 GB, so no jsonb over PostgreSQL's limit can even be built.
+        let e = error_of("SELECT jsonb_build_object('a', repeat('x', 1073741824))");
+        assert_eq!(
+            (e.sqlstate.as_str(), e.message.as_str()),
+            ("54000", "requested length too large")
+        );
+        // A jsonb string stops at 2^28 - 1 bytes: refused while the argument is built, before
+        // the ledger runs.
+        let e = error_of(
+            "SELECT ledger.claim_tool_call('r', 'search', jsonb_build_object('a', repeat('x', 268435456)))",
+        );
+        assert_eq!(e.sqlstate, "54000", "{e:?}");
+        assert_eq!(e.message, "string too long to represent as jsonb string");
+        assert_eq!(rows(), before);
+
+        // 100 MB arguments are claimed, hashed in full and stored as their truncated summary.
+        let args = "jsonb_build_object('blob', repeat('x', 100000000))";
+        let out = one::<pgrx::JsonB>(&format!(
+            "SELECT ledger.claim_tool_call('r', 'search', {args}, tool_call_id => 'big')"
+        ))
+        .0;
+        assert_eq!(out["outcome"], "claimed");
+        let hash = one::<String>(
+            "SELECT encode(sha256(convert_to('{\"blob\":\"' || repeat('x', 100000000) || '\"}', 'UTF8')), 'hex')",
+        );
+        assert_eq!(out["tool_call"]["request_hash"], hash.as_str());
+        assert_eq!(
+            out["tool_call"]["arguments"],
+            serde_json::json!({
+                "truncated": true,
+                "size_bytes": 100_000_011,
+                "request_hash": hash,
+                "argument_names": ["blob"],
+            })
+        );
+        // The backend is alive and the claim is whole: one record, its step, its events.
+        assert_eq!(
+            one::<String>("SELECT string_agg(status, ',') FROM ledger.run_step_tool_calls WHERE tool_call_id = 'big'"),
+            "claimed"
+        );
+        assert!(one::<bool>(
+            "SELECT max(seq) = count(*) FROM ledger.run_events WHERE run_id = 'r'"
+        ));
+    }
+
+    #[pg_test]
+    fn hostile_deep_nesting_is_refused_by_postgres_or_the_ledger() {
+        running_run("t-hostile-deep");
+        let id = one::<String>(
+            "SELECT ledger.claim_tool_call('r', 'search', '{}', tool_call_id => 'c')->'tool_call'->>'id'",
+        );
+        Spi::run("SELECT ledger.create_step('r', 'llm', step_id => 's')").unwrap();
+        let before = rows();
+        let calls = |doc: &str| {
+            [
+                format!("SELECT ledger.claim_tool_call('r', 'search', {doc}, tool_call_id => 'd')"),
+                format!("SELECT ledger.record_audit('r', 'gw', 'allowed', {doc})"),
+                format!("SELECT ledger.record_cost('r', 'tokens', 1, usage => {doc})"),
+                format!("SELECT ledger.record_cost('r', 'tokens', 1, pricing_snapshot => {doc})"),
+                format!("SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', {doc})"),
+                format!(
+                    "SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', metadata => {doc})"
+                ),
+                format!("SELECT ledger.transition_step('s', 'running', metrics => {doc})"),
+                format!("SELECT ledger.redact({doc})"),
+                format!("SELECT ledger.canonical_json({doc})"),
+                format!("SELECT ledger.request_hash({doc})"),
+            ]
+        };
+        // 100,000 levels: PostgreSQL's parser runs out of stack (54001) before any call.
+        let objects =
+            "('{\"a\": ' || repeat('{\"a\": ', 99999) || '1' || repeat('}', 99999) || '}')::jsonb";
+        for doc in [deep(100_000), objects.to_owned()] {
+            for call in calls(&doc) {
+                let e = error_of(&call);
+                assert!(
+                    e.sqlstate == "54001"
+                        || (e.sqlstate == "22023" && e.detail["code"] == "INPUT_TOO_DEEP"),
+                    "{call}: {e:?}"
+                );
+            }
+        }
+        // 10,000 and 101 levels are valid jsonb; the ledger refuses them before walking them.
+        for levels in [10_000, 101] {
+            for call in calls(&deep(levels)) {
+                let e = assert_error(&call, "22023", "INPUT_TOO_DEEP");
+                assert_eq!(e.detail["max_depth"], 100);
+            }
+        }
+        assert_eq!(rows(), before);
+        assert_eq!(
+            one::<String>("SELECT status FROM ledger.run_step_tool_calls WHERE tool_call_id = 'c'"),
+            "claimed"
+        );
+        // 100 levels are accepted.
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT ledger.claim_tool_call('r', 'search', {}, tool_call_id => 'd')->>'outcome'",
+                deep(100)
+            )),
+            "claimed"
+        );
+    }
+
+    #[pg_test]
+    fn hostile_surrogate_and_nul_escapes_never_reach_the_ledger() {
+        running_run("t-hostile-surrogate");
+        let before = rows();
+        // jsonb decodes escapes and refuses lone or reversed surrogates (22P02) and \u0000
+        // (22P05), in a cast or as a ledger argument alike: the ledger is never called.
+        for (json, sqlstate) in [
+            (r#""\ud800""#, "22P02"),
+            (r#""\udc00""#, "22P02"),
+            (r#""\udc00\ud800""#, "22P02"),
+            (r#""\ud800\u0041""#, "22P02"),
+            (r#"{"\ud800": 1}"#, "22P02"),
+            (r#""\u0000""#, "22P05"),
+        ] {
+            for query in [
+                format!("SELECT '{json}'::jsonb"),
+                format!("SELECT ledger.claim_tool_call('r', 'search', '{{\"q\": {json}}}')"),
+                format!("SELECT ledger.canonical_json('{json}')"),
+                // json (unlike jsonb) keeps the text, so the refusal moves to the cast.
+                format!("SELECT ledger.request_hash('{json}'::json::jsonb)"),
+            ] {
+                let e = error_of(&query);
+                assert_eq!(e.sqlstate, sqlstate, "{query}: {e:?}");
+                assert!(!e.message.starts_with("ledger: "), "{query}: {e:?}");
+            }
+        }
+        assert_eq!(rows(), before);
+        // A valid pair is a character: canonical JSON keeps it raw, and escaped or raw text is
+        // the same request.
+        assert_eq!(
+            one::<String>(r#"SELECT ledger.canonical_json('{"q": "\ud83d\ude00\u00e9"}')"#),
+            r#"{"q":"😀é"}"#
+        );
+        assert_eq!(
+            one::<String>(r#"SELECT ledger.request_hash('{"q": "\ud83d\ude00\u00e9"}')"#),
+            one::<String>(r#"SELECT encode(sha256(convert_to('{"q":"😀é"}', 'UTF8')), 'hex')"#)
+        );
+        let claim = |args: &str| {
+            one::<String>(&format!(
+                "SELECT ledger.claim_tool_call('r', 'search', '{args}', tool_call_id => 'c')->>'outcome'"
+            ))
+        };
+        assert_eq!(claim(r#"{"q": "\ud83d\ude00\u00e9"}"#), "claimed");
+        assert_eq!(claim(r#"{"q": "😀é"}"#), "busy");
+    }
+
+    #[pg_test]
+    fn hostile_object_of_100000_keys_is_hashed_and_summarised_as_truncated() {
+        running_run("t-hostile-keys");
+        let args = "(SELECT jsonb_object_agg('k' || i, i) FROM generate_series(1, 100000) i)";
+        let out = one::<pgrx::JsonB>(&format!(
+            "SELECT ledger.claim_tool_call('r', 'search', {args}, tool_call_id => 'wide')"
+        ))
+        .0;
+        assert_eq!(out["outcome"], "claimed");
+        let stored = &out["tool_call"]["arguments"];
+        assert_eq!(stored["truncated"], true);
+        assert_eq!(
+            stored["size_bytes"],
+            one::<i32>(&format!(
+                "SELECT octet_length(ledger.canonical_json({args}))"
+            ))
+        );
+        let hash = one::<String>(&format!("SELECT ledger.request_hash({args})"));
+        assert_eq!(stored["request_hash"], hash.as_str());
+        assert_eq!(out["tool_call"]["request_hash"], hash.as_str());
+        // Every top-level name, by code point (jsonb itself orders keys by length first).
+        let names = one::<pgrx::JsonB>(
+            "SELECT jsonb_agg('k' || i ORDER BY ('k' || i) COLLATE \"C\") FROM generate_series(1, 100000) i",
+        )
+        .0;
+        assert_eq!(stored["argument_names"], names);
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM ledger.run_step_tool_calls WHERE tool_call_id = 'wide'"
+            ),
+            1
+        );
+    }
+
+    #[pg_test]
+    fn hostile_one_megabyte_text_arguments_are_refused_as_ids_and_kept_or_cut_as_text() {
+        running_run("t-hostile-mb");
+        Spi::run("SELECT ledger.create_step('r', 'tool', step_id => 's')").unwrap();
+        let sql = |template: &str| template.replace("$MB", MB);
+
+        // Ids (and keys) are refused, naming the argument, and write nothing.
+        for (argument, call) in [
+            (
+                "request_id",
+                "SELECT ledger.create_run('chat', request_id => $MB)",
+            ),
+            (
+                "parent_run_id",
+                "SELECT ledger.create_run('chat', parent_run_id => $MB)",
+            ),
+            (
+                "source_run_id",
+                "SELECT ledger.create_run('chat', source_run_id => $MB)",
+            ),
+            ("run_id", "SELECT ledger.create_run('chat', run_id => $MB)"),
+            ("run_id", "SELECT ledger.create_step($MB, 'llm')"),
+            (
+                "step_id",
+                "SELECT ledger.create_step('r', 'llm', step_id => $MB)",
+            ),
+            ("run_id", "SELECT ledger.transition_run($MB, 'paused')"),
+            (
+                "error_step_id",
+                "SELECT ledger.transition_run('r', 'paused', error_step_id => $MB)",
+            ),
+            ("run_id", "SELECT ledger.claim_tool_call($MB, 'search')"),
+            (
+                "tool_call_id",
+                "SELECT ledger.claim_tool_call('r', 'search', tool_call_id => $MB)",
+            ),
+            (
+                "idempotency_key",
+                "SELECT ledger.claim_tool_call('r', 'search', idempotency_key => $MB)",
+            ),
+            (
+                "step_id",
+                "SELECT ledger.claim_tool_call('r', 'search', step_id => $MB)",
+            ),
+            ("run_id", "SELECT ledger.record_cost($MB, 'tokens', 1)"),
+            (
+                "step_id",
+                "SELECT ledger.record_cost('r', 'tokens', 1, step_id => $MB)",
+            ),
+            (
+                "source_ref",
+                "SELECT ledger.record_cost('r', 'tokens', 1, source_ref => $MB)",
+            ),
+            ("run_id", "SELECT ledger.record_audit($MB, 'gw', 'allowed')"),
+            (
+                "step_id",
+                "SELECT ledger.record_audit('r', 'gw', 'allowed', step_id => $MB)",
+            ),
+        ] {
+            let before = rows();
+            let e = assert_error(&sql(call), "22023", "ID_INVALID");
+            assert_eq!(e.detail["argument"], argument, "{call}");
+            assert_eq!(e.detail["length"], MB_CHARS, "{call}");
+            assert_eq!(rows(), before, "{call}");
+        }
+        // Closed vocabularies are refused with their own codes.
+        for (code, call) in [
+            (
+                "STATUS_UNKNOWN",
+                "SELECT ledger.create_step('r', 'llm', status => $MB)",
+            ),
+            ("STATUS_UNKNOWN", "SELECT ledger.transition_run('r', $MB)"),
+            (
+                "STATUS_UNKNOWN",
+                "SELECT ledger.transition_run('r', 'paused', expected_status => $MB)",
+            ),
+            (
+                "CURRENCY_INVALID",
+                "SELECT ledger.record_cost('r', 'tokens', 1, 1, $MB)",
+            ),
+        ] {
+            let before = rows();
+            assert_error(&sql(call), "22023", code);
+            assert_eq!(rows(), before, "{call}");
+        }
+
+        // Free text is kept whole; summaries and messages are cut at 8192 characters. Each query
+        // reads the value back from the row the function returns.
+        let fresh = "(SELECT id FROM ledger.create_run('chat'))";
+        for (want, call) in [
+            (MB_CHARS, "SELECT char_length(user_id) FROM ledger.create_run('chat', user_id => $MB)"),
+            (MB_CHARS, "SELECT char_length(trace_id) FROM ledger.create_run('chat', trace_id => $MB)"),
+            (8192, "SELECT char_length(input_summary) FROM ledger.create_run('chat', input_summary => $MB)"),
+            (MB_CHARS, "SELECT char_length(step_type) FROM ledger.create_step('r', $MB)"),
+            (MB_CHARS, "SELECT char_length(step_key) FROM ledger.create_step('r', 'llm', step_key => $MB)"),
+            (MB_CHARS, "SELECT char_length(node_id) FROM ledger.create_step('r', 'llm', node_id => $MB)"),
+            (8192, "SELECT char_length(input_summary) FROM ledger.create_step('r', 'llm', input_summary => $MB)"),
+            (8192, "SELECT char_length(output_summary) FROM ledger.transition_run($FRESH, 'failed', output_summary => $MB)"),
+            // Failing without a message copies the (cut) summary.
+            (8192, "SELECT char_length(error_message) FROM ledger.transition_run($FRESH, 'failed', output_summary => $MB)"),
+            (8192, "SELECT char_length(error_message) FROM ledger.transition_run($FRESH, 'failed', error_message => $MB)"),
+            (MB_CHARS, "SELECT char_length(error_code) FROM ledger.transition_run($FRESH, 'failed', error_code => $MB)"),
+            (MB_CHARS, "SELECT char_length(ledger.claim_tool_call('r', $MB, tool_call_id => 'c1')->'tool_call'->>'tool_ref')"),
+            (8192, "SELECT char_length(input_summary) FROM ledger.run_steps WHERE step_key = 'c1'"),
+            (MB_CHARS, "SELECT char_length(ledger.claim_tool_call('r', 'search', tool_call_id => 'c2', lease_owner => $MB)->'tool_call'->>'lease_owner')"),
+            (MB_CHARS, "SELECT char_length(billing_basis) FROM ledger.record_cost('r', $MB, 1)"),
+            (MB_CHARS, "SELECT char_length(provider) FROM ledger.record_cost('r', 'tokens', 1, provider => $MB)"),
+            (MB_CHARS, "SELECT char_length(model_ref) FROM ledger.record_cost('r', 'tokens', 1, model_ref => $MB)"),
+            (MB_CHARS, "SELECT char_length(tool_ref) FROM ledger.record_cost('r', 'tokens', 1, tool_ref => $MB)"),
+            (MB_CHARS, "SELECT char_length(source_port) FROM ledger.record_cost('r', 'tokens', 1, source_port => $MB)"),
+            (MB_CHARS, "SELECT char_length(operation) FROM ledger.record_cost('r', 'tokens', 1, operation => $MB)"),
+            (MB_CHARS, "SELECT char_length(gateway_type) FROM ledger.record_audit('r', $MB, 'allowed')"),
+            (MB_CHARS, "SELECT char_length(outcome) FROM ledger.record_audit('r', 'gw', $MB)"),
+            (MB_CHARS, "SELECT char_length(actor) FROM ledger.record_audit('r', 'gw', 'allowed', actor => $MB)"),
+        ] {
+            let query = sql(call).replace("$FRESH", fresh);
+            assert_eq!(one::<i32>(&query), want, "{call}");
+        }
+        // Every run's feed is still gapless.
+        assert!(one::<bool>(
+            "SELECT bool_and(n = m) FROM (SELECT count(*) AS n, max(seq) AS m FROM ledger.run_events \
+              WHERE tenant_id = ledger.scope_tenant() GROUP BY run_id) f"
+        ));
+    }
+
+    #[pg_test]
+    fn hostile_indexed_labels_are_bounded_with_a_clear_error() {
+        // mode, kind and the subject are indexed: past 256 bytes they are refused by the ledger
+        // (not by the btree's 2704-byte row limit), and nothing is written.
+        set_scope("t-hostile-mb-indexed", "w");
+        for (argument, call) in [
+            ("mode", "SELECT ledger.create_run($V)"),
+            ("kind", "SELECT ledger.create_run('chat', kind => $V)"),
+            (
+                "subject_kind",
+                "SELECT ledger.create_run('chat', subject_kind => $V)",
+            ),
+            (
+                "subject_id",
+                "SELECT ledger.create_run('chat', subject_id => $V)",
+            ),
+            (
+                "subject_version_id",
+                "SELECT ledger.create_run('chat', subject_version_id => $V)",
+            ),
+        ] {
+            let e = assert_error(&call.replace("$V", MB), "22023", "LABEL_INVALID");
+            assert_eq!(e.detail["argument"], argument);
+            let fits = "repeat('é', 128)"; // 256 bytes
+            let created = call.replacen("SELECT ", "", 1).replace("$V", fits);
+            assert!(one::<bool>(&format!("SELECT ({created}).id IS NOT NULL")));
+        }
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.runs WHERE tenant_id = 't-hostile-mb-indexed'"),
+            5
+        );
+    }
+
+    #[pg_test]
+    fn hostile_odd_but_printable_ids_are_accepted_and_kept_exactly() {
+        set_scope("t-hostile-odd", "w");
+        // Right-to-left mark and override, a zero-width joiner sequence, a combining accent, a
+        // byte order mark, a zero-width space: none is whitespace or a control character.
+        for id in [
+            "run\u{200f}rtl",
+            "run\u{202e}lave",
+            "\u{1f469}\u{200d}\u{1f469}\u{200d}\u{1f467}",
+            "e\u{301}",
+            "\u{feff}bom",
+            "zero\u{200b}width",
+            "\u{1f600}".repeat(128).as_str(),
+        ] {
+            let created = one::<String>(&format!(
+                "SELECT id FROM ledger.create_run('chat', run_id => '{id}')"
+            ));
+            assert_eq!(created, id);
+            let out = one::<pgrx::JsonB>(&format!(
+                "SELECT ledger.claim_tool_call('{id}', 'search', tool_call_id => '{id}')"
+            ))
+            .0;
+            assert_eq!(out["outcome"], "claimed", "{id:?}");
+            assert_eq!(
+                out["tool_call"]["idempotency_key"],
+                format!("tool:{id}:{id}")
+            );
+            assert!(
+                one::<bool>(&format!(
+                    "SELECT count(*) > 2 AND max(seq) = count(*) FROM ledger.run_events WHERE run_id = '{id}'"
+                )),
+                "{id:?}: a gapless feed"
+            );
+        }
+        // Whitespace of any script, and controls, are refused: characters are counted, not bytes.
+        let before = rows();
+        for id in [
+            "nb\u{a0}sp",
+            "line\u{2028}sep",
+            "ideo\u{3000}space",
+            "ogham\u{1680}space",
+            "next\u{85}line",
+            "del\u{7f}",
+            "\u{1f600}".repeat(129).as_str(),
+        ] {
+            let e = assert_error(
+                &format!("SELECT ledger.create_run('chat', run_id => '{id}')"),
+                "22023",
+                "ID_INVALID",
+            );
+            assert_eq!(e.detail["length"], id.chars().count(), "{id:?}");
+        }
+        assert_eq!(rows(), before);
+    }
+
+    #[pg_test]
+    fn hostile_longest_keys_of_four_byte_characters_fit_or_are_refused_cleanly() {
+        // Distinct CJK Extension B characters (4 bytes each in UTF-8), in an order pglz cannot
+        // compress.
+        let wide = |n: usize, salt: usize| -> String {
+            (0..n)
+                .map(|i| char::from_u32(0x20000 + ((i + salt) * 7919 % 40000) as u32).unwrap())
+                .collect()
+        };
+        set_scope(&wide(128, 1), &wide(128, 2));
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+        // Keys are bounded in bytes too: 1024 bytes (256 such characters) fit one index row
+        // after the widest scope; 257 are refused by the ledger, not by the btree.
+        let key = wide(256, 3);
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT ledger.claim_tool_call('r', 'search', idempotency_key => '{key}')->>'outcome'"
+            )),
+            "claimed"
+        );
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT source_ref FROM ledger.record_cost('r', 'tokens', 1, source_ref => '{key}')"
+            )),
+            key
+        );
+        let long = wide(257, 4);
+        assert_error(
+            &format!("SELECT ledger.claim_tool_call('r', 'search', idempotency_key => '{long}')"),
+            "22023",
+            "ID_INVALID",
+        );
+        assert_error(
+            &format!("SELECT ledger.record_cost('r', 'tokens', 1, source_ref => '{long}')"),
+            "22023",
+            "ID_INVALID",
+        );
+    }
+
+    #[pg_test]
+    fn hostile_odd_keys_are_kept_exactly_and_redacted_by_their_normalised_form() {
+        running_run("t-hostile-odd-keys");
+        let args = r#"{"\u200fpassword": "a", "api\u202ekey": "b", "🔑token": "c", "\u200bX-API-Key": "d",
+                       "pass\u200dword": "e", "ｐａｓｓｗｏｒｄ": "f", "mot_de_passé": "g", "e\u0301": "h"}"#;
+        let out = one::<pgrx::JsonB>(&format!(
+            "SELECT ledger.claim_tool_call('r', 'search', '{args}', tool_call_id => 'c')"
+        ))
+        .0;
+        // Marks and emoji around a name fold away ("\u200fpassword" is "password"); a joiner
+        // inside one splits it ("pass\u200dword" is "pass_word"), and non-ASCII letters are not
+        // letters to the normaliser ("ｐａｓｓｗｏｒｄ" is ""): those are not sensitive names.
+        let want = serde_json::json!({
+            "\u{200f}password": "[REDACTED]",
+            "api\u{202e}key": "[REDACTED]",
+            "🔑token": "[REDACTED]",
+            "\u{200b}X-API-Key": "[REDACTED]",
+            "pass\u{200d}word": "e",
+            "ｐａｓｓｗｏｒｄ": "f",
+            "mot_de_passé": "g",
+            "e\u{301}": "h",
+        });
+        assert_eq!(out["tool_call"]["arguments"], want);
+        assert_eq!(
+            one::<pgrx::JsonB>(&format!("SELECT ledger.redact('{args}')")).0,
+            want
+        );
+        assert_eq!(
+            out["tool_call"]["request_hash"],
+            one::<String>(&format!("SELECT ledger.request_hash('{args}')")).as_str()
+        );
+    }
+}
