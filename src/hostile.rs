@@ -7,7 +7,7 @@ use pgrx::prelude::*;
 
 #[pg_schema]
 mod tests {
-    use crate::testing::{assert_error, error_of, one, set_scope};
+    use crate::testing::{assert_error, error_of, one, running_run, set_scope};
     use pgrx::prelude::*;
 
     /// 1 MiB of text (1,048,576 characters) that pglz cannot compress, so nothing is saved on
@@ -34,12 +34,6 @@ mod tests {
         })
         .collect();
         one::<String>(&format!("SELECT concat_ws(' ', {})", counts.join(", ")))
-    }
-
-    /// A scope of its own with a running run `r`.
-    fn running_run(tenant: &str) {
-        set_scope(tenant, "w");
-        Spi::run("SELECT ledger.create_run('agent', run_id => 'r'), ledger.transition_run('r', 'running')").unwrap();
     }
 
     /// `levels` of nesting: an object around arrays, built by PostgreSQL's own parser.

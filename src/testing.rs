@@ -64,6 +64,15 @@ pub fn set_scope(tenant: &str, workspace: &str) {
     .expect("set_scope");
 }
 
+/// A scope of its own (tenant, workspace "w") with a running run `r`.
+pub fn running_run(tenant: &str) {
+    set_scope(tenant, "w");
+    Spi::run(
+        "SELECT ledger.create_run('agent', run_id => 'r'), ledger.transition_run('r', 'running')",
+    )
+    .expect("a running run");
+}
+
 pub fn one<T: pgrx::FromDatum + pgrx::IntoDatum>(query: &str) -> T {
     Spi::get_one::<T>(query)
         .expect(query)

@@ -1189,14 +1189,8 @@ fn approval_json(scope: &Scope, approval_id: &str) -> Result<Jsonb> {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{assert_error, error_of, one, set_scope};
+    use crate::testing::{assert_error, error_of, one, running_run};
     use pgrx::prelude::*;
-
-    /// A running run `r` in a scope of its own.
-    fn run(scope: &str) {
-        set_scope(scope, "w");
-        Spi::run("SELECT ledger.create_run('agent', run_id => 'r'), ledger.transition_run('r', 'running')").unwrap();
-    }
 
     fn claim(args: &str, call: &str) -> String {
         format!("SELECT ledger.claim_tool_call('r', 'search', '{args}', tool_call_id => '{call}')")
@@ -1233,7 +1227,7 @@ mod tests {
 
     #[pg_test]
     fn a_new_claim_records_the_call_with_redacted_arguments() {
-        run("t-tc-new");
+        running_run("t-tc-new");
         let out = one::<pgrx::JsonB>(&claim(
             r#"{"q": "shoes", "apiKey": "k-123", "n": 1.50}"#,
             "c1",
@@ -1269,7 +1263,7 @@ mod tests {
 
     #[pg_test]
     fn a_finished_call_replays_its_result_without_a_new_attempt() {
-        run("t-tc-replay");
+        running_run("t-tc-replay");
         outcome(r#"{"q": 1}"#, "c1");
         let id = record("c1");
         assert_eq!(
@@ -1319,7 +1313,7 @@ mod tests {
 
     #[pg_test]
     fn a_reused_identity_with_other_input_is_a_conflict() {
-        run("t-tc-identity");
+        running_run("t-tc-identity");
         outcome(r#"{"q": 1}"#, "c1");
         let e = assert_error(&claim(r#"{"q": 2}"#, "c1"), "23505", "IDEMPOTENCY_MISMATCH");
         assert_eq!(
@@ -1346,7 +1340,7 @@ mod tests {
 
     #[pg_test]
     fn an_expired_claim_whose_request_never_left_is_taken_over_and_the_old_attempt_fenced() {
-        run("t-tc-takeover");
+        running_run("t-tc-takeover");
         outcome("{}", "c1");
         let id = record("c1");
         expire("c1");
@@ -1371,7 +1365,7 @@ mod tests {
 
     #[pg_test]
     fn an_expired_call_whose_request_left_is_in_doubt_and_never_claimed_again() {
-        run("t-tc-doubt");
+        running_run("t-tc-doubt");
         outcome("{}", "c1");
         let id = record("c1");
         Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
@@ -1414,7 +1408,7 @@ mod tests {
 
     #[pg_test]
     fn a_late_completion_of_the_current_attempt_is_accepted() {
-        run("t-tc-late");
+        running_run("t-tc-late");
         outcome("{}", "c1");
         let id = record("c1");
         Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
@@ -1450,7 +1444,7 @@ mod tests {
 
     #[pg_test]
     fn unknown_outcomes_go_to_in_doubt_and_only_a_resolution_leaves_it() {
-        run("t-tc-resolve");
+        running_run("t-tc-resolve");
         outcome("{}", "c1");
         let id = record("c1");
         Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
@@ -1483,7 +1477,7 @@ mod tests {
 
     #[pg_test]
     fn a_retry_resolution_executes_again_with_the_next_attempt() {
-        run("t-tc-retry");
+        running_run("t-tc-retry");
         outcome("{}", "c1");
         let id = record("c1");
         Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
@@ -1518,7 +1512,7 @@ mod tests {
 
     #[pg_test]
     fn large_results_live_in_a_verified_artifact() {
-        run("t-tc-large");
+        running_run("t-tc-large");
         outcome("{}", "c1");
         let id = record("c1");
         let big = "jsonb_build_object('rows', (SELECT jsonb_agg(jsonb_build_object('i', i, 'name', 'row ' || i)) FROM generate_series(1, 2000) i))";
@@ -1547,7 +1541,7 @@ mod tests {
 
     #[pg_test]
     fn a_result_artifact_of_another_run_is_refused() {
-        run("t-tc-artifact-owner");
+        running_run("t-tc-artifact-owner");
         Spi::run("SELECT ledger.create_run('agent', run_id => 'other')").unwrap();
         outcome("{}", "c1");
         let id = record("c1");
@@ -1564,7 +1558,7 @@ mod tests {
 
     #[pg_test]
     fn approvals_gate_the_call() {
-        run("t-tc-approval");
+        running_run("t-tc-approval");
         let req = "SELECT ledger.request_tool_approval('r', 'wire_money', '{\"amount\": 100}', tool_call_id => 'pay', title => 'Pay supplier')";
         let out = one::<pgrx::JsonB>(req).0;
         assert_eq!(out["outcome"], "waiting_approval");
@@ -1648,7 +1642,7 @@ mod tests {
 
     #[pg_test]
     fn sweep_moves_expired_leases_by_whether_the_request_left() {
-        run("t-tc-sweep");
+        running_run("t-tc-sweep");
         outcome("{}", "quiet");
         outcome("{\"x\": 1}", "sent");
         Spi::run(&format!(
@@ -1679,7 +1673,7 @@ mod tests {
 
     #[pg_test]
     fn large_arguments_are_summarised_and_still_hashed_in_full() {
-        run("t-tc-bigargs");
+        running_run("t-tc-bigargs");
         let args = "jsonb_build_object('b', repeat('x', 9000), 'a', 1, 'password', 'hunter2')";
         let out = one::<pgrx::JsonB>(&format!(
             "SELECT ledger.claim_tool_call('r', 'upload', {args}, tool_call_id => 'u')"
@@ -1715,7 +1709,7 @@ mod tests {
 
     #[pg_test]
     fn bad_tool_call_input_is_refused_and_writes_nothing() {
-        run("t-tc-bad");
+        running_run("t-tc-bad");
         for (sql, state, code) in [
             (
                 "SELECT ledger.claim_tool_call('r', 'search', '[1]')",
@@ -1821,7 +1815,7 @@ mod tests {
 
     #[pg_test]
     fn a_replayed_run_gets_its_tool_results_from_the_ledger() {
-        run("t-tc-replay-run");
+        running_run("t-tc-replay-run");
         let key = "SELECT ledger.claim_tool_call('{run}', 'lookup', '{\"order\": 7}', idempotency_key => 'order-7:lookup')";
         let id = one::<String>(&format!(
             "{}->'tool_call'->>'id'",

@@ -1,0 +1,2 @@
+-- ledger 0.1.0 -> 0.2.0. Every schema change of 0.2.0 is appended here, in the order it was
+-- made; pgrx-tests/upgrade.sh checks that 0.1.0 updated with this script equals a fresh install.
