@@ -23,7 +23,9 @@ pub fn new_id(prefix: &str) -> String {
 }
 
 /// A caller-supplied id (or scope name): 1 to 128 characters, printable, no whitespace. (128
-/// characters are at most 512 bytes, so a scope and an id always fit one index row.)
+/// characters are at most 512 bytes, so a scope and an id always fit one index row.) Invisible
+/// format characters count as unprintable: an id with a zero-width space or a bidi override
+/// would look like another id in every log and psql screen.
 pub fn validate(argument: &str, value: &str) -> Result<()> {
     check(argument, value, MAX_ID_CHARS, MAX_ID_CHARS * 4)
 }
@@ -49,8 +51,11 @@ fn check(argument: &str, value: &str, max_chars: usize, max_bytes: usize) -> Res
         Some(too_long.as_str())
     } else if value.len() > max_bytes {
         Some(too_big.as_str())
-    } else if value.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        Some("contains whitespace or control characters")
+    } else if value
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control() || is_format(c))
+    {
+        Some("contains whitespace, control or invisible format characters")
     } else {
         None
     };
@@ -64,16 +69,31 @@ fn check(argument: &str, value: &str, max_chars: usize, max_bytes: usize) -> Res
     }
 }
 
+/// Unicode's format characters (general category Cf, Unicode 15.1): zero-width, bidi, tags.
+pub(crate) fn is_format(c: char) -> bool {
+    matches!(c,
+        '\u{AD}' | '\u{600}'..='\u{605}' | '\u{61C}' | '\u{6DD}' | '\u{70F}' | '\u{890}'..='\u{891}'
+        | '\u{8E2}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}'
+        | '\u{110BD}' | '\u{110CD}' | '\u{13430}'..='\u{1343F}' | '\u{1BCA0}'..='\u{1BCA3}'
+        | '\u{1D173}'..='\u{1D17A}' | '\u{E0001}' | '\u{E0020}'..='\u{E007F}')
+}
+
+/// The bidi embeddings, overrides and isolates: text after them displays reordered.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
 /// The longest label (mode, kind, subject): they are indexed, and a btree row holds 2704 bytes.
 pub const MAX_LABEL_BYTES: usize = 256;
 
-/// A label such as a run's mode or subject: free text (spaces allowed), no control characters,
-/// at most 256 bytes (22023 `LABEL_INVALID`).
+/// A label such as a run's mode or subject: free text (spaces allowed, emoji joiners too), no
+/// control characters or bidi controls, at most 256 bytes (22023 `LABEL_INVALID`).
 pub fn validate_label(argument: &str, value: &str) -> Result<()> {
     let reason = if value.len() > MAX_LABEL_BYTES {
         "is longer than 256 bytes"
-    } else if value.chars().any(char::is_control) {
-        "contains control characters"
+    } else if value.chars().any(|c| c.is_control() || is_bidi_control(c)) {
+        "contains control or bidi control characters"
     } else {
         return Ok(());
     };
@@ -114,7 +134,20 @@ mod tests {
         assert!(validate("run_id", &"x".repeat(128)).is_ok());
         assert!(validate("run_id", &"é".repeat(128)).is_ok());
         for bad in [
-            "", " x", "a b", "a\tb", "a\nb", "a\u{0}b", "a\u{7f}b", "\u{a0}",
+            "",
+            " x",
+            "a b",
+            "a\tb",
+            "a\nb",
+            "a\u{0}b",
+            "a\u{7f}b",
+            "\u{a0}",
+            // Invisible: zero-width space and joiner, BOM, a bidi override, a tag character.
+            "ab\u{200b}",
+            "a\u{200d}b",
+            "\u{feff}ab",
+            "run\u{202e}1",
+            "r\u{e0041}",
         ] {
             let e = validate("run_id", bad).unwrap_err();
             assert_eq!(
@@ -147,5 +180,12 @@ mod tests {
             validate_label("mode", "a\nb").unwrap_err().code,
             "LABEL_INVALID"
         );
+        assert_eq!(
+            validate_label("subject", "invoice \u{202e}fdp.exe")
+                .unwrap_err()
+                .code,
+            "LABEL_INVALID"
+        );
+        assert!(validate_label("mode", "team \u{1F469}\u{200D}\u{1F4BB}").is_ok());
     }
 }

@@ -306,11 +306,12 @@ const WHITESPACE: [char; 25] = [
 ];
 
 /// Printable, non-whitespace characters (a mapped, not filtered, `hostile_char`: filters would
-/// reject too many candidates). Whitespace and controls become a zero-width joiner, itself odd.
+/// reject too many candidates). Whitespace, controls and format characters become a combining
+/// acute accent, itself odd.
 fn id_char() -> impl Strategy<Value = char> {
     hostile_char().prop_map(|c| {
-        if c.is_whitespace() || c.is_control() {
-            '\u{200d}'
+        if c.is_whitespace() || c.is_control() || ids::is_format(c) {
+            '\u{301}'
         } else {
             c
         }
