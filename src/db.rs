@@ -33,12 +33,23 @@ pub fn select_one<R>(
     })
 }
 
+/// Every write goes through here first: in a read-only transaction PostgreSQL would fail the
+/// row lock or the XID assignment with an internal error (XX000 on a hot standby) instead.
+fn writable() -> Result<()> {
+    // SAFETY: a backend-global flag, set at transaction start (always on during recovery).
+    if unsafe { pg_sys::XactReadOnly } {
+        return Err(LedgerError::read_only());
+    }
+    Ok(())
+}
+
 /// The first row a writing statement returns, if any.
 pub fn write_one<R>(
     query: &str,
     args: &[DatumWithOid],
     f: impl FnOnce(&Row) -> Result<R>,
 ) -> Result<Option<R>> {
+    writable()?;
     Spi::connect_mut(|c| {
         c.update(query, None, args)?
             .next()
@@ -49,6 +60,7 @@ pub fn write_one<R>(
 
 /// A writing statement whose rows do not matter.
 pub fn execute(query: &str, args: &[DatumWithOid]) -> Result<()> {
+    writable()?;
     Spi::connect_mut(|c| c.update(query, None, args).map(|_| ()))?;
     Ok(())
 }

@@ -24,6 +24,8 @@ pub enum Class {
     Duplicate,
     /// XX001: stored bytes do not match their recorded hash.
     Corrupted,
+    /// 25006: a write in a read-only transaction (a hot standby, or `BEGIN READ ONLY`).
+    ReadOnly,
     /// XX000: a defect in the ledger itself.
     Internal,
 }
@@ -38,6 +40,7 @@ impl Class {
             Class::Conflict => "40001",
             Class::Duplicate => "23505",
             Class::Corrupted => "XX001",
+            Class::ReadOnly => "25006",
             Class::Internal => "XX000",
         }
     }
@@ -93,6 +96,14 @@ impl LedgerError {
             .with("argument", argument)
     }
 
+    pub fn read_only() -> Self {
+        LedgerError::new(
+            Class::ReadOnly,
+            "READ_ONLY",
+            "this transaction is read-only (a hot standby, or BEGIN READ ONLY): write on the primary in a read-write transaction",
+        )
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         LedgerError::new(Class::Internal, "INTERNAL", message)
     }
@@ -131,6 +142,7 @@ impl From<LedgerError> for pgrx::pg_sys::panic::ErrorReport {
             Class::Conflict => ERRCODE_T_R_SERIALIZATION_FAILURE,
             Class::Duplicate => ERRCODE_UNIQUE_VIOLATION,
             Class::Corrupted => ERRCODE_DATA_CORRUPTED,
+            Class::ReadOnly => ERRCODE_READ_ONLY_SQL_TRANSACTION,
             Class::Internal => ERRCODE_INTERNAL_ERROR,
         };
         pgrx::pg_sys::panic::ErrorReport::new(code, e.wire_message(), "ledger")
@@ -164,6 +176,7 @@ mod tests {
             (Class::Conflict, "40001"),
             (Class::Duplicate, "23505"),
             (Class::Corrupted, "XX001"),
+            (Class::ReadOnly, "25006"),
             (Class::Internal, "XX000"),
         ];
         for (class, state) in all {

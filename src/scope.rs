@@ -41,10 +41,12 @@ fn set_scope(
     ids::validate("tenant_id", tenant)?;
     ids::validate("workspace_id", workspace)?;
     let local = is_local.unwrap_or(false);
-    crate::db::execute(
+    // A read-only statement (set_config writes no row), so the scope can be set on a hot standby.
+    crate::db::select_one(
         "SELECT pg_catalog.set_config('ledger.tenant_id', $1, $3), \
                 pg_catalog.set_config('ledger.workspace_id', $2, $3)",
         &[tenant.into(), workspace.into(), local.into()],
+        |_| Ok(()),
     )?;
     Ok(())
 }

@@ -38,6 +38,18 @@ SELECT count(*) AS runs, (SELECT count(*) FROM ledger.run_events) AS events FROM
 SELECT (ledger.transition_run('r', 'canceled')).status;
 SELECT ledger.create_step('r', 'llm');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- A read-only transaction (as on a hot standby) refuses writes with a ledger error and still reads.
+BEGIN READ ONLY;
+SELECT (ledger.create_run('chat', run_id => 'read-only')).id;
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN READ ONLY;
+SELECT ledger.transition_run('r', 'running');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+ROLLBACK;
+BEGIN READ ONLY;
+SELECT count(*) AS events FROM ledger.events_since('r');
+COMMIT;
 -- Without scope nothing runs.
 RESET ledger.tenant_id;
 SELECT * FROM ledger.events_since('r');
