@@ -86,19 +86,25 @@ pub fn pg_tool(name: &str) -> Command {
 }
 
 pub fn restart_server() {
+    restart_server_with("fast");
+}
+
+/// `pg_ctl restart -m <mode>`: `fast` (a clean shutdown), or `immediate`, which is a crash: every
+/// backend dies without a checkpoint and the server recovers from the WAL when it starts again.
+pub fn restart_server_with(mode: &str) {
     let status = pg_tool("pg_ctl")
         .args([
             "-D",
             &env("LEDGER_TEST_PGDATA"),
             "-m",
-            "fast",
+            mode,
             "-w",
             "restart",
         ])
         .stdout(Stdio::null())
         .status()
         .unwrap();
-    assert!(status.success(), "pg_ctl restart failed");
+    assert!(status.success(), "pg_ctl restart -m {mode} failed");
 }
 
 pub fn running_as_root() -> bool {
@@ -157,4 +163,156 @@ pub fn digests_outside_scope(
             (t.to_string(), row.get(0), row.get(1))
         })
         .collect()
+}
+
+/// The SQLSTATE of a failed statement, or `None` when no server answered (the connection broke).
+pub fn sqlstate(e: &postgres::Error) -> Option<String> {
+    e.as_db_error().map(|db| db.code().code().to_owned())
+}
+
+/// Waits until backend `pid` is blocked by a lock another backend holds.
+pub fn wait_until_blocked(c: &mut Client, pid: i32) {
+    let start = std::time::Instant::now();
+    while !c
+        .query_one("SELECT cardinality(pg_blocking_pids($1)) > 0", &[&pid])
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "backend {pid} never blocked"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// What every committed state of the ledger keeps, whatever crashed or was canceled: a name and
+/// a query counting the rows that break it, across all scopes (run it as the superuser). The
+/// joins are grouped so that they stay linear in a run of 100,000 events.
+pub const INVARIANTS: [(&str, &str); 13] = [
+    (
+        "every event belongs to a run",
+        "SELECT count(*) FROM ledger.run_events e WHERE NOT EXISTS (SELECT FROM ledger.runs r \
+           WHERE (r.tenant_id, r.workspace_id, r.id) = (e.tenant_id, e.workspace_id, e.run_id))",
+    ),
+    (
+        "an event's step is a step of the event's run",
+        "SELECT count(*) FROM ledger.run_events e WHERE e.step_id IS NOT NULL AND NOT EXISTS (SELECT FROM ledger.run_steps s \
+           WHERE (s.tenant_id, s.workspace_id, s.id, s.run_id) = (e.tenant_id, e.workspace_id, e.step_id, e.run_id))",
+    ),
+    (
+        "every run's events are seq 1..last_seq without a hole",
+        "SELECT count(*) FROM ledger.runs r LEFT JOIN (SELECT tenant_id, workspace_id, run_id, count(*) AS n, \
+                min(seq) AS lo, max(seq) AS hi FROM ledger.run_events GROUP BY 1, 2, 3) e \
+             ON (e.tenant_id, e.workspace_id, e.run_id) = (r.tenant_id, r.workspace_id, r.id) \
+          WHERE coalesce(e.n, 0) <> r.last_seq OR coalesce(e.hi, 0) <> r.last_seq OR coalesce(e.lo, 1) <> 1",
+    ),
+    (
+        "every run has one run.created, at seq 1",
+        "SELECT count(*) FROM ledger.runs r LEFT JOIN ledger.run_events e \
+             ON (e.tenant_id, e.workspace_id, e.run_id, e.seq) = (r.tenant_id, r.workspace_id, r.id, 1) \
+           LEFT JOIN (SELECT tenant_id, workspace_id, run_id, count(*) AS n FROM ledger.run_events \
+                       WHERE kind = 'run.created' GROUP BY 1, 2, 3) c \
+             ON (c.tenant_id, c.workspace_id, c.run_id) = (r.tenant_id, r.workspace_id, r.id) \
+          WHERE e.kind IS DISTINCT FROM 'run.created' OR c.n IS DISTINCT FROM 1",
+    ),
+    (
+        "every step belongs to a run, its step_no the seq of its step.created event",
+        "SELECT count(*) FROM ledger.run_steps s LEFT JOIN ledger.run_events e \
+             ON (e.tenant_id, e.workspace_id, e.run_id, e.seq) = (s.tenant_id, s.workspace_id, s.run_id, s.step_no) \
+          WHERE e.kind IS DISTINCT FROM 'step.created' OR e.step_id IS DISTINCT FROM s.id",
+    ),
+    (
+        "every task's checkpoints are 1..last_checkpoint_no without a hole",
+        "SELECT count(*) FROM ledger.tasks t LEFT JOIN (SELECT tenant_id, workspace_id, task_id, count(*) AS n, \
+                min(checkpoint_no) AS lo, max(checkpoint_no) AS hi FROM ledger.task_checkpoints GROUP BY 1, 2, 3) c \
+             ON (c.tenant_id, c.workspace_id, c.task_id) = (t.tenant_id, t.workspace_id, t.id) \
+          WHERE coalesce(c.n, 0) <> t.last_checkpoint_no OR coalesce(c.hi, 0) <> t.last_checkpoint_no \
+             OR coalesce(c.lo, 1) <> 1",
+    ),
+    (
+        "every tool call's step is a tool step of its run",
+        "SELECT count(*) FROM ledger.run_step_tool_calls t WHERE NOT EXISTS (SELECT FROM ledger.run_steps s \
+           WHERE (s.tenant_id, s.workspace_id, s.id, s.run_id) = (t.tenant_id, t.workspace_id, t.step_id, t.run_id) \
+             AND s.step_type = 'tool')",
+    ),
+    (
+        "every tool call's attempt, lease and times fit its status",
+        "SELECT count(*) FROM ledger.run_step_tool_calls t WHERE (CASE t.status \
+           WHEN 'waiting_approval' THEN t.attempt = 0 AND t.approval_id IS NOT NULL AND t.lease_expires_at IS NULL \
+           WHEN 'claimed' THEN t.attempt >= 1 AND t.outbound_started_at IS NULL AND t.completed_at IS NULL \
+                AND (t.lease_owner IS NULL) = (t.lease_expires_at IS NULL) \
+           WHEN 'running' THEN t.attempt >= 1 AND t.outbound_started_at IS NOT NULL AND t.completed_at IS NULL \
+                AND t.lease_owner IS NOT NULL AND t.lease_expires_at IS NOT NULL \
+           WHEN 'in_doubt' THEN t.attempt >= 1 AND t.completed_at IS NULL AND t.lease_owner IS NULL \
+                AND t.lease_expires_at IS NULL AND t.error_code = 'OUTCOME_UNKNOWN' \
+           WHEN 'rejected' THEN t.lease_expires_at IS NULL \
+           ELSE t.attempt >= 1 AND t.completed_at IS NOT NULL AND t.lease_owner IS NULL \
+                AND t.lease_expires_at IS NULL AND (t.result IS NULL OR t.result_artifact_id IS NULL) END) IS NOT TRUE",
+    ),
+    (
+        "every outbox row's lock fits its status",
+        "SELECT count(*) FROM ledger.outbox o WHERE (CASE o.status \
+           WHEN 'pending' THEN o.lock_owner IS NULL AND o.lock_expires_at IS NULL AND o.processed_at IS NULL \
+           WHEN 'processing' THEN o.lock_owner IS NOT NULL AND o.lock_expires_at IS NOT NULL \
+                AND o.processed_at IS NULL AND o.attempt_count >= 1 \
+           ELSE o.lock_owner IS NULL AND o.lock_expires_at IS NULL AND o.processed_at IS NOT NULL END) IS NOT TRUE",
+    ),
+    (
+        "every run has its one run.created outbox row",
+        "SELECT count(*) FROM ledger.runs r WHERE (SELECT count(*) FROM ledger.outbox o \
+           WHERE (o.tenant_id, o.workspace_id, o.run_id) = (r.tenant_id, r.workspace_id, r.id) \
+             AND o.event_type = 'run.created') <> 1",
+    ),
+    (
+        "every terminal run.status event has its run.status.updated outbox row",
+        "SELECT count(*) FROM ledger.runs r WHERE \
+           (SELECT count(*) FROM ledger.run_events e WHERE (e.tenant_id, e.workspace_id, e.run_id) = \
+              (r.tenant_id, r.workspace_id, r.id) AND e.kind = 'run.status' \
+              AND e.payload->>'to' IN ('succeeded', 'failed', 'canceled', 'expired')) <> \
+           (SELECT count(*) FROM ledger.outbox o WHERE (o.tenant_id, o.workspace_id, o.run_id) = \
+              (r.tenant_id, r.workspace_id, r.id) AND o.event_type = 'run.status.updated')",
+    ),
+    (
+        "every cost entry has one cost.recorded event and one outbox row, every such event its entry",
+        "WITH ev AS (SELECT tenant_id, workspace_id, payload->>'cost_id' AS id, count(*) AS n FROM ledger.run_events \
+                      WHERE kind = 'cost.recorded' GROUP BY 1, 2, 3), \
+              ob AS (SELECT tenant_id, workspace_id, substr(subject, 6) AS id, count(*) AS n FROM ledger.outbox \
+                      WHERE event_type = 'cost.recorded' GROUP BY 1, 2, 3) \
+         SELECT count(*) FROM ledger.run_cost_entries c FULL JOIN ev USING (tenant_id, workspace_id, id) \
+           LEFT JOIN ob USING (tenant_id, workspace_id, id) \
+          WHERE c.id IS NULL OR ev.n IS DISTINCT FROM 1 OR ob.n IS DISTINCT FROM 1",
+    ),
+    (
+        "every in-doubt marking is in the feed and the outbox alike",
+        "WITH ev AS (SELECT tenant_id, workspace_id, payload->>'tool_call_record_id' AS id, count(*) AS n \
+                       FROM ledger.run_events WHERE kind = 'tool_call.in_doubt' GROUP BY 1, 2, 3), \
+              ob AS (SELECT tenant_id, workspace_id, substr(subject, 11) AS id, count(*) AS n FROM ledger.outbox \
+                      WHERE event_type = 'tool_call.in_doubt' GROUP BY 1, 2, 3) \
+         SELECT count(*) FROM ev FULL JOIN ob USING (tenant_id, workspace_id, id) \
+           FULL JOIN (SELECT tenant_id, workspace_id, id FROM ledger.run_step_tool_calls WHERE status = 'in_doubt') t \
+           USING (tenant_id, workspace_id, id) \
+          WHERE ev.n IS DISTINCT FROM ob.n OR ev.n IS NULL",
+    ),
+];
+
+/// The `INVARIANTS` that `c` (a superuser connection) finds broken, with how many rows break each.
+pub fn broken_invariants(c: &mut Client) -> Vec<(&'static str, i64)> {
+    INVARIANTS
+        .iter()
+        .map(|(name, sql)| (*name, one::<i64>(c, sql)))
+        .filter(|(_, n)| *n != 0)
+        .collect()
+}
+
+/// The names of the ledger's tables.
+pub fn ledger_tables(c: &mut Client) -> Vec<String> {
+    c.query(
+        "SELECT relname::text FROM pg_class WHERE relnamespace = 'ledger'::regnamespace AND relkind = 'r' ORDER BY 1",
+        &[],
+    )
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
 }
