@@ -465,8 +465,8 @@ fn an_immediate_restart_under_load_keeps_every_commit_and_no_half() {
     let mut admin = session(&db);
     exec(
         &mut admin,
-        "SELECT ledger.create_run('agent', run_id => id) FROM unnest(ARRAY['exec-a', 'exec-b', 'steps', 'flip', 'stuck']) id; \
-         SELECT ledger.transition_run(id, 'running') FROM unnest(ARRAY['exec-a', 'exec-b', 'steps', 'flip', 'stuck']) id; \
+        "SELECT ledger.create_run('agent', run_id => id) FROM unnest(ARRAY['exec-a', 'exec-b', 'steps', 'flip', 'stuck', 'mid']) id; \
+         SELECT ledger.transition_run(id, 'running') FROM unnest(ARRAY['exec-a', 'exec-b', 'steps', 'flip', 'stuck', 'mid']) id; \
          SELECT ledger.create_task('index', task_id => 'cp'); SELECT ledger.transition_task('cp', 'running'); \
          ANALYZE",
     );
@@ -556,8 +556,30 @@ fn an_immediate_restart_under_load_keeps_every_commit_and_no_half() {
         "SELECT string_agg(status, ',' ORDER BY tool_call_id) FROM ledger.run_step_tool_calls WHERE run_id = 'stuck'",
     );
     assert_eq!(stuck, "running,claimed,running,claimed,running,claimed");
+    // And one executor is in the middle of a transaction when the crash hits: claimed, begun, a
+    // cost and a step written, nothing committed.
+    let mut mid = session(&db);
+    exec(&mut mid, "BEGIN");
+    let (_, id, _) = claim(&mut mid, "mid", "mid-0").unwrap();
+    exec(
+        &mut mid,
+        &format!(
+            "SELECT ledger.begin_tool_call('{id}', 1); \
+             SELECT ledger.record_cost('mid', 'requests', 1, 0.01, 'USD', source_ref => 'mid-0'); \
+             SELECT ledger.create_step('mid', 'llm')"
+        ),
+    );
+    let inside: i64 = one(
+        &mut mid,
+        "SELECT last_seq FROM ledger.runs WHERE id = 'mid'",
+    );
+    assert_eq!(inside, 9);
     drop(admin);
     restart_server_with("immediate");
+    assert!(
+        sqlstate(&mid.batch_execute("COMMIT").unwrap_err()).is_none(),
+        "the crash closed the connection"
+    );
 
     let mut acks = Acks::new();
     let mut endings = Vec::new();
@@ -587,6 +609,17 @@ fn an_immediate_restart_under_load_keeps_every_commit_and_no_half() {
 
     let mut c = session(&db);
     assert_consistent(&mut c, "after the crash");
+    let lost: String = one(
+        &mut c,
+        "SELECT concat_ws('|', (SELECT last_seq FROM ledger.runs WHERE id = 'mid'), \
+                (SELECT count(*) FROM ledger.run_steps WHERE run_id = 'mid'), \
+                (SELECT count(*) FROM ledger.run_cost_entries WHERE run_id = 'mid'), \
+                (SELECT count(*) FROM ledger.outbox WHERE run_id = 'mid'))",
+    );
+    assert_eq!(
+        lost, "2|0|0|1",
+        "the open transaction is gone whole: run mid has only its run.created"
+    );
 
     // Every acknowledged commit is there; whatever was in flight is there whole or not at all.
     let in_set = |rows: &[&str]| {
