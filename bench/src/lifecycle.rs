@@ -1,0 +1,536 @@
+//! Throughput of the tool-call lifecycle at several client counts, three ways side by side:
+//! the floor (bare single-row INSERT commits), the ledger's functions, and the same lifecycle
+//! written application-side the way SOIT does it (§3.9: SELECT ... FOR UPDATE, INSERT and
+//! UPDATE round trips, redaction and hashing in the client, outbox rows).
+//!
+//! One lifecycle is three transactions: claim; begin; complete with a 2 KB result plus the tool
+//! step's transition and a cost entry. The floor runs three INSERT transactions per lifecycle.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use postgres::{Client, Statement};
+use serde_json::{json, Value};
+
+use crate::model::{json as cjson, redact};
+use crate::{median, Settings, Target};
+
+pub const TX_PER_LIFECYCLE: f64 = 3.0;
+const TENANT: &str = "bench";
+const WORKSPACE: &str = "lifecycle";
+const TOOL: &str = "crm.lookup_order";
+const LEASE_SECONDS: i32 = 60;
+
+/// Tool arguments with something to redact: a credential under a sensitive key and in a value.
+pub fn arguments() -> Value {
+    json!({
+        "order_id": 1042,
+        "customer": {"email": "ada@example.com", "apiKey": "k-93c1f0e2a7"},
+        "headers": {"Authorization": "Bearer abcdefghijklmnopqrstuvwxyz"},
+        "query": "Where is my order? It was due on Monday.",
+        "max_tokens": 256
+    })
+}
+
+/// A tool result whose canonical JSON is about 2 KB (kept inline: the limit is 8 KB).
+pub fn result_2kb() -> Value {
+    let lines: Vec<Value> = (0..16)
+        .map(|i| json!({"sku": format!("SKU-{i:05}"), "qty": i + 1, "note": "x".repeat(80)}))
+        .collect();
+    let v = json!({"status": "shipped", "eta": "tomorrow", "lines": lines});
+    let n = cjson::canonical(&v).len();
+    assert!((1900..2300).contains(&n), "result is {n} bytes, not ~2 KB");
+    v
+}
+
+pub fn app_schema(c: &mut Client) {
+    // Same columns, defaults, checks and indexes as the ledger's tables (LIKE ... INCLUDING ALL),
+    // the same scoped foreign keys, no RLS and no functions: the application enforces the rules.
+    c.batch_execute(
+        "DROP SCHEMA IF EXISTS app CASCADE;
+         CREATE SCHEMA app;
+         CREATE TABLE app.runs (LIKE ledger.runs INCLUDING ALL);
+         CREATE TABLE app.run_steps (LIKE ledger.run_steps INCLUDING ALL,
+             FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES app.runs);
+         CREATE TABLE app.run_step_tool_calls (LIKE ledger.run_step_tool_calls INCLUDING ALL,
+             FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES app.runs,
+             FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES app.run_steps);
+         CREATE TABLE app.run_cost_entries (LIKE ledger.run_cost_entries INCLUDING ALL,
+             FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES app.runs,
+             FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES app.run_steps);
+         CREATE TABLE app.outbox (LIKE ledger.outbox INCLUDING ALL,
+             FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES app.runs);
+         DROP TABLE IF EXISTS public.bench_floor;
+         CREATE TABLE public.bench_floor (id bigserial PRIMARY KEY, client_id int NOT NULL,
+             payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now());",
+    )
+    .expect("creating the application-side tables");
+}
+
+struct Floor {
+    insert: Statement,
+    client: i32,
+    payload: String,
+}
+
+impl Floor {
+    fn new(c: &mut Client, client: i32) -> Floor {
+        Floor {
+            insert: c
+                .prepare("INSERT INTO public.bench_floor (client_id, payload) VALUES ($1, $2)")
+                .expect("prepare floor"),
+            client,
+            payload: "p".repeat(100),
+        }
+    }
+
+    fn lifecycle(&mut self, c: &mut Client) {
+        for _ in 0..TX_PER_LIFECYCLE as usize {
+            c.execute(&self.insert, &[&self.client, &self.payload])
+                .expect("floor insert");
+        }
+    }
+}
+
+struct Ledger {
+    run_id: String,
+    n: u64,
+    claim: Statement,
+    begin: Statement,
+    complete: Statement,
+    cost: Statement,
+}
+
+impl Ledger {
+    fn new(c: &mut Client, run_id: String) -> Ledger {
+        c.batch_execute(&format!(
+            "SELECT ledger.set_scope('{TENANT}', '{WORKSPACE}')"
+        ))
+        .expect("set_scope");
+        c.execute(
+            "SELECT ledger.create_run('agent', run_id => $1)",
+            &[&run_id],
+        )
+        .expect("create_run");
+        c.execute("SELECT ledger.transition_run($1, 'running')", &[&run_id])
+            .expect("transition_run");
+        let claim = c
+            .prepare(&format!(
+                "SELECT r->>'outcome', r->'tool_call'->>'id', (r->'tool_call'->>'attempt')::bigint,
+                        r->'tool_call'->>'step_id'
+                   FROM ledger.claim_tool_call($1, '{TOOL}', $2, tool_call_id => $3) AS r"
+            ))
+            .expect("prepare claim");
+        let begin = c
+            .prepare("SELECT ledger.begin_tool_call($1, $2)")
+            .expect("prepare begin");
+        let complete = c
+            .prepare("SELECT ledger.complete_tool_call($1, $2, 'succeeded', $3)")
+            .expect("prepare complete");
+        let cost = c
+            .prepare(&format!(
+                "SELECT id FROM ledger.record_cost($1, 'requests', 1, 0.0004, 'USD', step_id => $2,
+                    usage => '{{\"latency_ms\": 12, \"request_count\": 1}}', tool_ref => '{TOOL}')"
+            ))
+            .expect("prepare record_cost");
+        Ledger {
+            run_id,
+            n: 0,
+            claim,
+            begin,
+            complete,
+            cost,
+        }
+    }
+
+    fn lifecycle(&mut self, c: &mut Client, args: &Value, result: &Value) {
+        self.n += 1;
+        let call_id = format!("call-{}", self.n);
+        let row = c
+            .query_one(&self.claim, &[&self.run_id, args, &call_id])
+            .expect("claim_tool_call");
+        let outcome: &str = row.get(0);
+        assert_eq!(outcome, "claimed", "claim of a new key");
+        let id: String = row.get(1);
+        let attempt: i64 = row.get(2);
+        let step_id: String = row.get(3);
+        c.execute(&self.begin, &[&id, &attempt])
+            .expect("begin_tool_call");
+        let mut tx = c.transaction().expect("BEGIN");
+        tx.execute(&self.complete, &[&id, &attempt, result])
+            .expect("complete_tool_call");
+        tx.execute(&self.cost, &[&self.run_id, &step_id])
+            .expect("record_cost");
+        tx.commit().expect("COMMIT");
+    }
+}
+
+/// SOIT's RuntimeToolExecutionService (claim, mark_running, complete) and the gateway's step
+/// update and cost row, as client code over plain tables.
+struct App {
+    run_id: String,
+    n: u64,
+    rules: redact::Rules,
+    run_in_scope: Statement,
+    find_call: Statement,
+    insert_step: Statement,
+    step_status: Statement,
+    insert_call: Statement,
+    lock_call: Statement,
+    mark_running: Statement,
+    lock_step: Statement,
+    finish_step: Statement,
+    insert_cost: Statement,
+    insert_outbox: Statement,
+    complete_call: Statement,
+}
+
+const SCOPE: &str = "tenant_id = $1 AND workspace_id = $2";
+
+impl App {
+    fn new(c: &mut Client, run_id: String) -> App {
+        c.execute(
+            "INSERT INTO app.runs (tenant_id, workspace_id, id, mode, kind, subject_kind,
+                 root_run_id, status, started_at)
+             VALUES ($1, $2, $3, 'agent', 'agent', 'agent', $3, 'running', now())",
+            &[&TENANT, &WORKSPACE, &run_id],
+        )
+        .expect("app run");
+        let mut p = |sql: &str| {
+            c.prepare(sql)
+                .unwrap_or_else(|e| panic!("prepare {sql}: {e:?}"))
+        };
+        App {
+            run_id,
+            n: 0,
+            rules: redact::Rules::default(),
+            run_in_scope: p(&format!("SELECT 1 FROM app.runs WHERE {SCOPE} AND id = $3")),
+            find_call: p(&format!(
+                "SELECT id, status FROM app.run_step_tool_calls
+                  WHERE {SCOPE} AND run_id = $3 AND tool_call_id = $4 FOR UPDATE"
+            )),
+            insert_step: p(
+                "INSERT INTO app.run_steps (tenant_id, workspace_id, id, run_id,
+                                step_type, status, input_summary, step_no)
+                            VALUES ($1, $2, $3, $4, 'tool', 'queued', $5, $6)",
+            ),
+            step_status: p(&format!(
+                "UPDATE app.run_steps SET status = $4, started_at = coalesce(started_at, now()),
+                        updated_at = now()
+                  WHERE {SCOPE} AND id = $3"
+            )),
+            insert_call: p(
+                "INSERT INTO app.run_step_tool_calls (tenant_id, workspace_id, id,
+                                run_id, step_id, tool_call_id, tool_ref, idempotency_key,
+                                request_hash, arguments, status, attempt, lease_owner,
+                                lease_seconds, lease_expires_at)
+                            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'claimed', 1, $11,
+                                $12, now() + $12::integer * interval '1 second')",
+            ),
+            lock_call: p(&format!(
+                "SELECT status, lease_owner, lease_expires_at > now(), step_id
+                   FROM app.run_step_tool_calls WHERE {SCOPE} AND id = $3 FOR UPDATE"
+            )),
+            mark_running: p(&format!(
+                "UPDATE app.run_step_tool_calls SET status = 'running', outbound_started_at = now(),
+                        lease_expires_at = now() + lease_seconds * interval '1 second',
+                        updated_at = now()
+                  WHERE {SCOPE} AND id = $3"
+            )),
+            lock_step: p(&format!(
+                "SELECT status, metrics FROM app.run_steps WHERE {SCOPE} AND id = $3 FOR UPDATE"
+            )),
+            finish_step: p(&format!(
+                "UPDATE app.run_steps SET status = $4, output_summary = $5,
+                        metrics = metrics || $6, ended_at = now(), updated_at = now()
+                  WHERE {SCOPE} AND id = $3"
+            )),
+            insert_cost: p(&format!(
+                "INSERT INTO app.run_cost_entries (tenant_id, workspace_id, id, run_id, step_id,
+                     billing_basis, billed_quantity, amount, currency, usage, tool_ref)
+                 VALUES ($1, $2, $3, $4, $5, 'requests', 1, 0.0004, 'USD', $6, '{TOOL}')"
+            )),
+            insert_outbox: p(
+                "INSERT INTO app.outbox (tenant_id, workspace_id, id, event_type,
+                                  run_id, payload)
+                              VALUES ($1, $2, $3, 'cost.recorded', $4, $5)",
+            ),
+            complete_call: p(&format!(
+                "UPDATE app.run_step_tool_calls SET status = 'succeeded', result = $4,
+                        result_size_bytes = $5, lease_expires_at = NULL, completed_at = now(),
+                        updated_at = now()
+                  WHERE {SCOPE} AND id = $3"
+            )),
+        }
+    }
+
+    fn lifecycle(&mut self, c: &mut Client, args: &Value, result: &Value) {
+        self.n += 1;
+        let (t, w) = (TENANT, WORKSPACE);
+        let call_id = format!("call-{}", self.n);
+        let owner = format!("tool:{}", self.run_id);
+
+        // claim
+        let request_hash = cjson::request_hash(args);
+        let stored_args = redact::summarize_arguments(&self.rules, args);
+        let mut tx = c.transaction().expect("BEGIN");
+        let found = tx
+            .query(&self.run_in_scope, &[&t, &w, &self.run_id])
+            .expect("run in scope");
+        assert_eq!(found.len(), 1, "Run scope mismatch");
+        let existing = tx
+            .query(&self.find_call, &[&t, &w, &self.run_id, &call_id])
+            .expect("find call");
+        assert!(existing.is_empty(), "a new key has no record");
+        let step_id = format!("step_{}", ulid::Ulid::new());
+        let step_no = self.n as i64;
+        let summary = format!("tool={TOOL}");
+        tx.execute(
+            &self.insert_step,
+            &[&t, &w, &step_id, &self.run_id, &summary, &step_no],
+        )
+        .expect("insert step");
+        tx.execute(&self.step_status, &[&t, &w, &step_id, &"preparing"])
+            .expect("step preparing");
+        let id = format!("tc_{}", ulid::Ulid::new());
+        let key = format!("tool:{}:{call_id}", self.run_id);
+        tx.execute(
+            &self.insert_call,
+            &[
+                &t,
+                &w,
+                &id,
+                &self.run_id,
+                &step_id,
+                &call_id,
+                &TOOL,
+                &key,
+                &request_hash,
+                &stored_args,
+                &owner,
+                &LEASE_SECONDS,
+            ],
+        )
+        .expect("insert call");
+        tx.commit().expect("COMMIT claim");
+
+        // mark_running
+        let mut tx = c.transaction().expect("BEGIN");
+        let row = tx
+            .query_one(&self.lock_call, &[&t, &w, &id])
+            .expect("lock call");
+        let (status, lease_owner): (&str, &str) = (row.get(0), row.get(1));
+        assert!(status == "claimed" && lease_owner == owner, "cannot start");
+        tx.execute(&self.mark_running, &[&t, &w, &id])
+            .expect("mark running");
+        let step = tx
+            .query_one(&self.lock_step, &[&t, &w, &step_id])
+            .expect("lock step");
+        assert_eq!(step.get::<_, &str>(0), "preparing");
+        tx.execute(&self.step_status, &[&t, &w, &step_id, &"running"])
+            .expect("step running");
+        tx.commit().expect("COMMIT running");
+
+        // complete, with the gateway's step update, cost row and outbox row
+        let payload = json!({"result": result, "metadata": {}});
+        let encoded = cjson::canonical(&payload);
+        assert!(encoded.len() <= 8192, "inline result");
+        let output_summary: String = cjson::canonical(result).chars().take(8192).collect();
+        let metrics = json!({"latency_ms": 12, "success": true, "tool_ref": TOOL,
+            "tool_call": {"tool_call_id": call_id, "tool_ref": TOOL, "attempt_count": 1, "replayed": false}});
+        let cost_id = format!("cost_{}", ulid::Ulid::new());
+        let outbox_id = format!("obx_{}", ulid::Ulid::new());
+        let usage = json!({"latency_ms": 12, "request_count": 1});
+        let outbox_payload = json!({"cost_id": cost_id, "run_id": self.run_id, "step_id": step_id,
+            "amount": "0.0004", "currency": "USD", "billing_basis": "requests"});
+        let mut tx = c.transaction().expect("BEGIN");
+        let row = tx
+            .query_one(&self.lock_call, &[&t, &w, &id])
+            .expect("lock call");
+        let (status, lease_live): (&str, bool) = (row.get(0), row.get(2));
+        assert!(status == "running" && lease_live, "cannot complete");
+        let step = tx
+            .query_one(&self.lock_step, &[&t, &w, &step_id])
+            .expect("lock step");
+        assert_eq!(step.get::<_, &str>(0), "running");
+        tx.execute(
+            &self.finish_step,
+            &[&t, &w, &step_id, &"succeeded", &output_summary, &metrics],
+        )
+        .expect("finish step");
+        tx.execute(
+            &self.insert_cost,
+            &[&t, &w, &cost_id, &self.run_id, &step_id, &usage],
+        )
+        .expect("insert cost");
+        tx.execute(
+            &self.insert_outbox,
+            &[&t, &w, &outbox_id, &self.run_id, &outbox_payload],
+        )
+        .expect("insert outbox");
+        let size = encoded.len() as i64;
+        tx.execute(&self.complete_call, &[&t, &w, &id, &payload, &size])
+            .expect("complete call");
+        tx.commit().expect("COMMIT complete");
+    }
+}
+
+struct Shared {
+    design: AtomicUsize,
+    stop: AtomicBool,
+    quit: AtomicBool,
+    start: Barrier,
+    done: Barrier,
+    counts: [AtomicU64; 3],
+}
+
+/// Lifecycles per second of the floor, the ledger and the application-side design at `clients`
+/// clients, each the median over `reps` runs.
+fn cell(s: &Settings, clients: usize) -> [f64; 3] {
+    let shared = Arc::new(Shared {
+        design: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
+        quit: AtomicBool::new(false),
+        start: Barrier::new(clients + 1),
+        done: Barrier::new(clients + 1),
+        counts: Default::default(),
+    });
+    let ready = Arc::new(Barrier::new(clients + 1));
+    let handles: Vec<_> = (0..clients)
+        .map(|i| {
+            let (shared, ready, conn) = (shared.clone(), ready.clone(), s.conn.clone());
+            thread::spawn(move || {
+                let mut c = Client::connect(&conn, postgres::NoTls).expect("connect");
+                let run_id = format!("lc-{clients}-{i}");
+                let mut floor = Floor::new(&mut c, i as i32);
+                let mut ledger = Ledger::new(&mut c, run_id.clone());
+                let mut app = App::new(&mut c, run_id);
+                let (args, result) = (arguments(), result_2kb());
+                ready.wait();
+                loop {
+                    shared.start.wait();
+                    if shared.quit.load(Relaxed) {
+                        break;
+                    }
+                    let d = shared.design.load(Relaxed);
+                    let mut n = 0;
+                    while !shared.stop.load(Relaxed) {
+                        match d {
+                            0 => floor.lifecycle(&mut c),
+                            1 => ledger.lifecycle(&mut c, &args, &result),
+                            _ => app.lifecycle(&mut c, &args, &result),
+                        }
+                        n += 1;
+                    }
+                    shared.counts[d].fetch_add(n, Relaxed);
+                    shared.done.wait();
+                }
+            })
+        })
+        .collect();
+    ready.wait();
+    let mut rates: [Vec<f64>; 3] = Default::default();
+    // One short unmeasured round first, then the designs interleaved so drift hits all three.
+    for rep in 0..=s.reps {
+        for (d, rate) in rates.iter_mut().enumerate() {
+            shared.counts[d].store(0, Relaxed);
+            shared.design.store(d, Relaxed);
+            shared.stop.store(false, Relaxed);
+            shared.start.wait();
+            let t0 = Instant::now();
+            let secs = if rep == 0 { s.secs.min(1.0) } else { s.secs };
+            thread::sleep(Duration::from_secs_f64(secs));
+            shared.stop.store(true, Relaxed);
+            shared.done.wait();
+            if rep > 0 {
+                rate.push(shared.counts[d].load(Relaxed) as f64 / t0.elapsed().as_secs_f64());
+            }
+        }
+    }
+    shared.quit.store(true, Relaxed);
+    shared.start.wait();
+    for h in handles {
+        h.join().expect("client thread panicked");
+    }
+    rates.map(|mut r| median(&mut r))
+}
+
+pub fn run(s: &Settings, targets: &mut Vec<Target>) {
+    let mut c = s.connect();
+    app_schema(&mut c);
+    println!("## Tool-call lifecycle throughput\n");
+    println!(
+        "Medians of {} runs of {} s each (designs interleaved). A lifecycle is claim; COMMIT; \
+         begin; COMMIT; complete (2 KB result) + step transition + cost entry; COMMIT. \
+         The floor is {} single-row INSERT commits per lifecycle.\n",
+        s.reps, s.secs, TX_PER_LIFECYCLE
+    );
+    println!(
+        "| clients | floor commits/s | floor lifecycles/s | ledger lifecycles/s | app-side lifecycles/s | ledger ÷ floor | ledger ÷ app-side |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let mut by_clients = Vec::new();
+    for &n in &s.clients {
+        let [floor, ledger, app] = cell(s, n);
+        println!(
+            "| {n} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |",
+            floor * TX_PER_LIFECYCLE,
+            floor,
+            ledger,
+            app,
+            ledger / floor,
+            ledger / app
+        );
+        by_clients.push((n, floor, ledger, app));
+    }
+    println!();
+    check_counts(&mut c);
+    for &(n, floor, ledger, app) in &by_clients {
+        if n == 8 || n == 32 {
+            targets.push(Target {
+                what: format!("lifecycle ≥ 0.6 × floor at {n} clients"),
+                measured: format!("{:.2} ×", ledger / floor),
+                met: ledger >= 0.6 * floor,
+            });
+            targets.push(Target {
+                what: format!("lifecycle ≥ 2 × app-side at {n} clients"),
+                measured: format!("{:.2} ×", ledger / app),
+                met: ledger >= 2.0 * app,
+            });
+        }
+    }
+    let at = |k: usize| by_clients.iter().find(|x| x.0 == k).map(|x| x.2);
+    if let (Some(l32), Some(l128)) = (at(32), at(128)) {
+        targets.push(Target {
+            what: "no collapse: ledger at 128 clients ≥ at 32".into(),
+            measured: format!("{l128:.0} vs {l32:.0} lifecycles/s"),
+            met: l128 >= l32,
+        });
+    }
+}
+
+/// Every lifecycle counted really happened: the ledger's succeeded calls and the application's
+/// match what the clients counted (warm-up rounds included on both sides).
+fn check_counts(c: &mut Client) {
+    c.batch_execute(&format!(
+        "SELECT ledger.set_scope('{TENANT}', '{WORKSPACE}')"
+    ))
+    .expect("set_scope");
+    let row = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM ledger.run_step_tool_calls WHERE status = 'succeeded'),
+                    (SELECT count(*) FROM ledger.run_cost_entries),
+                    (SELECT count(*) FROM app.run_step_tool_calls WHERE status = 'succeeded'),
+                    (SELECT count(*) FROM app.run_cost_entries)",
+            &[],
+        )
+        .expect("count check");
+    let (l, lc, a, ac): (i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert!(
+        l > 0 && l == lc && a > 0 && a == ac,
+        "incomplete lifecycles: {l} {lc} {a} {ac}"
+    );
+    println!("Recorded: {l} ledger lifecycles and {a} application-side lifecycles, each with its cost entry.\n");
+}

@@ -1,0 +1,142 @@
+//! The ledger benchmark (BENCHMARKS.md). `make bench` (pgrx-tests/bench.sh) starts a durable
+//! cluster with the extension and runs this against it; the results are printed as Markdown.
+//!
+//! Environment: LEDGER_BENCH_CONN (a libpq-style connection string, required) and
+//! LEDGER_BENCH_SMOKE=1 for the 30-second smoke (same code paths, tiny sizes, no verdicts).
+
+mod error;
+mod lifecycle;
+mod reads;
+
+// Only the redaction, canonical JSON and hashing parts of the ledger's pure model are needed.
+#[allow(dead_code)]
+#[path = "../../src/model"]
+mod model {
+    pub mod hash;
+    pub mod json;
+    pub mod redact;
+}
+
+use std::time::Instant;
+
+pub struct Settings {
+    pub conn: String,
+    pub smoke: bool,
+    /// Seconds per measured throughput run, and how many runs each median is over.
+    pub secs: f64,
+    pub reps: usize,
+    pub clients: Vec<usize>,
+    /// Runs and events per run in the events_since table.
+    pub event_runs: usize,
+    pub events_per_run: usize,
+    pub page_queries: usize,
+    pub bundle_steps: [usize; 2],
+    pub bundle_calls: usize,
+    pub wakeups: usize,
+    pub redact_iters: usize,
+}
+
+impl Settings {
+    fn from_env() -> Settings {
+        let conn = std::env::var("LEDGER_BENCH_CONN")
+            .expect("LEDGER_BENCH_CONN must be set (run the benchmark through `make bench`)");
+        if std::env::var("LEDGER_BENCH_SMOKE").as_deref() == Ok("1") {
+            Settings {
+                conn,
+                smoke: true,
+                secs: 1.0,
+                reps: 1,
+                clients: vec![1, 8],
+                event_runs: 10,
+                events_per_run: 1_000,
+                page_queries: 100,
+                bundle_steps: [100, 1_000],
+                bundle_calls: 2,
+                wakeups: 30,
+                redact_iters: 3,
+            }
+        } else {
+            Settings {
+                conn,
+                smoke: false,
+                secs: 5.0,
+                reps: 3,
+                clients: vec![1, 8, 32, 128],
+                event_runs: 100,
+                events_per_run: 10_000,
+                page_queries: 2_000,
+                bundle_steps: [1_000, 10_000],
+                bundle_calls: 5,
+                wakeups: 300,
+                redact_iters: 15,
+            }
+        }
+    }
+
+    pub fn connect(&self) -> postgres::Client {
+        postgres::Client::connect(&self.conn, postgres::NoTls)
+            .unwrap_or_else(|e| panic!("cannot connect with {:?}: {e}", self.conn))
+    }
+}
+
+pub fn median(xs: &mut [f64]) -> f64 {
+    assert!(!xs.is_empty(), "median of nothing");
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let n = xs.len();
+    if n % 2 == 1 {
+        xs[n / 2]
+    } else {
+        (xs[n / 2 - 1] + xs[n / 2]) / 2.0
+    }
+}
+
+/// The value below which `p` (0..1) of the sorted samples lie.
+pub fn percentile(xs: &mut [f64], p: f64) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    let i = ((xs.len() as f64 - 1.0) * p).round() as usize;
+    xs[i]
+}
+
+/// One verdict line of the targets table.
+pub struct Target {
+    pub what: String,
+    pub measured: String,
+    pub met: bool,
+}
+
+fn main() {
+    // A panicking client thread would leave the others waiting at a barrier: end the process.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::exit(101);
+    }));
+    let s = Settings::from_env();
+    let started = Instant::now();
+    let mut targets = Vec::new();
+    println!(
+        "# ledger benchmark{}\n",
+        if s.smoke {
+            " (smoke: tiny sizes, no verdicts)"
+        } else {
+            ""
+        }
+    );
+    lifecycle::run(&s, &mut targets);
+    reads::run(&s, &mut targets);
+    println!("## Targets\n");
+    println!("| target | measured | met |");
+    println!("|---|---|---|");
+    for t in &targets {
+        let verdict = match (s.smoke, t.met) {
+            (true, _) => "(smoke)",
+            (false, true) => "yes",
+            (false, false) => "**no**",
+        };
+        println!("| {} | {} | {} |", t.what, t.measured, verdict);
+    }
+    println!(
+        "\nbenchmark finished in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
+}
