@@ -150,6 +150,26 @@ fn follow_on(
     }
 }
 
+/// Waits until run r's feed reaches `seq`; fails if the writers stop before it does.
+fn wait_for_seq<T>(c: &mut Client, seq: i64, writers: &[thread::JoinHandle<T>]) {
+    let start = Instant::now();
+    loop {
+        let last: i64 = one(c, "SELECT last_seq FROM ledger.runs WHERE id = 'r'");
+        if last >= seq {
+            return;
+        }
+        assert!(
+            !writers.iter().all(|w| w.is_finished()),
+            "the writers stopped at seq {last}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "the writers stalled at seq {last}"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 #[ignore]
 fn a_listening_client_gets_100000_events_exactly_once_in_order_under_4_writers() {
@@ -201,22 +221,10 @@ fn a_listening_client_gets_100000_events_exactly_once_in_order_under_4_writers()
         })
         .collect();
     // Fresh tables have no statistics: analyze once the load is under way (README, Operations).
-    while one::<i64>(
-        &mut admin,
-        "SELECT last_seq FROM ledger.runs WHERE id = 'r'",
-    ) < 2000
-    {
-        thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_seq(&mut admin, 2000, &writers);
     exec(&mut admin, "ANALYZE");
     // Half way, the follower's connection is terminated; it reconnects and goes on from its cursor.
-    while one::<i64>(
-        &mut admin,
-        "SELECT last_seq FROM ledger.runs WHERE id = 'r'",
-    ) < EVENTS / 2
-    {
-        thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_seq(&mut admin, EVENTS / 2, &writers);
     let killed: bool = one(
         &mut admin,
         &format!("SELECT pg_terminate_backend({pid}, 10000)"),
