@@ -1,14 +1,64 @@
 //! A thin layer over SPI: run a query, map rows, turn SPI failures into `LedgerError`.
 //! Reads use `select` (read-only, so they also work on a hot standby); writes use `update`.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
 use crate::error::{LedgerError, Result};
 use crate::scope::Scope;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
-use pgrx::spi::SpiHeapTupleData;
+use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiHeapTupleData};
 use pgrx::{FromDatum, IntoDatum};
 
 pub type Row<'a> = SpiHeapTupleData<'a>;
+
+/// A kept plan is found again by its text, argument types and whether it may write.
+type PlanKey = (bool, String, Vec<pg_sys::Oid>);
+
+/// More distinct statements than the ledger has; reaching it means texts are being generated.
+const MAX_PLANS: usize = 1024;
+
+thread_local! {
+    /// Every statement prepared once per backend and kept (SPI_keepplan). Parsing, rewriting
+    /// (row-level security) and planning each statement on every call was most of a call's
+    /// time; PostgreSQL's plan cache revalidates kept plans after DDL or a role change.
+    static PLANS: RefCell<HashMap<PlanKey, Rc<OwnedPreparedStatement>>> = RefCell::new(HashMap::new());
+}
+
+/// The kept plan of `query` for these arguments, prepared on first use.
+fn plan(
+    c: &SpiClient<'_>,
+    query: &str,
+    args: &[DatumWithOid],
+    mutating: bool,
+) -> Result<Rc<OwnedPreparedStatement>> {
+    let key: PlanKey = (
+        mutating,
+        query.to_owned(),
+        args.iter().map(|a| a.oid()).collect(),
+    );
+    // The map is not borrowed while preparing or executing: either may run ledger functions.
+    if let Some(found) = PLANS.with(|p| p.borrow().get(&key).cloned()) {
+        return Ok(found);
+    }
+    let oids: Vec<PgOid> = key.2.iter().map(|&o| PgOid::from(o)).collect();
+    let prepared = if mutating {
+        c.prepare_mut(query, &oids)?
+    } else {
+        c.prepare(query, &oids)?
+    };
+    let kept = Rc::new(prepared.keep());
+    PLANS.with(|p| {
+        let mut plans = p.borrow_mut();
+        if plans.len() >= MAX_PLANS {
+            plans.clear();
+        }
+        plans.insert(key, kept.clone());
+    });
+    Ok(kept)
+}
 
 /// A read-only query; `f` maps each row.
 pub fn select<R>(
@@ -16,7 +66,10 @@ pub fn select<R>(
     args: &[DatumWithOid],
     mut f: impl FnMut(&Row) -> Result<R>,
 ) -> Result<Vec<R>> {
-    Spi::connect(|c| c.select(query, None, args)?.map(|row| f(&row)).collect())
+    Spi::connect(|c| {
+        let p = plan(c, query, args, false)?;
+        c.select(&*p, None, args)?.map(|row| f(&row)).collect()
+    })
 }
 
 /// The first row of a read-only query, if any.
@@ -26,7 +79,8 @@ pub fn select_one<R>(
     f: impl FnOnce(&Row) -> Result<R>,
 ) -> Result<Option<R>> {
     Spi::connect(|c| {
-        c.select(query, Some(1), args)?
+        let p = plan(c, query, args, false)?;
+        c.select(&*p, Some(1), args)?
             .next()
             .map(|row| f(&row))
             .transpose()
@@ -51,7 +105,8 @@ pub fn write_one<R>(
 ) -> Result<Option<R>> {
     writable()?;
     Spi::connect_mut(|c| {
-        c.update(query, None, args)?
+        let p = plan(c, query, args, true)?;
+        c.update(&*p, None, args)?
             .next()
             .map(|row| f(&row))
             .transpose()
@@ -61,8 +116,11 @@ pub fn write_one<R>(
 /// A writing statement whose rows do not matter.
 pub fn execute(query: &str, args: &[DatumWithOid]) -> Result<()> {
     writable()?;
-    Spi::connect_mut(|c| c.update(query, None, args).map(|_| ()))?;
-    Ok(())
+    Spi::connect_mut(|c| {
+        let p = plan(c, query, args, true)?;
+        c.update(&*p, None, args)?;
+        Ok(())
+    })
 }
 
 /// Column `ordinal` (1-based), NULL as `None`.
