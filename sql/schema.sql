@@ -22,12 +22,14 @@ END
 $roles$;
 
 -- The scope predicate every policy uses. NULL when no scope is set, so nothing matches.
+-- SQL-standard bodies: their names are resolved here, once, so no caller's search_path can
+-- change them, and without a SET clause the planner inlines them into every policy (a SET
+-- clause made each evaluation a function call that switched search_path and planned its body:
+-- a third of a tool-call lifecycle's CPU).
 CREATE FUNCTION ledger.scope_tenant() RETURNS text LANGUAGE sql STABLE PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
-    AS $$ SELECT nullif(current_setting('ledger.tenant_id', true), '') $$;
+    RETURN nullif(pg_catalog.current_setting('ledger.tenant_id', true), '');
 CREATE FUNCTION ledger.scope_workspace() RETURNS text LANGUAGE sql STABLE PARALLEL SAFE
-    SET search_path = pg_catalog, pg_temp
-    AS $$ SELECT nullif(current_setting('ledger.workspace_id', true), '') $$;
+    RETURN nullif(pg_catalog.current_setting('ledger.workspace_id', true), '');
 COMMENT ON FUNCTION ledger.scope_tenant() IS 'The tenant of the current ledger scope (GUC ledger.tenant_id), NULL when unset. Used by every row-level security policy.';
 COMMENT ON FUNCTION ledger.scope_workspace() IS 'The workspace of the current ledger scope (GUC ledger.workspace_id), NULL when unset. Used by every row-level security policy.';
 

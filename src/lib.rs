@@ -102,10 +102,12 @@ mod tests {
 
     #[pg_test]
     fn every_function_pins_search_path_and_none_is_public() {
-        // set_scope is the documented exception: a SET clause would undo its is_local setting.
+        // The exceptions: a SET clause would undo set_scope's is_local setting, and would stop
+        // the policy helpers (SQL-standard bodies, names resolved at creation) being inlined.
         let unpinned = one::<String>(
             "SELECT coalesce(string_agg(p.proname, ','), '') FROM pg_proc p \
-              WHERE p.pronamespace = 'ledger'::regnamespace AND p.proname <> 'set_scope' \
+              WHERE p.pronamespace = 'ledger'::regnamespace \
+                AND p.proname NOT IN ('set_scope', 'scope_tenant', 'scope_workspace') \
                 AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')",
         );
         assert_eq!(unpinned, "");
