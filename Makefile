@@ -1,5 +1,6 @@
 # The two commands: `make demo` and `make test`. Both install what they need first.
-.PHONY: demo demo-stop test bootstrap
+# `make bench` runs the benchmark (BENCHMARKS.md); LEDGER_BENCH_SMOKE=1 makes it a smoke run.
+.PHONY: demo demo-stop test bootstrap bench
 
 demo:
 	bash pgrx-tests/demo.sh
@@ -12,3 +13,6 @@ test:
 
 bootstrap:
 	bash pgrx-tests/bootstrap.sh
+
+bench:
+	bash pgrx-tests/bench.sh
