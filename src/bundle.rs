@@ -12,8 +12,8 @@ use crate::scope::{self, Scope};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
-/// One JSON value computed by a read-only query over the run (`$1`, `$2` scope, `$3` run id).
-fn fragment(scope: &Scope, run_id: &str, query: &str) -> Result<String> {
+/// The one value of a read-only query over the run (`$1`, `$2` scope, `$3` run id).
+fn value<T: FromDatum + IntoDatum>(scope: &Scope, run_id: &str, query: &str) -> Result<T> {
     db::select_one(
         query,
         &[
@@ -21,19 +21,26 @@ fn fragment(scope: &Scope, run_id: &str, query: &str) -> Result<String> {
             scope.workspace.as_str().into(),
             run_id.into(),
         ],
-        |r| db::req::<Jsonb>(r, 1),
+        |r| db::req::<T>(r, 1),
     )?
-    .map(|j| j.0)
     .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
 }
 
-/// A JSON array of `item` over `from`, in `order`, complete (never capped).
+/// One JSON value computed by a read-only query over the run.
+fn fragment(scope: &Scope, run_id: &str, query: &str) -> Result<String> {
+    Ok(value::<Jsonb>(scope, run_id, query)?.0)
+}
+
+/// A JSON array of `item` over `from`, in `order`, complete (never capped). Built as json text
+/// (json_agg), not jsonb: the bundle is parsed into jsonb once, at the end, and PostgreSQL's
+/// jsonb construction grows faster than the document (jsonb_agg of 10,000 steps took 12.5 times
+/// as long as of 1,000; json_agg 10 times).
 fn list(scope: &Scope, run_id: &str, item: &str, from: &str, order: &str) -> Result<String> {
-    fragment(
+    value::<String>(
         scope,
         run_id,
         &format!(
-            "SELECT coalesce(jsonb_agg({item} ORDER BY {order}), '[]'::jsonb) FROM {from} \
+            "SELECT coalesce(json_agg({item} ORDER BY {order}), '[]')::text FROM {from} \
               WHERE x.tenant_id = $1 AND x.workspace_id = $2 AND x.run_id = $3"
         ),
     )
