@@ -425,9 +425,10 @@ fn arguments(value: Option<Jsonb>) -> Result<Arguments> {
         ));
     }
     let parsed = json::parse(value.as_str())?;
+    let hash = json::request_hash(&parsed);
     Ok(Arguments {
-        hash: json::request_hash(&parsed),
-        summary: redact::summarize_arguments(&guc::redaction_rules(), &parsed),
+        summary: redact::summarize_arguments(&guc::redaction_rules(), &parsed, &hash),
+        hash,
     })
 }
 

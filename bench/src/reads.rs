@@ -277,13 +277,13 @@ fn redaction(s: &Settings, targets: &mut Vec<Target>) {
         // What claim_tool_call does with its arguments: parse, redact (+ size summary), hash.
         let t = Instant::now();
         let v = cjson::parse(&text).expect("parse");
-        let stored = redact::summarize_arguments(&rules, &v);
         let hash = cjson::request_hash(&v);
+        let stored = redact::summarize_arguments(&rules, &v, &hash);
         full.push(mb / t.elapsed().as_secs_f64());
         assert!(stored.get("truncated").is_some() && hash.len() == 64);
         let t = Instant::now();
-        let stored = redact::summarize_arguments(&rules, &v);
         let hash = cjson::request_hash(&v);
+        let stored = redact::summarize_arguments(&rules, &v, &hash);
         no_parse.push(mb / t.elapsed().as_secs_f64());
         assert!(stored.get("truncated").is_some() && hash.len() == 64);
     }

@@ -3,8 +3,12 @@
 use sha2::{Digest, Sha256};
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = Sha256::digest(bytes);
-    let mut out = String::with_capacity(64);
+    hex(&Sha256::digest(bytes))
+}
+
+/// Lowercase hex of a digest.
+pub fn hex(digest: &[u8]) -> String {
+    let mut out = String::with_capacity(2 * digest.len());
     for b in digest {
         out.push(char::from_digit((b >> 4) as u32, 16).unwrap_or('0'));
         out.push(char::from_digit((b & 0xf) as u32, 16).unwrap_or('0'));

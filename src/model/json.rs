@@ -7,7 +7,8 @@
 use serde_json::Value;
 
 use crate::error::{LedgerError, Result};
-use crate::model::hash::sha256_hex;
+use crate::model::hash::hex;
+use sha2::{Digest, Sha256};
 
 /// The deepest nesting of arrays and objects the ledger accepts. Every `Value` it handles came
 /// through `parse`, so other modules may recurse over values without risking the stack.
@@ -63,15 +64,38 @@ pub fn canonical(v: &Value) -> String {
     v.to_string()
 }
 
-/// Hex SHA-256 of the canonical JSON.
+/// Hex SHA-256 of the canonical JSON, serialised straight into the hasher (no copy of a large
+/// document).
 pub fn request_hash(v: &Value) -> String {
-    sha256_hex(canonical(v).as_bytes())
+    let mut hasher = Sha256::new();
+    // Neither serialising a Value nor writing into a hasher can fail.
+    let _ = serde_json::to_writer(&mut hasher, v);
+    hex(&hasher.finalize())
+}
+
+/// The length in bytes of the canonical JSON, without building it.
+pub fn canonical_len(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Counting bytes cannot fail, nor can serialising a Value.
+    let _ = serde_json::to_writer(&mut count, v);
+    count.0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::error::Class;
+    use crate::model::hash::sha256_hex;
     use serde_json::{json, Map};
     use std::time::{Duration, Instant};
 

@@ -230,9 +230,10 @@ pub fn redact(rules: &Rules, v: &Value) -> Value {
 /// `SUMMARY_BYTES` bytes, else `{"truncated":true,"size_bytes":n,"request_hash":h,
 /// "argument_names":[..]}` with n the redacted size, h the hash of the UNREDACTED arguments (so
 /// it matches the record's request_hash) and the sorted top-level keys (none for a non-object).
-pub fn summarize_arguments(rules: &Rules, args: &Value) -> Value {
+/// `request_hash` is `json::request_hash(args)`, which the caller has already computed.
+pub fn summarize_arguments(rules: &Rules, args: &Value, request_hash: &str) -> Value {
     let redacted = redact(rules, args);
-    let size = json::canonical(&redacted).len();
+    let size = json::canonical_len(&redacted);
     if size <= SUMMARY_BYTES {
         return redacted;
     }
@@ -244,7 +245,7 @@ pub fn summarize_arguments(rules: &Rules, args: &Value) -> Value {
     json!({
         "truncated": true,
         "size_bytes": size,
-        "request_hash": json::request_hash(args),
+        "request_hash": request_hash,
         "argument_names": names,
     })
 }
@@ -805,10 +806,13 @@ mod tests {
         for size in [8191, 8192] {
             let args = args_of(size, "");
             assert_eq!(json::canonical(&args).len(), size);
-            assert_eq!(summarize_arguments(&Rules::default(), &args), args);
+            assert_eq!(
+                summarize_arguments(&Rules::default(), &args, &json::request_hash(&args)),
+                args
+            );
         }
         let args = args_of(8193, "");
-        let summary = summarize_arguments(&Rules::default(), &args);
+        let summary = summarize_arguments(&Rules::default(), &args, &json::request_hash(&args));
         assert_eq!(
             summary,
             json!({
@@ -825,12 +829,12 @@ mod tests {
         // Unredacted this is far above the limit; redacted it is exactly 8192 bytes.
         let args = args_of(8192, &"p".repeat(10_000));
         assert!(json::canonical(&args).len() > 18_000);
-        let summary = summarize_arguments(&Rules::default(), &args);
+        let summary = summarize_arguments(&Rules::default(), &args, &json::request_hash(&args));
         assert_eq!(json::canonical(&summary).len(), 8192);
         assert_eq!(summary["password"], json!(REDACTED));
 
         let args = args_of(8193, &"p".repeat(10_000));
-        let summary = summarize_arguments(&Rules::default(), &args);
+        let summary = summarize_arguments(&Rules::default(), &args, &json::request_hash(&args));
         assert_eq!(summary["truncated"], json!(true));
         assert_eq!(summary["size_bytes"], json!(8193));
         // The hash is of the unredacted arguments, so it matches the record's request_hash.
@@ -847,10 +851,13 @@ mod tests {
     fn summary_size_counts_utf8_bytes() {
         // 'é' is 2 bytes: 4092 of them plus 8 bytes of framing is 8192 bytes, 4100 characters.
         let args = json!({"a": "é".repeat(4092)});
-        assert_eq!(summarize_arguments(&Rules::default(), &args), args);
+        assert_eq!(
+            summarize_arguments(&Rules::default(), &args, &json::request_hash(&args)),
+            args
+        );
         let args = json!({"a": format!("{}x", "é".repeat(4092))});
         assert_eq!(
-            summarize_arguments(&Rules::default(), &args)["size_bytes"],
+            summarize_arguments(&Rules::default(), &args, &json::request_hash(&args))["size_bytes"],
             json!(8193)
         );
     }
@@ -862,14 +869,14 @@ mod tests {
             args.insert(k.into(), json!({"inner": "y".repeat(2000)}));
         }
         let args = Value::Object(args);
-        let summary = summarize_arguments(&Rules::default(), &args);
+        let summary = summarize_arguments(&Rules::default(), &args, &json::request_hash(&args));
         assert_eq!(
             summary["argument_names"],
             json!(["Alpha", "_x", "beta", "zeta", "é"])
         );
         // A non-object has no argument names.
         let args = json!(["y".repeat(9000)]);
-        let summary = summarize_arguments(&Rules::default(), &args);
+        let summary = summarize_arguments(&Rules::default(), &args, &json::request_hash(&args));
         assert_eq!(summary["argument_names"], json!([]));
         assert_eq!(summary["request_hash"], json!(json::request_hash(&args)));
     }
