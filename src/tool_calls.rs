@@ -427,7 +427,7 @@ fn arguments(value: Option<Jsonb>) -> Result<Arguments> {
     let parsed = json::parse(value.as_str())?;
     let hash = json::request_hash(&parsed);
     Ok(Arguments {
-        summary: redact::summarize_arguments(&guc::redaction_rules(), &parsed, &hash),
+        summary: redact::summarize_arguments(&guc::redaction_rules(), parsed, &hash),
         hash,
     })
 }

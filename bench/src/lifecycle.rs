@@ -274,7 +274,7 @@ impl App {
 
         // claim
         let request_hash = cjson::request_hash(args);
-        let stored_args = redact::summarize_arguments(&self.rules, args, &request_hash);
+        let stored_args = redact::summarize_arguments(&self.rules, args.clone(), &request_hash);
         let mut tx = c.transaction().expect("BEGIN");
         let found = tx
             .query(&self.run_in_scope, &[&t, &w, &self.run_id])

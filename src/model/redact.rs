@@ -3,7 +3,7 @@
 //! Values reach here through `json::parse` (or pgrx's serde_json), so their depth is bounded and
 //! plain recursion is safe.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::model::json;
 
@@ -207,22 +207,26 @@ fn is_secret_ref(v: &Value) -> bool {
 /// secret references, whose own keys are redacted in turn; with value checking on, every string
 /// carrying a credential is replaced too.
 pub fn redact(rules: &Rules, v: &Value) -> Value {
+    let mut out = v.clone();
+    redact_in_place(rules, &mut out);
+    out
+}
+
+/// `redact` on a value the caller owns: nothing is rebuilt or copied but the replaced values.
+pub fn redact_in_place(rules: &Rules, v: &mut Value) {
     match v {
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .map(|(k, item)| {
-                    let out = if is_sensitive_key(rules, k) && !is_secret_ref(item) {
-                        Value::from(REDACTED)
-                    } else {
-                        redact(rules, item)
-                    };
-                    (k.clone(), out)
-                })
-                .collect::<Map<_, _>>(),
-        ),
-        Value::Array(items) => Value::Array(items.iter().map(|x| redact(rules, x)).collect()),
-        Value::String(s) if rules.check_values && is_credential(s) => Value::from(REDACTED),
-        other => other.clone(),
+        Value::Object(map) => {
+            for (k, item) in map.iter_mut() {
+                if is_sensitive_key(rules, k) && !is_secret_ref(item) {
+                    *item = Value::from(REDACTED);
+                } else {
+                    redact_in_place(rules, item);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|x| redact_in_place(rules, x)),
+        Value::String(s) if rules.check_values && is_credential(s) => *v = Value::from(REDACTED),
+        _ => {}
     }
 }
 
@@ -230,14 +234,15 @@ pub fn redact(rules: &Rules, v: &Value) -> Value {
 /// `SUMMARY_BYTES` bytes, else `{"truncated":true,"size_bytes":n,"request_hash":h,
 /// "argument_names":[..]}` with n the redacted size, h the hash of the UNREDACTED arguments (so
 /// it matches the record's request_hash) and the sorted top-level keys (none for a non-object).
-/// `request_hash` is `json::request_hash(args)`, which the caller has already computed.
-pub fn summarize_arguments(rules: &Rules, args: &Value, request_hash: &str) -> Value {
-    let redacted = redact(rules, args);
-    let size = json::canonical_len(&redacted);
+/// `request_hash` is `json::request_hash(args)`, which the caller has already computed; `args`
+/// is consumed, so redaction happens in place.
+pub fn summarize_arguments(rules: &Rules, mut args: Value, request_hash: &str) -> Value {
+    redact_in_place(rules, &mut args);
+    let size = json::canonical_len(&args);
     if size <= SUMMARY_BYTES {
-        return redacted;
+        return args;
     }
-    // Map keys iterate sorted (serde_json without preserve_order).
+    // Redaction keeps every key. Map keys iterate sorted (serde_json without preserve_order).
     let names: Vec<&String> = args
         .as_object()
         .map(|m| m.keys().collect())
@@ -253,6 +258,7 @@ pub fn summarize_arguments(rules: &Rules, args: &Value, request_hash: &str) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Map;
 
     fn norm(key: &str) -> String {
         normalize_key(key).unwrap().as_str().to_owned()
@@ -807,12 +813,13 @@ mod tests {
             let args = args_of(size, "");
             assert_eq!(json::canonical(&args).len(), size);
             assert_eq!(
-                summarize_arguments(&Rules::default(), &args, &json::request_hash(&args)),
+                summarize_arguments(&Rules::default(), args.clone(), &json::request_hash(&args)),
                 args
             );
         }
         let args = args_of(8193, "");
-        let summary = summarize_arguments(&Rules::default(), &args, &json::request_hash(&args));
+        let summary =
+            summarize_arguments(&Rules::default(), args.clone(), &json::request_hash(&args));
         assert_eq!(
             summary,
             json!({
@@ -829,12 +836,14 @@ mod tests {
         // Unredacted this is far above the limit; redacted it is exactly 8192 bytes.
         let args = args_of(8192, &"p".repeat(10_000));
         assert!(json::canonical(&args).len() > 18_000);
-        let summary = summarize_arguments(&Rules::default(), &args, &json::request_hash(&args));
+        let summary =
+            summarize_arguments(&Rules::default(), args.clone(), &json::request_hash(&args));
         assert_eq!(json::canonical(&summary).len(), 8192);
         assert_eq!(summary["password"], json!(REDACTED));
 
         let args = args_of(8193, &"p".repeat(10_000));
-        let summary = summarize_arguments(&Rules::default(), &args, &json::request_hash(&args));
+        let summary =
+            summarize_arguments(&Rules::default(), args.clone(), &json::request_hash(&args));
         assert_eq!(summary["truncated"], json!(true));
         assert_eq!(summary["size_bytes"], json!(8193));
         // The hash is of the unredacted arguments, so it matches the record's request_hash.
@@ -852,12 +861,13 @@ mod tests {
         // 'é' is 2 bytes: 4092 of them plus 8 bytes of framing is 8192 bytes, 4100 characters.
         let args = json!({"a": "é".repeat(4092)});
         assert_eq!(
-            summarize_arguments(&Rules::default(), &args, &json::request_hash(&args)),
+            summarize_arguments(&Rules::default(), args.clone(), &json::request_hash(&args)),
             args
         );
         let args = json!({"a": format!("{}x", "é".repeat(4092))});
         assert_eq!(
-            summarize_arguments(&Rules::default(), &args, &json::request_hash(&args))["size_bytes"],
+            summarize_arguments(&Rules::default(), args.clone(), &json::request_hash(&args))
+                ["size_bytes"],
             json!(8193)
         );
     }
@@ -869,14 +879,16 @@ mod tests {
             args.insert(k.into(), json!({"inner": "y".repeat(2000)}));
         }
         let args = Value::Object(args);
-        let summary = summarize_arguments(&Rules::default(), &args, &json::request_hash(&args));
+        let summary =
+            summarize_arguments(&Rules::default(), args.clone(), &json::request_hash(&args));
         assert_eq!(
             summary["argument_names"],
             json!(["Alpha", "_x", "beta", "zeta", "é"])
         );
         // A non-object has no argument names.
         let args = json!(["y".repeat(9000)]);
-        let summary = summarize_arguments(&Rules::default(), &args, &json::request_hash(&args));
+        let summary =
+            summarize_arguments(&Rules::default(), args.clone(), &json::request_hash(&args));
         assert_eq!(summary["argument_names"], json!([]));
         assert_eq!(summary["request_hash"], json!(json::request_hash(&args)));
     }
