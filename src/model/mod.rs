@@ -4,6 +4,7 @@ pub mod cost;
 pub mod evidence;
 pub mod hash;
 pub mod ids;
+pub mod interrupt;
 pub mod json;
 pub mod outbox;
 #[cfg(test)]

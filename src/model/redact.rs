@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use crate::model::json;
+use crate::model::{interrupt, json};
 
 /// What a redacted value becomes.
 pub const REDACTED: &str = "[REDACTED]";
@@ -216,6 +216,7 @@ pub fn redact(rules: &Rules, v: &Value) -> Value {
 pub fn redact_in_place(rules: &Rules, v: &mut Value) {
     match v {
         Value::Object(map) => {
+            interrupt::check();
             for (k, item) in map.iter_mut() {
                 if is_sensitive_key(rules, k) && !is_secret_ref(item) {
                     *item = Value::from(REDACTED);
@@ -224,7 +225,10 @@ pub fn redact_in_place(rules: &Rules, v: &mut Value) {
                 }
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(|x| redact_in_place(rules, x)),
+        Value::Array(items) => {
+            interrupt::check();
+            items.iter_mut().for_each(|x| redact_in_place(rules, x))
+        }
         Value::String(s) if rules.check_values && is_credential(s) => *v = Value::from(REDACTED),
         _ => {}
     }
