@@ -27,39 +27,41 @@ pub fn parse(text: &str) -> Result<Value> {
 /// the count equals the parser's nesting, so serde_json (limit 128) never reaches its own limit.
 /// Checks for interrupts as it goes: serde_json's own parse cannot be interrupted.
 fn check_depth(text: &str) -> Result<()> {
-    let mut depth = 0usize;
-    // Brackets inside strings do not nest; an escaped quote does not end the string.
-    // Multi-byte UTF-8 sequences never contain ASCII bytes, so bytes are safe here.
-    let (mut in_string, mut escaped) = (false, false);
-    for chunk in text.as_bytes().chunks(interrupt::EVERY_BYTES) {
-        interrupt::check();
-        for &b in chunk {
-            if in_string {
-                match b {
-                    _ if escaped => escaped = false,
-                    b'\\' => escaped = true,
-                    b'"' => in_string = false,
-                    _ => {}
-                }
-                continue;
-            }
-            match b {
-                b'"' => in_string = true,
-                b'[' | b'{' => {
-                    depth += 1;
-                    if depth > MAX_DEPTH {
-                        return Err(LedgerError::invalid(
-                            "INPUT_TOO_DEEP",
-                            format!("JSON nested deeper than {MAX_DEPTH} levels"),
-                        )
-                        .with("max_depth", MAX_DEPTH));
+    let bytes = text.as_bytes();
+    let (mut depth, mut i, mut next_check) = (0usize, 0usize, 0usize);
+    while i < bytes.len() {
+        if i >= next_check {
+            interrupt::check();
+            next_check = i + interrupt::EVERY_BYTES;
+        }
+        match bytes[i] {
+            // Brackets inside strings do not nest; an escaped quote does not end the string.
+            // Multi-byte UTF-8 sequences never contain ASCII bytes, so bytes are safe here.
+            b'"' => {
+                i += 1;
+                while i < bytes.len() {
+                    match bytes[i] {
+                        b'\\' => i += 2,
+                        b'"' => break,
+                        _ => i += 1,
                     }
                 }
-                // Unbalanced closers are left to serde_json to report as invalid.
-                b']' | b'}' => depth = depth.saturating_sub(1),
-                _ => {}
             }
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(LedgerError::invalid(
+                        "INPUT_TOO_DEEP",
+                        format!("JSON nested deeper than {MAX_DEPTH} levels"),
+                    )
+                    .with("max_depth", MAX_DEPTH));
+                }
+            }
+            // Unbalanced closers are left to serde_json to report as invalid.
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
         }
+        i += 1;
     }
     Ok(())
 }
