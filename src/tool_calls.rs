@@ -927,9 +927,12 @@ fn sweep_tool_calls() -> std::result::Result<i32, ErrorReport> {
         if run_locked.is_none() {
             continue;
         }
+        // Still expired once locked: a concurrent sweep may have released the lease (NULL, which
+        // `lease_live` does not tell from expired) or a claim renewed it since the candidates
+        // were read.
         let Some(mut rec) = db::write_one(
             "SELECT 1 FROM ledger.run_step_tool_calls WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 \
-                FOR UPDATE SKIP LOCKED",
+                AND lease_expires_at <= clock_timestamp() FOR UPDATE SKIP LOCKED",
             &args3(&scope, &id),
             |_| Ok(()),
         )?
