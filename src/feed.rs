@@ -45,10 +45,10 @@ impl Batch {
 
     /// Gives the unallocated events the seqs `last - n + 1 ..= last`, in order.
     fn allocate(&mut self, last: i64) {
-        let mut next = last - self.unallocated() + 1;
-        for e in self.events.iter_mut().filter(|e| e.seq.is_none()) {
-            e.seq = Some(next);
-            next += 1;
+        let first = last - self.unallocated() + 1;
+        let missing = self.events.iter_mut().filter(|e| e.seq.is_none());
+        for (seq, e) in (first..).zip(missing) {
+            e.seq = Some(seq);
         }
     }
 }
