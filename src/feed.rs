@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use crate::db;
 use crate::error::{LedgerError, Result};
 use crate::jsonb::Jsonb;
-use crate::model::{hash, ids};
+use crate::model::{self, hash, ids};
 use crate::scope::{self, Scope};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::panic::ErrorReport;
@@ -43,13 +43,9 @@ impl Batch {
         self.events.iter().filter(|e| e.seq.is_none()).count() as i64
     }
 
-    /// Gives the unallocated events the seqs `last - n + 1 ..= last`, in order.
+    /// Gives the unallocated events the seqs up to `last`, in order.
     fn allocate(&mut self, last: i64) {
-        let first = last - self.unallocated() + 1;
-        let missing = self.events.iter_mut().filter(|e| e.seq.is_none());
-        for (seq, e) in (first..).zip(missing) {
-            e.seq = Some(seq);
-        }
+        model::feed::allocate(self.events.iter_mut().map(|e| &mut e.seq), last);
     }
 }
 
@@ -165,35 +161,6 @@ fn bump(scope: &Scope, run_id: &str, k: i64) -> Result<i64> {
 /// Most events one INSERT writes: the statement text depends on the count (a kept plan each).
 const EVENTS_PER_INSERT: usize = 8;
 
-/// `INSERT ... VALUES` of `n` events and their `n` notifications, in seq order: $1..$4 are the
-/// scope, run and channel, then six parameters per event (id, seq, kind, step, payload, note).
-fn insert_statement(n: usize) -> String {
-    let p = |i: usize, k: usize| 5 + 6 * i + k;
-    let rows: Vec<String> = (0..n)
-        .map(|i| {
-            format!(
-                "($1, $2, ${}, $3, ${}, ${}, ${}, ${})",
-                p(i, 0),
-                p(i, 1),
-                p(i, 2),
-                p(i, 3),
-                p(i, 4)
-            )
-        })
-        .collect();
-    let notes: Vec<String> = (0..n)
-        .map(|i| format!("pg_catalog.pg_notify($4, ${})", p(i, 5)))
-        .collect();
-    format!(
-        "WITH e AS (INSERT INTO ledger.run_events \
-                        (tenant_id, workspace_id, id, run_id, seq, kind, step_id, payload) \
-                    VALUES {}) \
-         SELECT {}",
-        rows.join(", "),
-        notes.join(", ")
-    )
-}
-
 /// Writes the events (allocating the seqs still missing under the run's row lock) with one
 /// INSERT per `EVENTS_PER_INSERT`, and notifies the run's channel once per event, in seq order
 /// (delivered at commit). The notifications carry ids only: any role may LISTEN on any channel.
@@ -227,7 +194,7 @@ fn write(mut batch: Batch) -> Result<()> {
                 note.into(),
             ]);
         }
-        db::execute(&insert_statement(chunk.len()), &args)?;
+        db::execute(&model::feed::insert_statement(chunk.len()), &args)?;
     }
     Ok(())
 }
