@@ -3,6 +3,11 @@
 //! Every write that concerns a run appends to `run_events` in the caller's transaction. The seq
 //! comes from `runs.last_seq`, bumped under the run's row lock, so seq N+1 cannot commit before
 //! seq N: a reader that has seen N never misses anything below it.
+//!
+//! The tool-call functions collect the events they produce (`collected`) and write them at the
+//! end of the call: one bump of `last_seq` by their count under the run's row lock, one
+//! multi-row INSERT in the order they were produced, one NOTIFY each. The events, their seqs and
+//! the notifications are the same as one at a time; a failed call writes none of them.
 
 use std::cell::RefCell;
 
