@@ -27,7 +27,7 @@ impl Jsonb {
 
 impl From<&serde_json::Value> for Jsonb {
     fn from(v: &serde_json::Value) -> Self {
-        Jsonb(v.to_string())
+        Jsonb(crate::model::json::canonical(v))
     }
 }
 

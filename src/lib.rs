@@ -42,6 +42,13 @@ extension_sql_file!("../sql/finalize.sql", name = "ledger_finalize", finalize);
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     guc::init();
+    model::interrupt::install(check_for_interrupts);
+}
+
+/// PostgreSQL's interrupt check: a pending cancel or termination raises its ERROR (or FATAL)
+/// here, which unwinds the pure work that called it and aborts the statement as usual.
+fn check_for_interrupts() {
+    pgrx::check_for_interrupts!();
 }
 
 /// The allowed status transitions of runs, steps and tasks (SOIT §2.3, §2.4), as held in Rust.

@@ -20,7 +20,7 @@ pub fn redacted_object(
 ) -> Result<serde_json::Value, LedgerError> {
     match value {
         None => Ok(serde_json::json!({})),
-        Some(v) if v.is_object() => Ok(redact::redact(&guc::redaction_rules(), &parse(&v)?)),
+        Some(v) if v.is_object() => Ok(redact::redact(&guc::redaction_rules(), parse(&v)?)),
         Some(_) => Err(LedgerError::invalid(
             "ARGUMENT_NOT_OBJECT",
             format!("{argument} must be a JSON object"),
@@ -36,7 +36,7 @@ pub fn redacted_object(
 fn redact(value: Jsonb) -> Result<Jsonb, ErrorReport> {
     Ok(Jsonb::from(&redact::redact(
         &guc::redaction_rules(),
-        &parse(&value)?,
+        parse(&value)?,
     )))
 }
 

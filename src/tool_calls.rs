@@ -892,7 +892,7 @@ fn resolve_tool_call(
         }
         let audit = redact::redact(
             &guc::redaction_rules(),
-            &json!({"tool_call": rec.ids(), "resolution": resolution.as_str(), "note": note}),
+            json!({"tool_call": rec.ids(), "resolution": resolution.as_str(), "note": note}),
         );
         db::execute(
         "INSERT INTO ledger.audit_events (tenant_id, workspace_id, id, run_id, step_id, gateway_type, outcome, actor, payload) \

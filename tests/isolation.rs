@@ -98,13 +98,6 @@ fn in_scope(c: &mut Client, s: Scope, sql: &str) -> Vec<String> {
     column(c, sql, &[&s.tenant, &s.workspace])
 }
 
-fn ledger_relations(c: &mut Client, kind: &str) -> Vec<String> {
-    strings(
-        c,
-        &format!("SELECT relname::text FROM pg_class WHERE relnamespace = 'ledger'::regnamespace AND relkind = '{kind}' ORDER BY 1"),
-    )
-}
-
 /// `sql` must fail with SQLSTATE `state` and DETAIL code `code` ("" for PostgreSQL's own errors).
 fn refused(c: &mut Client, sql: &str, state: &str, code: &str) {
     let err = c

@@ -309,15 +309,7 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
         &mut c,
         "SELECT event_id FROM ledger.events_since('r2') WHERE seq = 2",
     );
-    let tables: Vec<String> = connect_to(&src, "postgres")
-        .query(
-            "SELECT relname::text FROM pg_class WHERE relnamespace = 'ledger'::regnamespace AND relkind = 'r' ORDER BY 1",
-            &[],
-        )
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let tables = ledger_tables(&mut connect_to(&src, "postgres"));
     let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
     let before = table_digests(&mut connect_to(&src, "postgres"), &tables);
     let empty: Vec<&str> = before

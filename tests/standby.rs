@@ -6,6 +6,7 @@ mod common;
 
 use common::*;
 use postgres::{Client, NoTls};
+use std::io::Write;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -27,12 +28,24 @@ impl Standby {
                 "-p",
                 &env("LEDGER_TEST_PORT"),
             ])
-            .args([
-                "-U", "postgres", "-D", &dir, "-R", "-X", "stream", "-c", "fast",
-            ])
+            .args(["-U", "postgres", "-D", &dir, "-X", "stream", "-c", "fast"])
             .status()
             .expect("pg_basebackup runs");
         assert!(made.success(), "pg_basebackup failed");
+        // What `-R` would write, minus the options newer libpq versions add: the PyPI builds'
+        // walreceiver loads the system's older libpq, which refuses them.
+        std::fs::write(format!("{dir}/standby.signal"), "").expect("standby.signal");
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(format!("{dir}/postgresql.auto.conf"))
+            .expect("postgresql.auto.conf");
+        writeln!(
+            conf,
+            "primary_conninfo = 'host={} port={} user=postgres'",
+            env("LEDGER_TEST_HOST"),
+            env("LEDGER_TEST_PORT")
+        )
+        .expect("primary_conninfo");
         let standby = Standby { dir, port };
         let options = format!("-p {port} -k {} -c listen_addresses=''", standby.dir);
         let log = format!("{}/server.log", standby.dir);

@@ -7,32 +7,8 @@ mod common;
 const TASK_TABLES: [&str; 4] = ["tasks", "task_events", "task_checkpoints", "outbox"];
 
 use common::*;
-use postgres::Client;
 use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
-use std::time::{Duration, Instant};
-
-/// Waits until backend `pid` is blocked on a lock.
-fn wait_for_lock(c: &mut Client, pid: i32) {
-    let start = Instant::now();
-    loop {
-        let waiting: bool = c
-            .query_one(
-                "SELECT coalesce(bool_or(wait_event_type = 'Lock'), false) FROM pg_stat_activity WHERE pid = $1",
-                &[&pid],
-            )
-            .unwrap()
-            .get(0);
-        if waiting {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "backend {pid} never waited"
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
-}
 
 #[test]
 #[ignore]
@@ -64,7 +40,7 @@ fn racing_task_transitions_exactly_one_wins() {
         .map(|_| ())
     });
     let pid = rx.recv().unwrap();
-    wait_for_lock(&mut setup, pid);
+    wait_until_blocked(&mut setup, pid);
     exec(&mut a, "COMMIT");
     let err = b
         .join()

@@ -4,7 +4,11 @@
 //! UPDATE round trips, redaction and hashing in the client, outbox rows).
 //!
 //! One lifecycle is three transactions: claim; begin; complete with a 2 KB result plus the tool
-//! step's transition and a cost entry. The floor runs three INSERT transactions per lifecycle.
+//! step's transition and a cost entry. The floor runs three INSERT transactions per lifecycle;
+//! the notifying floor the same with a NOTIFY in each, as every ledger transaction has one:
+//! PostgreSQL serialises the commits of notifying transactions (async.c's PreCommit_Notify takes
+//! a cluster-wide lock held until after the commit record is flushed), which the plain floor
+//! does not pay.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Barrier};
@@ -76,11 +80,15 @@ struct Floor {
 }
 
 impl Floor {
-    fn new(c: &mut Client, client: i32) -> Floor {
+    fn new(c: &mut Client, client: i32, notify: bool) -> Floor {
+        let sql = if notify {
+            "WITH i AS (INSERT INTO public.bench_floor (client_id, payload) VALUES ($1, $2) RETURNING id)
+             SELECT pg_catalog.pg_notify('bench_floor_' || $1, i.id::text) FROM i"
+        } else {
+            "INSERT INTO public.bench_floor (client_id, payload) VALUES ($1, $2)"
+        };
         Floor {
-            insert: c
-                .prepare("INSERT INTO public.bench_floor (client_id, payload) VALUES ($1, $2)")
-                .expect("prepare floor"),
+            insert: c.prepare(sql).expect("prepare floor"),
             client,
             payload: "p".repeat(100),
         }
@@ -383,12 +391,14 @@ struct Shared {
     quit: AtomicBool,
     start: Barrier,
     done: Barrier,
-    counts: [AtomicU64; 3],
+    counts: [AtomicU64; DESIGNS],
 }
 
-/// Lifecycles per second of the floor, the ledger and the application-side design at `clients`
-/// clients, each the median over `reps` runs.
-fn cell(s: &Settings, clients: usize) -> [f64; 3] {
+/// The floor, the notifying floor, the ledger and the application-side design.
+const DESIGNS: usize = 4;
+
+/// Lifecycles per second of each design at `clients` clients, each the median over `reps` runs.
+fn cell(s: &Settings, clients: usize) -> [f64; DESIGNS] {
     let shared = Arc::new(Shared {
         design: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
@@ -404,7 +414,8 @@ fn cell(s: &Settings, clients: usize) -> [f64; 3] {
             thread::spawn(move || {
                 let mut c = Client::connect(&conn, postgres::NoTls).expect("connect");
                 let run_id = format!("lc-{clients}-{i}");
-                let mut floor = Floor::new(&mut c, i as i32);
+                let mut floor = Floor::new(&mut c, i as i32, false);
+                let mut notifying = Floor::new(&mut c, i as i32, true);
                 let mut ledger = Ledger::new(&mut c, run_id.clone());
                 let mut app = App::new(&mut c, run_id);
                 let (args, result) = (arguments(), result_2kb());
@@ -419,7 +430,8 @@ fn cell(s: &Settings, clients: usize) -> [f64; 3] {
                     while !shared.stop.load(Relaxed) {
                         match d {
                             0 => floor.lifecycle(&mut c),
-                            1 => ledger.lifecycle(&mut c, &args, &result),
+                            1 => notifying.lifecycle(&mut c),
+                            2 => ledger.lifecycle(&mut c, &args, &result),
                             _ => app.lifecycle(&mut c, &args, &result),
                         }
                         n += 1;
@@ -432,8 +444,8 @@ fn cell(s: &Settings, clients: usize) -> [f64; 3] {
         .collect();
     ready.wait();
     let mut stats = Client::connect(&s.conn, postgres::NoTls).expect("connect");
-    let mut rates: [Vec<f64>; 3] = Default::default();
-    // One short unmeasured round first, then the designs interleaved so drift hits all three.
+    let mut rates: [Vec<f64>; DESIGNS] = Default::default();
+    // One short unmeasured round first, then the designs interleaved so drift hits them all.
     for rep in 0..=s.reps {
         for (d, rate) in rates.iter_mut().enumerate() {
             shared.counts[d].store(0, Relaxed);
@@ -470,23 +482,26 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
     println!(
         "Medians of {} runs of {} s each (designs interleaved). A lifecycle is claim; COMMIT; \
          begin; COMMIT; complete (2 KB result) + step transition + cost entry; COMMIT. \
-         The floor is {} single-row INSERT commits per lifecycle.\n",
+         The floor is {} single-row INSERT commits per lifecycle; the notifying floor the same \
+         with a NOTIFY in each, as every ledger transaction has.\n",
         s.reps, s.secs, TX_PER_LIFECYCLE
     );
     println!(
-        "| clients | floor commits/s | floor lifecycles/s | ledger lifecycles/s | app-side lifecycles/s | ledger ÷ floor | ledger ÷ app-side |"
+        "| clients | floor commits/s | floor lifecycles/s | notifying floor lifecycles/s | ledger lifecycles/s | app-side lifecycles/s | ledger ÷ floor | ledger ÷ notifying floor | ledger ÷ app-side |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut by_clients = Vec::new();
     for &n in &s.clients {
-        let [floor, ledger, app] = cell(s, n);
+        let [floor, notifying, ledger, app] = cell(s, n);
         println!(
-            "| {n} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |",
+            "| {n} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} |",
             floor * TX_PER_LIFECYCLE,
             floor,
+            notifying,
             ledger,
             app,
             ledger / floor,
+            ledger / notifying,
             ledger / app
         );
         by_clients.push((n, floor, ledger, app));

@@ -13,6 +13,7 @@ mod reads;
 #[path = "../../src/model"]
 mod model {
     pub mod hash;
+    pub mod interrupt;
     pub mod json;
     pub mod redact;
 }

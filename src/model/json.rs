@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::error::{LedgerError, Result};
 use crate::model::hash::hex;
+use crate::model::interrupt::{self, Checked};
 use sha2::{Digest, Sha256};
 
 /// The deepest nesting of arrays and objects the ledger accepts. Every `Value` it handles came
@@ -18,28 +19,36 @@ pub const MAX_DEPTH: usize = 100;
 /// fails with `INPUT_TOO_DEEP`, anything else that is not JSON with `JSON_INVALID`.
 pub fn parse(text: &str) -> Result<Value> {
     check_depth(text)?;
-    serde_json::from_str(text)
+    // FromStr, not from_str::<Value>: its code is serde_json's own (optimised even in test
+    // builds, see Cargo.toml), not a copy instantiated in this crate.
+    text.parse::<Value>()
         .map_err(|e| LedgerError::invalid("JSON_INVALID", format!("invalid JSON: {e}")))
 }
 
 /// Counts nesting without recursion, before serde_json builds anything. On any valid prefix
 /// the count equals the parser's nesting, so serde_json (limit 128) never reaches its own limit.
+/// Checks for interrupts as it goes: serde_json's own parse cannot be interrupted.
 fn check_depth(text: &str) -> Result<()> {
-    let mut depth = 0usize;
-    let mut bytes = text.bytes();
-    while let Some(b) = bytes.next() {
-        match b {
+    let bytes = text.as_bytes();
+    let (mut depth, mut i, mut next_check) = (0usize, 0usize, 0usize);
+    while i < bytes.len() {
+        if i >= next_check {
+            interrupt::check();
+            next_check = i + interrupt::EVERY_BYTES;
+        }
+        match bytes[i] {
             // Brackets inside strings do not nest; an escaped quote does not end the string.
             // Multi-byte UTF-8 sequences never contain ASCII bytes, so bytes are safe here.
-            b'"' => loop {
-                match bytes.next() {
-                    Some(b'\\') => {
-                        bytes.next();
+            b'"' => {
+                i += 1;
+                while i < bytes.len() {
+                    match bytes[i] {
+                        b'\\' => i += 2,
+                        b'"' => break,
+                        _ => i += 1,
                     }
-                    Some(b'"') | None => break,
-                    Some(_) => {}
                 }
-            },
+            }
             b'[' | b'{' => {
                 depth += 1;
                 if depth > MAX_DEPTH {
@@ -54,6 +63,7 @@ fn check_depth(text: &str) -> Result<()> {
             b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
+        i += 1;
     }
     Ok(())
 }
@@ -61,16 +71,19 @@ fn check_depth(text: &str) -> Result<()> {
 /// Canonical JSON: keys sorted by code point, no insignificant whitespace, strings escaped
 /// minimally (only `"`, `\` and control characters; UTF-8 kept), numbers exactly as their text.
 pub fn canonical(v: &Value) -> String {
-    v.to_string()
+    let mut out = Checked::new(Vec::new());
+    // Neither serialising a Value nor writing into a Vec can fail, and the output is UTF-8.
+    let _ = serde_json::to_writer(&mut out, v);
+    String::from_utf8(out.into_inner()).unwrap_or_default()
 }
 
 /// Hex SHA-256 of the canonical JSON, serialised straight into the hasher (no copy of a large
 /// document).
 pub fn request_hash(v: &Value) -> String {
-    let mut hasher = Sha256::new();
+    let mut hasher = Checked::new(Sha256::new());
     // Neither serialising a Value nor writing into a hasher can fail.
     let _ = serde_json::to_writer(&mut hasher, v);
-    hex(&hasher.finalize())
+    hex(&hasher.into_inner().finalize())
 }
 
 /// The length in bytes of the canonical JSON, without building it.
@@ -85,10 +98,10 @@ pub fn canonical_len(v: &Value) -> usize {
             Ok(())
         }
     }
-    let mut count = Count(0);
+    let mut count = Checked::new(Count(0));
     // Counting bytes cannot fail, nor can serialising a Value.
     let _ = serde_json::to_writer(&mut count, v);
-    count.0
+    count.into_inner().0
 }
 
 #[cfg(test)]

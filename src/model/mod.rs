@@ -5,6 +5,7 @@ pub mod evidence;
 pub mod feed;
 pub mod hash;
 pub mod ids;
+pub mod interrupt;
 pub mod json;
 pub mod outbox;
 #[cfg(test)]

@@ -372,20 +372,20 @@ proptest! {
 
     #[test]
     fn redaction_is_idempotent_and_keeps_the_shape((rules, _) in rules(), v in args()) {
-        let once = redact::redact(&rules, &v);
+        let once = redact::redact(&rules, v.clone());
         prop_assert!(same_shape(&v, &once), "{} -> {}", v, once);
-        prop_assert_eq!(redact::redact(&rules, &once), once);
+        prop_assert_eq!(redact::redact(&rules, once.clone()), once);
     }
 
     #[test]
     fn values_under_sensitive_keys_are_redacted((rules, _) in rules(), v in args()) {
-        let out = redact::redact(&rules, &v);
+        let out = redact::redact(&rules, v.clone());
         prop_assert!(sensitive_values_redacted(&rules, &v, &out), "{} -> {}", v, out);
     }
 
     #[test]
     fn no_credential_survives_value_checking((rules, check) in rules(), v in args()) {
-        let out = redact::redact(&rules, &v);
+        let out = redact::redact(&rules, v.clone());
         prop_assert!(!check || !any_credential(&out), "{} -> {}", v, out);
     }
 
@@ -466,7 +466,7 @@ proptest! {
         (rules, _) in rules(),
         args in large_args(),
     ) {
-        let redacted = redact::redact(&rules, &args);
+        let redacted = redact::redact(&rules, args.clone());
         let size = json::canonical(&redacted).len();
         let stored = redact::summarize_arguments(&rules, args.clone(), &json::request_hash(&args));
         if size <= SUMMARY_BYTES {

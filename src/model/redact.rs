@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use crate::model::json;
+use crate::model::{interrupt, json};
 
 /// What a redacted value becomes.
 pub const REDACTED: &str = "[REDACTED]";
@@ -206,16 +206,16 @@ fn is_secret_ref(v: &Value) -> bool {
 /// `v` with the value of every sensitive key (at any depth) replaced by `"[REDACTED]"`, except
 /// secret references, whose own keys are redacted in turn; with value checking on, every string
 /// carrying a credential is replaced too.
-pub fn redact(rules: &Rules, v: &Value) -> Value {
-    let mut out = v.clone();
-    redact_in_place(rules, &mut out);
-    out
+pub fn redact(rules: &Rules, mut v: Value) -> Value {
+    redact_in_place(rules, &mut v);
+    v
 }
 
 /// `redact` on a value the caller owns: nothing is rebuilt or copied but the replaced values.
 pub fn redact_in_place(rules: &Rules, v: &mut Value) {
     match v {
         Value::Object(map) => {
+            interrupt::check();
             for (k, item) in map.iter_mut() {
                 if is_sensitive_key(rules, k) && !is_secret_ref(item) {
                     *item = Value::from(REDACTED);
@@ -224,7 +224,10 @@ pub fn redact_in_place(rules: &Rules, v: &mut Value) {
                 }
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(|x| redact_in_place(rules, x)),
+        Value::Array(items) => {
+            interrupt::check();
+            items.iter_mut().for_each(|x| redact_in_place(rules, x))
+        }
         Value::String(s) if rules.check_values && is_credential(s) => *v = Value::from(REDACTED),
         _ => {}
     }
@@ -269,7 +272,7 @@ mod tests {
     }
 
     fn redacted(v: Value) -> Value {
-        redact(&Rules::default(), &v)
+        redact(&Rules::default(), v)
     }
 
     #[test]
@@ -494,7 +497,7 @@ mod tests {
         for _ in 1..json::MAX_DEPTH {
             text = format!(r#"{{"a":{text}}}"#);
         }
-        let v = redact(&Rules::default(), &json::parse(&text).unwrap());
+        let v = redact(&Rules::default(), json::parse(&text).unwrap());
         let mut inner = &v;
         for _ in 1..json::MAX_DEPTH {
             inner = &inner["a"];
@@ -762,7 +765,7 @@ mod tests {
             "password": "still redacted by name",
         });
         assert_eq!(
-            redact(&rules, &v),
+            redact(&rules, v.clone()),
             json!({
                 "h": "Bearer abcdefgh12345",
                 "k": "AKIAIOSFODNN7EXAMPLE",
@@ -850,7 +853,7 @@ mod tests {
         assert_eq!(summary["request_hash"], json!(json::request_hash(&args)));
         assert_ne!(
             summary["request_hash"],
-            json!(json::request_hash(&redact(&Rules::default(), &args)))
+            json!(json::request_hash(&redact(&Rules::default(), args.clone())))
         );
         assert_eq!(summary["argument_names"], json!(["a", "password"]));
         assert!(!json::canonical(&summary).contains("ppp"));

@@ -307,9 +307,15 @@ pub fn broken_invariants(c: &mut Client) -> Vec<(&'static str, i64)> {
 
 /// The names of the ledger's tables.
 pub fn ledger_tables(c: &mut Client) -> Vec<String> {
+    ledger_relations(c, "r")
+}
+
+/// The names of schema `ledger`'s relations of one `relkind` ('r' tables, 'v' views), sorted.
+pub fn ledger_relations(c: &mut Client, kind: &str) -> Vec<String> {
     c.query(
-        "SELECT relname::text FROM pg_class WHERE relnamespace = 'ledger'::regnamespace AND relkind = 'r' ORDER BY 1",
-        &[],
+        "SELECT relname::text FROM pg_class WHERE relnamespace = 'ledger'::regnamespace \
+           AND relkind::text = $1 ORDER BY 1",
+        &[&kind],
     )
     .unwrap()
     .iter()

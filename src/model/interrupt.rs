@@ -1,0 +1,101 @@
+//! Cancellation points in long pure work. A cancel, `statement_timeout` or
+//! `pg_terminate_backend` is only acted on when the backend checks for interrupts, and pure Rust
+//! work over a large value (parsing, redaction, canonical JSON, hashing) would otherwise run to
+//! its end first: seconds on a 10 MB document. The model makes no Postgres calls, so the
+//! extension installs PostgreSQL's check here when it is loaded; plain `#[test]`s run without.
+
+use std::io;
+use std::sync::OnceLock;
+
+static CHECK: OnceLock<fn()> = OnceLock::new();
+
+/// How many bytes of text pass between two checks: a few tens of microseconds of work.
+pub const EVERY_BYTES: usize = 64 * 1024;
+
+/// Sets the check once per process (a backend loads the extension once).
+pub fn install(check: fn()) {
+    let _ = CHECK.set(check);
+}
+
+/// Raises the pending interrupt, if any, by unwinding out of the current work.
+#[inline]
+pub fn check() {
+    if let Some(f) = CHECK.get() {
+        f();
+    }
+}
+
+/// A writer that checks for interrupts every `EVERY_BYTES` bytes passed through it.
+pub struct Checked<W> {
+    inner: W,
+    since: usize,
+}
+
+impl<W> Checked<W> {
+    pub fn new(inner: W) -> Self {
+        Checked { inner, since: 0 }
+    }
+
+    pub fn into_inner(self) -> W {
+        self.inner
+    }
+}
+
+impl<W: io::Write> io::Write for Checked<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.since += buf.len();
+        if self.since >= EVERY_BYTES {
+            self.since = 0;
+            check();
+        }
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{json, redact};
+    use serde_json::{json, Value};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static CHECKS: AtomicUsize = AtomicUsize::new(0);
+
+    fn count() {
+        CHECKS.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Checks made while `work` ran: at least its own (tests running alongside add theirs).
+    fn checks_during(work: impl FnOnce()) -> usize {
+        install(count);
+        let before = CHECKS.load(Ordering::SeqCst);
+        work();
+        CHECKS.load(Ordering::SeqCst) - before
+    }
+
+    #[test]
+    fn long_work_over_a_large_value_checks_as_it_goes() {
+        // About 2 MB of canonical JSON in 20,000 objects.
+        let big = Value::Array(
+            (0..20_000)
+                .map(|i| json!({"password": "x", "v": i, "pad": "p".repeat(80)}))
+                .collect(),
+        );
+        let text = json::canonical(&big);
+        let chunks = text.len() / EVERY_BYTES;
+        assert!(chunks >= 30, "{} bytes", text.len());
+        assert!(checks_during(|| drop(json::parse(&text))) >= chunks);
+        assert!(checks_during(|| drop(json::canonical(&big))) >= chunks);
+        assert!(checks_during(|| drop(json::request_hash(&big))) >= chunks);
+        assert!(
+            checks_during(|| {
+                json::canonical_len(&big);
+            }) >= chunks
+        );
+        assert!(checks_during(|| drop(redact::redact(&Default::default(), big.clone()))) >= 20_000);
+    }
+}
