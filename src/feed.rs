@@ -3,33 +3,218 @@
 //! Every write that concerns a run appends to `run_events` in the caller's transaction. The seq
 //! comes from `runs.last_seq`, bumped under the run's row lock, so seq N+1 cannot commit before
 //! seq N: a reader that has seen N never misses anything below it.
+//!
+//! The tool-call functions collect the events they produce (`collected`) and write them at the
+//! end of the call: one bump of `last_seq` by their count under the run's row lock, one
+//! multi-row INSERT in the order they were produced, one NOTIFY each. The events, their seqs and
+//! the notifications are the same as one at a time; a failed call writes none of them.
+
+use std::cell::RefCell;
 
 use crate::db;
 use crate::error::{LedgerError, Result};
 use crate::jsonb::Jsonb;
-use crate::model::{hash, ids};
+use crate::model::{self, hash, ids};
 use crate::scope::{self, Scope};
+use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
-/// Locks the run's row and allocates its next event seq.
-pub fn next_seq(scope: &Scope, run_id: &str) -> Result<i64> {
+/// An event appended during a function call and not yet written. `seq` is None until allocated.
+struct Pending {
+    id: String,
+    seq: Option<i64>,
+    kind: String,
+    step_id: Option<String>,
+    payload: String,
+}
+
+/// The unwritten events of one run, in the order they were produced.
+struct Batch {
+    scope: Scope,
+    run_id: String,
+    events: Vec<Pending>,
+}
+
+impl Batch {
+    fn is_for(&self, scope: &Scope, run_id: &str) -> bool {
+        self.run_id == run_id
+            && self.scope.tenant == scope.tenant
+            && self.scope.workspace == scope.workspace
+    }
+
+    fn unallocated(&self) -> i64 {
+        self.events.iter().filter(|e| e.seq.is_none()).count() as i64
+    }
+
+    /// Gives the unallocated events the seqs up to `last`, in order.
+    fn allocate(&mut self, last: i64) {
+        model::feed::allocate(self.events.iter_mut().map(|e| &mut e.seq), last);
+    }
+}
+
+#[derive(Default)]
+struct Collector {
+    open: bool,
+    batch: Option<Batch>,
+}
+
+thread_local! {
+    /// While a function call collects its events (`collected`), they wait here and are written
+    /// together: one bump of `last_seq` and one multi-row INSERT instead of one pair per event.
+    static COLLECTOR: RefCell<Collector> = RefCell::default();
+}
+
+/// Runs a function call's body collecting its events, and writes them together when it
+/// succeeds. After an error (which rolls the transaction back) they are discarded. Nested, the
+/// inner call's events are written with the outer call's.
+pub fn collected<T, E: From<LedgerError>>(
+    body: impl FnOnce() -> std::result::Result<T, E>,
+) -> std::result::Result<T, E> {
+    let collecting = Collecting::open();
+    let out = body()?;
+    collecting.finish()?;
+    Ok(out)
+}
+
+/// Owns the collector while open; dropped unfinished, it discards the collected events.
+struct Collecting {
+    owner: bool,
+}
+
+impl Collecting {
+    fn open() -> Collecting {
+        COLLECTOR.with(|c| {
+            let mut c = c.borrow_mut();
+            let owner = !c.open;
+            c.open = true;
+            Collecting { owner }
+        })
+    }
+
+    fn finish(self) -> Result<()> {
+        if !self.owner {
+            return Ok(());
+        }
+        let batch = COLLECTOR.with(|c| {
+            let mut c = c.borrow_mut();
+            c.open = false;
+            c.batch.take()
+        });
+        batch.map_or(Ok(()), write)
+    }
+}
+
+impl Drop for Collecting {
+    fn drop(&mut self) {
+        if self.owner {
+            COLLECTOR.with(|c| *c.borrow_mut() = Collector::default());
+        }
+    }
+}
+
+/// The pending batch of this run (a batch of another run is written first). The collector is
+/// never borrowed across SPI calls.
+fn take_batch(scope: &Scope, run_id: &str) -> Result<Batch> {
+    let pending = COLLECTOR.with(|c| c.borrow_mut().batch.take());
+    match pending {
+        Some(b) if b.is_for(scope, run_id) => Ok(b),
+        other => {
+            if let Some(b) = other {
+                write(b)?;
+            }
+            Ok(Batch {
+                scope: scope.clone(),
+                run_id: run_id.to_owned(),
+                events: Vec::new(),
+            })
+        }
+    }
+}
+
+/// Puts the batch back while collecting, else writes it.
+fn keep_or_write(batch: Batch) -> Result<()> {
+    let rest = COLLECTOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.open {
+            c.batch = Some(batch);
+            None
+        } else {
+            Some(batch)
+        }
+    });
+    rest.map_or(Ok(()), write)
+}
+
+/// Locks the run's row and moves its `last_seq` on by `k`; returns the new `last_seq`.
+fn bump(scope: &Scope, run_id: &str, k: i64) -> Result<i64> {
     db::write_one(
-        "UPDATE ledger.runs SET last_seq = last_seq + 1 \
+        "UPDATE ledger.runs SET last_seq = last_seq + $4 \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING last_seq",
         &[
             scope.tenant.as_str().into(),
             scope.workspace.as_str().into(),
             run_id.into(),
+            k.into(),
         ],
         |r| db::req::<i64>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
 }
 
-/// Writes the event with an already allocated seq and notifies the run's channel (delivered at
-/// commit). The notification carries ids only: any role may LISTEN on any channel.
+/// Most events one INSERT writes: the statement text depends on the count (a kept plan each).
+const EVENTS_PER_INSERT: usize = 8;
+
+/// Writes the events (allocating the seqs still missing under the run's row lock) with one
+/// INSERT per `EVENTS_PER_INSERT`, and notifies the run's channel once per event, in seq order
+/// (delivered at commit). The notifications carry ids only: any role may LISTEN on any channel.
+fn write(mut batch: Batch) -> Result<()> {
+    let missing = batch.unallocated();
+    if missing > 0 {
+        let last = bump(&batch.scope, &batch.run_id, missing)?;
+        batch.allocate(last);
+    }
+    let channel = hash::run_channel(&batch.scope.tenant, &batch.scope.workspace, &batch.run_id);
+    for chunk in batch.events.chunks(EVENTS_PER_INSERT) {
+        let mut args: Vec<DatumWithOid> = vec![
+            batch.scope.tenant.as_str().into(),
+            batch.scope.workspace.as_str().into(),
+            batch.run_id.as_str().into(),
+            channel.as_str().into(),
+        ];
+        for e in chunk {
+            let seq = e
+                .seq
+                .ok_or_else(|| LedgerError::internal("event seq was not allocated"))?;
+            let note =
+                json!({"run_id": batch.run_id, "seq": seq, "event_id": e.id, "kind": e.kind})
+                    .to_string();
+            args.extend([
+                e.id.as_str().into(),
+                seq.into(),
+                e.kind.as_str().into(),
+                e.step_id.as_deref().into(),
+                Jsonb(e.payload.clone()).into(),
+                note.into(),
+            ]);
+        }
+        db::execute(&model::feed::insert_statement(chunk.len()), &args)?;
+    }
+    Ok(())
+}
+
+/// Locks the run's row and allocates its next event seq (with the seqs of the events collected
+/// before it, so seq order stays the order events were produced).
+pub fn next_seq(scope: &Scope, run_id: &str) -> Result<i64> {
+    let mut batch = take_batch(scope, run_id)?;
+    let last = bump(scope, run_id, batch.unallocated() + 1)?;
+    batch.allocate(last - 1);
+    keep_or_write(batch)?;
+    Ok(last)
+}
+
+/// Adds the event with an already allocated seq (written now, or with the collected ones).
 pub fn insert(
     scope: &Scope,
     run_id: &str,
@@ -37,41 +222,38 @@ pub fn insert(
     kind: &str,
     step_id: Option<&str>,
     payload: &Value,
-) -> Result<String> {
-    let id = ids::new_id("evt");
-    let note = json!({"run_id": run_id, "seq": seq, "event_id": id, "kind": kind}).to_string();
-    db::execute(
-        "WITH e AS (INSERT INTO ledger.run_events \
-                        (tenant_id, workspace_id, id, run_id, seq, kind, step_id, payload) \
-                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING 1) \
-         SELECT pg_catalog.pg_notify($9, $10) FROM e",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            id.as_str().into(),
-            run_id.into(),
-            seq.into(),
-            kind.into(),
-            step_id.into(),
-            Jsonb::from(payload).into(),
-            hash::run_channel(&scope.tenant, &scope.workspace, run_id).into(),
-            note.into(),
-        ],
-    )?;
-    Ok(id)
+) -> Result<()> {
+    push(scope, run_id, Some(seq), kind, step_id, payload)
 }
 
-/// Appends one event to the run's feed; returns its seq.
+/// Appends one event to the run's feed (its seq allocated when it is written).
 pub fn append(
     scope: &Scope,
     run_id: &str,
     kind: &str,
     step_id: Option<&str>,
     payload: &Value,
-) -> Result<i64> {
-    let seq = next_seq(scope, run_id)?;
-    insert(scope, run_id, seq, kind, step_id, payload)?;
-    Ok(seq)
+) -> Result<()> {
+    push(scope, run_id, None, kind, step_id, payload)
+}
+
+fn push(
+    scope: &Scope,
+    run_id: &str,
+    seq: Option<i64>,
+    kind: &str,
+    step_id: Option<&str>,
+    payload: &Value,
+) -> Result<()> {
+    let mut batch = take_batch(scope, run_id)?;
+    batch.events.push(Pending {
+        id: ids::new_id("evt"),
+        seq,
+        kind: kind.to_owned(),
+        step_id: step_id.map(str::to_owned),
+        payload: payload.to_string(),
+    });
+    keep_or_write(batch)
 }
 
 /// Writes an outbox row in the caller's transaction and notifies `ledger_outbox` with its id.

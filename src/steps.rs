@@ -163,21 +163,37 @@ pub fn transition(
 
 /// Moves a tool's step along with its tool call, where the status table allows it: directly, or
 /// through one intermediate status (`running` out of `paused`, `retrying` out of a terminal
-/// status). Otherwise the step stays where it is.
-pub fn follow(scope: &Scope, step_id: &str, to: Status, change: StepChange) -> Result<()> {
-    let Some((run_id, current)) = lock(scope, step_id)? else {
-        return Err(LedgerError::not_found("STEP_NOT_FOUND", "step", step_id));
-    };
+/// status). Otherwise the step stays where it is. The caller holds the lock of the step's run
+/// (`run_id`), so only the step is locked here.
+pub fn follow(
+    scope: &Scope,
+    run_id: &str,
+    step_id: &str,
+    to: Status,
+    change: StepChange,
+) -> Result<()> {
+    let current = db::write_one(
+        "SELECT status FROM ledger.run_steps \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4 FOR UPDATE",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            step_id.into(),
+            run_id.into(),
+        ],
+        |r| Status::parse(Resource::Step, &db::req::<String>(r, 1)?),
+    )?
+    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))?;
     if current == to {
         return Ok(());
     }
     if Resource::Step.allows(current, to) {
-        return write_transition(scope, &run_id, step_id, current, to, change);
+        return write_transition(scope, run_id, step_id, current, to, change);
     }
     for via in [Status::Running, Status::Retrying] {
         if Resource::Step.allows(current, via) && Resource::Step.allows(via, to) {
-            write_transition(scope, &run_id, step_id, current, via, StepChange::default())?;
-            return write_transition(scope, &run_id, step_id, via, to, change);
+            write_transition(scope, run_id, step_id, current, via, StepChange::default())?;
+            return write_transition(scope, run_id, step_id, via, to, change);
         }
     }
     Ok(())

@@ -195,6 +195,7 @@ fn mark_in_doubt(scope: &Scope, rec: &mut Record, error: Option<&str>) -> Result
     rec.status = CallStatus::InDoubt;
     steps::follow(
         scope,
+        &rec.run_id,
         &rec.step_id,
         Status::Paused,
         StepChange {
@@ -245,6 +246,7 @@ fn arm(
     rec.status = CallStatus::Claimed;
     steps::follow(
         scope,
+        &rec.run_id,
         &rec.step_id,
         Status::Preparing,
         StepChange::default(),
@@ -326,6 +328,7 @@ fn finish(
     let metrics = json!({"tool_call": {"tool_call_id": rec.tool_call_id, "tool_ref": rec.tool_ref, "attempt": rec.attempt, "replayed": false}});
     steps::follow(
         scope,
+        &rec.run_id,
         &rec.step_id,
         step_status,
         StepChange {
@@ -609,70 +612,74 @@ fn claim_tool_call(
     timeout_seconds: default!(Option<i32>, 30),
     retry_failed: default!(Option<bool>, false),
 ) -> std::result::Result<Jsonb, ErrorReport> {
-    let scope = scope::current()?;
-    let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
-    let args = self::arguments(arguments)?;
-    let lease =
-        lease_seconds(timeout_seconds.ok_or_else(|| LedgerError::required("timeout_seconds"))?)?;
-    let owner = lease_owner.map_or_else(|| format!("tool:{}", who.run_id), str::to_owned);
-    let retry_failed = retry_failed.unwrap_or(false);
-    let run = runs::existing(&scope, "run_id", who.run_id, true)?;
+    feed::collected(|| {
+        let scope = scope::current()?;
+        let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
+        let args = self::arguments(arguments)?;
+        let lease = lease_seconds(
+            timeout_seconds.ok_or_else(|| LedgerError::required("timeout_seconds"))?,
+        )?;
+        let owner = lease_owner.map_or_else(|| format!("tool:{}", who.run_id), str::to_owned);
+        let retry_failed = retry_failed.unwrap_or(false);
+        let run = runs::existing(&scope, "run_id", who.run_id, true)?;
 
-    // Twice at most: an insert that lost a race to a concurrent claim finds its record next time.
-    for _ in 0..2 {
-        if let Some(mut rec) = find_locked(&scope, &who)? {
-            return Ok(apply(
+        // Twice at most: an insert that lost a race to a concurrent claim finds its record next time.
+        for _ in 0..2 {
+            if let Some(mut rec) = find_locked(&scope, &who)? {
+                return Ok(apply(
+                    &scope,
+                    &who,
+                    &mut rec,
+                    &args,
+                    &owner,
+                    lease,
+                    retry_failed,
+                )?);
+            }
+            if let Some(purged) = tombstone(&scope, &who, &args)? {
+                return Ok(purged);
+            }
+            run.ensure_live("tool calls")?;
+            if let Some(mut rec) = insert(
                 &scope,
                 &who,
-                &mut rec,
                 &args,
-                &owner,
+                step_id,
+                CallStatus::Claimed,
+                Some(&owner),
                 lease,
-                retry_failed,
-            )?);
+                None,
+            )? {
+                steps::follow(
+                    &scope,
+                    &rec.run_id,
+                    &rec.step_id,
+                    Status::Preparing,
+                    StepChange::default(),
+                )?;
+                rec.attempt = 1;
+                let run_id = rec.run_id.clone();
+                event(
+                    &scope,
+                    &run_id,
+                    &rec,
+                    "tool_call.claimed",
+                    json!({"lease_owner": owner}),
+                )?;
+                return Ok(outcome(&scope, &rec.id, "claimed", None)?);
+            }
+            if let Some(step) = step_id {
+                return Err(LedgerError::new(
+                    Class::Duplicate,
+                    "STEP_HAS_TOOL_CALL",
+                    "the step already has a tool call",
+                )
+                .with("step_id", step)
+                .into());
+            }
         }
-        if let Some(purged) = tombstone(&scope, &who, &args)? {
-            return Ok(purged);
-        }
-        run.ensure_live("tool calls")?;
-        if let Some(mut rec) = insert(
-            &scope,
-            &who,
-            &args,
-            step_id,
-            CallStatus::Claimed,
-            Some(&owner),
-            lease,
-            None,
-        )? {
-            steps::follow(
-                &scope,
-                &rec.step_id,
-                Status::Preparing,
-                StepChange::default(),
-            )?;
-            rec.attempt = 1;
-            let run_id = rec.run_id.clone();
-            event(
-                &scope,
-                &run_id,
-                &rec,
-                "tool_call.claimed",
-                json!({"lease_owner": owner}),
-            )?;
-            return Ok(outcome(&scope, &rec.id, "claimed", None)?);
-        }
-        if let Some(step) = step_id {
-            return Err(LedgerError::new(
-                Class::Duplicate,
-                "STEP_HAS_TOOL_CALL",
-                "the step already has a tool call",
-            )
-            .with("step_id", step)
-            .into());
-        }
-    }
-    Err(LedgerError::internal("claim did not settle after a concurrent insert").into())
+        Err(LedgerError::internal("claim did not settle after a concurrent insert").into())
+    })
 }
 
 fn apply(
@@ -724,28 +731,36 @@ fn begin_tool_call(
     id: Option<&str>,
     attempt: Option<i64>,
 ) -> std::result::Result<Jsonb, ErrorReport> {
-    let scope = scope::current()?;
-    let id = required("id", id)?;
-    let attempt = attempt_arg(attempt)?;
-    let mut rec = locked(&scope, id)?;
-    check_fence(rec.attempt, attempt)?;
-    match rec.status {
-        CallStatus::Running => {}
-        CallStatus::Claimed => {
-            db::execute(
+    feed::collected(|| {
+        let scope = scope::current()?;
+        let id = required("id", id)?;
+        let attempt = attempt_arg(attempt)?;
+        let mut rec = locked(&scope, id)?;
+        check_fence(rec.attempt, attempt)?;
+        match rec.status {
+            CallStatus::Running => {}
+            CallStatus::Claimed => {
+                db::execute(
                 "UPDATE ledger.run_step_tool_calls SET status = 'running', outbound_started_at = clock_timestamp(), \
                         lease_expires_at = clock_timestamp() + make_interval(secs => lease_seconds), updated_at = now() \
                   WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
                 &args3(&scope, id),
             )?;
-            rec.status = CallStatus::Running;
-            steps::follow(&scope, &rec.step_id, Status::Running, StepChange::default())?;
-            let run_id = rec.run_id.clone();
-            event(&scope, &run_id, &rec, "tool_call.running", json!({}))?;
+                rec.status = CallStatus::Running;
+                steps::follow(
+                    &scope,
+                    &rec.run_id,
+                    &rec.step_id,
+                    Status::Running,
+                    StepChange::default(),
+                )?;
+                let run_id = rec.run_id.clone();
+                event(&scope, &run_id, &rec, "tool_call.running", json!({}))?;
+            }
+            other => return Err(wrong_state("begin", other).into()),
         }
-        other => return Err(wrong_state("begin", other).into()),
-    }
-    Ok(outcome(&scope, id, rec.status.as_str(), None)?)
+        Ok(outcome(&scope, id, rec.status.as_str(), None)?)
+    })
 }
 
 /// Extends the lease of the current attempt.
@@ -788,38 +803,40 @@ fn complete_tool_call(
     error: default!(Option<&str>, "NULL"),
     metadata: default!(Option<Jsonb>, "NULL"),
 ) -> std::result::Result<Jsonb, ErrorReport> {
-    let scope = scope::current()?;
-    let id = required("id", id)?;
-    let attempt = attempt_arg(attempt)?;
-    let how = Outcome::parse(required("outcome", outcome)?)?;
-    let metadata = redacted_object("metadata", metadata)?;
-    let mut rec = locked(&scope, id)?;
-    match rec.status {
-        // Completing a finished call again changes nothing.
-        CallStatus::Succeeded | CallStatus::Failed => {
-            return Ok(self::outcome(&scope, id, rec.status.as_str(), None)?)
+    feed::collected(|| {
+        let scope = scope::current()?;
+        let id = required("id", id)?;
+        let attempt = attempt_arg(attempt)?;
+        let how = Outcome::parse(required("outcome", outcome)?)?;
+        let metadata = redacted_object("metadata", metadata)?;
+        let mut rec = locked(&scope, id)?;
+        match rec.status {
+            // Completing a finished call again changes nothing.
+            CallStatus::Succeeded | CallStatus::Failed => {
+                return Ok(self::outcome(&scope, id, rec.status.as_str(), None)?)
+            }
+            CallStatus::WaitingApproval | CallStatus::Rejected => {
+                return Err(wrong_state("complete", rec.status).into())
+            }
+            CallStatus::Claimed | CallStatus::Running | CallStatus::InDoubt => {}
         }
-        CallStatus::WaitingApproval | CallStatus::Rejected => {
-            return Err(wrong_state("complete", rec.status).into())
+        check_fence(rec.attempt, attempt)?;
+        match how {
+            Outcome::Unknown if rec.status == CallStatus::InDoubt => {}
+            Outcome::Unknown => mark_in_doubt(&scope, &mut rec, error)?,
+            Outcome::Succeeded => finish(&scope, &mut rec, true, result, error, None, &metadata)?,
+            Outcome::Failed => finish(
+                &scope,
+                &mut rec,
+                false,
+                result,
+                error,
+                Some("TOOL_ERROR"),
+                &metadata,
+            )?,
         }
-        CallStatus::Claimed | CallStatus::Running | CallStatus::InDoubt => {}
-    }
-    check_fence(rec.attempt, attempt)?;
-    match how {
-        Outcome::Unknown if rec.status == CallStatus::InDoubt => {}
-        Outcome::Unknown => mark_in_doubt(&scope, &mut rec, error)?,
-        Outcome::Succeeded => finish(&scope, &mut rec, true, result, error, None, &metadata)?,
-        Outcome::Failed => finish(
-            &scope,
-            &mut rec,
-            false,
-            result,
-            error,
-            Some("TOOL_ERROR"),
-            &metadata,
-        )?,
-    }
-    Ok(self::outcome(&scope, id, rec.status.as_str(), None)?)
+        Ok(self::outcome(&scope, id, rec.status.as_str(), None)?)
+    })
 }
 
 /// The human decision on an in-doubt call: `succeeded` / `failed` with the evidence as result,
@@ -833,49 +850,51 @@ fn resolve_tool_call(
     note: default!(Option<&str>, "NULL"),
     actor: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<Jsonb, ErrorReport> {
-    let scope = scope::current()?;
-    let id = required("id", id)?;
-    let resolution = Resolution::parse(required("resolution", resolution)?)?;
-    let mut rec = locked(&scope, id)?;
-    if rec.status != CallStatus::InDoubt {
-        return Err(LedgerError::new(
-            Class::WrongState,
-            "TOOL_CALL_NOT_IN_DOUBT",
-            format!(
-                "only an in_doubt tool call can be resolved; this one is {}",
-                rec.status.as_str()
-            ),
-        )
-        .with("status", rec.status.as_str())
-        .into());
-    }
-    let metadata = json!({"resolution": resolution.as_str(), "resolved_by": actor, "note": note});
-    match resolution {
-        Resolution::Succeeded => finish(&scope, &mut rec, true, result, None, None, &metadata)?,
-        Resolution::Failed => finish(
-            &scope,
-            &mut rec,
-            false,
-            result,
-            note,
-            Some("RESOLVED_FAILED"),
-            &metadata,
-        )?,
-        Resolution::Retry => {
-            db::execute(
+    feed::collected(|| {
+        let scope = scope::current()?;
+        let id = required("id", id)?;
+        let resolution = Resolution::parse(required("resolution", resolution)?)?;
+        let mut rec = locked(&scope, id)?;
+        if rec.status != CallStatus::InDoubt {
+            return Err(LedgerError::new(
+                Class::WrongState,
+                "TOOL_CALL_NOT_IN_DOUBT",
+                format!(
+                    "only an in_doubt tool call can be resolved; this one is {}",
+                    rec.status.as_str()
+                ),
+            )
+            .with("status", rec.status.as_str())
+            .into());
+        }
+        let metadata =
+            json!({"resolution": resolution.as_str(), "resolved_by": actor, "note": note});
+        match resolution {
+            Resolution::Succeeded => finish(&scope, &mut rec, true, result, None, None, &metadata)?,
+            Resolution::Failed => finish(
+                &scope,
+                &mut rec,
+                false,
+                result,
+                note,
+                Some("RESOLVED_FAILED"),
+                &metadata,
+            )?,
+            Resolution::Retry => {
+                db::execute(
                 "UPDATE ledger.run_step_tool_calls SET status = 'claimed', lease_owner = NULL, lease_expires_at = NULL, \
                         outbound_started_at = NULL, updated_at = now() \
                   WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
                 &args3(&scope, id),
             )?;
-            rec.status = CallStatus::Claimed;
+                rec.status = CallStatus::Claimed;
+            }
         }
-    }
-    let audit = redact::redact(
-        &guc::redaction_rules(),
-        json!({"tool_call": rec.ids(), "resolution": resolution.as_str(), "note": note}),
-    );
-    db::execute(
+        let audit = redact::redact(
+            &guc::redaction_rules(),
+            json!({"tool_call": rec.ids(), "resolution": resolution.as_str(), "note": note}),
+        );
+        db::execute(
         "INSERT INTO ledger.audit_events (tenant_id, workspace_id, id, run_id, step_id, gateway_type, outcome, actor, payload) \
          VALUES ($1, $2, $3, $4, $5, 'tool_call.resolve', $6, $7, $8)",
         &[
@@ -889,15 +908,16 @@ fn resolve_tool_call(
             Jsonb::from(&audit).into(),
         ],
     )?;
-    let run_id = rec.run_id.clone();
-    event(
-        &scope,
-        &run_id,
-        &rec,
-        "tool_call.resolved",
-        json!({"resolution": resolution.as_str(), "actor": actor}),
-    )?;
-    Ok(outcome(&scope, id, rec.status.as_str(), None)?)
+        let run_id = rec.run_id.clone();
+        event(
+            &scope,
+            &run_id,
+            &rec,
+            "tool_call.resolved",
+            json!({"resolution": resolution.as_str(), "actor": actor}),
+        )?;
+        Ok(outcome(&scope, id, rec.status.as_str(), None)?)
+    })
 }
 
 /// Moves every expired lease in the scope to in_doubt (the request left) or back to claimable
@@ -905,58 +925,60 @@ fn resolve_tool_call(
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn sweep_tool_calls() -> std::result::Result<i32, ErrorReport> {
-    let scope = scope::current()?;
-    let candidates = db::select(
-        "SELECT id, run_id FROM ledger.run_step_tool_calls \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('claimed', 'running') \
-            AND lease_expires_at <= clock_timestamp() ORDER BY lease_expires_at",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-        ],
-        |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
-    )?;
-    let mut swept = 0;
-    for (id, run_id) in candidates {
-        let run_locked = db::write_one(
-            "SELECT 1 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 \
-                FOR NO KEY UPDATE SKIP LOCKED",
-            &args3(&scope, &run_id),
-            |_| Ok(()),
+    feed::collected(|| {
+        let scope = scope::current()?;
+        let candidates = db::select(
+            "SELECT id, run_id FROM ledger.run_step_tool_calls \
+              WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('claimed', 'running') \
+                AND lease_expires_at <= clock_timestamp() ORDER BY lease_expires_at",
+            &[
+                scope.tenant.as_str().into(),
+                scope.workspace.as_str().into(),
+            ],
+            |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
         )?;
-        if run_locked.is_none() {
-            continue;
-        }
-        // Still expired once locked: a concurrent sweep may have released the lease (NULL, which
-        // `lease_live` does not tell from expired) or a claim renewed it since the candidates
-        // were read.
-        let Some(mut rec) = db::write_one(
-            "SELECT 1 FROM ledger.run_step_tool_calls WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 \
-                AND lease_expires_at <= clock_timestamp() FOR UPDATE SKIP LOCKED",
-            &args3(&scope, &id),
-            |_| Ok(()),
-        )?
-        .map(|_| load(&scope, By::Id(&id), false))
-        .transpose()?
-        .flatten() else {
-            continue;
-        };
-        if !matches!(rec.status, CallStatus::Claimed | CallStatus::Running) || rec.lease_live {
-            continue;
-        }
-        if rec.outbound_started {
-            mark_in_doubt(&scope, &mut rec, None)?;
-        } else {
-            db::execute(
-                "UPDATE ledger.run_step_tool_calls SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now() \
-                  WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                &args3(&scope, &id),
+        let mut swept = 0;
+        for (id, run_id) in candidates {
+            let run_locked = db::write_one(
+                "SELECT 1 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 \
+                FOR NO KEY UPDATE SKIP LOCKED",
+                &args3(&scope, &run_id),
+                |_| Ok(()),
             )?;
-            event(&scope, &run_id, &rec, "tool_call.lease_expired", json!({}))?;
+            if run_locked.is_none() {
+                continue;
+            }
+            // Still expired once locked: a concurrent sweep may have released the lease (NULL,
+            // which `lease_live` does not tell from expired) or a claim renewed it since the
+            // candidates were read.
+            let Some(mut rec) = db::write_one(
+                "SELECT 1 FROM ledger.run_step_tool_calls WHERE tenant_id = $1 AND workspace_id = $2 \
+                    AND id = $3 AND lease_expires_at <= clock_timestamp() FOR UPDATE SKIP LOCKED",
+                &args3(&scope, &id),
+                |_| Ok(()),
+            )?
+            .map(|_| load(&scope, By::Id(&id), false))
+            .transpose()?
+            .flatten() else {
+                continue;
+            };
+            if !matches!(rec.status, CallStatus::Claimed | CallStatus::Running) || rec.lease_live {
+                continue;
+            }
+            if rec.outbound_started {
+                mark_in_doubt(&scope, &mut rec, None)?;
+            } else {
+                db::execute(
+                    "UPDATE ledger.run_step_tool_calls SET lease_owner = NULL, lease_expires_at = NULL, \
+                        updated_at = now() WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+                    &args3(&scope, &id),
+                )?;
+                event(&scope, &run_id, &rec, "tool_call.lease_expired", json!({}))?;
+            }
+            swept += 1;
         }
-        swept += 1;
-    }
-    Ok(swept)
+        Ok(swept)
+    })
 }
 
 /// Creates a tool call that waits for a human decision, and its approval request.
@@ -973,37 +995,38 @@ fn request_tool_approval(
     policy_ref: default!(Option<&str>, "NULL"),
     details: default!(Option<Jsonb>, "NULL"),
 ) -> std::result::Result<Jsonb, ErrorReport> {
-    let scope = scope::current()?;
-    let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
-    let args = self::arguments(arguments)?;
-    let details = redacted_object("details", details)?;
-    let run = runs::existing(&scope, "run_id", who.run_id, true)?;
-    if tombstone(&scope, &who, &args)?.is_some() {
-        return Err(LedgerError::new(
-            Class::WrongState,
-            "TOOL_CALL_PURGED",
-            "this tool call was purged",
-        )
-        .with("idempotency_key", who.idempotency_key.as_str())
-        .into());
-    }
-    if let Some(rec) = find_locked(&scope, &who)? {
-        if rec.tool_ref != who.tool_ref || rec.request_hash != args.hash {
-            return Err(identity_reused().into());
+    feed::collected(|| {
+        let scope = scope::current()?;
+        let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
+        let args = self::arguments(arguments)?;
+        let details = redacted_object("details", details)?;
+        let run = runs::existing(&scope, "run_id", who.run_id, true)?;
+        if tombstone(&scope, &who, &args)?.is_some() {
+            return Err(LedgerError::new(
+                Class::WrongState,
+                "TOOL_CALL_PURGED",
+                "this tool call was purged",
+            )
+            .with("idempotency_key", who.idempotency_key.as_str())
+            .into());
         }
-        if rec.status != CallStatus::WaitingApproval {
-            return Err(wrong_state("wait for approval", rec.status).into());
+        if let Some(rec) = find_locked(&scope, &who)? {
+            if rec.tool_ref != who.tool_ref || rec.request_hash != args.hash {
+                return Err(identity_reused().into());
+            }
+            if rec.status != CallStatus::WaitingApproval {
+                return Err(wrong_state("wait for approval", rec.status).into());
+            }
+            return Ok(outcome(&scope, &rec.id, "waiting_approval", None)?);
         }
-        return Ok(outcome(&scope, &rec.id, "waiting_approval", None)?);
-    }
-    run.ensure_live("tool calls")?;
-    // The approval row comes first: the record points at it.
-    let approval_id = ids::new_id("apr");
-    let mut full_details = json!({"tool_ref": who.tool_ref, "tool_call_id": who.tool_call_id, "arguments": args.summary});
-    if let (Value::Object(d), Value::Object(extra)) = (&mut full_details, details) {
-        d.extend(extra);
-    }
-    db::execute(
+        run.ensure_live("tool calls")?;
+        // The approval row comes first: the record points at it.
+        let approval_id = ids::new_id("apr");
+        let mut full_details = json!({"tool_ref": who.tool_ref, "tool_call_id": who.tool_call_id, "arguments": args.summary});
+        if let (Value::Object(d), Value::Object(extra)) = (&mut full_details, details) {
+            d.extend(extra);
+        }
+        db::execute(
         "INSERT INTO ledger.approval_requests (tenant_id, workspace_id, id, run_id, title, policy_ref, details) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
         &[
@@ -1016,62 +1039,65 @@ fn request_tool_approval(
             Jsonb::from(&full_details).into(),
         ],
     )?;
-    let lease = lease_seconds(0)?;
-    let rec = insert(
-        &scope,
-        &who,
-        &args,
-        None,
-        CallStatus::WaitingApproval,
-        None,
-        lease,
-        Some(&approval_id),
-    )?
-    .ok_or_else(identity_reused)?;
-    db::execute(
-        "UPDATE ledger.approval_requests SET step_id = $4, tool_call_record_id = $5 \
+        let lease = lease_seconds(0)?;
+        let rec = insert(
+            &scope,
+            &who,
+            &args,
+            None,
+            CallStatus::WaitingApproval,
+            None,
+            lease,
+            Some(&approval_id),
+        )?
+        .ok_or_else(identity_reused)?;
+        db::execute(
+            "UPDATE ledger.approval_requests SET step_id = $4, tool_call_record_id = $5 \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            approval_id.as_str().into(),
-            rec.step_id.as_str().into(),
-            rec.id.as_str().into(),
-        ],
-    )?;
-    steps::follow(
-        &scope,
-        &rec.step_id,
-        Status::Preparing,
-        StepChange::default(),
-    )?;
-    steps::follow(
-        &scope,
-        &rec.step_id,
-        Status::WaitingApproval,
-        StepChange::default(),
-    )?;
-    let mut payload = rec.ids();
-    if let Value::Object(p) = &mut payload {
-        p.insert("approval_id".into(), Value::from(approval_id.as_str()));
-        p.insert("title".into(), Value::from(title));
-    }
-    feed::enqueue(
-        &scope,
-        "approval.requested",
-        Some(who.run_id),
-        None,
-        Some(&format!("approval:{approval_id}")),
-        &payload,
-    )?;
-    event(
-        &scope,
-        who.run_id,
-        &rec,
-        "approval.requested",
-        json!({"approval_id": approval_id}),
-    )?;
-    Ok(outcome(&scope, &rec.id, "waiting_approval", None)?)
+            &[
+                scope.tenant.as_str().into(),
+                scope.workspace.as_str().into(),
+                approval_id.as_str().into(),
+                rec.step_id.as_str().into(),
+                rec.id.as_str().into(),
+            ],
+        )?;
+        steps::follow(
+            &scope,
+            &rec.run_id,
+            &rec.step_id,
+            Status::Preparing,
+            StepChange::default(),
+        )?;
+        steps::follow(
+            &scope,
+            &rec.run_id,
+            &rec.step_id,
+            Status::WaitingApproval,
+            StepChange::default(),
+        )?;
+        let mut payload = rec.ids();
+        if let Value::Object(p) = &mut payload {
+            p.insert("approval_id".into(), Value::from(approval_id.as_str()));
+            p.insert("title".into(), Value::from(title));
+        }
+        feed::enqueue(
+            &scope,
+            "approval.requested",
+            Some(who.run_id),
+            None,
+            Some(&format!("approval:{approval_id}")),
+            &payload,
+        )?;
+        event(
+            &scope,
+            who.run_id,
+            &rec,
+            "approval.requested",
+            json!({"approval_id": approval_id}),
+        )?;
+        Ok(outcome(&scope, &rec.id, "waiting_approval", None)?)
+    })
 }
 
 /// Decides a pending approval: `approved` (the next claim of the call gets `claimed`) or
@@ -1084,51 +1110,52 @@ fn resolve_approval(
     actor: default!(Option<&str>, "NULL"),
     note: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<Jsonb, ErrorReport> {
-    let scope = scope::current()?;
-    let approval_id = required("approval_id", approval_id)?;
-    ids::validate("approval_id", approval_id)?;
-    let decision = match required("decision", decision)? {
-        "approved" => ApprovalStatus::Approved,
-        "rejected" => ApprovalStatus::Rejected,
-        other => {
-            return Err(LedgerError::invalid(
-                "DECISION_UNKNOWN",
-                "decision must be approved or rejected",
-            )
-            .with("decision", other)
-            .into())
-        }
-    };
-    let not_found = || LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id);
-    let run_id = db::select_one(
+    feed::collected(|| {
+        let scope = scope::current()?;
+        let approval_id = required("approval_id", approval_id)?;
+        ids::validate("approval_id", approval_id)?;
+        let decision = match required("decision", decision)? {
+            "approved" => ApprovalStatus::Approved,
+            "rejected" => ApprovalStatus::Rejected,
+            other => {
+                return Err(LedgerError::invalid(
+                    "DECISION_UNKNOWN",
+                    "decision must be approved or rejected",
+                )
+                .with("decision", other)
+                .into())
+            }
+        };
+        let not_found = || LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id);
+        let run_id = db::select_one(
         "SELECT run_id FROM ledger.approval_requests WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
         &args3(&scope, approval_id),
         |r| db::req::<String>(r, 1),
     )?
     .ok_or_else(not_found)?;
-    runs::existing(&scope, "run_id", &run_id, true)?;
-    let (status, record_id) = db::write_one(
-        "SELECT status, tool_call_record_id FROM ledger.approval_requests \
+        runs::existing(&scope, "run_id", &run_id, true)?;
+        let (status, record_id) = db::write_one(
+            "SELECT status, tool_call_record_id FROM ledger.approval_requests \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
-        &args3(&scope, approval_id),
-        |r| Ok((db::req::<String>(r, 1)?, db::opt::<String>(r, 2)?)),
-    )?
-    .ok_or_else(not_found)?;
-    let current = ApprovalStatus::parse(&status)
-        .ok_or_else(|| LedgerError::internal("unknown approval status"))?;
-    if current != ApprovalStatus::Pending {
-        if current == decision {
-            return Ok(approval_json(&scope, approval_id)?);
+            &args3(&scope, approval_id),
+            |r| Ok((db::req::<String>(r, 1)?, db::opt::<String>(r, 2)?)),
+        )?
+        .ok_or_else(not_found)?;
+        let current = ApprovalStatus::parse(&status)
+            .ok_or_else(|| LedgerError::internal("unknown approval status"))?;
+        if current != ApprovalStatus::Pending {
+            if current == decision {
+                return Ok(approval_json(&scope, approval_id)?);
+            }
+            return Err(LedgerError::new(
+                Class::WrongState,
+                "APPROVAL_RESOLVED",
+                format!("approval {approval_id} is already {status}"),
+            )
+            .with("status", status)
+            .into());
         }
-        return Err(LedgerError::new(
-            Class::WrongState,
-            "APPROVAL_RESOLVED",
-            format!("approval {approval_id} is already {status}"),
-        )
-        .with("status", status)
-        .into());
-    }
-    db::execute(
+        db::execute(
         "UPDATE ledger.approval_requests SET status = $4, decided_by = $5, decision_note = $6, \
                 decided_at = now(), updated_at = now() \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
@@ -1141,43 +1168,45 @@ fn resolve_approval(
             note.into(),
         ],
     )?;
-    feed::append(
-        &scope,
-        &run_id,
-        "approval.resolved",
-        None,
-        &json!({"approval_id": approval_id, "decision": decision.as_str(), "actor": actor, "tool_call_record_id": record_id}),
-    )?;
-    if let (ApprovalStatus::Rejected, Some(record_id)) = (decision, record_id) {
-        if let Some(mut rec) = load(&scope, By::Id(&record_id), true)? {
-            if rec.status == CallStatus::WaitingApproval {
-                db::execute(
+        feed::append(
+            &scope,
+            &run_id,
+            "approval.resolved",
+            None,
+            &json!({"approval_id": approval_id, "decision": decision.as_str(), "actor": actor, "tool_call_record_id": record_id}),
+        )?;
+        if let (ApprovalStatus::Rejected, Some(record_id)) = (decision, record_id) {
+            if let Some(mut rec) = load(&scope, By::Id(&record_id), true)? {
+                if rec.status == CallStatus::WaitingApproval {
+                    db::execute(
                     "UPDATE ledger.run_step_tool_calls SET status = 'rejected', error_code = 'TOOL_APPROVAL_REJECTED', \
                             error_message = 'Tool call was rejected', completed_at = now(), updated_at = now() \
                       WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
                     &args3(&scope, &record_id),
                 )?;
-                rec.status = CallStatus::Rejected;
-                steps::follow(
-                    &scope,
-                    &rec.step_id,
-                    Status::Canceled,
-                    StepChange {
-                        error_code: Some("TOOL_APPROVAL_REJECTED"),
-                        ..StepChange::default()
-                    },
-                )?;
-                event(
-                    &scope,
-                    &run_id,
-                    &rec,
-                    "tool_call.rejected",
-                    json!({"approval_id": approval_id}),
-                )?;
+                    rec.status = CallStatus::Rejected;
+                    steps::follow(
+                        &scope,
+                        &rec.run_id,
+                        &rec.step_id,
+                        Status::Canceled,
+                        StepChange {
+                            error_code: Some("TOOL_APPROVAL_REJECTED"),
+                            ..StepChange::default()
+                        },
+                    )?;
+                    event(
+                        &scope,
+                        &run_id,
+                        &rec,
+                        "tool_call.rejected",
+                        json!({"approval_id": approval_id}),
+                    )?;
+                }
             }
         }
-    }
-    Ok(approval_json(&scope, approval_id)?)
+        Ok(approval_json(&scope, approval_id)?)
+    })
 }
 
 fn approval_json(scope: &Scope, approval_id: &str) -> Result<Jsonb> {

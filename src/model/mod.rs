@@ -2,6 +2,7 @@
 pub mod args;
 pub mod cost;
 pub mod evidence;
+pub mod feed;
 pub mod hash;
 pub mod ids;
 pub mod interrupt;
