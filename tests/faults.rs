@@ -192,10 +192,15 @@ fn a_backend_terminated_mid_transaction_leaves_nothing_half_written() {
         &format!("SELECT pg_terminate_backend({pid}, 10000)"),
     );
     assert!(killed);
-    expect_sqlstate(
-        executor.join().unwrap(),
-        "57P01",
-        "the terminated session's statement fails",
+    // The client sees the FATAL (57P01), or only the closed connection when the socket is gone
+    // before it reads the message (as happened once in CI).
+    let err = executor
+        .join()
+        .unwrap()
+        .expect_err("the terminated session's statement fails");
+    assert!(
+        matches!(sqlstate(&err).as_deref(), None | Some("57P01")),
+        "the terminated session's statement fails: {err}"
     );
     exec(&mut holder, "ROLLBACK");
 
