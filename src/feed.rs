@@ -27,7 +27,7 @@ struct Pending {
     seq: Option<i64>,
     kind: String,
     step_id: Option<String>,
-    payload: String,
+    payload: Jsonb,
 }
 
 /// The unwritten events of one run, in the order they were produced.
@@ -195,7 +195,7 @@ fn write(mut batch: Batch) -> Result<()> {
                 seq.into(),
                 e.kind.as_str().into(),
                 e.step_id.as_deref().into(),
-                Jsonb(e.payload.clone()).into(),
+                e.payload.clone().into(),
                 note.into(),
             ]);
         }
@@ -251,7 +251,7 @@ fn push(
         seq,
         kind: kind.to_owned(),
         step_id: step_id.map(str::to_owned),
-        payload: payload.to_string(),
+        payload: Jsonb::from(payload),
     });
     keep_or_write(batch)
 }
