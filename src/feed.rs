@@ -175,6 +175,7 @@ fn write(mut batch: Batch) -> Result<()> {
         let last = bump(&batch.scope, &batch.run_id, missing)?;
         batch.allocate(last);
     }
+    let notify = notifying();
     let channel = hash::run_channel(&batch.scope.tenant, &batch.scope.workspace, &batch.run_id);
     for chunk in batch.events.chunks(EVENTS_PER_INSERT) {
         let mut args: Vec<DatumWithOid> = vec![
@@ -187,9 +188,10 @@ fn write(mut batch: Batch) -> Result<()> {
             let seq = e
                 .seq
                 .ok_or_else(|| LedgerError::internal("event seq was not allocated"))?;
-            let note =
+            let note = notify.then(|| {
                 json!({"run_id": batch.run_id, "seq": seq, "event_id": e.id, "kind": e.kind})
-                    .to_string();
+                    .to_string()
+            });
             args.extend([
                 e.id.as_str().into(),
                 seq.into(),
@@ -199,7 +201,7 @@ fn write(mut batch: Batch) -> Result<()> {
                 note.into(),
             ]);
         }
-        db::execute(&model::feed::insert_statement(chunk.len()), &args)?;
+        db::execute(&model::feed::insert_statement(chunk.len(), notify), &args)?;
     }
     Ok(())
 }
@@ -256,7 +258,13 @@ fn push(
     keep_or_write(batch)
 }
 
-/// Writes an outbox row in the caller's transaction and notifies `ledger_outbox` with its id.
+/// Whether writes notify at commit (`ledger.notify`, on unless an operator turned it off).
+pub fn notifying() -> bool {
+    crate::guc::NOTIFY.get()
+}
+
+/// Writes an outbox row in the caller's transaction and notifies `ledger_outbox` with its id
+/// (unless `ledger.notify` is off).
 pub fn enqueue(
     scope: &Scope,
     event_type: &str,
@@ -267,10 +275,16 @@ pub fn enqueue(
 ) -> Result<String> {
     let id = ids::new_id("obx");
     db::execute(
-        "WITH o AS (INSERT INTO ledger.outbox \
-                        (tenant_id, workspace_id, id, event_type, run_id, task_id, subject, payload) \
-                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id) \
-         SELECT pg_catalog.pg_notify('ledger_outbox', o.id) FROM o",
+        if notifying() {
+            "WITH o AS (INSERT INTO ledger.outbox \
+                            (tenant_id, workspace_id, id, event_type, run_id, task_id, subject, payload) \
+                        VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id) \
+             SELECT pg_catalog.pg_notify('ledger_outbox', o.id) FROM o"
+        } else {
+            "INSERT INTO ledger.outbox \
+                 (tenant_id, workspace_id, id, event_type, run_id, task_id, subject, payload) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        },
         &[
             scope.tenant.as_str().into(),
             scope.workspace.as_str().into(),

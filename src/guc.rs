@@ -7,6 +7,7 @@ pub static TENANT_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>
 pub static WORKSPACE_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static REDACT_KEYS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static REDACT_VALUES: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -39,6 +40,16 @@ pub fn init() {
         c"Bearer tokens, sk-... keys, AWS access key ids, GitHub and Slack tokens, PEM private keys.",
         &REDACT_VALUES,
         GucContext::Userset,
+        GucFlags::default(),
+    );
+    // Superuser-only (or GRANT SET ON PARAMETER): switching it off silences other sessions'
+    // followers, an operator's decision, never a writer's.
+    GucRegistry::define_bool_guc(
+        c"ledger.notify",
+        c"Send the run feed's and the outbox's notifications (NOTIFY) at commit.",
+        c"Off: writes send no NOTIFY and followers must poll events_since and outbox_claim. PostgreSQL serialises the commits of notifying transactions, so off raises write throughput under concurrency.",
+        &NOTIFY,
+        GucContext::Suset,
         GucFlags::default(),
     );
 }

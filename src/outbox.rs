@@ -236,7 +236,7 @@ fn outbox_nack(
 
 /// Puts a failed event back to pending, due now, with another 64 attempts. `attempt_count` is
 /// kept (the history) and `replay_count` counts the replays. Notifies `ledger_outbox` like an
-/// insert, so a consumer waiting on it picks the event up.
+/// insert (unless `ledger.notify` is off), so a consumer waiting on it picks the event up.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn outbox_replay(
@@ -248,17 +248,22 @@ fn outbox_replay(
     let held = locked(&scope, id)?;
     rules::check_failed(id, &held.status)?;
     db::execute(
-        "WITH u AS (UPDATE ledger.outbox SET status = 'pending', replay_count = replay_count + 1, \
-                           available_at = clock_timestamp(), lock_owner = NULL, lock_expires_at = NULL, \
-                           processed_at = NULL \
-                     WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING id) \
-         SELECT pg_catalog.pg_notify('ledger_outbox', u.id) FROM u",
+        "UPDATE ledger.outbox SET status = 'pending', replay_count = replay_count + 1, \
+                available_at = clock_timestamp(), lock_owner = NULL, lock_expires_at = NULL, \
+                processed_at = NULL \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
         &[
             scope.tenant.as_str().into(),
             scope.workspace.as_str().into(),
             id.into(),
         ],
     )?;
+    if crate::feed::notifying() {
+        db::execute(
+            "SELECT pg_catalog.pg_notify('ledger_outbox', $1)",
+            &[id.into()],
+        )?;
+    }
     Ok(row(&scope, id)?)
 }
 

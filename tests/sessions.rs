@@ -473,6 +473,78 @@ fn outbox_rows_notify_their_id_at_commit() {
     assert!(id.starts_with("obx_"));
 }
 
+/// No notification arrives on `c` within `ms` milliseconds.
+fn silent_for(c: &mut Client, ms: u64) -> bool {
+    c.notifications()
+        .timeout_iter(Duration::from_millis(ms))
+        .next()
+        .expect("notifications work")
+        .is_none()
+}
+
+#[test]
+#[ignore]
+fn with_notify_off_writes_are_silent_and_polling_finds_them() {
+    let db = database("ledger_notify_off");
+    let mut listener = session(&db);
+    listen(&mut listener);
+    exec(&mut listener, "LISTEN ledger_outbox");
+    let mut writer = session(&db);
+    exec(&mut writer, "SET ledger.notify = off");
+    // run.created: a feed event and an outbox row, and no NOTIFY for either.
+    exec(
+        &mut writer,
+        "SELECT ledger.create_run('chat', run_id => 'r')",
+    );
+    assert!(silent_for(&mut listener, 500));
+    assert_eq!(seqs(&mut listener, "r", None).len(), 1);
+    let outbox: i64 = one(&mut listener, "SELECT count(*) FROM ledger.outbox");
+    assert_eq!(outbox, 1);
+    // Set for one transaction only, the next write notifies again, and with the right seq.
+    exec(
+        &mut writer,
+        "RESET ledger.notify; BEGIN; SET LOCAL ledger.notify = off; \
+         SELECT ledger.transition_run('r', 'running'); COMMIT",
+    );
+    assert!(silent_for(&mut listener, 300));
+    exec(
+        &mut writer,
+        "SELECT ledger.transition_run('r', 'succeeded')",
+    );
+    let heard: Vec<(String, String)> = listener
+        .notifications()
+        .timeout_iter(Duration::from_secs(2))
+        .map(|n| Ok((n.channel().to_owned(), n.payload().to_owned())))
+        .collect()
+        .expect("notifications work");
+    let seqs_heard: Vec<i64> = heard
+        .iter()
+        .filter(|(channel, _)| channel != "ledger_outbox")
+        .map(|(_, note)| {
+            let note: serde_json::Value = serde_json::from_str(note).expect("JSON");
+            note["seq"].as_i64().expect("seq")
+        })
+        .collect();
+    assert_eq!(
+        heard.len(),
+        2,
+        "the event and the terminal status's outbox row: {heard:?}"
+    );
+    assert_eq!(seqs_heard, [3]);
+    // Only an operator may switch it off: a writer role may not silence others' followers.
+    exec(
+        &mut writer,
+        "DROP ROLE IF EXISTS ledger_test_quiet; \
+         CREATE ROLE ledger_test_quiet LOGIN IN ROLE ledger_writer",
+    );
+    let mut app = connect_to(&db, "ledger_test_quiet");
+    exec(&mut app, "SELECT ledger.set_scope('acme', 'support')");
+    let err = app.batch_execute("SET ledger.notify = off").unwrap_err();
+    assert_eq!(sqlstate(&err).as_deref(), Some("42501"));
+    drop(app);
+    exec(&mut writer, "DROP ROLE ledger_test_quiet");
+}
+
 #[test]
 #[ignore]
 fn run_and_step_writers_in_one_transaction_do_not_deadlock() {

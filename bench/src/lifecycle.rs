@@ -15,9 +15,12 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use postgres::{Client, Statement};
+use postgres::types::ToSql;
+use postgres::{Client, Statement, Transaction};
 use serde_json::{json, Value};
 
+use crate::model::feed::insert_statement;
+use crate::model::hash::run_channel;
 use crate::model::{json as cjson, redact};
 use crate::{median, Settings, Target};
 
@@ -66,6 +69,9 @@ pub fn app_schema(c: &mut Client) {
              FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES app.run_steps);
          CREATE TABLE app.outbox (LIKE ledger.outbox INCLUDING ALL,
              FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES app.runs);
+         CREATE TABLE app.run_events (LIKE ledger.run_events INCLUDING ALL,
+             FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES app.runs,
+             FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES app.run_steps);
          DROP TABLE IF EXISTS public.bench_floor;
          CREATE TABLE public.bench_floor (id bigserial PRIMARY KEY, client_id int NOT NULL,
              payload text NOT NULL, created_at timestamptz NOT NULL DEFAULT now());",
@@ -175,11 +181,82 @@ impl Ledger {
     }
 }
 
+/// The ledger's run feed written application-side, as a careful client would: per transaction
+/// one `last_seq` bump under the run's row lock and one INSERT of its events with a NOTIFY each
+/// (the ledger's own statement). SOIT has no feed (soit-ledger.md §6); this prices it.
+struct Feed {
+    bump: Statement,
+    /// The INSERT of 2 and of 3 events.
+    insert: [Statement; 2],
+    channel: String,
+}
+
+impl Feed {
+    fn new(c: &mut Client, run_id: &str) -> Feed {
+        let mut p = |sql: &str| c.prepare(sql).expect("prepare feed");
+        Feed {
+            bump: p(&format!(
+                "UPDATE app.runs SET last_seq = last_seq + $4 WHERE {SCOPE} AND id = $3 \
+                 RETURNING last_seq"
+            )),
+            insert: [
+                p(&insert_statement(2, true).replace("ledger.run_events", "app.run_events")),
+                p(&insert_statement(3, true).replace("ledger.run_events", "app.run_events")),
+            ],
+            channel: run_channel(TENANT, WORKSPACE, run_id),
+        }
+    }
+
+    /// Moves the run's `last_seq` on by `k` (locking the run); returns the first new seq.
+    fn bump(&self, tx: &mut Transaction, run_id: &str, k: i64) -> i64 {
+        let row = tx
+            .query_one(&self.bump, &[&TENANT, &WORKSPACE, &run_id, &k])
+            .expect("bump last_seq");
+        row.get::<_, i64>(0) - k + 1
+    }
+
+    /// Writes the transaction's events from seq `first` on, all of one step.
+    fn write(
+        &self,
+        tx: &mut Transaction,
+        run_id: &str,
+        first: i64,
+        step_id: &str,
+        events: &[(&str, Value)],
+    ) {
+        let rows: Vec<(String, i64, String)> = events
+            .iter()
+            .enumerate()
+            .map(|(i, (kind, _))| {
+                let seq = first + i as i64;
+                let id = format!("evt_{}", ulid::Ulid::new());
+                let note =
+                    json!({"run_id": run_id, "seq": seq, "event_id": id, "kind": kind}).to_string();
+                (id, seq, note)
+            })
+            .collect();
+        let mut args: Vec<&(dyn ToSql + Sync)> = vec![&TENANT, &WORKSPACE, &run_id, &self.channel];
+        for ((id, seq, note), (kind, payload)) in rows.iter().zip(events) {
+            args.extend([
+                id as &(dyn ToSql + Sync),
+                seq,
+                kind,
+                &step_id,
+                payload,
+                note,
+            ]);
+        }
+        tx.execute(&self.insert[events.len() - 2], &args)
+            .expect("insert events");
+    }
+}
+
 /// SOIT's RuntimeToolExecutionService (claim, mark_running, complete) and the gateway's step
-/// update and cost row, as client code over plain tables.
+/// update and cost row, as client code over plain tables; with `feed`, also the ledger's feed.
 struct App {
     run_id: String,
     n: u64,
+    feed: Option<Feed>,
     rules: redact::Rules,
     run_in_scope: Statement,
     find_call: Statement,
@@ -198,7 +275,7 @@ struct App {
 const SCOPE: &str = "tenant_id = $1 AND workspace_id = $2";
 
 impl App {
-    fn new(c: &mut Client, run_id: String) -> App {
+    fn new(c: &mut Client, run_id: String, feed: bool) -> App {
         c.execute(
             "INSERT INTO app.runs (tenant_id, workspace_id, id, mode, kind, subject_kind,
                  root_run_id, status, started_at)
@@ -206,6 +283,7 @@ impl App {
             &[&TENANT, &WORKSPACE, &run_id],
         )
         .expect("app run");
+        let feed = feed.then(|| Feed::new(c, &run_id));
         let mut p = |sql: &str| {
             c.prepare(sql)
                 .unwrap_or_else(|e| panic!("prepare {sql}: {e:?}"))
@@ -213,6 +291,7 @@ impl App {
         App {
             run_id,
             n: 0,
+            feed,
             rules: redact::Rules::default(),
             run_in_scope: p(&format!("SELECT 1 FROM app.runs WHERE {SCOPE} AND id = $3")),
             find_call: p(&format!(
@@ -293,7 +372,9 @@ impl App {
             .expect("find call");
         assert!(existing.is_empty(), "a new key has no record");
         let step_id = format!("step_{}", ulid::Ulid::new());
-        let step_no = self.n as i64;
+        // With the feed, the step's number is the seq of its step.created event, as in the ledger.
+        let first = self.feed.as_ref().map(|f| f.bump(&mut tx, &self.run_id, 3));
+        let step_no = first.unwrap_or(self.n as i64);
         let summary = format!("tool={TOOL}");
         tx.execute(
             &self.insert_step,
@@ -322,6 +403,21 @@ impl App {
             ],
         )
         .expect("insert call");
+        if let (Some(f), Some(first)) = (&self.feed, first) {
+            let step = json!({"step_id": step_id, "step_type": "tool", "step_key": call_id,
+                "status": "queued", "node_id": null});
+            let preparing = json!({"step_id": step_id, "from": "queued", "to": "preparing",
+                "error_code": null});
+            let claimed = json!({"tool_call_record_id": id, "tool_call_id": call_id,
+                "tool_ref": TOOL, "step_id": step_id, "attempt": 1, "lease_owner": owner,
+                "idempotency_key": key});
+            let events = [
+                ("step.created", step),
+                ("step.status", preparing),
+                ("tool_call.claimed", claimed),
+            ];
+            f.write(&mut tx, &self.run_id, first, &step_id, &events);
+        }
         tx.commit().expect("COMMIT claim");
 
         // mark_running
@@ -331,6 +427,7 @@ impl App {
             .expect("lock call");
         let (status, lease_owner): (&str, &str) = (row.get(0), row.get(1));
         assert!(status == "claimed" && lease_owner == owner, "cannot start");
+        let first = self.feed.as_ref().map(|f| f.bump(&mut tx, &self.run_id, 2));
         tx.execute(&self.mark_running, &[&t, &w, &id])
             .expect("mark running");
         let step = tx
@@ -339,6 +436,14 @@ impl App {
         assert_eq!(step.get::<_, &str>(0), "preparing");
         tx.execute(&self.step_status, &[&t, &w, &step_id, &"running"])
             .expect("step running");
+        if let (Some(f), Some(first)) = (&self.feed, first) {
+            let running = json!({"step_id": step_id, "from": "preparing", "to": "running",
+                "error_code": null});
+            let started = json!({"tool_call_record_id": id, "tool_call_id": call_id,
+                "tool_ref": TOOL, "step_id": step_id, "attempt": 1, "idempotency_key": key});
+            let events = [("step.status", running), ("tool_call.running", started)];
+            f.write(&mut tx, &self.run_id, first, &step_id, &events);
+        }
         tx.commit().expect("COMMIT running");
 
         // complete, with the gateway's step update, cost row and outbox row
@@ -359,6 +464,7 @@ impl App {
             .expect("lock call");
         let (status, lease_live): (&str, bool) = (row.get(0), row.get(2));
         assert!(status == "running" && lease_live, "cannot complete");
+        let first = self.feed.as_ref().map(|f| f.bump(&mut tx, &self.run_id, 3));
         let step = tx
             .query_one(&self.lock_step, &[&t, &w, &step_id])
             .expect("lock step");
@@ -381,6 +487,19 @@ impl App {
         let size = encoded.len() as i64;
         tx.execute(&self.complete_call, &[&t, &w, &id, &payload, &size])
             .expect("complete call");
+        if let (Some(f), Some(first)) = (&self.feed, first) {
+            let succeeded = json!({"step_id": step_id, "from": "running", "to": "succeeded",
+                "error_code": null});
+            let completed = json!({"tool_call_record_id": id, "tool_call_id": call_id,
+                "tool_ref": TOOL, "step_id": step_id, "attempt": 1, "idempotency_key": key,
+                "status": "succeeded", "result_artifact_id": null});
+            let events = [
+                ("step.status", succeeded),
+                ("tool_call.completed", completed),
+                ("cost.recorded", outbox_payload),
+            ];
+            f.write(&mut tx, &self.run_id, first, &step_id, &events);
+        }
         tx.commit().expect("COMMIT complete");
     }
 }
@@ -394,11 +513,14 @@ struct Shared {
     counts: [AtomicU64; DESIGNS],
 }
 
-/// The floor, the notifying floor, the ledger and the application-side design.
-const DESIGNS: usize = 4;
+/// The floor, the notifying floor, the ledger, the application-side design, the
+/// application-side design with the ledger's feed, and the ledger with `ledger.notify = off`.
+const DESIGNS: usize = 6;
+const QUIET_LEDGER: usize = 5;
 
-/// Lifecycles per second of each design at `clients` clients, each the median over `reps` runs.
-fn cell(s: &Settings, clients: usize) -> [f64; DESIGNS] {
+/// Lifecycles per second of each design at `clients` clients, and the WAL bytes and machine
+/// CPU milliseconds per lifecycle, each the median over `reps` runs.
+fn cell(s: &Settings, clients: usize) -> ([f64; DESIGNS], [f64; DESIGNS], [f64; DESIGNS]) {
     let shared = Arc::new(Shared {
         design: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
@@ -417,7 +539,9 @@ fn cell(s: &Settings, clients: usize) -> [f64; DESIGNS] {
                 let mut floor = Floor::new(&mut c, i as i32, false);
                 let mut notifying = Floor::new(&mut c, i as i32, true);
                 let mut ledger = Ledger::new(&mut c, run_id.clone());
-                let mut app = App::new(&mut c, run_id);
+                let mut app = App::new(&mut c, run_id.clone(), false);
+                let mut app_feed = App::new(&mut c, format!("{run_id}-feed"), true);
+                let mut quiet = Ledger::new(&mut c, format!("{run_id}-quiet"));
                 let (args, result) = (arguments(), result_2kb());
                 ready.wait();
                 loop {
@@ -426,13 +550,21 @@ fn cell(s: &Settings, clients: usize) -> [f64; DESIGNS] {
                         break;
                     }
                     let d = shared.design.load(Relaxed);
+                    c.batch_execute(if d == QUIET_LEDGER {
+                        "SET ledger.notify = off"
+                    } else {
+                        "RESET ledger.notify"
+                    })
+                    .expect("ledger.notify");
                     let mut n = 0;
                     while !shared.stop.load(Relaxed) {
                         match d {
                             0 => floor.lifecycle(&mut c),
                             1 => notifying.lifecycle(&mut c),
                             2 => ledger.lifecycle(&mut c, &args, &result),
-                            _ => app.lifecycle(&mut c, &args, &result),
+                            3 => app.lifecycle(&mut c, &args, &result),
+                            4 => app_feed.lifecycle(&mut c, &args, &result),
+                            _ => quiet.lifecycle(&mut c, &args, &result),
                         }
                         n += 1;
                     }
@@ -445,10 +577,14 @@ fn cell(s: &Settings, clients: usize) -> [f64; DESIGNS] {
     ready.wait();
     let mut stats = Client::connect(&s.conn, postgres::NoTls).expect("connect");
     let mut rates: [Vec<f64>; DESIGNS] = Default::default();
+    let mut wal: [Vec<f64>; DESIGNS] = Default::default();
+    let mut cpu: [Vec<f64>; DESIGNS] = Default::default();
+
     // One short unmeasured round first, then the designs interleaved so drift hits them all.
     for rep in 0..=s.reps {
-        for (d, rate) in rates.iter_mut().enumerate() {
+        for d in 0..DESIGNS {
             shared.counts[d].store(0, Relaxed);
+            let (wal0, cpu0) = (wal_position(&mut stats), cpu_ms());
             shared.design.store(d, Relaxed);
             shared.stop.store(false, Relaxed);
             shared.start.wait();
@@ -458,7 +594,10 @@ fn cell(s: &Settings, clients: usize) -> [f64; DESIGNS] {
             shared.stop.store(true, Relaxed);
             shared.done.wait();
             if rep > 0 {
-                rate.push(shared.counts[d].load(Relaxed) as f64 / t0.elapsed().as_secs_f64());
+                let n = shared.counts[d].load(Relaxed) as f64;
+                rates[d].push(n / t0.elapsed().as_secs_f64());
+                wal[d].push((wal_position(&mut stats) - wal0) / n);
+                cpu[d].push((cpu_ms() - cpu0) / n);
             }
         }
         if rep == 0 {
@@ -472,7 +611,35 @@ fn cell(s: &Settings, clients: usize) -> [f64; DESIGNS] {
     for h in handles {
         h.join().expect("client thread panicked");
     }
-    rates.map(|mut r| median(&mut r))
+    let m = |xs: [Vec<f64>; DESIGNS]| xs.map(|mut r| median(&mut r));
+    (m(rates), m(wal), m(cpu))
+}
+
+/// Milliseconds of CPU (user + system, every process) the machine has spent since boot: the
+/// benchmark runs beside the cluster, so this counts the backends, the client and the WAL writer.
+fn cpu_ms() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user, nice, system, irq, softirq (USER_HZ = 100 on Linux)
+    [0, 1, 2, 5, 6]
+        .iter()
+        .filter_map(|&i| ticks.get(i))
+        .sum::<f64>()
+        * 10.0
+}
+
+/// Bytes of WAL written so far in the cluster.
+fn wal_position(c: &mut Client) -> f64 {
+    c.query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::float8", &[])
+        .expect("WAL position")
+        .get(0)
 }
 
 pub fn run(s: &Settings, targets: &mut Vec<Target>) {
@@ -483,28 +650,66 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
         "Medians of {} runs of {} s each (designs interleaved). A lifecycle is claim; COMMIT; \
          begin; COMMIT; complete (2 KB result) + step transition + cost entry; COMMIT. \
          The floor is {} single-row INSERT commits per lifecycle; the notifying floor the same \
-         with a NOTIFY in each, as every ledger transaction has.\n",
+         with a NOTIFY in each, as every ledger transaction has. App-side + feed is the \
+         application-side design that also keeps the ledger's run feed (gapless seq, event rows, \
+         a NOTIFY per event), which SOIT does not have. Notify off is the ledger with \
+         `ledger.notify = off` (no NOTIFY; followers poll).\n",
         s.reps, s.secs, TX_PER_LIFECYCLE
     );
-    println!(
-        "| clients | floor commits/s | floor lifecycles/s | notifying floor lifecycles/s | ledger lifecycles/s | app-side lifecycles/s | ledger ÷ floor | ledger ÷ notifying floor | ledger ÷ app-side |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let mut by_clients = Vec::new();
+    // Columns in this order: floor, notifying floor, ledger, ledger with notify off, app-side,
+    // app-side + feed (the designs' indexes in `cell`).
+    const SHOWN: [usize; DESIGNS] = [0, 1, 2, QUIET_LEDGER, 3, 4];
+    const NAMES: &str =
+        "floor | notifying floor | ledger | ledger, notify off | app-side | app-side + feed";
+    let mut rows = Vec::new();
     for &n in &s.clients {
-        let [floor, notifying, ledger, app] = cell(s, n);
+        rows.push((n, cell(s, n)));
+    }
+    let table =
+        |title: &str,
+         what: &dyn Fn(&([f64; DESIGNS], [f64; DESIGNS], [f64; DESIGNS])) -> [f64; DESIGNS],
+         digits: usize| {
+            println!("{title}\n");
+            println!("| clients | {NAMES} |");
+            println!("|---:|---:|---:|---:|---:|---:|---:|");
+            for (n, m) in &rows {
+                let v = what(m);
+                let cells: Vec<String> = SHOWN
+                    .iter()
+                    .map(|&d| format!("{:.*}", digits, v[d]))
+                    .collect();
+                println!("| {n} | {} |", cells.join(" | "));
+            }
+            println!();
+        };
+    table("Lifecycles per second:", &|m| m.0, 0);
+    table(
+        &format!(
+            "Machine CPU per lifecycle, ms (user + system of every process, over the same runs: \
+             backends, benchmark client, WAL writer; {} cores):",
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        ),
+        &|m| m.2,
+        2,
+    );
+    table("WAL bytes per lifecycle (over the same runs):", &|m| m.1, 0);
+    println!("Ratios:\n");
+    println!("| clients | floor commits/s | ledger ÷ floor | ledger ÷ notifying floor | ledger ÷ app-side | ledger ÷ app-side + feed | notify off ÷ floor | notify off ÷ app-side |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut by_clients = Vec::new();
+    for (n, (r, _, _)) in &rows {
+        let [floor, notifying, ledger, app, app_feed, quiet] = *r;
         println!(
-            "| {n} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} |",
+            "| {n} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             floor * TX_PER_LIFECYCLE,
-            floor,
-            notifying,
-            ledger,
-            app,
             ledger / floor,
             ledger / notifying,
-            ledger / app
+            ledger / app,
+            ledger / app_feed,
+            quiet / floor,
+            quiet / app
         );
-        by_clients.push((n, floor, ledger, app));
+        by_clients.push((*n, floor, ledger, app));
     }
     println!();
     check_counts(&mut c);

@@ -2,16 +2,19 @@
 //! cluster with the extension and runs this against it; the results are printed as Markdown.
 //!
 //! Environment: LEDGER_BENCH_CONN (a libpq-style connection string, required) and
-//! LEDGER_BENCH_SMOKE=1 for the 30-second smoke (same code paths, tiny sizes, no verdicts).
+//! LEDGER_BENCH_SMOKE=1 for the 30-second smoke (same code paths, tiny sizes, no verdicts);
+//! LEDGER_BENCH_CLIENTS=8,32 to measure throughput at other client counts.
 
 mod error;
 mod lifecycle;
 mod reads;
 
-// Only the redaction, canonical JSON and hashing parts of the ledger's pure model are needed.
+// Only the redaction, canonical JSON, hashing and event-INSERT parts of the ledger's pure model
+// are needed.
 #[allow(dead_code)]
 #[path = "../../src/model"]
 mod model {
+    pub mod feed;
     pub mod hash;
     pub mod interrupt;
     pub mod json;
@@ -74,6 +77,21 @@ impl Settings {
         }
     }
 
+    /// LEDGER_BENCH_CLIENTS (e.g. `8,32`) replaces the client counts of the throughput table.
+    fn with_clients_from_env(mut self) -> Settings {
+        if let Ok(list) = std::env::var("LEDGER_BENCH_CLIENTS") {
+            self.clients = list
+                .split(',')
+                .map(|n| {
+                    n.trim()
+                        .parse()
+                        .expect("LEDGER_BENCH_CLIENTS: numbers, comma-separated")
+                })
+                .collect();
+        }
+        self
+    }
+
     pub fn connect(&self) -> postgres::Client {
         postgres::Client::connect(&self.conn, postgres::NoTls)
             .unwrap_or_else(|e| panic!("cannot connect with {:?}: {e}", self.conn))
@@ -112,7 +130,7 @@ fn main() {
         report(info);
         std::process::exit(101);
     }));
-    let s = Settings::from_env();
+    let s = Settings::from_env().with_clients_from_env();
     let started = Instant::now();
     let mut targets = Vec::new();
     println!(

@@ -10,10 +10,11 @@ pub fn allocate<'a>(seqs: impl Iterator<Item = &'a mut Option<i64>>, last: i64) 
     }
 }
 
-/// `INSERT ... VALUES` of `n` events and their `n` notifications, in seq order: $1..$4 are the
-/// tenant, workspace, run and channel, then six parameters per event (id, seq, kind, step,
-/// payload, note). A `VALUES` list keeps a cheap generic plan; an `unnest` of arrays did not.
-pub fn insert_statement(n: usize) -> String {
+/// `INSERT ... VALUES` of `n` events and, with `notify`, their `n` notifications in seq order:
+/// $1..$4 are the tenant, workspace, run and channel, then six parameters per event (id, seq,
+/// kind, step, payload, note). Without `notify`, the channel and the notes are not used. A
+/// `VALUES` list keeps a cheap generic plan; an `unnest` of arrays did not.
+pub fn insert_statement(n: usize, notify: bool) -> String {
     let p = |i: usize, k: usize| 5 + 6 * i + k;
     let rows: Vec<String> = (0..n)
         .map(|i| {
@@ -27,17 +28,19 @@ pub fn insert_statement(n: usize) -> String {
             )
         })
         .collect();
+    let insert = format!(
+        "INSERT INTO ledger.run_events \
+             (tenant_id, workspace_id, id, run_id, seq, kind, step_id, payload) \
+         VALUES {}",
+        rows.join(", ")
+    );
+    if !notify {
+        return insert;
+    }
     let notes: Vec<String> = (0..n)
         .map(|i| format!("pg_catalog.pg_notify($4, ${})", p(i, 5)))
         .collect();
-    format!(
-        "WITH e AS (INSERT INTO ledger.run_events \
-                        (tenant_id, workspace_id, id, run_id, seq, kind, step_id, payload) \
-                    VALUES {}) \
-         SELECT {}",
-        rows.join(", "),
-        notes.join(", ")
-    )
+    format!("WITH e AS ({insert}) SELECT {}", notes.join(", "))
 }
 
 #[cfg(test)]
@@ -58,12 +61,19 @@ mod tests {
 
     #[test]
     fn each_event_has_its_row_and_its_notification_in_order() {
-        let one = insert_statement(1);
+        let one = insert_statement(1, true);
         assert!(one.contains("VALUES ($1, $2, $5, $3, $6, $7, $8, $9))"));
         assert!(one.ends_with("SELECT pg_catalog.pg_notify($4, $10)"));
-        let two = insert_statement(2);
+        let two = insert_statement(2, true);
         assert!(two
             .contains("($1, $2, $5, $3, $6, $7, $8, $9), ($1, $2, $11, $3, $12, $13, $14, $15))"));
         assert!(two.ends_with("pg_catalog.pg_notify($4, $10), pg_catalog.pg_notify($4, $16)"));
+    }
+
+    #[test]
+    fn without_notifications_the_rows_are_the_same() {
+        let quiet = insert_statement(2, false);
+        assert!(!quiet.contains("pg_notify") && !quiet.contains("$4") && !quiet.contains("$10"));
+        assert!(insert_statement(2, true).contains(&quiet));
     }
 }
