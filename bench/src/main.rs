@@ -63,7 +63,7 @@ impl Settings {
             Settings {
                 conn,
                 smoke: false,
-                secs: 5.0,
+                secs: 4.0,
                 reps: 3,
                 clients: vec![1, 8, 32, 128],
                 event_runs: 100,
