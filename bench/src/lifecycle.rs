@@ -758,5 +758,23 @@ fn check_counts(c: &mut Client) {
         l > 0 && l == lc && a > 0 && a == ac,
         "incomplete lifecycles: {l} {lc} {a} {ac}"
     );
-    println!("Recorded: {l} ledger lifecycles and {a} application-side lifecycles, each with its cost entry.\n");
+    // The application-side feed is what the ledger's is: 8 events per lifecycle, seqs 1..n per run.
+    let row = c
+        .query_one(
+            "SELECT (SELECT count(*) FROM app.run_events),
+                    (SELECT count(*) FROM app.runs r JOIN app.run_step_tool_calls t
+                        ON t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
+                       AND t.run_id = r.id AND t.status = 'succeeded'
+                      WHERE r.last_seq > 0),
+                    (SELECT count(*) FROM (SELECT run_id FROM app.run_events GROUP BY run_id
+                                            HAVING max(seq) <> count(*)) gaps)",
+            &[],
+        )
+        .expect("feed check");
+    let (events, fed, gaps): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert!(
+        fed > 0 && events == 8 * fed && gaps == 0,
+        "application-side feed: {events} events for {fed} lifecycles, {gaps} runs with gaps"
+    );
+    println!("Recorded: {l} ledger lifecycles and {a} application-side lifecycles ({fed} with the feed, {events} events), each with its cost entry.\n");
 }
