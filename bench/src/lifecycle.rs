@@ -518,9 +518,12 @@ struct Shared {
 const DESIGNS: usize = 6;
 const QUIET_LEDGER: usize = 5;
 
+/// A figure for each design.
+type PerDesign = [f64; DESIGNS];
+
 /// Lifecycles per second of each design at `clients` clients, and the WAL bytes and machine
 /// CPU milliseconds per lifecycle, each the median over `reps` runs.
-fn cell(s: &Settings, clients: usize) -> ([f64; DESIGNS], [f64; DESIGNS], [f64; DESIGNS]) {
+fn cell(s: &Settings, clients: usize) -> (PerDesign, PerDesign, PerDesign) {
     let shared = Arc::new(Shared {
         design: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
@@ -532,7 +535,7 @@ fn cell(s: &Settings, clients: usize) -> ([f64; DESIGNS], [f64; DESIGNS], [f64; 
     let ready = Arc::new(Barrier::new(clients + 1));
     let handles: Vec<_> = (0..clients)
         .map(|i| {
-            let (shared, ready, conn) = (shared.clone(), ready.clone(), s.conn.clone());
+            let (shared, ready, conn) = (shared.clone(), ready.clone(), s.lifecycle_conn.clone());
             thread::spawn(move || {
                 let mut c = Client::connect(&conn, postgres::NoTls).expect("connect");
                 let run_id = format!("lc-{clients}-{i}");
@@ -646,6 +649,27 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
     let mut c = s.connect();
     app_schema(&mut c);
     println!("## Tool-call lifecycle throughput\n");
+    if let Some(rtt) = s.rtt {
+        let ping = |conn: &str| {
+            let mut c = Client::connect(conn, postgres::NoTls).expect("connect");
+            let mut lat: Vec<f64> = (0..200)
+                .map(|_| {
+                    let t = Instant::now();
+                    c.simple_query("SELECT 1").expect("SELECT 1");
+                    t.elapsed().as_secs_f64() * 1000.0
+                })
+                .collect();
+            median(&mut lat)
+        };
+        println!(
+            "Clients connect through a proxy that adds {:.2} ms per round trip \
+             (LEDGER_BENCH_RTT_MS): `SELECT 1` median {:.3} ms through it, {:.3} ms direct. \
+             Its threads run on the same cores.\n",
+            rtt.as_secs_f64() * 1000.0,
+            ping(&s.lifecycle_conn),
+            ping(&s.conn)
+        );
+    }
     println!(
         "Medians of {} runs of {} s each (designs interleaved). A lifecycle is claim; COMMIT; \
          begin; COMMIT; complete (2 KB result) + step transition + cost entry; COMMIT. \
@@ -665,23 +689,22 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
     for &n in &s.clients {
         rows.push((n, cell(s, n)));
     }
-    let table =
-        |title: &str,
-         what: &dyn Fn(&([f64; DESIGNS], [f64; DESIGNS], [f64; DESIGNS])) -> [f64; DESIGNS],
-         digits: usize| {
-            println!("{title}\n");
-            println!("| clients | {NAMES} |");
-            println!("|---:|---:|---:|---:|---:|---:|---:|");
-            for (n, m) in &rows {
-                let v = what(m);
-                let cells: Vec<String> = SHOWN
-                    .iter()
-                    .map(|&d| format!("{:.*}", digits, v[d]))
-                    .collect();
-                println!("| {n} | {} |", cells.join(" | "));
-            }
-            println!();
-        };
+    let table = |title: &str,
+                 what: &dyn Fn(&(PerDesign, PerDesign, PerDesign)) -> PerDesign,
+                 digits: usize| {
+        println!("{title}\n");
+        println!("| clients | {NAMES} |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|");
+        for (n, m) in &rows {
+            let v = what(m);
+            let cells: Vec<String> = SHOWN
+                .iter()
+                .map(|&d| format!("{:.*}", digits, v[d]))
+                .collect();
+            println!("| {n} | {} |", cells.join(" | "));
+        }
+        println!();
+    };
     table("Lifecycles per second:", &|m| m.0, 0);
     table(
         &format!(

@@ -3,9 +3,11 @@
 //!
 //! Environment: LEDGER_BENCH_CONN (a libpq-style connection string, required) and
 //! LEDGER_BENCH_SMOKE=1 for the 30-second smoke (same code paths, tiny sizes, no verdicts);
-//! LEDGER_BENCH_CLIENTS=8,32 to measure throughput at other client counts.
+//! LEDGER_BENCH_CLIENTS=8,32 to measure throughput at other client counts;
+//! LEDGER_BENCH_RTT_MS=0.5 to add that network round-trip time between those clients and the server.
 
 mod error;
+mod latency;
 mod lifecycle;
 mod reads;
 
@@ -25,6 +27,10 @@ use std::time::Instant;
 
 pub struct Settings {
     pub conn: String,
+    /// What the lifecycle clients connect with: `conn`, or the delaying proxy in front of it.
+    pub lifecycle_conn: String,
+    /// LEDGER_BENCH_RTT_MS: the round-trip time the proxy adds.
+    pub rtt: Option<std::time::Duration>,
     pub smoke: bool,
     /// Seconds per measured throughput run, and how many runs each median is over.
     pub secs: f64,
@@ -46,6 +52,8 @@ impl Settings {
             .expect("LEDGER_BENCH_CONN must be set (run the benchmark through `make bench`)");
         if std::env::var("LEDGER_BENCH_SMOKE").as_deref() == Ok("1") {
             Settings {
+                lifecycle_conn: conn.clone(),
+                rtt: None,
                 conn,
                 smoke: true,
                 secs: 1.0,
@@ -61,6 +69,8 @@ impl Settings {
             }
         } else {
             Settings {
+                lifecycle_conn: conn.clone(),
+                rtt: None,
                 conn,
                 smoke: false,
                 secs: 4.0,
@@ -77,8 +87,16 @@ impl Settings {
         }
     }
 
-    /// LEDGER_BENCH_CLIENTS (e.g. `8,32`) replaces the client counts of the throughput table.
-    fn with_clients_from_env(mut self) -> Settings {
+    /// LEDGER_BENCH_CLIENTS (e.g. `8,32`) replaces the client counts of the throughput table;
+    /// LEDGER_BENCH_RTT_MS (e.g. `0.5`) puts that round-trip time between its clients and the
+    /// server.
+    fn with_overrides_from_env(mut self) -> Settings {
+        if let Ok(ms) = std::env::var("LEDGER_BENCH_RTT_MS") {
+            let ms: f64 = ms.parse().expect("LEDGER_BENCH_RTT_MS: milliseconds");
+            let rtt = std::time::Duration::from_secs_f64(ms / 1000.0);
+            self.lifecycle_conn = latency::start(&self.conn, rtt);
+            self.rtt = Some(rtt);
+        }
         if let Ok(list) = std::env::var("LEDGER_BENCH_CLIENTS") {
             self.clients = list
                 .split(',')
@@ -130,7 +148,7 @@ fn main() {
         report(info);
         std::process::exit(101);
     }));
-    let s = Settings::from_env().with_clients_from_env();
+    let s = Settings::from_env().with_overrides_from_env();
     let started = Instant::now();
     let mut targets = Vec::new();
     println!(
