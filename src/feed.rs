@@ -176,13 +176,14 @@ fn write(mut batch: Batch) -> Result<()> {
         batch.allocate(last);
     }
     let notify = notifying();
-    let channel = hash::run_channel(&batch.scope.tenant, &batch.scope.workspace, &batch.run_id);
+    let channel = notify
+        .then(|| hash::run_channel(&batch.scope.tenant, &batch.scope.workspace, &batch.run_id));
     for chunk in batch.events.chunks(EVENTS_PER_INSERT) {
         let mut args: Vec<DatumWithOid> = vec![
             batch.scope.tenant.as_str().into(),
             batch.scope.workspace.as_str().into(),
             batch.run_id.as_str().into(),
-            channel.as_str().into(),
+            channel.as_deref().into(),
         ];
         for e in chunk {
             let seq = e

@@ -172,18 +172,7 @@ pub fn follow(
     to: Status,
     change: StepChange,
 ) -> Result<()> {
-    let current = db::write_one(
-        "SELECT status FROM ledger.run_steps \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4 FOR UPDATE",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            step_id.into(),
-            run_id.into(),
-        ],
-        |r| Status::parse(Resource::Step, &db::req::<String>(r, 1)?),
-    )?
-    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))?;
+    let current = locked_status(scope, run_id, step_id)?;
     if current == to {
         return Ok(());
     }
@@ -202,28 +191,37 @@ pub fn follow(
 /// Locks the step's run, then the step (the lock order every function keeps); returns the run id
 /// and the step's status, or None when the step is not in scope.
 fn lock(scope: &Scope, step_id: &str) -> Result<Option<(String, Status)>> {
-    let args = [
-        scope.tenant.as_str().into(),
-        scope.workspace.as_str().into(),
-        step_id.into(),
-    ];
     let Some(run_id) = db::select_one(
         "SELECT run_id FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &args,
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            step_id.into(),
+        ],
         |r| db::req::<String>(r, 1),
     )?
     else {
         return Ok(None);
     };
     runs::existing(scope, "run_id", &run_id, true)?;
-    let current = db::write_one(
+    let current = locked_status(scope, &run_id, step_id)?;
+    Ok(Some((run_id, current)))
+}
+
+/// Locks the step (its run's lock already held) and reads its status.
+fn locked_status(scope: &Scope, run_id: &str, step_id: &str) -> Result<Status> {
+    db::write_one(
         "SELECT status FROM ledger.run_steps \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
-        &args,
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4 FOR UPDATE",
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            step_id.into(),
+            run_id.into(),
+        ],
         |r| Status::parse(Resource::Step, &db::req::<String>(r, 1)?),
     )?
-    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))?;
-    Ok(Some((run_id, current)))
+    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))
 }
 
 fn write_transition(
