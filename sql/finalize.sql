@@ -1,14 +1,5 @@
 -- ledger: ownership, privileges and comments. Runs last (finalize).
 
--- The public name and argument names; the Rust function cannot call an argument `type`.
-CREATE FUNCTION ledger.record_response_event(run_id text, type text, payload jsonb DEFAULT '{}',
-                                             step_id text DEFAULT NULL)
-    RETURNS ledger.response_events LANGUAGE sql VOLATILE
-    SET search_path = pg_catalog, ledger, pg_temp
-    AS $$ SELECT ledger.record_response_event_internal(run_id, type, payload, step_id) $$;
-COMMENT ON FUNCTION ledger.record_response_event_internal(text, text, jsonb, text) IS
-    'The implementation of ledger.record_response_event; call that instead.';
-
 -- Every function belongs to ledger_owner, so SECURITY DEFINER functions run as a role that is
 -- not a superuser and is still subject to the tables' forced row-level security.
 DO $own$
@@ -69,9 +60,9 @@ COMMENT ON FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, 
 COMMENT ON FUNCTION ledger.events_since(text, text, integer) IS
     'The run''s events after after_event_id (from the start when NULL), ordered by their gapless seq. An unknown after_event_id fails P0002 EVENT_NOT_FOUND. Client contract: LISTEN on ledger.run_channel(run_id) first, then call this with your cursor, and again on each notification.';
 COMMENT ON FUNCTION ledger.run_channel(text) IS
-    'The LISTEN/NOTIFY channel of a run. Each event appended to the run notifies it at commit with {"run_id","seq","event_id","kind"}.';
+    'The LISTEN/NOTIFY channel of a run. Each event appended to the run notifies it at commit with {"run_id","seq","event_id","event_type"}.';
 COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean) IS
-    'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.attempt is your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH.';
+    'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH.';
 COMMENT ON FUNCTION ledger.begin_tool_call(text, bigint) IS
     'Marks the outbound boundary of the claimed attempt (status running, outbound_started_at). COMMIT it before the request leaves the process. A stale attempt fails 40001 LEASE_STALE.';
 COMMENT ON FUNCTION ledger.heartbeat_tool_call(text, bigint, integer) IS
@@ -79,13 +70,13 @@ COMMENT ON FUNCTION ledger.heartbeat_tool_call(text, bigint, integer) IS
 COMMENT ON FUNCTION ledger.complete_tool_call(text, bigint, text, jsonb, text, jsonb) IS
     'Records the end of the current attempt: outcome succeeded, failed, or unknown (sent, no answer: in_doubt). Fenced by attempt, not by the clock: accepted after the lease expired and from in_doubt. Results over 8192 bytes of canonical JSON are stored as a json artifact.';
 COMMENT ON FUNCTION ledger.resolve_tool_call(text, text, jsonb, text, text) IS
-    'Resolves an in_doubt tool call: succeeded or failed (with the evidence as result), or retry (the next claim executes again with attempt + 1). Writes an audit event.';
+    'Resolves an in_doubt tool call with a person''s decision: succeeded or failed (with the evidence as result), or retry (the next claim executes again with attempt + 1). actor and note are recorded with an audit event.';
 COMMENT ON FUNCTION ledger.sweep_tool_calls() IS
     'Moves every expired lease in the scope to in_doubt (the request left) or back to claimable (it did not); returns how many. For pg_cron or a worker; never waits on busy rows.';
 COMMENT ON FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb) IS
     'Creates a tool call in waiting_approval and its approval request (outbox approval.requested). Claims of the same identity return waiting_approval while pending, claimed once approved, rejected once rejected.';
 COMMENT ON FUNCTION ledger.resolve_approval(text, text, text, text) IS
-    'Decides a pending approval: approved or rejected. Repeating the same decision is a no-op; a different one fails 55000 APPROVAL_RESOLVED.';
+    'Decides a pending approval: approved or rejected, with the actor and a note. Repeating the same decision is a no-op; a different one fails 55000 APPROVAL_RESOLVED.';
 COMMENT ON FUNCTION ledger.put_artifact(text, bytea, text, text, text, jsonb) IS
     'Stores bytes in the scope''s content-addressed blob store and records them as an artifact (storage_key blob:sha256:<hex>).';
 COMMENT ON FUNCTION ledger.register_artifact(text, text, bigint, text, text, text, text, jsonb) IS
@@ -103,7 +94,7 @@ COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, numeric, text, text,
 COMMENT ON FUNCTION ledger.record_audit(text, text, text, jsonb, text, text) IS
     'Records an audit event for a run (gateway decisions, human interventions). The payload is redacted.';
 COMMENT ON FUNCTION ledger.record_response_event(text, text, jsonb, text) IS
-    'Records what a run showed its user (type: message, delta, ...). The payload is redacted.';
+    'Records what a run showed its user (event_type: message, delta, ...). The payload is redacted.';
 COMMENT ON FUNCTION ledger.record_citation(text, jsonb, text) IS
     'Records a knowledge citation of a run (an object: chunk_id, document_id, knowledge_id, ...). Redacted.';
 COMMENT ON FUNCTION ledger.record_feedback(text, integer, text, text, text, jsonb) IS
@@ -120,13 +111,17 @@ COMMENT ON FUNCTION ledger.replay_run(text, jsonb) IS
     'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
 COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
     'Deletes up to batch terminal runs of the scope that ended more than older_than ago, with all their rows and the blobs nothing else refers to, keeping each tool call''s idempotency key as a tombstone. Skips runs with open tool calls or that other runs or tasks refer to (leaf first). Returns how many runs went.';
-COMMENT ON FUNCTION ledger.outbox_claim(text, integer, integer) IS
-    'Claims up to max_events (1 to 1000) due outbox events of the scope for consumer, oldest first: pending ones whose available_at has come and processing ones whose lease expired. Each becomes processing under a lease of lease_seconds (1 to 86400) and counts an attempt. FOR UPDATE SKIP LOCKED: never waits for another claimer. An expired lease on an event''s 64th attempt since its last replay fails it instead. Delivery is at least once: deduplicate on id.';
-COMMENT ON FUNCTION ledger.outbox_ack(text, text[]) IS
-    'Marks the events consumer holds as done and returns how many. Ids it does not hold (a lease re-taken by another consumer, an event already done) are ignored.';
-COMMENT ON FUNCTION ledger.outbox_nack(text, text, text) IS
-    'Reports a failed attempt of an event consumer holds (55000 OUTBOX_NOT_LOCKED otherwise): pending again after min(300, 2^(n-1)) seconds for the n-th attempt since the last replay, or failed after the 64th. error goes to last_error (8192 characters at most).';
-COMMENT ON FUNCTION ledger.outbox_replay(text) IS
+COMMENT ON FUNCTION ledger.claim_outbox_events(text, integer, integer) IS
+    'Claims up to max_events (1 to 1000) due outbox events of the scope for lease_owner, oldest first: pending ones whose available_at has come and processing ones whose lease expired. Each becomes processing under a lease of lease_seconds (1 to 86400) and counts an attempt. FOR UPDATE SKIP LOCKED: never waits for another claimer. An expired lease on an event''s 64th attempt since its last replay fails it instead. Delivery is at least once: deduplicate on id.';
+COMMENT ON FUNCTION ledger.ack_outbox_events(text, text[]) IS
+    'Marks the listed events lease_owner holds as done and returns how many. Ids it does not hold (a lease re-taken by another claimer, an event already done) are ignored.';
+COMMENT ON FUNCTION ledger.ack_outbox_events(text, text) IS
+    'ledger.ack_outbox_events for one event: 1 if lease_owner held it and it is now done, else 0.';
+COMMENT ON FUNCTION ledger.nack_outbox_events(text, text[], text) IS
+    'Reports a failed delivery of the listed events lease_owner holds (55000 OUTBOX_NOT_LEASED for any other, and nothing changes): each is pending again after min(300, 2^(n-1)) seconds for its n-th attempt since its last replay, or failed after the 64th. error_message (8192 characters at most) is kept. Returns the events.';
+COMMENT ON FUNCTION ledger.nack_outbox_events(text, text, text) IS
+    'ledger.nack_outbox_events for one event.';
+COMMENT ON FUNCTION ledger.replay_outbox_event(text) IS
     'Puts a failed outbox event back to pending, due now, with another 64 attempts (55000 OUTBOX_NOT_FAILED otherwise). attempt_count is kept; replay_count + 1. Notifies ledger_outbox.';
 COMMENT ON FUNCTION ledger.create_task(text, jsonb, text, text) IS
     'Creates a queued task of task_type with input (a JSON object, redacted), optionally for run_id (which must exist in scope). A caller task_id is idempotent: the same type and run return the task, anything else fails 23505 IDEMPOTENCY_MISMATCH. Writes task.created to ledger.task_events.';

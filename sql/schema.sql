@@ -138,7 +138,7 @@ CREATE TABLE ledger.run_events (
     id           text NOT NULL,
     run_id       text NOT NULL,
     seq          bigint NOT NULL CHECK (seq >= 1),
-    kind         text NOT NULL,
+    event_type   text NOT NULL,
     step_id      text,
     payload      jsonb NOT NULL DEFAULT '{}',
     created_at   timestamptz NOT NULL DEFAULT now(),
@@ -150,29 +150,51 @@ CREATE TABLE ledger.run_events (
 COMMENT ON TABLE ledger.run_events IS 'The per-run change feed (catch-up, replay #2). seq is gapless per run and follows commit order. Read it with ledger.events_since.';
 
 CREATE TABLE ledger.outbox (
-    tenant_id       text NOT NULL,
-    workspace_id    text NOT NULL,
-    id              text NOT NULL,
-    event_type      text NOT NULL,
-    run_id          text,
-    task_id         text,
-    subject         text,
-    payload         jsonb NOT NULL DEFAULT '{}',
-    status          text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'processing', 'done', 'failed')),
-    available_at    timestamptz NOT NULL DEFAULT now(),
-    attempt_count   integer NOT NULL DEFAULT 0,
-    lock_owner      text,
-    lock_expires_at timestamptz,
-    last_error      text,
-    replay_count    integer NOT NULL DEFAULT 0,
-    occurred_at     timestamptz NOT NULL DEFAULT now(),
-    processed_at    timestamptz,
+    tenant_id        text NOT NULL,
+    workspace_id     text NOT NULL,
+    id               text NOT NULL,
+    event_type       text NOT NULL,
+    run_id           text,
+    task_id          text,
+    subject          text,
+    payload          jsonb NOT NULL DEFAULT '{}',
+    status           text NOT NULL DEFAULT 'pending' CHECK (status IN ('pending', 'processing', 'done', 'failed')),
+    available_at     timestamptz NOT NULL DEFAULT now(),
+    attempt_count    integer NOT NULL DEFAULT 0,
+    lease_owner      text,
+    lease_expires_at timestamptz,
+    error_message    text,
+    replay_count     integer NOT NULL DEFAULT 0,
+    occurred_at      timestamptz NOT NULL DEFAULT now(),
+    processed_at     timestamptz,
     PRIMARY KEY (tenant_id, workspace_id, id),
     FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id)
 );
 CREATE INDEX outbox_due_idx ON ledger.outbox (tenant_id, workspace_id, status, available_at);
 CREATE INDEX outbox_claim_idx ON ledger.outbox (tenant_id, workspace_id, available_at, id) WHERE status IN ('pending', 'processing');
 COMMENT ON TABLE ledger.outbox IS 'Transactional outbox: facts for other systems, written in the same transaction as the fact (run.created, terminal run.status.updated, ...). Each insert notifies channel ledger_outbox.';
+
+-- What the outbox functions return: an event as its consumer sees it, without the lease holder.
+CREATE TYPE ledger.outbox_event AS (
+    tenant_id        text,
+    workspace_id     text,
+    id               text,
+    event_type       text,
+    run_id           text,
+    task_id          text,
+    subject          text,
+    payload          jsonb,
+    status           text,
+    attempt_count    integer,
+    replay_count     integer,
+    available_at     timestamptz,
+    lease_expires_at timestamptz,
+    error_message    text,
+    occurred_at      timestamptz,
+    processed_at     timestamptz
+);
+COMMENT ON TYPE ledger.outbox_event IS 'An outbox event as ledger.claim_outbox_events, nack_outbox_events and replay_outbox_event return it: the ledger.outbox row without its lease holder. lease_expires_at is when a claim''s lease ends; error_message is the last failed delivery''s.';
+ALTER TYPE ledger.outbox_event OWNER TO ledger_owner;
 
 CREATE TABLE ledger.run_artifacts (
     tenant_id     text NOT NULL,
@@ -328,7 +350,7 @@ CREATE TABLE ledger.response_events (
     id           text NOT NULL,
     run_id       text NOT NULL,
     step_id      text,
-    type         text NOT NULL CHECK (type <> ''),
+    event_type   text NOT NULL CHECK (event_type <> ''),
     payload      jsonb NOT NULL DEFAULT '{}',
     created_at   timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tenant_id, workspace_id, id),

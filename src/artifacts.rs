@@ -5,14 +5,15 @@ use crate::db;
 use crate::error::{Class, LedgerError, Result};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::required;
+use crate::model::events::{ArtifactCreated, Event};
+use crate::model::args::{required, required_id};
 use crate::model::ids;
 use crate::redaction::redacted_object;
 use crate::scope::{self, Scope};
 use crate::steps;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-use serde_json::json;
+
 
 /// The storage key of bytes held in `ledger.blobs`.
 const BLOB_KEY_PREFIX: &str = "blob:sha256:";
@@ -50,13 +51,13 @@ pub fn insert(scope: &Scope, new: &NewArtifact) -> Result<String> {
             Jsonb::from(new.meta).into(),
         ],
     )?;
-    feed::append(
-        scope,
-        new.run_id,
-        "artifact.created",
-        new.step_id,
-        &json!({"artifact_id": id, "artifact_type": new.artifact_type, "size_bytes": new.size_bytes, "sha256": new.sha256}),
-    )?;
+    let created = Event::ArtifactCreated(ArtifactCreated {
+        artifact_id: &id,
+        artifact_type: new.artifact_type,
+        size_bytes: new.size_bytes,
+        sha256: new.sha256,
+    });
+    feed::append(scope, new.run_id, new.step_id, &created)?;
     Ok(id)
 }
 
@@ -181,7 +182,7 @@ fn put_artifact(
     meta: default!(Option<Jsonb>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     let content = content.ok_or_else(|| LedgerError::required("content"))?;
     let artifact_type = checked_type(artifact_type, "blob")?;
     steps::check_owner(&scope, run_id, step_id)?;
@@ -213,7 +214,7 @@ fn register_artifact(
     meta: default!(Option<Jsonb>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     let storage_key = required("storage_key", storage_key)?;
     let size_bytes = size_bytes.ok_or_else(|| LedgerError::required("size_bytes"))?;
     if size_bytes < 0 {
@@ -258,7 +259,7 @@ fn register_artifact(
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn get_artifact(artifact_id: Option<&str>) -> std::result::Result<Vec<u8>, ErrorReport> {
     let scope = scope::current()?;
-    let artifact_id = required("artifact_id", artifact_id)?;
+    let artifact_id = required_id("artifact_id", artifact_id)?;
     ids::validate("artifact_id", artifact_id)?;
     let artifact = load(&scope, artifact_id)?
         .ok_or_else(|| LedgerError::not_found("ARTIFACT_NOT_FOUND", "artifact", artifact_id))?;
@@ -289,7 +290,7 @@ mod tests {
         Spi::run("SELECT ledger.put_artifact('r', '\\x00010203'::bytea)").unwrap();
         assert_eq!(one::<i64>("SELECT count(*) FROM ledger.blobs"), 1);
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE kind = 'artifact.created'"),
+            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE event_type = 'artifact.created'"),
             2
         );
 

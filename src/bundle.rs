@@ -5,7 +5,7 @@
 use crate::db;
 use crate::error::{LedgerError, Result};
 use crate::jsonb::Jsonb;
-use crate::model::args::required;
+use crate::model::args::required_id;
 use crate::model::evidence::{self, AuditFact, CitationFact, RunFacts, StepFact};
 use crate::model::{ids, json};
 use crate::scope::{self, Scope};
@@ -136,7 +136,7 @@ fn trace_spec(scope: &Scope, run_id: &str) -> Result<String> {
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn replay_bundle(run_id: Option<&str>) -> std::result::Result<Jsonb, ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     run_exists(&scope, run_id)?;
     let run = fragment(
         &scope,
@@ -294,7 +294,7 @@ fn facts(scope: &Scope, run_id: &str) -> Result<RunFacts> {
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn run_evidence(run_id: Option<&str>) -> std::result::Result<Jsonb, ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     run_exists(&scope, run_id)?;
     let items: Vec<serde_json::Value> = evidence::evidence(&facts(&scope, run_id)?)
         .iter()
@@ -308,7 +308,7 @@ fn run_evidence(run_id: Option<&str>) -> std::result::Result<Jsonb, ErrorReport>
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn replay_ready(run_id: Option<&str>) -> std::result::Result<Jsonb, ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     run_exists(&scope, run_id)?;
     Ok(Jsonb::from(&evidence::replay_ready(&facts(
         &scope, run_id,

@@ -4,7 +4,8 @@ use crate::db;
 use crate::error::{LedgerError, Result};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::required;
+use crate::model::events::{CostRecorded, Event};
+use crate::model::args::{required, required_id};
 use crate::model::{cost, ids, json};
 use crate::scope::{self, Scope};
 use crate::steps;
@@ -66,7 +67,7 @@ fn record_cost(
     source_ref: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     let billing_basis = required("billing_basis", billing_basis)?;
     let quantity = billed_quantity.ok_or_else(|| LedgerError::required("billed_quantity"))?;
     cost::check_non_negative("billed_quantity", "QUANTITY_INVALID", &quantity.to_string())?;
@@ -123,19 +124,17 @@ fn record_cost(
         .ok_or_else(|| LedgerError::internal("cost insert conflicted but no entry was found"))?;
         return Ok(row(&scope, &existing)?);
     };
-    let payload = json!({
-        "cost_id": id, "run_id": run_id, "step_id": step_id, "billing_basis": billing_basis,
-        "amount": amount_text, "currency": currency, "source_ref": source_ref,
+    let recorded = Event::CostRecorded(CostRecorded {
+        cost_id: &id,
+        run_id,
+        step_id,
+        billing_basis,
+        amount: amount_text.as_deref(),
+        currency: currency.as_deref(),
+        source_ref,
     });
-    feed::append(&scope, run_id, "cost.recorded", step_id, &payload)?;
-    feed::enqueue(
-        &scope,
-        "cost.recorded",
-        Some(run_id),
-        None,
-        Some(&format!("cost:{id}")),
-        &payload,
-    )?;
+    feed::append(&scope, run_id, step_id, &recorded)?;
+    feed::enqueue(&scope, &recorded, Some(run_id), None, &format!("cost:{id}"))?;
     Ok(row(&scope, &id)?)
 }
 
@@ -167,7 +166,7 @@ mod tests {
             2
         );
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE kind = 'cost.recorded'"),
+            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE event_type = 'cost.recorded'"),
             2
         );
         assert_eq!(one::<String>("SELECT payload->>'amount' FROM ledger.outbox WHERE event_type = 'cost.recorded' ORDER BY id LIMIT 1"), "0.1");

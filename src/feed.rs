@@ -1,4 +1,5 @@
-//! The run event feed (SPEC §6, replay #2) and the transactional outbox (SPEC §11, write side).
+//! The run event feed (replay #2: catch up after a dropped connection) and the transactional
+//! outbox's write side. Every event written is an `Event` of `model::events`.
 //!
 //! Every write that concerns a run appends to `run_events` in the caller's transaction. The seq
 //! comes from `runs.last_seq`, bumped under the run's row lock, so seq N+1 cannot commit before
@@ -12,20 +13,22 @@
 use std::cell::RefCell;
 
 use crate::db;
+use crate::model::args::required_id;
 use crate::error::{LedgerError, Result};
 use crate::jsonb::Jsonb;
+use crate::model::events::Event;
 use crate::model::{self, hash, ids};
 use crate::scope::{self, Scope};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// An event appended during a function call and not yet written. `seq` is None until allocated.
 struct Pending {
     id: String,
     seq: Option<i64>,
-    kind: String,
+    event_type: &'static str,
     step_id: Option<String>,
     payload: Jsonb,
 }
@@ -190,13 +193,13 @@ fn write(mut batch: Batch) -> Result<()> {
                 .seq
                 .ok_or_else(|| LedgerError::internal("event seq was not allocated"))?;
             let note = notify.then(|| {
-                json!({"run_id": batch.run_id, "seq": seq, "event_id": e.id, "kind": e.kind})
+                json!({"run_id": batch.run_id, "seq": seq, "event_id": e.id, "event_type": e.event_type})
                     .to_string()
             });
             args.extend([
                 e.id.as_str().into(),
                 seq.into(),
-                e.kind.as_str().into(),
+                e.event_type.into(),
                 e.step_id.as_deref().into(),
                 e.payload.clone().into(),
                 note.into(),
@@ -222,39 +225,31 @@ pub fn insert(
     scope: &Scope,
     run_id: &str,
     seq: i64,
-    kind: &str,
     step_id: Option<&str>,
-    payload: &Value,
+    event: &Event,
 ) -> Result<()> {
-    push(scope, run_id, Some(seq), kind, step_id, payload)
+    push(scope, run_id, Some(seq), step_id, event)
 }
 
 /// Appends one event to the run's feed (its seq allocated when it is written).
-pub fn append(
-    scope: &Scope,
-    run_id: &str,
-    kind: &str,
-    step_id: Option<&str>,
-    payload: &Value,
-) -> Result<()> {
-    push(scope, run_id, None, kind, step_id, payload)
+pub fn append(scope: &Scope, run_id: &str, step_id: Option<&str>, event: &Event) -> Result<()> {
+    push(scope, run_id, None, step_id, event)
 }
 
 fn push(
     scope: &Scope,
     run_id: &str,
     seq: Option<i64>,
-    kind: &str,
     step_id: Option<&str>,
-    payload: &Value,
+    event: &Event,
 ) -> Result<()> {
     let mut batch = take_batch(scope, run_id)?;
     batch.events.push(Pending {
         id: ids::new_id("evt"),
         seq,
-        kind: kind.to_owned(),
+        event_type: event.event_type(),
         step_id: step_id.map(str::to_owned),
-        payload: Jsonb::from(payload),
+        payload: Jsonb::from(&event.payload()),
     });
     keep_or_write(batch)
 }
@@ -265,14 +260,13 @@ pub fn notifying() -> bool {
 }
 
 /// Writes an outbox row in the caller's transaction and notifies `ledger_outbox` with its id
-/// (unless `ledger.notify` is off).
+/// (unless `ledger.notify` is off). `subject` names the fact (`run:<id>`, `tool_call:<id>`).
 pub fn enqueue(
     scope: &Scope,
-    event_type: &str,
+    event: &Event,
     run_id: Option<&str>,
     task_id: Option<&str>,
-    subject: Option<&str>,
-    payload: &Value,
+    subject: &str,
 ) -> Result<String> {
     let id = ids::new_id("obx");
     db::execute(
@@ -290,11 +284,11 @@ pub fn enqueue(
             scope.tenant.as_str().into(),
             scope.workspace.as_str().into(),
             id.as_str().into(),
-            event_type.into(),
+            event.event_type().into(),
             run_id.into(),
             task_id.into(),
             subject.into(),
-            Jsonb::from(payload).into(),
+            Jsonb::from(&event.payload()).into(),
         ],
     )?;
     Ok(id)
@@ -329,7 +323,7 @@ fn events_since(
         (
             name!(event_id, String),
             name!(seq, i64),
-            name!(kind, String),
+            name!(event_type, String),
             name!(step_id, Option<String>),
             name!(payload, Jsonb),
             name!(created_at, TimestampWithTimeZone),
@@ -338,7 +332,7 @@ fn events_since(
     ErrorReport,
 > {
     let scope = scope::current()?;
-    let run_id = run_id.ok_or_else(|| LedgerError::required("run_id"))?;
+    let run_id = required_id("run_id", run_id)?;
     ids::validate("run_id", run_id)?;
     let limit = max_events.ok_or_else(|| LedgerError::required("max_events"))?;
     if !(1..=MAX_EVENTS_PER_CALL).contains(&limit) {
@@ -371,7 +365,7 @@ fn events_since(
         })?,
     };
     let rows = db::select(
-        "SELECT id, seq, kind, step_id, payload, created_at FROM ledger.run_events \
+        "SELECT id, seq, event_type, step_id, payload, created_at FROM ledger.run_events \
           WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 AND seq > $4 \
           ORDER BY seq LIMIT $5",
         &[
@@ -400,7 +394,7 @@ fn events_since(
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn run_channel(run_id: Option<&str>) -> std::result::Result<String, ErrorReport> {
     let scope = scope::current()?;
-    let run_id = run_id.ok_or_else(|| LedgerError::required("run_id"))?;
+    let run_id = required_id("run_id", run_id)?;
     ids::validate("run_id", run_id)?;
     Ok(hash::run_channel(&scope.tenant, &scope.workspace, run_id))
 }
@@ -425,7 +419,7 @@ mod tests {
         set_scope("t-feed", "w");
         setup_run_with_events();
         assert_eq!(
-            one::<String>("SELECT string_agg(seq || ':' || kind, ',' ORDER BY seq) FROM ledger.events_since('r')"),
+            one::<String>("SELECT string_agg(seq || ':' || event_type, ',' ORDER BY seq) FROM ledger.events_since('r')"),
             "1:run.created,2:run.status,3:step.created,4:step.status,5:step.status,6:run.status"
         );
         let cursor = one::<String>("SELECT event_id FROM ledger.events_since('r') WHERE seq = 3");
@@ -516,8 +510,8 @@ mod tests {
             "SELECT bool_and(id LIKE 'obx\\_%' AND run_id = 'r') FROM ledger.outbox"
         ));
         assert_eq!(
-            one::<String>("SELECT payload->>'new_status' FROM ledger.outbox WHERE event_type = 'run.status.updated'"),
-            "succeeded"
+            one::<String>("SELECT (payload->>'from') || '->' || (payload->>'to') FROM ledger.outbox WHERE event_type = 'run.status.updated'"),
+            "running->succeeded"
         );
     }
 }

@@ -174,7 +174,7 @@ mod tests {
         // ... but plain writes do not.
         for sql in [
             "UPDATE ledger.runs SET status = 'succeeded'",
-            "INSERT INTO ledger.run_events (tenant_id, workspace_id, id, run_id, seq, kind) VALUES ('t-roles', 'w', 'e', 'r', 99, 'forged')",
+            "INSERT INTO ledger.run_events (tenant_id, workspace_id, id, run_id, seq, event_type) VALUES ('t-roles', 'w', 'e', 'r', 99, 'forged')",
             "DELETE FROM ledger.run_events",
             "UPDATE ledger.outbox SET status = 'done'",
         ] {

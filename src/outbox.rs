@@ -1,6 +1,6 @@
-//! The outbox consumer API (SPEC §11): claim a batch under a lease, ack, nack with backoff, and
-//! replay a failed event. Delivery is at least once: a lease that expires is re-taken by the
-//! next claim, so consumers deduplicate on the event id.
+//! The outbox consumer API: claim a batch under a lease, ack, nack with backoff, and replay a
+//! failed event. Delivery is at least once: a lease that expires is re-taken by the next claim,
+//! so consumers deduplicate on the event id.
 //!
 //! The rules (bounds, backoff, when an event fails) are in `model::outbox`; this is SPI.
 
@@ -13,26 +13,38 @@ use crate::scope::{self, Scope};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
-type Event = pgrx::composite_type!('static, "ledger.outbox");
+type Event = pgrx::composite_type!('static, "ledger.outbox_event");
+
+/// The columns of `ledger.outbox_event`, from an outbox row `o`.
+const EVENT: &str =
+    "(o.tenant_id, o.workspace_id, o.id, o.event_type, o.run_id, o.task_id, o.subject, \
+      o.payload, o.status, o.attempt_count, o.replay_count, o.available_at, o.lease_expires_at, \
+      o.error_message, o.occurred_at, o.processed_at)::ledger.outbox_event";
 
 fn not_found(id: &str) -> LedgerError {
     LedgerError::not_found("OUTBOX_EVENT_NOT_FOUND", "outbox event", id)
 }
 
-fn row(scope: &Scope, id: &str) -> Result<Event> {
-    db::scoped_row(
-        scope,
-        "ledger.outbox",
-        id,
-        "OUTBOX_EVENT_NOT_FOUND",
-        "outbox event",
+/// The events `ids` as `ledger.outbox_event`, in claim order.
+fn events(scope: &Scope, ids: Vec<String>) -> Result<Vec<Event>> {
+    db::select(
+        &format!(
+            "SELECT {EVENT} FROM ledger.outbox o WHERE tenant_id = $1 AND workspace_id = $2 \
+               AND id = ANY($3) ORDER BY available_at, id"
+        ),
+        &[
+            scope.tenant.as_str().into(),
+            scope.workspace.as_str().into(),
+            ids.into(),
+        ],
+        |r| db::req::<Event>(r, 1),
     )
 }
 
 /// The columns nack and replay decide on.
 struct Held {
     status: String,
-    lock_owner: Option<String>,
+    lease_owner: Option<String>,
     attempt_count: i32,
     replay_count: i32,
 }
@@ -40,7 +52,7 @@ struct Held {
 /// The event `id`, locked (P0002 `OUTBOX_EVENT_NOT_FOUND`).
 fn locked(scope: &Scope, id: &str) -> Result<Held> {
     db::write_one(
-        "SELECT status, lock_owner, attempt_count, replay_count FROM ledger.outbox \
+        "SELECT status, lease_owner, attempt_count, replay_count FROM ledger.outbox \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
         &[
             scope.tenant.as_str().into(),
@@ -50,7 +62,7 @@ fn locked(scope: &Scope, id: &str) -> Result<Held> {
         |r| {
             Ok(Held {
                 status: db::req(r, 1)?,
-                lock_owner: db::opt(r, 2)?,
+                lease_owner: db::opt(r, 2)?,
                 attempt_count: db::req(r, 3)?,
                 replay_count: db::req(r, 4)?,
             })
@@ -59,29 +71,45 @@ fn locked(scope: &Scope, id: &str) -> Result<Held> {
     .ok_or_else(|| not_found(id))
 }
 
-fn consumer_arg(consumer: Option<&str>) -> Result<&str> {
-    let consumer = consumer.ok_or_else(|| LedgerError::required("consumer"))?;
-    ids::validate("consumer", consumer)?;
-    Ok(consumer)
+fn lease_owner_arg(lease_owner: Option<&str>) -> Result<&str> {
+    let lease_owner = lease_owner.ok_or_else(|| LedgerError::required("lease_owner"))?;
+    ids::validate("lease_owner", lease_owner)?;
+    Ok(lease_owner)
 }
 
-/// Claims up to `max_events` due events of the scope for `consumer`: pending ones whose
+fn event_id_arg(event_id: Option<&str>) -> Result<String> {
+    let id = event_id.ok_or_else(|| LedgerError::required("event_id"))?;
+    ids::validate("event_id", id)?;
+    Ok(id.to_owned())
+}
+
+/// The ids of an `event_ids` array: none NULL, each a valid id.
+fn event_ids_arg(event_ids: Option<Vec<Option<String>>>) -> Result<Vec<String>> {
+    event_ids
+        .ok_or_else(|| LedgerError::required("event_ids"))?
+        .into_iter()
+        .map(|id| {
+            let id = id.ok_or_else(|| LedgerError::required("event_ids"))?;
+            ids::validate("event_ids", &id)?;
+            Ok(id)
+        })
+        .collect()
+}
+
+/// Claims up to `max_events` due events of the scope for `lease_owner`: pending ones whose
 /// `available_at` has come and processing ones whose lease expired, oldest first. Each becomes
 /// processing under a lease of `lease_seconds` and counts an attempt. Rows another claimer holds
 /// are skipped, never waited for. An expired lease on an event's last attempt fails the event
 /// instead of delivering it again, so a consumer that crashes on it cannot loop forever.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn outbox_claim(
-    consumer: Option<&str>,
+fn claim_outbox_events(
+    lease_owner: Option<&str>,
     max_events: default!(Option<i32>, 50),
     lease_seconds: default!(Option<i32>, 60),
-) -> std::result::Result<
-    SetOfIterator<'static, pgrx::composite_type!('static, "ledger.outbox")>,
-    ErrorReport,
-> {
+) -> std::result::Result<SetOfIterator<'static, Event>, ErrorReport> {
     let scope = scope::current()?;
-    let consumer = consumer_arg(consumer)?;
+    let lease_owner = lease_owner_arg(lease_owner)?;
     let limit =
         rules::claim_events(max_events.ok_or_else(|| LedgerError::required("max_events"))?)?;
     let lease =
@@ -96,7 +124,7 @@ fn outbox_claim(
         "WITH due AS (SELECT id, attempt_count, replay_count FROM ledger.outbox \
                        WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('pending', 'processing') \
                          AND available_at <= (SELECT clock_timestamp()) \
-                         AND (status = 'pending' OR lock_expires_at <= (SELECT clock_timestamp())) \
+                         AND (status = 'pending' OR lease_expires_at <= (SELECT clock_timestamp())) \
                        ORDER BY available_at, id LIMIT $3 \
                        FOR UPDATE SKIP LOCKED) \
          SELECT array_agg(id), array_agg(attempt_count), array_agg(replay_count) FROM due",
@@ -122,9 +150,9 @@ fn outbox_claim(
     if !spent.is_empty() {
         db::execute(
             "UPDATE ledger.outbox SET status = 'failed', processed_at = clock_timestamp(), \
-                    last_error = format('the lease of attempt %s (consumer %s) expired and no attempts are left', \
-                                        attempt_count, lock_owner), \
-                    lock_owner = NULL, lock_expires_at = NULL \
+                    error_message = format('the lease of attempt %s (lease owner %s) expired and no attempts are left', \
+                                           attempt_count, lease_owner), \
+                    lease_owner = NULL, lease_expires_at = NULL \
               WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
             &[tenant.into(), workspace.into(), spent.into()],
         )?;
@@ -133,105 +161,127 @@ fn outbox_claim(
         return Ok(SetOfIterator::new(Vec::new()));
     }
     db::execute(
-        "UPDATE ledger.outbox SET status = 'processing', lock_owner = $4, \
-                lock_expires_at = clock_timestamp() + make_interval(secs => $5), \
+        "UPDATE ledger.outbox SET status = 'processing', lease_owner = $4, \
+                lease_expires_at = clock_timestamp() + make_interval(secs => $5), \
                 attempt_count = attempt_count + 1 \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
         &[
             tenant.into(),
             workspace.into(),
             fresh.clone().into(),
-            consumer.into(),
+            lease_owner.into(),
             lease.into(),
         ],
     )?;
-    let rows = db::select(
-        "SELECT o FROM ledger.outbox o WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3) \
-          ORDER BY available_at, id",
-        &[tenant.into(), workspace.into(), fresh.into()],
-        |r| db::req::<Event>(r, 1),
-    )?;
-    Ok(SetOfIterator::new(rows))
+    Ok(SetOfIterator::new(events(&scope, fresh)?))
 }
 
-/// Marks the events `consumer` holds as done; returns how many. Ids it does not hold (an expired
-/// lease re-taken by another consumer, an event already done) are ignored: delivery is at least
-/// once, and the other consumer acks its own copy.
-#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
-#[search_path(pg_catalog, ledger, pg_temp)]
-fn outbox_ack(
-    consumer: Option<&str>,
-    event_ids: Option<Vec<Option<String>>>,
-) -> std::result::Result<i32, ErrorReport> {
+/// Marks the events `lease_owner` holds as done; returns how many. Ids it does not hold (an
+/// expired lease re-taken by another claimer, an event already done) are ignored: delivery is
+/// at least once, and the other claimer acks its own copy.
+fn ack(lease_owner: Option<&str>, ids: Result<Vec<String>>) -> Result<i32> {
     let scope = scope::current()?;
-    let consumer = consumer_arg(consumer)?;
-    let event_ids = event_ids.ok_or_else(|| LedgerError::required("event_ids"))?;
-    let event_ids = event_ids
-        .into_iter()
-        .map(|id| {
-            let id = id.ok_or_else(|| {
-                LedgerError::invalid("ARGUMENT_REQUIRED", "event_ids must not contain NULL")
-                    .with("argument", "event_ids")
-            })?;
-            ids::validate("event_ids", &id)?;
-            Ok(id)
-        })
-        .collect::<Result<Vec<String>>>()?;
+    let lease_owner = lease_owner_arg(lease_owner)?;
+    let ids = ids?;
     let acked = db::write_one(
         "WITH a AS (UPDATE ledger.outbox SET status = 'done', processed_at = clock_timestamp(), \
-                           lock_owner = NULL, lock_expires_at = NULL \
+                           lease_owner = NULL, lease_expires_at = NULL \
                      WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3) \
-                       AND status = 'processing' AND lock_owner = $4 RETURNING 1) \
+                       AND status = 'processing' AND lease_owner = $4 RETURNING 1) \
          SELECT count(*)::int FROM a",
         &[
             scope.tenant.as_str().into(),
             scope.workspace.as_str().into(),
-            event_ids.into(),
-            consumer.into(),
+            ids.into(),
+            lease_owner.into(),
         ],
         |r| db::req::<i32>(r, 1),
     )?;
     Ok(acked.unwrap_or(0))
 }
 
-/// Reports a failed attempt of an event `consumer` holds: back to pending after a backoff of
-/// min(300, 2^(n-1)) seconds for the n-th attempt since the last replay, or failed after the
-/// 64th. `error` is kept in `last_error`, cut to 8192 characters.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn outbox_nack(
-    consumer: Option<&str>,
+fn ack_outbox_events(
+    lease_owner: Option<&str>,
+    event_ids: Option<Vec<Option<String>>>,
+) -> std::result::Result<i32, ErrorReport> {
+    Ok(ack(lease_owner, event_ids_arg(event_ids))?)
+}
+
+#[pg_extern(name = "ack_outbox_events", volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn ack_outbox_event(
+    lease_owner: Option<&str>,
     event_id: Option<&str>,
-    error: Option<&str>,
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox"), ErrorReport> {
+) -> std::result::Result<i32, ErrorReport> {
+    Ok(ack(lease_owner, event_id_arg(event_id).map(|id| vec![id]))?)
+}
+
+/// Reports a failed attempt of events `lease_owner` holds: each goes back to pending after a
+/// backoff of min(300, 2^(n-1)) seconds for its n-th attempt since its last replay, or to
+/// failed after the 64th. `error_message` is kept, cut to 8192 characters. An event the caller
+/// does not hold fails the call (55000 `OUTBOX_NOT_LEASED`) and nothing is changed.
+fn nack(
+    lease_owner: Option<&str>,
+    ids: Result<Vec<String>>,
+    error_message: Option<&str>,
+) -> Result<Vec<Event>> {
     let scope = scope::current()?;
-    let consumer = consumer_arg(consumer)?;
-    let id = event_id.ok_or_else(|| LedgerError::required("event_id"))?;
-    ids::validate("event_id", id)?;
+    let lease_owner = lease_owner_arg(lease_owner)?;
+    let mut ids = ids?;
     // An empty message is still a failure report (many exceptions have no text).
-    let error = text::summary(error.ok_or_else(|| LedgerError::required("error"))?);
-    let held = locked(&scope, id)?;
-    rules::check_held(id, consumer, &held.status, held.lock_owner.as_deref())?;
-    let (status, delay) = match rules::after_nack(held.attempt_count, held.replay_count) {
-        AfterNack::Retry { delay_seconds } => ("pending", delay_seconds),
-        AfterNack::Fail => ("failed", 0),
-    };
-    db::execute(
-        "UPDATE ledger.outbox SET status = $4, last_error = $5, lock_owner = NULL, lock_expires_at = NULL, \
-                available_at = CASE WHEN $4 = 'pending' THEN clock_timestamp() + make_interval(secs => $6) \
-                                    ELSE available_at END, \
-                processed_at = CASE WHEN $4 = 'failed' THEN clock_timestamp() END \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            id.into(),
-            status.into(),
-            error.into(),
-            delay.into(),
-        ],
-    )?;
-    Ok(row(&scope, id)?)
+    let error_message =
+        text::summary(error_message.ok_or_else(|| LedgerError::required("error_message"))?);
+    // One lock order for every caller, so two overlapping nacks cannot deadlock.
+    ids.sort_unstable();
+    ids.dedup();
+    for id in &ids {
+        let held = locked(&scope, id)?;
+        rules::check_held(id, lease_owner, &held.status, held.lease_owner.as_deref())?;
+        let (status, delay) = match rules::after_nack(held.attempt_count, held.replay_count) {
+            AfterNack::Retry { delay_seconds } => ("pending", delay_seconds),
+            AfterNack::Fail => ("failed", 0),
+        };
+        db::execute(
+            "UPDATE ledger.outbox SET status = $4, error_message = $5, lease_owner = NULL, lease_expires_at = NULL, \
+                    available_at = CASE WHEN $4 = 'pending' THEN clock_timestamp() + make_interval(secs => $6) \
+                                        ELSE available_at END, \
+                    processed_at = CASE WHEN $4 = 'failed' THEN clock_timestamp() END \
+              WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+            &[
+                scope.tenant.as_str().into(),
+                scope.workspace.as_str().into(),
+                id.as_str().into(),
+                status.into(),
+                error_message.as_str().into(),
+                delay.into(),
+            ],
+        )?;
+    }
+    events(&scope, ids)
+}
+
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn nack_outbox_events(
+    lease_owner: Option<&str>,
+    event_ids: Option<Vec<Option<String>>>,
+    error_message: Option<&str>,
+) -> std::result::Result<SetOfIterator<'static, Event>, ErrorReport> {
+    let rows = nack(lease_owner, event_ids_arg(event_ids), error_message)?;
+    Ok(SetOfIterator::new(rows))
+}
+
+#[pg_extern(name = "nack_outbox_events", volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn nack_outbox_event(
+    lease_owner: Option<&str>,
+    event_id: Option<&str>,
+    error_message: Option<&str>,
+) -> std::result::Result<SetOfIterator<'static, Event>, ErrorReport> {
+    let ids = event_id_arg(event_id).map(|id| vec![id]);
+    Ok(SetOfIterator::new(nack(lease_owner, ids, error_message)?))
 }
 
 /// Puts a failed event back to pending, due now, with another 64 attempts. `attempt_count` is
@@ -239,32 +289,30 @@ fn outbox_nack(
 /// insert (unless `ledger.notify` is off), so a consumer waiting on it picks the event up.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn outbox_replay(
-    event_id: Option<&str>,
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox"), ErrorReport> {
+fn replay_outbox_event(event_id: Option<&str>) -> std::result::Result<Event, ErrorReport> {
     let scope = scope::current()?;
-    let id = event_id.ok_or_else(|| LedgerError::required("event_id"))?;
-    ids::validate("event_id", id)?;
-    let held = locked(&scope, id)?;
-    rules::check_failed(id, &held.status)?;
+    let id = event_id_arg(event_id)?;
+    let held = locked(&scope, &id)?;
+    rules::check_failed(&id, &held.status)?;
     db::execute(
         "UPDATE ledger.outbox SET status = 'pending', replay_count = replay_count + 1, \
-                available_at = clock_timestamp(), lock_owner = NULL, lock_expires_at = NULL, \
+                available_at = clock_timestamp(), lease_owner = NULL, lease_expires_at = NULL, \
                 processed_at = NULL \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
         &[
             scope.tenant.as_str().into(),
             scope.workspace.as_str().into(),
-            id.into(),
+            id.as_str().into(),
         ],
     )?;
     if crate::feed::notifying() {
         db::execute(
             "SELECT pg_catalog.pg_notify('ledger_outbox', $1)",
-            &[id.into()],
+            &[id.as_str().into()],
         )?;
     }
-    Ok(row(&scope, id)?)
+    let event = events(&scope, vec![id.clone()])?.into_iter().next();
+    Ok(event.ok_or_else(|| not_found(&id))?)
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -294,7 +342,7 @@ mod tests {
     fn make_due(tenant: &str) {
         Spi::run(&format!(
             "UPDATE ledger.outbox SET available_at = clock_timestamp() - interval '1 second', \
-                    lock_expires_at = clock_timestamp() - interval '1 second' WHERE tenant_id = '{tenant}'"
+                    lease_expires_at = clock_timestamp() - interval '1 second' WHERE tenant_id = '{tenant}'"
         ))
         .unwrap();
     }
@@ -304,30 +352,31 @@ mod tests {
         three_events("t-obx-claim");
         assert_eq!(
             one::<String>(
-                "SELECT string_agg(run_id || ':' || status || ':' || lock_owner || ':' || attempt_count, ',') \
-                   FROM ledger.outbox_claim('c1', 2, 30)"
+                "SELECT string_agg(c.run_id || ':' || c.status || ':' || o.lease_owner || ':' || c.attempt_count, ',' \
+                                   ORDER BY c.occurred_at, c.id) \
+                   FROM ledger.claim_outbox_events('c1', 2, 30) c JOIN ledger.outbox o USING (tenant_id, workspace_id, id)"
             ),
             "r1:processing:c1:1,r2:processing:c1:1"
         );
         assert!(one::<bool>(
-            "SELECT bool_and(lock_expires_at BETWEEN clock_timestamp() + interval '29 seconds' \
+            "SELECT bool_and(lease_expires_at BETWEEN clock_timestamp() + interval '29 seconds' \
                                                  AND clock_timestamp() + interval '31 seconds') \
                FROM ledger.outbox WHERE tenant_id = 't-obx-claim' AND status = 'processing'"
         ));
         // Held events are not claimed again; the defaults take the rest.
         assert_eq!(
-            one::<String>("SELECT string_agg(run_id, ',') FROM ledger.outbox_claim('c2')"),
+            one::<String>("SELECT string_agg(run_id, ',') FROM ledger.claim_outbox_events('c2')"),
             "r3"
         );
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c2')"),
+            one::<i64>("SELECT count(*) FROM ledger.claim_outbox_events('c2')"),
             0
         );
         // An event not yet due is not claimed.
         Spi::run("SELECT ledger.create_run('chat', run_id => 'r4')").unwrap();
         Spi::run("UPDATE ledger.outbox SET available_at = clock_timestamp() + interval '1 hour' WHERE tenant_id = 't-obx-claim' AND run_id = 'r4'").unwrap();
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c2')"),
+            one::<i64>("SELECT count(*) FROM ledger.claim_outbox_events('c2')"),
             0
         );
 
@@ -335,26 +384,28 @@ mod tests {
         // Only the holder's ids count; others, unknown ones and repeats are ignored.
         assert_eq!(
             one::<i32>(&format!(
-                "SELECT ledger.outbox_ack('c1', ARRAY['{e1}', '{e2}', '{e3}', '{e1}', 'obx_nope'])"
+                "SELECT ledger.ack_outbox_events('c1', ARRAY['{e1}', '{e2}', '{e3}', '{e1}', 'obx_nope'])"
             )),
             2
         );
         assert_eq!(
-            one::<i32>(&format!("SELECT ledger.outbox_ack('c1', ARRAY['{e1}'])")),
+            one::<i32>(&format!(
+                "SELECT ledger.ack_outbox_events('c1', ARRAY['{e1}'])"
+            )),
             0,
             "already done"
         );
-        assert_eq!(one::<i32>("SELECT ledger.outbox_ack('c1', '{}')"), 0);
+        assert_eq!(one::<i32>("SELECT ledger.ack_outbox_events('c1', '{}')"), 0);
         assert_eq!(
             one::<String>(
                 "SELECT string_agg(run_id || ':' || status, ',' ORDER BY run_id) FROM ledger.outbox \
                   WHERE tenant_id = 't-obx-claim' AND processed_at IS NOT NULL \
-                    AND lock_owner IS NULL AND lock_expires_at IS NULL"
+                    AND lease_owner IS NULL AND lease_expires_at IS NULL"
             ),
             "r1:done,r2:done"
         );
         assert_eq!(
-            one::<String>("SELECT status || ':' || lock_owner FROM ledger.outbox WHERE tenant_id = 't-obx-claim' AND run_id = 'r3'"),
+            one::<String>("SELECT status || ':' || lease_owner FROM ledger.outbox WHERE tenant_id = 't-obx-claim' AND run_id = 'r3'"),
             "processing:c2"
         );
     }
@@ -365,27 +416,32 @@ mod tests {
         Spi::run("SELECT ledger.create_run('chat', run_id => 'r1')").unwrap();
         let e1 = event_of("r1");
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1', lease_seconds => 1)"),
+            one::<i64>("SELECT count(*) FROM ledger.claim_outbox_events('c1', lease_seconds => 1)"),
             1
         );
         make_due("t-obx-expire");
         assert_eq!(
             one::<String>(
-                "SELECT lock_owner || ':' || attempt_count FROM ledger.outbox_claim('c2')"
+                "SELECT o.lease_owner || ':' || c.attempt_count \
+                   FROM ledger.claim_outbox_events('c2') c JOIN ledger.outbox o USING (tenant_id, workspace_id, id)"
             ),
             "c2:2"
         );
         assert_eq!(
-            one::<i32>(&format!("SELECT ledger.outbox_ack('c1', ARRAY['{e1}'])")),
+            one::<i32>(&format!(
+                "SELECT ledger.ack_outbox_events('c1', ARRAY['{e1}'])"
+            )),
             0
         );
         assert_error(
-            &format!("SELECT ledger.outbox_nack('c1', '{e1}', 'late')"),
+            &format!("SELECT ledger.nack_outbox_events('c1', '{e1}', 'late')"),
             "55000",
-            "OUTBOX_NOT_LOCKED",
+            "OUTBOX_NOT_LEASED",
         );
         assert_eq!(
-            one::<i32>(&format!("SELECT ledger.outbox_ack('c2', ARRAY['{e1}'])")),
+            one::<i32>(&format!(
+                "SELECT ledger.ack_outbox_events('c2', ARRAY['{e1}'])"
+            )),
             1
         );
         assert_eq!(
@@ -401,13 +457,13 @@ mod tests {
         let e1 = event_of("r1");
         for (attempt, delay) in [(1, 1), (2, 2), (3, 4), (4, 8)] {
             assert_eq!(
-                one::<i32>("SELECT attempt_count FROM ledger.outbox_claim('c1')"),
+                one::<i32>("SELECT attempt_count FROM ledger.claim_outbox_events('c1')"),
                 attempt
             );
             let row = format!(
-                "SELECT status || ':' || attempt_count || ':' || last_error || ':' || \
-                        (lock_owner IS NULL AND lock_expires_at IS NULL AND processed_at IS NULL) \
-                   FROM ledger.outbox_nack('c1', '{e1}', 'boom {attempt}')"
+                "SELECT status || ':' || attempt_count || ':' || error_message || ':' || \
+                        (lease_owner IS NULL AND lease_expires_at IS NULL AND processed_at IS NULL) \
+                   FROM ledger.nack_outbox_events('c1', '{e1}', 'boom {attempt}')"
             );
             assert_eq!(
                 one::<String>(&row),
@@ -421,25 +477,25 @@ mod tests {
                 "attempt {attempt}: {wait}"
             );
             assert_eq!(
-                one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1')"),
+                one::<i64>("SELECT count(*) FROM ledger.claim_outbox_events('c1')"),
                 0,
                 "not due during the backoff"
             );
             make_due("t-obx-nack");
         }
         // The error is cut to 8192 characters; an empty one is accepted.
-        Spi::run("SELECT ledger.outbox_claim('c1')").unwrap();
+        Spi::run("SELECT ledger.claim_outbox_events('c1')").unwrap();
         assert_eq!(
             one::<i32>(&format!(
-                "SELECT length(last_error) FROM ledger.outbox_nack('c1', '{e1}', repeat('x', 10000))"
+                "SELECT length(error_message) FROM ledger.nack_outbox_events('c1', '{e1}', repeat('x', 10000))"
             )),
             8192
         );
         make_due("t-obx-nack");
-        Spi::run("SELECT ledger.outbox_claim('c1')").unwrap();
+        Spi::run("SELECT ledger.claim_outbox_events('c1')").unwrap();
         assert_eq!(
             one::<String>(&format!(
-                "SELECT status || ':[' || last_error || ']' FROM ledger.outbox_nack('c1', '{e1}', '')"
+                "SELECT status || ':[' || error_message || ']' FROM ledger.nack_outbox_events('c1', '{e1}', '')"
             )),
             "pending:[]"
         );
@@ -452,25 +508,25 @@ mod tests {
         let e1 = event_of("r1");
         Spi::run("UPDATE ledger.outbox SET attempt_count = 62 WHERE tenant_id = 't-obx-fail'")
             .unwrap();
-        Spi::run("SELECT ledger.outbox_claim('c1')").unwrap();
+        Spi::run("SELECT ledger.claim_outbox_events('c1')").unwrap();
         assert_eq!(
             one::<String>(&format!(
-                "SELECT status || ':' || attempt_count FROM ledger.outbox_nack('c1', '{e1}', 'no')"
+                "SELECT status || ':' || attempt_count FROM ledger.nack_outbox_events('c1', '{e1}', 'no')"
             )),
             "pending:63"
         );
         make_due("t-obx-fail");
-        Spi::run("SELECT ledger.outbox_claim('c1')").unwrap();
+        Spi::run("SELECT ledger.claim_outbox_events('c1')").unwrap();
         assert_eq!(
             one::<String>(&format!(
-                "SELECT status || ':' || attempt_count || ':' || (processed_at IS NOT NULL) || ':' || (lock_owner IS NULL) \
-                   FROM ledger.outbox_nack('c1', '{e1}', 'still no')"
+                "SELECT status || ':' || attempt_count || ':' || (processed_at IS NOT NULL) || ':' || (lease_owner IS NULL) \
+                   FROM ledger.nack_outbox_events('c1', '{e1}', 'still no')"
             )),
             "failed:64:true:true"
         );
         make_due("t-obx-fail");
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1')"),
+            one::<i64>("SELECT count(*) FROM ledger.claim_outbox_events('c1')"),
             0,
             "a failed event is never claimed"
         );
@@ -478,36 +534,36 @@ mod tests {
         assert_eq!(
             one::<String>(&format!(
                 "SELECT status || ':' || attempt_count || ':' || replay_count || ':' || (processed_at IS NULL) || ':' || \
-                        (available_at <= clock_timestamp()) || ':' || last_error \
-                   FROM ledger.outbox_replay('{e1}')"
+                        (available_at <= clock_timestamp()) || ':' || error_message \
+                   FROM ledger.replay_outbox_event('{e1}')"
             )),
             "pending:64:1:true:true:still no"
         );
         // A fresh budget: the backoff starts over, and 64 more attempts until it fails again.
         assert_eq!(
-            one::<i32>("SELECT attempt_count FROM ledger.outbox_claim('c1')"),
+            one::<i32>("SELECT attempt_count FROM ledger.claim_outbox_events('c1')"),
             65
         );
         let wait = one::<f64>(&format!(
-            "SELECT extract(epoch FROM available_at - clock_timestamp())::float8 FROM ledger.outbox_nack('c1', '{e1}', 'x')"
+            "SELECT extract(epoch FROM available_at - clock_timestamp())::float8 FROM ledger.nack_outbox_events('c1', '{e1}', 'x')"
         ));
         assert!(wait > 0.5 && wait <= 1.0, "{wait}");
         Spi::run("UPDATE ledger.outbox SET attempt_count = 127 WHERE tenant_id = 't-obx-fail'")
             .unwrap();
         make_due("t-obx-fail");
         assert_eq!(
-            one::<i32>("SELECT attempt_count FROM ledger.outbox_claim('c1')"),
+            one::<i32>("SELECT attempt_count FROM ledger.claim_outbox_events('c1')"),
             128
         );
         assert_eq!(
             one::<String>(&format!(
-                "SELECT status FROM ledger.outbox_nack('c1', '{e1}', 'x')"
+                "SELECT status FROM ledger.nack_outbox_events('c1', '{e1}', 'x')"
             )),
             "failed"
         );
         assert_eq!(
             one::<i32>(&format!(
-                "SELECT replay_count FROM ledger.outbox_replay('{e1}')"
+                "SELECT replay_count FROM ledger.replay_outbox_event('{e1}')"
             )),
             2
         );
@@ -521,18 +577,18 @@ mod tests {
         Spi::run("UPDATE ledger.outbox SET attempt_count = 63 WHERE tenant_id = 't-obx-crash' AND run_id = 'r1'")
             .unwrap();
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1')"),
+            one::<i64>("SELECT count(*) FROM ledger.claim_outbox_events('c1')"),
             2
         );
         // c1 dies holding both; r1 was on its 64th attempt.
         make_due("t-obx-crash");
         assert_eq!(
-            one::<String>("SELECT string_agg(run_id || ':' || attempt_count, ',') FROM ledger.outbox_claim('c2')"),
+            one::<String>("SELECT string_agg(run_id || ':' || attempt_count, ',') FROM ledger.claim_outbox_events('c2')"),
             "r2:2"
         );
         assert_eq!(
             one::<String>(
-                "SELECT status || ':' || attempt_count || ':' || (processed_at IS NOT NULL) || ':' || (lock_owner IS NULL) || ':' || last_error \
+                "SELECT status || ':' || attempt_count || ':' || (processed_at IS NOT NULL) || ':' || (lease_owner IS NULL) || ':' || error_message \
                    FROM ledger.outbox WHERE tenant_id = 't-obx-crash' AND run_id = 'r1'"
             ),
             "failed:64:true:true:the lease of attempt 64 (consumer c1) expired and no attempts are left"
@@ -545,43 +601,46 @@ mod tests {
         Spi::run("SELECT ledger.create_run('chat', run_id => 'r1')").unwrap();
         let e1 = event_of("r1");
         let e = assert_error(
-            &format!("SELECT ledger.outbox_nack('c1', '{e1}', 'x')"),
+            &format!("SELECT ledger.nack_outbox_events('c1', '{e1}', 'x')"),
             "55000",
-            "OUTBOX_NOT_LOCKED",
+            "OUTBOX_NOT_LEASED",
         );
         assert_eq!(e.detail["status"], "pending");
         let e = assert_error(
-            &format!("SELECT ledger.outbox_replay('{e1}')"),
+            &format!("SELECT ledger.replay_outbox_event('{e1}')"),
             "55000",
             "OUTBOX_NOT_FAILED",
         );
         assert!(e.message.contains("not in failed state"), "{e:?}");
-        Spi::run("SELECT ledger.outbox_claim('c1')").unwrap();
+        Spi::run("SELECT ledger.claim_outbox_events('c1')").unwrap();
         let e = assert_error(
-            &format!("SELECT ledger.outbox_nack('c2', '{e1}', 'x')"),
+            &format!("SELECT ledger.nack_outbox_events('c2', '{e1}', 'x')"),
             "55000",
-            "OUTBOX_NOT_LOCKED",
+            "OUTBOX_NOT_LEASED",
         );
-        assert_eq!(e.detail["lock_owner"], "c1");
+        assert_eq!(e.detail["lease_owner"], "c1");
         assert_error(
-            &format!("SELECT ledger.outbox_replay('{e1}')"),
+            &format!("SELECT ledger.replay_outbox_event('{e1}')"),
             "55000",
             "OUTBOX_NOT_FAILED",
         );
-        Spi::run(&format!("SELECT ledger.outbox_ack('c1', ARRAY['{e1}'])")).unwrap();
+        Spi::run(&format!(
+            "SELECT ledger.ack_outbox_events('c1', ARRAY['{e1}'])"
+        ))
+        .unwrap();
         assert_error(
-            &format!("SELECT ledger.outbox_nack('c1', '{e1}', 'x')"),
+            &format!("SELECT ledger.nack_outbox_events('c1', '{e1}', 'x')"),
             "55000",
-            "OUTBOX_NOT_LOCKED",
+            "OUTBOX_NOT_LEASED",
         );
         assert_error(
-            &format!("SELECT ledger.outbox_replay('{e1}')"),
+            &format!("SELECT ledger.replay_outbox_event('{e1}')"),
             "55000",
             "OUTBOX_NOT_FAILED",
         );
         for sql in [
-            "SELECT ledger.outbox_nack('c1', 'obx_nope', 'x')",
-            "SELECT ledger.outbox_replay('obx_nope')",
+            "SELECT ledger.nack_outbox_events('c1', 'obx_nope', 'x')",
+            "SELECT ledger.replay_outbox_event('obx_nope')",
         ] {
             let e = assert_error(sql, "P0002", "OUTBOX_EVENT_NOT_FOUND");
             assert_eq!(e.detail["id"], "obx_nope");
@@ -603,25 +662,27 @@ mod tests {
         .unwrap();
         set_scope("t-obx-a", "other");
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1', 1000)"),
+            one::<i64>("SELECT count(*) FROM ledger.claim_outbox_events('c1', 1000)"),
             0
         );
         set_scope("t-obx-b", "w");
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1', 1000)"),
+            one::<i64>("SELECT count(*) FROM ledger.claim_outbox_events('c1', 1000)"),
             0
         );
         assert_eq!(
-            one::<i32>(&format!("SELECT ledger.outbox_ack('c1', ARRAY['{e1}'])")),
+            one::<i32>(&format!(
+                "SELECT ledger.ack_outbox_events('c1', ARRAY['{e1}'])"
+            )),
             0
         );
         assert_error(
-            &format!("SELECT ledger.outbox_nack('c1', '{e1}', 'x')"),
+            &format!("SELECT ledger.nack_outbox_events('c1', '{e1}', 'x')"),
             "P0002",
             "OUTBOX_EVENT_NOT_FOUND",
         );
         assert_error(
-            &format!("SELECT ledger.outbox_replay('{e1}')"),
+            &format!("SELECT ledger.replay_outbox_event('{e1}')"),
             "P0002",
             "OUTBOX_EVENT_NOT_FOUND",
         );
@@ -633,7 +694,7 @@ mod tests {
         );
         set_scope("t-obx-a", "w");
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.outbox_claim('c1', 1000)"),
+            one::<i64>("SELECT count(*) FROM ledger.claim_outbox_events('c1', 1000)"),
             2
         );
     }
@@ -644,47 +705,74 @@ mod tests {
         Spi::run("SELECT ledger.create_run('chat', run_id => 'r1')").unwrap();
         let e1 = event_of("r1");
         for (sql, code) in [
-            ("SELECT ledger.outbox_claim(NULL)", "ARGUMENT_REQUIRED"),
-            ("SELECT ledger.outbox_claim('')", "ID_INVALID"),
-            ("SELECT ledger.outbox_claim('a b')", "ID_INVALID"),
             (
-                "SELECT ledger.outbox_claim('c1', NULL)",
+                "SELECT ledger.claim_outbox_events(NULL)",
                 "ARGUMENT_REQUIRED",
             ),
-            ("SELECT ledger.outbox_claim('c1', 0)", "LIMIT_INVALID"),
-            ("SELECT ledger.outbox_claim('c1', 1001)", "LIMIT_INVALID"),
+            ("SELECT ledger.claim_outbox_events('')", "ID_INVALID"),
+            ("SELECT ledger.claim_outbox_events('a b')", "ID_INVALID"),
             (
-                "SELECT ledger.outbox_claim('c1', 50, NULL)",
+                "SELECT ledger.claim_outbox_events('c1', NULL)",
                 "ARGUMENT_REQUIRED",
             ),
-            ("SELECT ledger.outbox_claim('c1', 50, 0)", "TIMEOUT_INVALID"),
             (
-                "SELECT ledger.outbox_claim('c1', 50, 86401)",
+                "SELECT ledger.claim_outbox_events('c1', 0)",
+                "LIMIT_INVALID",
+            ),
+            (
+                "SELECT ledger.claim_outbox_events('c1', 1001)",
+                "LIMIT_INVALID",
+            ),
+            (
+                "SELECT ledger.claim_outbox_events('c1', 50, NULL)",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.claim_outbox_events('c1', 50, 0)",
                 "TIMEOUT_INVALID",
             ),
-            ("SELECT ledger.outbox_ack(NULL, '{}')", "ARGUMENT_REQUIRED"),
-            ("SELECT ledger.outbox_ack('c1', NULL)", "ARGUMENT_REQUIRED"),
             (
-                "SELECT ledger.outbox_ack('c1', ARRAY[NULL])",
-                "ARGUMENT_REQUIRED",
+                "SELECT ledger.claim_outbox_events('c1', 50, 86401)",
+                "TIMEOUT_INVALID",
             ),
-            ("SELECT ledger.outbox_ack('c1', ARRAY['a b'])", "ID_INVALID"),
             (
-                "SELECT ledger.outbox_nack(NULL, 'obx_x', 'x')",
+                "SELECT ledger.ack_outbox_events(NULL, '{}')",
                 "ARGUMENT_REQUIRED",
             ),
             (
-                "SELECT ledger.outbox_nack('c1', NULL, 'x')",
+                "SELECT ledger.ack_outbox_events('c1', NULL)",
                 "ARGUMENT_REQUIRED",
             ),
             (
-                "SELECT ledger.outbox_nack('c1', 'obx_x', NULL)",
+                "SELECT ledger.ack_outbox_events('c1', ARRAY[NULL])",
                 "ARGUMENT_REQUIRED",
             ),
-            ("SELECT ledger.outbox_nack('c1', '', 'x')", "ID_INVALID"),
-            ("SELECT ledger.outbox_replay(NULL)", "ARGUMENT_REQUIRED"),
             (
-                "SELECT ledger.outbox_replay(repeat('x', 129))",
+                "SELECT ledger.ack_outbox_events('c1', ARRAY['a b'])",
+                "ID_INVALID",
+            ),
+            (
+                "SELECT ledger.nack_outbox_events(NULL, 'obx_x', 'x')",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.nack_outbox_events('c1', NULL, 'x')",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.nack_outbox_events('c1', 'obx_x', NULL)",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.nack_outbox_events('c1', '', 'x')",
+                "ID_INVALID",
+            ),
+            (
+                "SELECT ledger.replay_outbox_event(NULL)",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.replay_outbox_event(repeat('x', 129))",
                 "ID_INVALID",
             ),
         ] {
@@ -699,10 +787,10 @@ mod tests {
         );
         Spi::run("SELECT set_config('ledger.tenant_id', '', true)").unwrap();
         for sql in [
-            "SELECT ledger.outbox_claim('c1')",
-            "SELECT ledger.outbox_ack('c1', '{}')",
-            "SELECT ledger.outbox_nack('c1', 'obx_x', 'x')",
-            "SELECT ledger.outbox_replay('obx_x')",
+            "SELECT ledger.claim_outbox_events('c1')",
+            "SELECT ledger.ack_outbox_events('c1', '{}')",
+            "SELECT ledger.nack_outbox_events('c1', 'obx_x', 'x')",
+            "SELECT ledger.replay_outbox_event('obx_x')",
         ] {
             assert_error(sql, "42501", "SCOPE_MISSING");
         }

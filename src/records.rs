@@ -1,11 +1,12 @@
-//! Evidence records written against a run (SPEC §10): audits, response events, citations and
-//! feedback. Every payload is redacted before it is stored.
+//! Evidence records written against a run: audits, response events, citations and feedback.
+//! Every payload is redacted before it is stored.
 
 use crate::db;
 use crate::error::{LedgerError, Result};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::required;
+use crate::model::args::{required, required_id};
+use crate::model::events::{Event, Recorded};
 use crate::model::{ids, text};
 use crate::redaction::redacted_object;
 use crate::scope::{self, Scope};
@@ -13,7 +14,6 @@ use crate::steps;
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-use serde_json::json;
 
 /// Inserts one record (columns after tenant, workspace, id, run_id) and its feed event; returns its id.
 fn insert(
@@ -23,7 +23,7 @@ fn insert(
     run_id: &str,
     columns: &[&str],
     values: Vec<DatumWithOid>,
-    event: (&str, Option<&str>),
+    event: (fn(Recorded) -> Event, Option<&str>),
 ) -> Result<String> {
     let id = ids::new_id(prefix);
     let placeholders: Vec<String> = (5..5 + columns.len()).map(|i| format!("${i}")).collect();
@@ -40,14 +40,8 @@ fn insert(
     ];
     args.extend(values);
     db::execute(&query, &args)?;
-    let (kind, step_id) = event;
-    feed::append(
-        scope,
-        run_id,
-        kind,
-        step_id,
-        &json!({"id": id, "table": table}),
-    )?;
+    let (event, step_id) = event;
+    feed::append(scope, run_id, step_id, &event(Recorded { id: &id, table }))?;
     Ok(id)
 }
 
@@ -63,7 +57,7 @@ fn record_audit(
     actor: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.audit_events"), ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     let gateway_type = required("gateway_type", gateway_type)?;
     let outcome = required("outcome", outcome)?;
     let payload = redacted_object("payload", payload)?;
@@ -81,7 +75,7 @@ fn record_audit(
             actor.into(),
             Jsonb::from(&payload).into(),
         ],
-        ("audit.recorded", step_id),
+        (|r| Event::AuditRecorded(r), step_id),
     )?;
     Ok(db::scoped_row::<
         pgrx::composite_type!('static, "ledger.audit_events"),
@@ -94,10 +88,8 @@ fn record_audit(
     )?)
 }
 
-/// Records what a run showed its user (a message, a delta, a tool output, ...). Called through
-/// the SQL wrapper `ledger.record_response_event(run_id, type, ...)` in finalize.sql: `type` is a
-/// Rust keyword, and pgrx would name the argument `r#type`.
-#[pg_extern(name = "record_response_event_internal", volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+/// Records what a run showed its user (a message, a delta, a tool output, ...).
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn record_response_event(
     run_id: Option<&str>,
@@ -106,8 +98,8 @@ fn record_response_event(
     step_id: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.response_events"), ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
-    let kind = required("type", event_type)?;
+    let run_id = required_id("run_id", run_id)?;
+    let event_type = required("event_type", event_type)?;
     let payload = redacted_object("payload", payload)?;
     steps::check_owner(&scope, run_id, step_id)?;
     let id = insert(
@@ -115,9 +107,13 @@ fn record_response_event(
         "response_events",
         "rev",
         run_id,
-        &["step_id", "type", "payload"],
-        vec![step_id.into(), kind.into(), Jsonb::from(&payload).into()],
-        ("response.event", step_id),
+        &["step_id", "event_type", "payload"],
+        vec![
+            step_id.into(),
+            event_type.into(),
+            Jsonb::from(&payload).into(),
+        ],
+        (|r| Event::ResponseEventRecorded(r), step_id),
     )?;
     Ok(db::scoped_row::<
         pgrx::composite_type!('static, "ledger.response_events"),
@@ -126,7 +122,7 @@ fn record_response_event(
         "ledger.response_events",
         &id,
         "RESPONSE_EVENT_NOT_FOUND",
-        "response event",
+        "response_event.recorded",
     )?)
 }
 
@@ -139,7 +135,7 @@ fn record_citation(
     step_id: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.citations"), ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     let citation = redacted_object(
         "citation",
         Some(citation.ok_or_else(|| LedgerError::required("citation"))?),
@@ -152,7 +148,7 @@ fn record_citation(
         run_id,
         &["step_id", "citation"],
         vec![step_id.into(), Jsonb::from(&citation).into()],
-        ("citation.recorded", step_id),
+        (|r| Event::CitationRecorded(r), step_id),
     )?;
     Ok(db::scoped_row::<
         pgrx::composite_type!('static, "ledger.citations"),
@@ -177,7 +173,7 @@ fn record_feedback(
     metadata: default!(Option<Jsonb>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_feedback"), ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     let rating = rating.ok_or_else(|| LedgerError::required("rating"))?;
     let category = required("category", category)?;
     let metadata = redacted_object("metadata", metadata)?;
@@ -195,7 +191,7 @@ fn record_feedback(
             user_id.into(),
             Jsonb::from(&metadata).into(),
         ],
-        ("feedback.recorded", None),
+        (|r| Event::FeedbackRecorded(r), None),
     )?;
     Ok(db::scoped_row::<
         pgrx::composite_type!('static, "ledger.run_feedback"),
@@ -235,9 +231,9 @@ mod tests {
         );
         assert_eq!(
             one::<String>(
-                "SELECT string_agg(kind, ',' ORDER BY seq) FROM ledger.run_events WHERE seq > 2"
+                "SELECT string_agg(event_type, ',' ORDER BY seq) FROM ledger.run_events WHERE seq > 2"
             ),
-            "audit.recorded,response.event,citation.recorded,feedback.recorded"
+            "audit.recorded,response_event.recorded,citation.recorded,feedback.recorded"
         );
         assert!(one::<bool>(
             "SELECT bool_and(id LIKE 'aud\\_%') FROM ledger.audit_events"

@@ -5,13 +5,14 @@ use crate::db;
 use crate::error::{Class, LedgerError, Result};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, required};
+use crate::model::events::{Event, RunCreated, RunStatus};
+use crate::model::args::{optional_id, required, required_id};
 use crate::model::status::{check_transition, conflict, Resource, Status};
 use crate::model::{ids, text};
 use crate::scope::{self, Scope};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-use serde_json::json;
+
 
 /// Inputs whose JSON text is longer than this are kept in `ledger.blobs`.
 pub const INLINE_INPUT_BYTES: usize = 8192;
@@ -250,30 +251,23 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         return Ok(found.id);
     }
 
-    let payload = json!({
-        "run_id": id,
-        "status": "queued",
-        "mode": mode,
-        "kind": kind,
-        "subject_kind": subject_kind,
-        "subject_id": subject_id,
-        "subject_version_id": subject_version_id,
-        "request_id": request_id,
-        "parent_run_id": parent_run_id,
-        "source_run_id": source_run_id,
-        "root_run_id": root_run_id,
-        "attempt_no": attempt_no,
-        "control_action": new.control_action,
+    let created = Event::RunCreated(RunCreated {
+        run_id: &id,
+        status: "queued",
+        mode,
+        kind,
+        subject_kind,
+        subject_id,
+        subject_version_id,
+        request_id,
+        parent_run_id,
+        source_run_id,
+        root_run_id: &root_run_id,
+        attempt_no,
+        control_action: new.control_action,
     });
-    feed::append(scope, &id, "run.created", None, &payload)?;
-    feed::enqueue(
-        scope,
-        "run.created",
-        Some(&id),
-        None,
-        Some(&format!("run:{id}")),
-        &payload,
-    )?;
+    feed::append(scope, &id, None, &created)?;
+    feed::enqueue(scope, &created, Some(&id), None, &format!("run:{id}"))?;
     Ok(id)
 }
 
@@ -330,7 +324,7 @@ fn rerun(
     allowed: fn(Status) -> bool,
 ) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     let source = existing(&scope, "run_id", run_id, false)?;
     if !allowed(source.status) {
         return Err(LedgerError::new(
@@ -433,7 +427,7 @@ fn transition_run(
     error_step_id: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     let to = Status::parse(Resource::Run, required("to_status", to_status)?)?;
     let expected = expected_status
         .map(|s| Status::parse(Resource::Run, s))
@@ -455,11 +449,15 @@ fn transition_run(
         error_message = output_summary.clone();
     }
 
-    let payload = json!({
-        "run_id": run_id, "from": from.as_str(), "to": to.as_str(),
-        "error_code": error_code, "error_step_id": error_step_id,
-    });
-    feed::append(&scope, run_id, "run.status", None, &payload)?;
+    let change = RunStatus {
+        run_id,
+        mode: &current.mode,
+        from: from.as_str(),
+        to: to.as_str(),
+        error_code,
+        error_step_id,
+    };
+    feed::append(&scope, run_id, None, &Event::RunStatus(change.clone()))?;
     let updated = db::write_one(
         "UPDATE ledger.runs SET status = $4, updated_at = now(), \
              output_summary = coalesce($5, output_summary), \
@@ -493,14 +491,10 @@ fn transition_run(
     if to.is_terminal() {
         feed::enqueue(
             &scope,
-            "run.status.updated",
+            &Event::RunStatusUpdated(change),
             Some(run_id),
             None,
-            Some(&format!("run:{run_id}")),
-            &json!({
-                "run_id": run_id, "old_status": from.as_str(), "new_status": to.as_str(),
-                "mode": current.mode, "tenant_id": scope.tenant,
-            }),
+            &format!("run:{run_id}"),
         )?;
     }
     Ok(row(&scope, run_id)?)
@@ -511,7 +505,7 @@ fn transition_run(
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, ErrorReport> {
     let scope = scope::current()?;
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     ids::validate("run_id", run_id)?;
     Ok(load_inputs(&scope, run_id)?)
 }
@@ -572,7 +566,7 @@ mod tests {
             one::<String>(&format!("SELECT ledger.run_inputs('{id}')::text")),
             "{\"n\": 1.50, \"q\": \"hi\"}"
         );
-        assert_eq!(count(&format!("SELECT count(*) FROM ledger.run_events WHERE run_id = '{id}' AND kind = 'run.created' AND seq = 1")), 1);
+        assert_eq!(count(&format!("SELECT count(*) FROM ledger.run_events WHERE run_id = '{id}' AND event_type = 'run.created' AND seq = 1")), 1);
         assert_eq!(count(&format!("SELECT count(*) FROM ledger.outbox WHERE run_id = '{id}' AND event_type = 'run.created'")), 1);
     }
 
@@ -864,7 +858,7 @@ mod tests {
             1
         );
         assert_eq!(
-            one::<String>("SELECT string_agg(payload->>'to', ',' ORDER BY seq) FROM ledger.run_events WHERE kind = 'run.status'"),
+            one::<String>("SELECT string_agg(payload->>'to', ',' ORDER BY seq) FROM ledger.run_events WHERE event_type = 'run.status'"),
             "running,failed,retrying"
         );
     }

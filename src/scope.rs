@@ -1,6 +1,7 @@
 //! The caller's scope (tenant, workspace): stated with `ledger.set_scope` or the GUCs, required
 //! by every function that touches ledger rows.
 
+use crate::model::args::required_id;
 use crate::error::{LedgerError, Result};
 use crate::guc;
 use crate::model::ids;
@@ -36,8 +37,8 @@ fn set_scope(
     workspace_id: Option<&str>,
     is_local: default!(Option<bool>, false),
 ) -> std::result::Result<(), ErrorReport> {
-    let tenant = tenant_id.ok_or_else(|| LedgerError::required("tenant_id"))?;
-    let workspace = workspace_id.ok_or_else(|| LedgerError::required("workspace_id"))?;
+    let tenant = required_id("tenant_id", tenant_id)?;
+    let workspace = required_id("workspace_id", workspace_id)?;
     ids::validate("tenant_id", tenant)?;
     ids::validate("workspace_id", workspace)?;
     let local = is_local.unwrap_or(false);

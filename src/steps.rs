@@ -4,14 +4,15 @@ use crate::db;
 use crate::error::{Class, LedgerError, Result};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, required};
+use crate::model::events::{Event, StepCreated, StepStatus};
+use crate::model::args::{optional_id, required, required_id};
 use crate::model::status::{check_transition, conflict, Resource, Status};
 use crate::model::{ids, text};
 use crate::runs;
 use crate::scope::{self, Scope};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-use serde_json::json;
+
 
 /// Locks the run a record is written for, and checks the step it names, if any, belongs to it.
 pub fn check_owner(scope: &Scope, run_id: &str, step_id: Option<&str>) -> Result<runs::RunHead> {
@@ -96,14 +97,14 @@ pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
             new.status.is_terminal().into(),
         ],
     )?;
-    feed::insert(
-        scope,
-        new.run_id,
-        seq,
-        "step.created",
-        Some(&id),
-        &json!({"step_id": id, "step_key": new.step_key, "step_type": new.step_type, "node_id": new.node_id, "status": new.status.as_str()}),
-    )?;
+    let created = Event::StepCreated(StepCreated {
+        step_id: &id,
+        step_key: new.step_key,
+        step_type: new.step_type,
+        node_id: new.node_id,
+        status: new.status.as_str(),
+    });
+    feed::insert(scope, new.run_id, seq, Some(&id), &created)?;
     Ok(id)
 }
 
@@ -121,7 +122,7 @@ fn create_step(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), ErrorReport> {
     let scope = scope::current()?;
     let new = NewStep {
-        run_id: required("run_id", run_id)?,
+        run_id: required_id("run_id", run_id)?,
         step_type: required("step_type", step_type)?,
         step_key,
         node_id,
@@ -232,13 +233,13 @@ fn write_transition(
     to: Status,
     change: StepChange,
 ) -> Result<()> {
-    feed::append(
-        scope,
-        run_id,
-        "step.status",
-        Some(step_id),
-        &json!({"step_id": step_id, "from": from.as_str(), "to": to.as_str(), "error_code": change.error_code}),
-    )?;
+    let status = Event::StepStatus(StepStatus {
+        step_id,
+        from: from.as_str(),
+        to: to.as_str(),
+        error_code: change.error_code,
+    });
+    feed::append(scope, run_id, Some(step_id), &status)?;
     let updated = db::write_one(
         "UPDATE ledger.run_steps SET status = $4, updated_at = now(), \
              output_summary = coalesce($5, output_summary), \
@@ -289,7 +290,7 @@ fn transition_step(
     error_details: default!(Option<Jsonb>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), ErrorReport> {
     let scope = scope::current()?;
-    let step_id = required("step_id", step_id)?;
+    let step_id = required_id("step_id", step_id)?;
     ids::validate("step_id", step_id)?;
     let to = Status::parse(Resource::Step, required("to_status", to_status)?)?;
     let expected = expected_status
@@ -440,7 +441,7 @@ mod tests {
         Spi::run("SELECT ledger.create_step('r', 'llm', step_id => 's2')").unwrap();
         Spi::run("SELECT ledger.transition_step('s2', 'skipped')").unwrap();
         assert_eq!(
-            one::<String>("SELECT string_agg(kind || ':' || coalesce(payload->>'to', payload->>'status'), ',' ORDER BY seq) FROM ledger.run_events WHERE step_id IS NOT NULL"),
+            one::<String>("SELECT string_agg(event_type || ':' || coalesce(payload->>'to', payload->>'status'), ',' ORDER BY seq) FROM ledger.run_events WHERE step_id IS NOT NULL"),
             "step.created:queued,step.status:running,step.status:succeeded,step.created:queued,step.status:skipped"
         );
     }

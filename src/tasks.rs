@@ -6,7 +6,10 @@ use crate::db;
 use crate::error::{Class, LedgerError, Result};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, required};
+use crate::model::events::{
+    task_event_reserved, Event, TaskCheckpoint, TaskCreated, TaskRetried, TaskSnapshot, TaskStatus,
+};
+use crate::model::args::{optional_id, required, required_id};
 use crate::model::status::{check_transition, conflict, Resource, Status};
 use crate::model::{ids, json, text};
 use crate::redaction::redacted_object;
@@ -15,14 +18,6 @@ use crate::scope::{self, Scope};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use serde_json::{json, Value};
-
-/// Event types only the ledger writes: a caller must not be able to forge them.
-const LEDGER_EVENT_TYPES: [&str; 4] = [
-    "task.created",
-    "task.status",
-    "task.checkpoint",
-    "task.snapshot",
-];
 
 /// The columns of a task the functions decide on.
 struct TaskHead {
@@ -94,7 +89,7 @@ fn row(scope: &Scope, task_id: &str) -> Result<pgrx::composite_type!('static, "l
 }
 
 /// Appends to the task's history (not the run feed: a task may have no run).
-fn event(
+fn event_row(
     scope: &Scope,
     task_id: &str,
     event_type: &str,
@@ -114,6 +109,12 @@ fn event(
         |r| db::req(r, 1),
     )?
     .ok_or_else(|| LedgerError::internal("task event insert returned no row"))
+}
+
+/// Writes one of the ledger's own events to the task's history.
+fn ledger_event(scope: &Scope, task_id: &str, event: &Event) -> Result<()> {
+    event_row(scope, task_id, event.event_type(), &event.payload())?;
+    Ok(())
 }
 
 /// A JSON-object argument that may be NULL (then nothing changes), redacted.
@@ -169,12 +170,14 @@ fn create_task(
         }
         return Ok(row(&scope, &id)?);
     }
-    event(
-        &scope,
-        &id,
-        "task.created",
-        &json!({"task_id": id, "task_type": task_type, "run_id": run_id, "status": "queued"}),
-    )?;
+    let created = Event::TaskCreated(TaskCreated {
+        task_id: &id,
+        task_type,
+        run_id,
+        status: "queued",
+        replayed_from_task_id: None,
+    });
+    ledger_event(&scope, &id, &created)?;
     Ok(row(&scope, &id)?)
 }
 
@@ -233,15 +236,14 @@ fn write_transition(
     if updated.is_none() {
         return Err(conflict(Resource::Task, task_id, from, to));
     }
-    event(
-        scope,
+    let status = Event::TaskStatus(TaskStatus {
         task_id,
-        "task.status",
-        &json!({
-            "task_id": task_id, "from": from.as_str(), "to": to.as_str(),
-            "error_code": change.error_code, "progress": change.progress,
-        }),
-    )?;
+        from: from.as_str(),
+        to: to.as_str(),
+        error_code: change.error_code,
+        progress: change.progress.as_ref(),
+    });
+    ledger_event(scope, task_id, &status)?;
     Ok(())
 }
 
@@ -259,7 +261,7 @@ fn transition_task(
     error_message: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), ErrorReport> {
     let scope = scope::current()?;
-    let task_id = required("task_id", task_id)?;
+    let task_id = required_id("task_id", task_id)?;
     let to = Status::parse(Resource::Task, required("to_status", to_status)?)?;
     let expected = expected_status
         .map(|s| Status::parse(Resource::Task, s))
@@ -289,7 +291,7 @@ fn add_task_checkpoint(
     payload: Option<Jsonb>,
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.task_checkpoints"), ErrorReport> {
     let scope = scope::current()?;
-    let task_id = required("task_id", task_id)?;
+    let task_id = required_id("task_id", task_id)?;
     let payload = redacted_object(
         "payload",
         Some(payload.ok_or_else(|| LedgerError::required("payload"))?),
@@ -322,12 +324,12 @@ fn add_task_checkpoint(
         |r| db::req(r, 1),
     )?
     .ok_or_else(|| LedgerError::internal("task checkpoint insert returned no row"))?;
-    event(
-        &scope,
+    let added = Event::TaskCheckpoint(TaskCheckpoint {
         task_id,
-        "task.checkpoint",
-        &json!({"task_id": task_id, "checkpoint_id": id, "checkpoint_no": checkpoint_no}),
-    )?;
+        checkpoint_id: &id,
+        checkpoint_no,
+    });
+    ledger_event(&scope, task_id, &added)?;
     Ok(checkpoint)
 }
 
@@ -340,9 +342,9 @@ fn record_task_event(
     payload: default!(Option<Jsonb>, "'{}'"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.task_events"), ErrorReport> {
     let scope = scope::current()?;
-    let task_id = required("task_id", task_id)?;
+    let task_id = required_id("task_id", task_id)?;
     let event_type = required("event_type", event_type)?;
-    if LEDGER_EVENT_TYPES.contains(&event_type) {
+    if task_event_reserved(event_type) {
         return Err(LedgerError::invalid(
             "EVENT_TYPE_RESERVED",
             format!("event type {event_type} is written only by the ledger"),
@@ -352,7 +354,7 @@ fn record_task_event(
     }
     let payload = redacted_object("payload", payload)?;
     head(&scope, task_id, false)?;
-    Ok(event(&scope, task_id, event_type, &payload)?)
+    Ok(event_row(&scope, task_id, event_type, &payload)?)
 }
 
 /// Stores the task's execution snapshot (a JSON object, redacted), which replay_task starts from.
@@ -363,7 +365,7 @@ fn set_task_snapshot(
     snapshot: Option<Jsonb>,
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), ErrorReport> {
     let scope = scope::current()?;
-    let task_id = required("task_id", task_id)?;
+    let task_id = required_id("task_id", task_id)?;
     let snapshot = redacted_object(
         "snapshot",
         Some(snapshot.ok_or_else(|| LedgerError::required("snapshot"))?),
@@ -379,16 +381,15 @@ fn set_task_snapshot(
             Jsonb::from(&snapshot).into(),
         ],
     )?;
-    let keys: Vec<&String> = snapshot
+    let keys = snapshot
         .as_object()
         .into_iter()
-        .flat_map(|m| m.keys())
+        .flat_map(|m| m.keys().map(String::as_str))
         .collect();
-    event(
+    ledger_event(
         &scope,
         task_id,
-        "task.snapshot",
-        &json!({"task_id": task_id, "keys": keys}),
+        &Event::TaskSnapshot(TaskSnapshot { task_id, keys }),
     )?;
     Ok(row(&scope, task_id)?)
 }
@@ -401,7 +402,7 @@ fn retry_task(
     task_id: Option<&str>,
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), ErrorReport> {
     let scope = scope::current()?;
-    let task_id = required("task_id", task_id)?;
+    let task_id = required_id("task_id", task_id)?;
     let task = head(&scope, task_id, true)?;
     Resource::Task.check(task.status, Status::Retrying)?;
     // Its work already continues in the replacement; running both would execute it twice.
@@ -426,17 +427,19 @@ fn retry_task(
         ..TaskChange::default()
     };
     write_transition(&scope, task_id, Status::Retrying, Status::Queued, requeue)?;
+    let retried = Event::TaskRetried(TaskRetried {
+        task_id,
+        task_type: &task.task_type,
+        run_id: task.run_id.as_deref(),
+        from: task.status.as_str(),
+        attempt_count: task.attempt_count.saturating_add(1),
+    });
     feed::enqueue(
         &scope,
-        "task.retried",
+        &retried,
         task.run_id.as_deref(),
         Some(task_id),
-        Some(&format!("task:{task_id}")),
-        &json!({
-            "task_id": task_id, "task_type": task.task_type, "run_id": task.run_id,
-            "old_status": task.status.as_str(), "attempt_count": task.attempt_count.saturating_add(1),
-            "tenant_id": scope.tenant,
-        }),
+        &format!("task:{task_id}"),
     )?;
     Ok(row(&scope, task_id)?)
 }
@@ -466,7 +469,7 @@ fn replay_task(
     task_id: Option<&str>,
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), ErrorReport> {
     let scope = scope::current()?;
-    let task_id = required("task_id", task_id)?;
+    let task_id = required_id("task_id", task_id)?;
     let old = head(&scope, task_id, true)?;
     if let Some(replacement) = &old.retried_as_task_id {
         return Ok(row(&scope, replacement)?);
@@ -511,15 +514,14 @@ fn replay_task(
             Jsonb::from(&snapshot).into(),
         ],
     )?;
-    event(
-        &scope,
-        &new_id,
-        "task.created",
-        &json!({
-            "task_id": new_id, "task_type": old.task_type, "run_id": null, "status": "queued",
-            "replayed_from_task_id": task_id,
-        }),
-    )?;
+    let created = Event::TaskCreated(TaskCreated {
+        task_id: &new_id,
+        task_type: &old.task_type,
+        run_id: None,
+        status: "queued",
+        replayed_from_task_id: Some(task_id),
+    });
+    ledger_event(&scope, &new_id, &created)?;
     let mut from = old.status;
     if first == Status::Retrying {
         write_transition(&scope, task_id, from, first, TaskChange::default())?;
@@ -1035,7 +1037,7 @@ mod tests {
                 format!("task.created,task.status:running,task.checkpoint,task.status:{status},task.status:retrying,task.status:queued")
             );
             let outbox = one::<String>(&format!(
-                "SELECT concat_ws('|', run_id, task_id, subject, status, payload->>'old_status', payload->>'attempt_count') \
+                "SELECT concat_ws('|', run_id, task_id, subject, status, payload->>'from', payload->>'attempt_count') \
                    FROM ledger.outbox WHERE event_type = 'task.retried' AND task_id = '{status}'"
             ));
             assert_eq!(

@@ -1,4 +1,4 @@
-//! Tool calls (SPEC §7, replay #3): claim, lease, fencing, in-doubt, idempotent replay and
+//! Tool calls (replay #3: the same key twice returns the recorded result): claim, lease, fencing, in-doubt, idempotent replay and
 //! approvals. Outcomes are returned as data, never raised, because state written before an
 //! ERROR would roll back (an in-doubt marking must stick).
 //!
@@ -10,7 +10,11 @@ use crate::error::{Class, LedgerError, Result};
 use crate::feed;
 use crate::guc;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, required};
+use crate::model::events::{
+    ApprovalResolved, Event, ToolCallApproval, ToolCallClaimed, ToolCallCompleted, ToolCallIds,
+    ToolCallReplayed, ToolCallResolved,
+};
+use crate::model::args::{optional_id, required, required_id};
 use crate::model::status::Status;
 use crate::model::tool_call::{
     check_fence, decide, extend_seconds, identity_reused, lease_seconds, wrong_state,
@@ -60,11 +64,15 @@ impl Record {
     }
 
     /// The ids every event and outbox row about the call carries.
-    fn ids(&self) -> Value {
-        json!({
-            "tool_call_record_id": self.id, "tool_call_id": self.tool_call_id, "tool_ref": self.tool_ref,
-            "idempotency_key": self.idempotency_key, "attempt": self.attempt, "step_id": self.step_id,
-        })
+    fn ids(&self) -> ToolCallIds<'_> {
+        ToolCallIds {
+            tool_call_record_id: &self.id,
+            tool_call_id: &self.tool_call_id,
+            tool_ref: &self.tool_ref,
+            idempotency_key: &self.idempotency_key,
+            attempt: self.attempt,
+            step_id: &self.step_id,
+        }
     }
 }
 
@@ -131,7 +139,6 @@ fn load(scope: &Scope, by: By, lock: bool) -> Result<Option<Record>> {
 
 /// The record `id`, locked after its run (P0002 `TOOL_CALL_NOT_FOUND`).
 fn locked(scope: &Scope, id: &str) -> Result<Record> {
-    ids::validate("id", id)?;
     let not_found = || LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", id);
     let run_id = load(scope, By::Id(id), false)?
         .ok_or_else(not_found)?
@@ -166,14 +173,11 @@ fn outcome(
     .ok_or_else(|| LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", record_id))
 }
 
-fn event(scope: &Scope, run_id: &str, rec: &Record, kind: &str, extra: Value) -> Result<()> {
-    let mut payload = rec.ids();
-    if let (Value::Object(p), Value::Object(e)) = (&mut payload, extra) {
-        p.extend(e);
-    }
+/// Appends an event about the call to `run_id`'s feed (the call's own run, or the run that
+/// replayed it); it names the call's step only in the call's own run.
+fn event(scope: &Scope, run_id: &str, rec: &Record, event: &Event) -> Result<()> {
     let step = (run_id == rec.run_id).then_some(rec.step_id.as_str());
-    feed::append(scope, run_id, kind, step, &payload)?;
-    Ok(())
+    feed::append(scope, run_id, step, event)
 }
 
 fn args3<'a>(scope: &'a Scope, id: &'a str) -> [pgrx::datum::DatumWithOid<'a>; 3] {
@@ -205,16 +209,15 @@ fn mark_in_doubt(scope: &Scope, rec: &mut Record, error: Option<&str>) -> Result
             ..StepChange::default()
         },
     )?;
+    let in_doubt = Event::ToolCallInDoubt(rec.ids());
     feed::enqueue(
         scope,
-        "tool_call.in_doubt",
+        &in_doubt,
         Some(&rec.run_id),
         None,
-        Some(&format!("tool_call:{}", rec.id)),
-        &rec.ids(),
+        &format!("tool_call:{}", rec.id),
     )?;
-    let run_id = rec.run_id.clone();
-    event(scope, &run_id, rec, "tool_call.in_doubt", json!({}))
+    event(scope, &rec.run_id, rec, &in_doubt)
 }
 
 /// Starts a new attempt: the caller now holds the lease and `attempt` is its fencing token.
@@ -251,14 +254,11 @@ fn arm(
         Status::Preparing,
         StepChange::default(),
     )?;
-    let run_id = rec.run_id.clone();
-    event(
-        scope,
-        &run_id,
-        rec,
-        "tool_call.claimed",
-        json!({"lease_owner": lease_owner}),
-    )
+    let claimed = Event::ToolCallClaimed(ToolCallClaimed {
+        call: rec.ids(),
+        lease_owner,
+    });
+    event(scope, &rec.run_id, rec, &claimed)
 }
 
 /// Records the final result of the call (inline, or as an artifact when large).
@@ -339,14 +339,12 @@ fn finish(
             error_details: None,
         },
     )?;
-    let run_id = rec.run_id.clone();
-    event(
-        scope,
-        &run_id,
-        rec,
-        "tool_call.completed",
-        json!({"status": status.as_str(), "result_artifact_id": artifact}),
-    )
+    let completed = Event::ToolCallCompleted(ToolCallCompleted {
+        call: rec.ids(),
+        status: status.as_str(),
+        result_artifact_id: artifact.as_deref(),
+    });
+    event(scope, &rec.run_id, rec, &completed)
 }
 
 /// `{result, success, error, metadata}` of a finished call, with `metadata.idempotent_replay`.
@@ -449,7 +447,7 @@ fn identity<'a>(
     tool_call_id: Option<&'a str>,
     idempotency_key: Option<&'a str>,
 ) -> Result<Identity<'a>> {
-    let run_id = required("run_id", run_id)?;
+    let run_id = required_id("run_id", run_id)?;
     ids::validate("run_id", run_id)?;
     let tool_ref = required("tool_ref", tool_ref)?;
     let tool_call_id = optional_id("tool_call_id", tool_call_id)?
@@ -658,14 +656,11 @@ fn claim_tool_call(
                     StepChange::default(),
                 )?;
                 rec.attempt = 1;
-                let run_id = rec.run_id.clone();
-                event(
-                    &scope,
-                    &run_id,
-                    &rec,
-                    "tool_call.claimed",
-                    json!({"lease_owner": owner}),
-                )?;
+                let claimed = Event::ToolCallClaimed(ToolCallClaimed {
+                    call: rec.ids(),
+                    lease_owner: &owner,
+                });
+                event(&scope, &rec.run_id, &rec, &claimed)?;
                 return Ok(outcome(&scope, &rec.id, "claimed", None)?);
             }
             if let Some(step) = step_id {
@@ -695,13 +690,11 @@ fn apply(
         Decision::Replay => {
             let response = replay_response(scope, rec)?;
             // The replay is evidence in the calling run's feed (a re-run's tool calls come from here).
-            event(
-                scope,
-                who.run_id,
-                rec,
-                "tool_call.replayed",
-                json!({"source_run_id": rec.run_id}),
-            )?;
+            let replayed = Event::ToolCallReplayed(ToolCallReplayed {
+                call: rec.ids(),
+                source_run_id: &rec.run_id,
+            });
+            event(scope, who.run_id, rec, &replayed)?;
             outcome(scope, &rec.id, "replayed", Some(response))
         }
         Decision::InDoubt { mark } => {
@@ -728,12 +721,12 @@ fn attempt_arg(attempt: Option<i64>) -> Result<i64> {
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn begin_tool_call(
-    id: Option<&str>,
+    tool_call_record_id: Option<&str>,
     attempt: Option<i64>,
 ) -> std::result::Result<Jsonb, ErrorReport> {
     feed::collected(|| {
         let scope = scope::current()?;
-        let id = required("id", id)?;
+        let id = required_id("tool_call_record_id", tool_call_record_id)?;
         let attempt = attempt_arg(attempt)?;
         let mut rec = locked(&scope, id)?;
         check_fence(rec.attempt, attempt)?;
@@ -754,8 +747,7 @@ fn begin_tool_call(
                     Status::Running,
                     StepChange::default(),
                 )?;
-                let run_id = rec.run_id.clone();
-                event(&scope, &run_id, &rec, "tool_call.running", json!({}))?;
+                event(&scope, &rec.run_id, &rec, &Event::ToolCallRunning(rec.ids()))?;
             }
             other => return Err(wrong_state("begin", other).into()),
         }
@@ -767,12 +759,12 @@ fn begin_tool_call(
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn heartbeat_tool_call(
-    id: Option<&str>,
+    tool_call_record_id: Option<&str>,
     attempt: Option<i64>,
     extend_seconds: default!(Option<i32>, "NULL"),
 ) -> std::result::Result<Jsonb, ErrorReport> {
     let scope = scope::current()?;
-    let id = required("id", id)?;
+    let id = required_id("tool_call_record_id", tool_call_record_id)?;
     let attempt = attempt_arg(attempt)?;
     let rec = locked(&scope, id)?;
     check_fence(rec.attempt, attempt)?;
@@ -796,16 +788,16 @@ fn heartbeat_tool_call(
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn complete_tool_call(
-    id: Option<&str>,
+    tool_call_record_id: Option<&str>,
     attempt: Option<i64>,
     outcome: Option<&str>,
     result: default!(Option<Jsonb>, "NULL"),
-    error: default!(Option<&str>, "NULL"),
+    error_message: default!(Option<&str>, "NULL"),
     metadata: default!(Option<Jsonb>, "NULL"),
 ) -> std::result::Result<Jsonb, ErrorReport> {
     feed::collected(|| {
         let scope = scope::current()?;
-        let id = required("id", id)?;
+        let id = required_id("tool_call_record_id", tool_call_record_id)?;
         let attempt = attempt_arg(attempt)?;
         let how = Outcome::parse(required("outcome", outcome)?)?;
         let metadata = redacted_object("metadata", metadata)?;
@@ -823,14 +815,16 @@ fn complete_tool_call(
         check_fence(rec.attempt, attempt)?;
         match how {
             Outcome::Unknown if rec.status == CallStatus::InDoubt => {}
-            Outcome::Unknown => mark_in_doubt(&scope, &mut rec, error)?,
-            Outcome::Succeeded => finish(&scope, &mut rec, true, result, error, None, &metadata)?,
+            Outcome::Unknown => mark_in_doubt(&scope, &mut rec, error_message)?,
+            Outcome::Succeeded => {
+                finish(&scope, &mut rec, true, result, error_message, None, &metadata)?
+            }
             Outcome::Failed => finish(
                 &scope,
                 &mut rec,
                 false,
                 result,
-                error,
+                error_message,
                 Some("TOOL_ERROR"),
                 &metadata,
             )?,
@@ -844,16 +838,16 @@ fn complete_tool_call(
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn resolve_tool_call(
-    id: Option<&str>,
-    resolution: Option<&str>,
+    tool_call_record_id: Option<&str>,
+    decision: Option<&str>,
     result: default!(Option<Jsonb>, "NULL"),
-    note: default!(Option<&str>, "NULL"),
     actor: default!(Option<&str>, "NULL"),
+    note: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<Jsonb, ErrorReport> {
     feed::collected(|| {
         let scope = scope::current()?;
-        let id = required("id", id)?;
-        let resolution = Resolution::parse(required("resolution", resolution)?)?;
+        let id = required_id("tool_call_record_id", tool_call_record_id)?;
+        let resolution = Resolution::parse(required("decision", decision)?)?;
         let mut rec = locked(&scope, id)?;
         if rec.status != CallStatus::InDoubt {
             return Err(LedgerError::new(
@@ -868,7 +862,7 @@ fn resolve_tool_call(
             .into());
         }
         let metadata =
-            json!({"resolution": resolution.as_str(), "resolved_by": actor, "note": note});
+            json!({"decision": resolution.as_str(), "resolved_by": actor, "note": note});
         match resolution {
             Resolution::Succeeded => finish(&scope, &mut rec, true, result, None, None, &metadata)?,
             Resolution::Failed => finish(
@@ -892,7 +886,7 @@ fn resolve_tool_call(
         }
         let audit = redact::redact(
             &guc::redaction_rules(),
-            json!({"tool_call": rec.ids(), "resolution": resolution.as_str(), "note": note}),
+            json!({"tool_call": rec.ids(), "decision": resolution.as_str(), "note": note}),
         );
         db::execute(
         "INSERT INTO ledger.audit_events (tenant_id, workspace_id, id, run_id, step_id, gateway_type, outcome, actor, payload) \
@@ -908,14 +902,12 @@ fn resolve_tool_call(
             Jsonb::from(&audit).into(),
         ],
     )?;
-        let run_id = rec.run_id.clone();
-        event(
-            &scope,
-            &run_id,
-            &rec,
-            "tool_call.resolved",
-            json!({"resolution": resolution.as_str(), "actor": actor}),
-        )?;
+        let resolved = Event::ToolCallResolved(ToolCallResolved {
+            call: rec.ids(),
+            decision: resolution.as_str(),
+            actor,
+        });
+        event(&scope, &rec.run_id, &rec, &resolved)?;
         Ok(outcome(&scope, id, rec.status.as_str(), None)?)
     })
 }
@@ -973,7 +965,7 @@ fn sweep_tool_calls() -> std::result::Result<i32, ErrorReport> {
                         updated_at = now() WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
                     &args3(&scope, &id),
                 )?;
-                event(&scope, &run_id, &rec, "tool_call.lease_expired", json!({}))?;
+                event(&scope, &run_id, &rec, &Event::ToolCallLeaseExpired(rec.ids()))?;
             }
             swept += 1;
         }
@@ -1076,26 +1068,19 @@ fn request_tool_approval(
             Status::WaitingApproval,
             StepChange::default(),
         )?;
-        let mut payload = rec.ids();
-        if let Value::Object(p) = &mut payload {
-            p.insert("approval_id".into(), Value::from(approval_id.as_str()));
-            p.insert("title".into(), Value::from(title));
-        }
+        let requested = Event::ApprovalRequested(ToolCallApproval {
+            call: rec.ids(),
+            approval_id: &approval_id,
+            title,
+        });
         feed::enqueue(
             &scope,
-            "approval.requested",
+            &requested,
             Some(who.run_id),
             None,
-            Some(&format!("approval:{approval_id}")),
-            &payload,
+            &format!("approval:{approval_id}"),
         )?;
-        event(
-            &scope,
-            who.run_id,
-            &rec,
-            "approval.requested",
-            json!({"approval_id": approval_id}),
-        )?;
+        event(&scope, who.run_id, &rec, &requested)?;
         Ok(outcome(&scope, &rec.id, "waiting_approval", None)?)
     })
 }
@@ -1112,7 +1097,7 @@ fn resolve_approval(
 ) -> std::result::Result<Jsonb, ErrorReport> {
     feed::collected(|| {
         let scope = scope::current()?;
-        let approval_id = required("approval_id", approval_id)?;
+        let approval_id = required_id("approval_id", approval_id)?;
         ids::validate("approval_id", approval_id)?;
         let decision = match required("decision", decision)? {
             "approved" => ApprovalStatus::Approved,
@@ -1168,13 +1153,13 @@ fn resolve_approval(
             note.into(),
         ],
     )?;
-        feed::append(
-            &scope,
-            &run_id,
-            "approval.resolved",
-            None,
-            &json!({"approval_id": approval_id, "decision": decision.as_str(), "actor": actor, "tool_call_record_id": record_id}),
-        )?;
+        let resolved = Event::ApprovalResolved(ApprovalResolved {
+            approval_id,
+            decision: decision.as_str(),
+            actor,
+            tool_call_record_id: record_id.as_deref(),
+        });
+        feed::append(&scope, &run_id, None, &resolved)?;
         if let (ApprovalStatus::Rejected, Some(record_id)) = (decision, record_id) {
             if let Some(mut rec) = load(&scope, By::Id(&record_id), true)? {
                 if rec.status == CallStatus::WaitingApproval {
@@ -1195,13 +1180,12 @@ fn resolve_approval(
                             ..StepChange::default()
                         },
                     )?;
-                    event(
-                        &scope,
-                        &run_id,
-                        &rec,
-                        "tool_call.rejected",
-                        json!({"approval_id": approval_id}),
-                    )?;
+                    let rejected = Event::ToolCallRejected(ToolCallApproval {
+                        call: rec.ids(),
+                        approval_id,
+                        title: None,
+                    });
+                    event(&scope, &run_id, &rec, &rejected)?;
                 }
             }
         }
@@ -1329,12 +1313,12 @@ mod tests {
         );
         assert_eq!(again, "replayed");
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE kind = 'tool_call.replayed'"),
+            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE event_type = 'tool_call.replayed'"),
             2
         );
         // Completing again returns it unchanged.
         Spi::run(&format!(
-            "SELECT ledger.complete_tool_call('{id}', 1, 'failed', error => 'late')"
+            "SELECT ledger.complete_tool_call('{id}', 1, 'failed', error_message => 'late')"
         ))
         .unwrap();
         assert_eq!(field("c1", "status"), "succeeded");
@@ -1447,7 +1431,7 @@ mod tests {
         Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
         expire("c1");
         Spi::run(&format!(
-            "SELECT ledger.complete_tool_call('{id}', 1, 'failed', error => 'HTTP 500')"
+            "SELECT ledger.complete_tool_call('{id}', 1, 'failed', error_message => 'HTTP 500')"
         ))
         .unwrap();
         assert_eq!(field("c1", "status"), "failed");
@@ -1486,13 +1470,13 @@ mod tests {
             "55000",
             "TOOL_CALL_NOT_IN_DOUBT",
         );
-        Spi::run(&format!("SELECT ledger.complete_tool_call('{id}', 1, 'unknown', error => 'timed out after sending')")).unwrap();
+        Spi::run(&format!("SELECT ledger.complete_tool_call('{id}', 1, 'unknown', error_message => 'timed out after sending')")).unwrap();
         assert_eq!(field("c1", "status"), "in_doubt");
         assert_eq!(field("c1", "error_message"), "timed out after sending");
         assert_error(
             &format!("SELECT ledger.resolve_tool_call('{id}', 'maybe')"),
             "22023",
-            "RESOLUTION_UNKNOWN",
+            "DECISION_UNKNOWN",
         );
         Spi::run(&format!(
             "SELECT ledger.resolve_tool_call('{id}', 'succeeded', '{{\"order\": 7}}', note => 'seen in the CRM', actor => 'ops@acme')"
@@ -1871,7 +1855,7 @@ mod tests {
             "nothing claimed twice"
         );
         assert_eq!(
-            one::<i64>(&format!("SELECT count(*) FROM ledger.events_since('{again}') WHERE kind = 'tool_call.replayed'")),
+            one::<i64>(&format!("SELECT count(*) FROM ledger.events_since('{again}') WHERE event_type = 'tool_call.replayed'")),
             1
         );
     }

@@ -51,7 +51,7 @@ impl Batch {
     fn kinds(self) -> &'static [&'static str] {
         match self {
             Batch::Audits => &["audit.recorded"],
-            Batch::Responses => &["response.event"],
+            Batch::Responses => &["response_event.recorded"],
             Batch::Costs => &["cost.recorded"],
             Batch::Steps => &["step.created", "step.status"],
         }
@@ -109,7 +109,7 @@ fn follow_on(
         let mut finished = false;
         loop {
             let page = c.query(
-                "SELECT event_id, seq, kind = 'run.status' AND payload->>'to' = 'succeeded' \
+                "SELECT event_id, seq, event_type = 'run.status' AND payload->>'to' = 'succeeded' \
                    FROM ledger.events_since('r', $1, $2)",
                 &[&*cursor, &PAGE],
             )?;
@@ -270,7 +270,7 @@ fn a_listening_client_gets_100000_events_exactly_once_in_order_under_4_writers()
     assert_eq!(seen.seqs, (1..=total).collect::<Vec<i64>>());
     let in_ledger: BTreeMap<String, i64> = admin
         .query(
-            "SELECT kind, count(*) FROM ledger.run_events WHERE run_id = 'r' GROUP BY kind",
+            "SELECT event_type, count(*) FROM ledger.run_events WHERE run_id = 'r' GROUP BY event_type",
             &[],
         )
         .unwrap()

@@ -68,7 +68,7 @@ fn the_invariants_catch_planted_damage() {
             "every run's events are seq 1..last_seq without a hole",
         ),
         (
-            "UPDATE ledger.run_events SET kind = 'x' WHERE seq = 1",
+            "UPDATE ledger.run_events SET event_type = 'x' WHERE seq = 1",
             "every run has one run.created, at seq 1",
         ),
         (
@@ -105,11 +105,11 @@ fn the_invariants_catch_planted_damage() {
             "every in-doubt marking is in the feed and the outbox alike",
         ),
         (
-            "UPDATE ledger.run_events SET payload = payload || '{\"to\": \"failed\"}' WHERE kind = 'run.status'",
+            "UPDATE ledger.run_events SET payload = payload || '{\"to\": \"failed\"}' WHERE event_type = 'run.status'",
             "every terminal run.status event has its run.status.updated outbox row",
         ),
         (
-            "UPDATE ledger.run_events SET step_id = 's2' WHERE kind = 'tool_call.running'",
+            "UPDATE ledger.run_events SET step_id = 's2' WHERE event_type = 'tool_call.running'",
             "an event's step is a step of the event's run",
         ),
         (
@@ -372,7 +372,7 @@ fn readers_sweeps_and_outbox_consumers_never_wait_on_a_held_lock() {
     exec(&mut consumer_a, "BEGIN");
     let held: i64 = one(
         &mut consumer_a,
-        "SELECT count(*) FROM ledger.outbox_claim('a', 3)",
+        "SELECT count(*) FROM ledger.claim_outbox_events('a', 3)",
     );
     assert_eq!(held, 3);
 
@@ -387,7 +387,10 @@ fn readers_sweeps_and_outbox_consumers_never_wait_on_a_held_lock() {
     assert_eq!(steps, 2);
     let swept: i32 = one(&mut c, "SELECT ledger.sweep_tool_calls()");
     assert_eq!(swept, 0, "the sweep skips a run someone holds");
-    let taken: i64 = one(&mut c, "SELECT count(*) FROM ledger.outbox_claim('b', 100)");
+    let taken: i64 = one(
+        &mut c,
+        "SELECT count(*) FROM ledger.claim_outbox_events('b', 100)",
+    );
     assert_eq!(taken, 9 - 3, "consumer b takes what a does not hold");
     // A writer does wait, bounded by lock_timeout.
     expect_sqlstate(
@@ -576,7 +579,10 @@ fn an_immediate_restart_under_load_keeps_every_commit_and_no_half() {
         // An outbox consumer delivering what the executors' costs produce.
         worker(&db, progress[5].clone(), |c, _, acks| {
             let ids: Vec<String> = c
-                .query("SELECT id FROM ledger.outbox_claim('drain', 20, 60)", &[])?
+                .query(
+                    "SELECT id FROM ledger.claim_outbox_events('drain', 20, 60)",
+                    &[],
+                )?
                 .iter()
                 .map(|r| r.get(0))
                 .collect();
@@ -585,7 +591,7 @@ fn an_immediate_restart_under_load_keeps_every_commit_and_no_half() {
                 return Ok(());
             }
             let n: i32 = c
-                .query_one("SELECT ledger.outbox_ack('drain', $1)", &[&ids])?
+                .query_one("SELECT ledger.ack_outbox_events('drain', $1)", &[&ids])?
                 .get(0);
             assert_eq!(n as usize, ids.len());
             acks.extend(ids.into_iter().map(|id| ("delivered", id)));
@@ -715,7 +721,7 @@ fn an_immediate_restart_under_load_keeps_every_commit_and_no_half() {
     for (what, sql) in [
         ("step", "SELECT count(*) FROM ledger.run_steps WHERE run_id = 'steps'"),
         ("checkpoint", "SELECT last_checkpoint_no FROM ledger.tasks WHERE id = 'cp'"),
-        ("flip", "SELECT count(*) - 1 FROM ledger.run_events WHERE run_id = 'flip' AND kind = 'run.status'"),
+        ("flip", "SELECT count(*) - 1 FROM ledger.run_events WHERE run_id = 'flip' AND event_type = 'run.status'"),
     ] {
         let n: i64 = one(&mut c, sql);
         let acked = count(&acks, what);
@@ -724,7 +730,7 @@ fn an_immediate_restart_under_load_keeps_every_commit_and_no_half() {
     let flip: String = one(&mut c, "SELECT status FROM ledger.runs WHERE id = 'flip'");
     let flips: i64 = one(
         &mut c,
-        "SELECT count(*) FROM ledger.run_events WHERE run_id = 'flip' AND kind = 'run.status'",
+        "SELECT count(*) FROM ledger.run_events WHERE run_id = 'flip' AND event_type = 'run.status'",
     );
     assert_eq!(flip, if flips % 2 == 0 { "paused" } else { "running" });
 

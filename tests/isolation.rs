@@ -172,7 +172,10 @@ fn populate(app: &mut Client, s: Scope) {
     ] {
         exec(app, &sql);
     }
-    let held: i64 = one(app, "SELECT count(*) FROM ledger.outbox_claim('worker', 1)");
+    let held: i64 = one(
+        app,
+        "SELECT count(*) FROM ledger.claim_outbox_events('worker', 1)",
+    );
     assert_eq!(held, 1);
 }
 
@@ -271,7 +274,7 @@ fn refusals(v: &Victim) -> Vec<(String, &'static str)> {
         (format!("SELECT ledger.set_task_snapshot({t1}, '{{}}')"), "TASK_NOT_FOUND"),
         (format!("SELECT ledger.retry_task({t1})"), "TASK_NOT_FOUND"),
         (format!("SELECT ledger.replay_task({t1})"), "TASK_NOT_FOUND"),
-        (format!("SELECT ledger.outbox_nack('worker', '{}', 'no')", v.held), "OUTBOX_EVENT_NOT_FOUND"),
+        (format!("SELECT ledger.nack_outbox_events('worker', '{}', 'no')", v.held), "OUTBOX_EVENT_NOT_FOUND"),
     ];
     // Each tool-call function on each record: succeeded, in doubt, waiting, claimed (attempt 0 or 1).
     for id in &v.tool_calls {
@@ -306,7 +309,7 @@ fn refusals(v: &Victim) -> Vec<(String, &'static str)> {
     }
     for id in &v.outbox {
         list.push((
-            format!("SELECT ledger.outbox_replay('{id}')"),
+            format!("SELECT ledger.replay_outbox_event('{id}')"),
             "OUTBOX_EVENT_NOT_FOUND",
         ));
     }
@@ -338,7 +341,10 @@ fn another_scopes_objects_are_not_found_through_any_function() {
             refused(&mut app, &sql, "P0002", code);
         }
         let acked: i32 = app
-            .query_one("SELECT ledger.outbox_ack('worker', $1)", &[&v.outbox])
+            .query_one(
+                "SELECT ledger.ack_outbox_events('worker', $1)",
+                &[&v.outbox],
+            )
             .unwrap()
             .get(0);
         assert_eq!(acked, 0, "another scope's events are not ours to ack");
@@ -349,7 +355,7 @@ fn another_scopes_objects_are_not_found_through_any_function() {
     assert!(!due.is_empty());
     let claimed = strings(
         &mut app,
-        "SELECT id FROM ledger.outbox_claim('worker', 1000) ORDER BY id",
+        "SELECT id FROM ledger.claim_outbox_events('worker', 1000) ORDER BY id",
     );
     assert_eq!(claimed, due);
 

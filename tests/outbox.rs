@@ -31,7 +31,7 @@ fn events(c: &mut Client, count: i32) -> Vec<String> {
 /// (id, attempt_count) of a claimed batch.
 fn claim(c: &mut Client, consumer: &str, max: i32, lease: i32) -> Vec<(String, i32)> {
     c.query(
-        "SELECT id, attempt_count FROM ledger.outbox_claim($1, $2, $3)",
+        "SELECT id, attempt_count FROM ledger.claim_outbox_events($1, $2, $3)",
         &[&consumer, &max, &lease],
     )
     .unwrap()
@@ -41,9 +41,12 @@ fn claim(c: &mut Client, consumer: &str, max: i32, lease: i32) -> Vec<(String, i
 }
 
 fn ack(c: &mut Client, consumer: &str, ids: &[String]) -> i32 {
-    c.query_one("SELECT ledger.outbox_ack($1, $2)", &[&consumer, &ids])
-        .unwrap()
-        .get(0)
+    c.query_one(
+        "SELECT ledger.ack_outbox_events($1, $2)",
+        &[&consumer, &ids],
+    )
+    .unwrap()
+    .get(0)
 }
 
 fn sorted(mut ids: Vec<String>) -> Vec<String> {
@@ -100,7 +103,7 @@ fn four_consumers_drain_10000_events_each_delivered_exactly_once() {
     let left: i64 = one(
         &mut setup,
         "SELECT count(*) FROM ledger.outbox WHERE NOT (status = 'done' AND attempt_count = 1 \
-            AND processed_at IS NOT NULL AND lock_owner IS NULL)",
+            AND processed_at IS NOT NULL AND lease_owner IS NULL)",
     );
     assert_eq!(left, 0);
 }
@@ -142,7 +145,7 @@ fn a_killed_consumers_batch_is_redelivered_after_its_lease() {
     assert_eq!(ack(&mut admin, "victim", &held), 0);
     let done: i64 = one(
         &mut admin,
-        "SELECT count(*) FROM ledger.outbox WHERE status = 'done' AND lock_owner IS NULL",
+        "SELECT count(*) FROM ledger.outbox WHERE status = 'done' AND lease_owner IS NULL",
     );
     assert_eq!(done, all.len() as i64);
 }
@@ -164,7 +167,7 @@ fn an_event_nacked_64_times_fails_and_replay_brings_it_back() {
         );
         let status: String = consumer
             .query_one(
-                "SELECT status FROM ledger.outbox_nack('c1', $1, $2)",
+                "SELECT status FROM ledger.nack_outbox_events('c1', $1, $2)",
                 &[&id, &format!("attempt {attempt} failed")],
             )
             .unwrap()
@@ -174,7 +177,7 @@ fn an_event_nacked_64_times_fails_and_replay_brings_it_back() {
     }
     let row = admin
         .query_one(
-            "SELECT status, attempt_count, replay_count, last_error, processed_at IS NOT NULL FROM ledger.outbox",
+            "SELECT status, attempt_count, replay_count, error_message, processed_at IS NOT NULL FROM ledger.outbox",
             &[],
         )
         .unwrap();
@@ -195,7 +198,7 @@ fn an_event_nacked_64_times_fails_and_replay_brings_it_back() {
     exec(&mut listener, "LISTEN ledger_outbox");
     let row = session(&db)
         .query_one(
-            "SELECT status, attempt_count, replay_count FROM ledger.outbox_replay($1)",
+            "SELECT status, attempt_count, replay_count FROM ledger.replay_outbox_event($1)",
             &[&id],
         )
         .unwrap();
@@ -216,7 +219,7 @@ fn an_event_nacked_64_times_fails_and_replay_brings_it_back() {
     assert_eq!(note.payload(), id);
     assert_eq!(claim(&mut listener, "c2", 1, 60), vec![(id.clone(), 65)]);
     let err = consumer
-        .query("SELECT ledger.outbox_replay($1)", &[&id])
+        .query("SELECT ledger.replay_outbox_event($1)", &[&id])
         .unwrap_err();
     assert_eq!(failure(&err), ("55000".into(), "OUTBOX_NOT_FAILED".into()));
 }

@@ -59,7 +59,7 @@ fn racing_the_same_transition_exactly_one_wins() {
     assert_eq!(status, "succeeded");
     let kinds: i64 = one(
         &mut setup,
-        "SELECT count(*) FROM ledger.run_events WHERE kind = 'run.status'",
+        "SELECT count(*) FROM ledger.run_events WHERE event_type = 'run.status'",
     );
     assert_eq!(kinds, 2, "the loser wrote no event");
 }
@@ -190,7 +190,7 @@ fn listen_and_catch_up_lose_nothing_across_reconnect_and_restart() {
     exec(&mut writer, "SELECT ledger.transition_run('r', 'running')");
     let note = wait_notified(&mut listener);
     assert_eq!(note["seq"], 2);
-    assert_eq!(note["kind"], "run.status");
+    assert_eq!(note["event_type"], "run.status");
     assert_eq!(note["run_id"], "r");
     assert!(note["event_id"].as_str().unwrap().starts_with("evt_"));
     assert_eq!(note.as_object().unwrap().len(), 4, "ids only: {note}");
@@ -572,7 +572,7 @@ fn run_and_step_writers_in_one_transaction_do_not_deadlock() {
         .expect("no deadlock: X sees the step already running");
     let kinds: i64 = one(
         &mut y,
-        "SELECT count(*) FROM ledger.run_events WHERE kind = 'step.status'",
+        "SELECT count(*) FROM ledger.run_events WHERE event_type = 'step.status'",
     );
     assert_eq!(kinds, 1);
 }
@@ -858,7 +858,7 @@ fn a_re_run_gets_every_tool_result_back_without_executing() {
     }
     let replayed: i64 = one(
         &mut b,
-        "SELECT count(*) FROM ledger.events_since('r2') WHERE kind = 'tool_call.replayed'",
+        "SELECT count(*) FROM ledger.events_since('r2') WHERE event_type = 'tool_call.replayed'",
     );
     assert_eq!(replayed, 3);
     let records: i64 = one(&mut b, "SELECT count(*) FROM ledger.run_step_tool_calls");

@@ -101,7 +101,7 @@ impl Drop for Standby {
 
 /// What the read functions say about run `r` and its artifact, in one text.
 const READS: &str = "SELECT concat_ws(' | ', \
-       (SELECT string_agg(event_id || ':' || seq || ':' || kind, ',' ORDER BY seq) FROM ledger.events_since('r')), \
+       (SELECT string_agg(event_id || ':' || seq || ':' || event_type, ',' ORDER BY seq) FROM ledger.events_since('r')), \
        (SELECT string_agg(event_id, ',' ORDER BY seq) FROM ledger.events_since('r', (SELECT event_id FROM ledger.events_since('r') WHERE seq = 2))), \
        ledger.run_channel('r'), ledger.run_inputs('r')::text, \
        encode(ledger.get_artifact((SELECT id FROM ledger.run_artifacts WHERE run_id = 'r' AND artifact_type = 'file')), 'escape'), \

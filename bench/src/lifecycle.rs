@@ -231,7 +231,7 @@ impl Feed {
                 let seq = first + i as i64;
                 let id = format!("evt_{}", ulid::Ulid::new());
                 let note =
-                    json!({"run_id": run_id, "seq": seq, "event_id": id, "kind": kind}).to_string();
+                    json!({"run_id": run_id, "seq": seq, "event_id": id, "event_type": kind}).to_string();
                 (id, seq, note)
             })
             .collect();

@@ -59,7 +59,7 @@ fn events_since(s: &Settings, c: &mut postgres::Client, targets: &mut Vec<Target
     // the ledger's ULIDs, then each run's last_seq is moved past them.
     let n = (runs * per) as i64;
     c.execute(
-        "INSERT INTO ledger.run_events (tenant_id, workspace_id, id, run_id, seq, kind, payload)
+        "INSERT INTO ledger.run_events (tenant_id, workspace_id, id, run_id, seq, event_type, payload)
          SELECT 'bench', 'events', format('evt_%s_%s', r, lpad(e::text, 8, '0')),
                 'ev-' || r, e + 1, 'bench.tick', jsonb_build_object('n', e, 'text', repeat('x', 100))
            FROM generate_series(1, $2::bigint) e, generate_series(0, ($1::bigint / $2::bigint) - 1) r",

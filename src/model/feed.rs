@@ -12,7 +12,7 @@ pub fn allocate<'a>(seqs: impl Iterator<Item = &'a mut Option<i64>>, last: i64) 
 
 /// `INSERT ... VALUES` of `n` events and, with `notify`, their `n` notifications in seq order:
 /// $1..$4 are the tenant, workspace, run and channel, then six parameters per event (id, seq,
-/// kind, step, payload, note). Without `notify`, the channel and the notes are not used. A
+/// event type, step, payload, note). Without `notify`, the channel and the notes are not used. A
 /// `VALUES` list keeps a cheap generic plan; an `unnest` of arrays did not.
 pub fn insert_statement(n: usize, notify: bool) -> String {
     let p = |i: usize, k: usize| 5 + 6 * i + k;
@@ -30,7 +30,7 @@ pub fn insert_statement(n: usize, notify: bool) -> String {
         .collect();
     let insert = format!(
         "INSERT INTO ledger.run_events \
-             (tenant_id, workspace_id, id, run_id, seq, kind, step_id, payload) \
+             (tenant_id, workspace_id, id, run_id, seq, event_type, step_id, payload) \
          VALUES {}",
         rows.join(", ")
     );

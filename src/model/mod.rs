@@ -1,6 +1,7 @@
 //! Pure logic: no Postgres calls, tested with plain `#[test]`s.
 pub mod args;
 pub mod cost;
+pub mod events;
 pub mod evidence;
 pub mod feed;
 pub mod hash;

@@ -1,4 +1,4 @@
-//! The outbox consumer's rules (SPEC §11): batch and lease bounds, the retry backoff, and when an
+//! The outbox consumer's rules: batch and lease bounds, the retry backoff, and when an
 //! event fails for good. No Postgres here.
 
 use crate::error::{Class, LedgerError, Result};
@@ -83,21 +83,21 @@ pub fn after_nack(attempt_count: i32, replay_count: i32) -> AfterNack {
     }
 }
 
-/// Only the consumer holding an event may nack it (55000 `OUTBOX_NOT_LOCKED`). An expired lock
-/// that nobody has re-taken is still held: the attempt is over either way.
-pub fn check_held(id: &str, consumer: &str, status: &str, lock_owner: Option<&str>) -> Result<()> {
-    if status == "processing" && lock_owner == Some(consumer) {
+/// Only the lease owner holding an event may nack it (55000 `OUTBOX_NOT_LEASED`). An expired
+/// lease that nobody has re-taken is still held: the attempt is over either way.
+pub fn check_held(id: &str, lease_owner: &str, status: &str, held_by: Option<&str>) -> Result<()> {
+    if status == "processing" && held_by == Some(lease_owner) {
         return Ok(());
     }
     Err(LedgerError::new(
         Class::WrongState,
-        "OUTBOX_NOT_LOCKED",
-        format!("outbox event {id} is not locked by consumer {consumer}"),
+        "OUTBOX_NOT_LEASED",
+        format!("outbox event {id} is not leased to {lease_owner}"),
     )
     .with("id", id)
-    .with("consumer", consumer)
+    .with("lease_owner", lease_owner)
     .with("status", status)
-    .with("lock_owner", lock_owner))
+    .with("held_by", held_by))
 }
 
 /// Only a failed event is replayed (55000 `OUTBOX_NOT_FAILED`).
@@ -182,7 +182,7 @@ mod tests {
             ("failed", None),
         ] {
             let e = check_held("obx_1", "c1", status, owner).unwrap_err();
-            assert_eq!((e.class, e.code), (Class::WrongState, "OUTBOX_NOT_LOCKED"));
+            assert_eq!((e.class, e.code), (Class::WrongState, "OUTBOX_NOT_LEASED"));
             assert_eq!(e.detail["status"], status);
         }
         assert!(check_failed("obx_1", "failed").is_ok());

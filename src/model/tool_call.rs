@@ -232,10 +232,10 @@ impl Resolution {
             "failed" => Ok(Resolution::Failed),
             "retry" => Ok(Resolution::Retry),
             _ => Err(LedgerError::invalid(
-                "RESOLUTION_UNKNOWN",
-                "resolution must be succeeded, failed or retry",
+                "DECISION_UNKNOWN",
+                "decision must be succeeded, failed or retry",
             )
-            .with("resolution", s)),
+            .with("decision", s)),
         }
     }
 
@@ -404,7 +404,7 @@ mod tests {
         assert_eq!(Resolution::parse("retry").unwrap(), Resolution::Retry);
         assert_eq!(
             Resolution::parse("Retry").unwrap_err().code,
-            "RESOLUTION_UNKNOWN"
+            "DECISION_UNKNOWN"
         );
         for s in CallStatus::ALL {
             assert_eq!(CallStatus::parse(s.as_str()).unwrap(), s);

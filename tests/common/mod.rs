@@ -212,15 +212,15 @@ pub const INVARIANTS: [(&str, &str); 13] = [
         "SELECT count(*) FROM ledger.runs r LEFT JOIN ledger.run_events e \
              ON (e.tenant_id, e.workspace_id, e.run_id, e.seq) = (r.tenant_id, r.workspace_id, r.id, 1) \
            LEFT JOIN (SELECT tenant_id, workspace_id, run_id, count(*) AS n FROM ledger.run_events \
-                       WHERE kind = 'run.created' GROUP BY 1, 2, 3) c \
+                       WHERE event_type = 'run.created' GROUP BY 1, 2, 3) c \
              ON (c.tenant_id, c.workspace_id, c.run_id) = (r.tenant_id, r.workspace_id, r.id) \
-          WHERE e.kind IS DISTINCT FROM 'run.created' OR c.n IS DISTINCT FROM 1",
+          WHERE e.event_type IS DISTINCT FROM 'run.created' OR c.n IS DISTINCT FROM 1",
     ),
     (
         "every step belongs to a run, its step_no the seq of its step.created event",
         "SELECT count(*) FROM ledger.run_steps s LEFT JOIN ledger.run_events e \
              ON (e.tenant_id, e.workspace_id, e.run_id, e.seq) = (s.tenant_id, s.workspace_id, s.run_id, s.step_no) \
-          WHERE e.kind IS DISTINCT FROM 'step.created' OR e.step_id IS DISTINCT FROM s.id",
+          WHERE e.event_type IS DISTINCT FROM 'step.created' OR e.step_id IS DISTINCT FROM s.id",
     ),
     (
         "every task's checkpoints are 1..last_checkpoint_no without a hole",
@@ -253,10 +253,10 @@ pub const INVARIANTS: [(&str, &str); 13] = [
     (
         "every outbox row's lock fits its status",
         "SELECT count(*) FROM ledger.outbox o WHERE (CASE o.status \
-           WHEN 'pending' THEN o.lock_owner IS NULL AND o.lock_expires_at IS NULL AND o.processed_at IS NULL \
-           WHEN 'processing' THEN o.lock_owner IS NOT NULL AND o.lock_expires_at IS NOT NULL \
+           WHEN 'pending' THEN o.lease_owner IS NULL AND o.lease_expires_at IS NULL AND o.processed_at IS NULL \
+           WHEN 'processing' THEN o.lease_owner IS NOT NULL AND o.lease_expires_at IS NOT NULL \
                 AND o.processed_at IS NULL AND o.attempt_count >= 1 \
-           ELSE o.lock_owner IS NULL AND o.lock_expires_at IS NULL AND o.processed_at IS NOT NULL END) IS NOT TRUE",
+           ELSE o.lease_owner IS NULL AND o.lease_expires_at IS NULL AND o.processed_at IS NOT NULL END) IS NOT TRUE",
     ),
     (
         "every run has its one run.created outbox row",
@@ -268,7 +268,7 @@ pub const INVARIANTS: [(&str, &str); 13] = [
         "every terminal run.status event has its run.status.updated outbox row",
         "SELECT count(*) FROM ledger.runs r WHERE \
            (SELECT count(*) FROM ledger.run_events e WHERE (e.tenant_id, e.workspace_id, e.run_id) = \
-              (r.tenant_id, r.workspace_id, r.id) AND e.kind = 'run.status' \
+              (r.tenant_id, r.workspace_id, r.id) AND e.event_type = 'run.status' \
               AND e.payload->>'to' IN ('succeeded', 'failed', 'canceled', 'expired')) <> \
            (SELECT count(*) FROM ledger.outbox o WHERE (o.tenant_id, o.workspace_id, o.run_id) = \
               (r.tenant_id, r.workspace_id, r.id) AND o.event_type = 'run.status.updated')",
@@ -276,7 +276,7 @@ pub const INVARIANTS: [(&str, &str); 13] = [
     (
         "every cost entry has one cost.recorded event and one outbox row, every such event its entry",
         "WITH ev AS (SELECT tenant_id, workspace_id, payload->>'cost_id' AS id, count(*) AS n FROM ledger.run_events \
-                      WHERE kind = 'cost.recorded' GROUP BY 1, 2, 3), \
+                      WHERE event_type = 'cost.recorded' GROUP BY 1, 2, 3), \
               ob AS (SELECT tenant_id, workspace_id, substr(subject, 6) AS id, count(*) AS n FROM ledger.outbox \
                       WHERE event_type = 'cost.recorded' GROUP BY 1, 2, 3) \
          SELECT count(*) FROM ledger.run_cost_entries c FULL JOIN ev USING (tenant_id, workspace_id, id) \
@@ -286,7 +286,7 @@ pub const INVARIANTS: [(&str, &str); 13] = [
     (
         "every in-doubt marking is in the feed and the outbox alike",
         "WITH ev AS (SELECT tenant_id, workspace_id, payload->>'tool_call_record_id' AS id, count(*) AS n \
-                       FROM ledger.run_events WHERE kind = 'tool_call.in_doubt' GROUP BY 1, 2, 3), \
+                       FROM ledger.run_events WHERE event_type = 'tool_call.in_doubt' GROUP BY 1, 2, 3), \
               ob AS (SELECT tenant_id, workspace_id, substr(subject, 11) AS id, count(*) AS n FROM ledger.outbox \
                       WHERE event_type = 'tool_call.in_doubt' GROUP BY 1, 2, 3) \
          SELECT count(*) FROM ev FULL JOIN ob USING (tenant_id, workspace_id, id) \

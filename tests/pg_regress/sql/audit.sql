@@ -13,7 +13,6 @@ INSERT INTO audit VALUES
   ('scope_tenant',    'stable',    false, 'safe',   'invoker', 'reads a GUC; used by the RLS policies'),
   ('scope_workspace', 'stable',    false, 'safe',   'invoker', 'reads a GUC; used by the RLS policies'),
   ('set_scope',       'volatile',  false, 'unsafe', 'invoker', 'sets GUCs; a SET clause would undo is_local'),
-  ('record_response_event', 'volatile', false, 'unsafe', 'invoker', 'SQL wrapper of a definer function'),
 -- Readers: explicit scope filters, and as ledger_owner forced RLS applies on top of them even
 -- when the caller is a superuser or has BYPASSRLS.
   ('events_since',    'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
@@ -43,7 +42,7 @@ INSERT INTO audit VALUES
   ('register_artifact',   'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('record_cost',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('record_audit',        'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
-  ('record_response_event_internal', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('record_response_event', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('record_citation',     'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('record_feedback',     'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('create_task',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
@@ -53,10 +52,10 @@ INSERT INTO audit VALUES
   ('set_task_snapshot',   'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('retry_task',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('replay_task',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
-  ('outbox_claim',        'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
-  ('outbox_ack',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
-  ('outbox_nack',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
-  ('outbox_replay',       'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('claim_outbox_events', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('ack_outbox_events',   'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('nack_outbox_events',  'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('replay_outbox_event', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('purge_runs',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path');
 
 CREATE TEMP VIEW actual AS
@@ -80,7 +79,7 @@ SELECT coalesce(a.name, w.name) AS name, a.volatility, a.strict, a.parallel, a.s
 -- are checked by the #[pg_test]s in src/lib.rs.)
 SELECT w.name FROM audit w JOIN pg_proc p ON p.proname = w.name
                            AND p.pronamespace = 'ledger'::regnamespace
- WHERE w.volatility = 'volatile' AND w.name NOT IN ('set_scope', 'record_response_event')
+ WHERE w.volatility = 'volatile' AND w.name <> 'set_scope'
    AND has_function_privilege('ledger_reader', p.oid, 'EXECUTE')
  ORDER BY 1;
 

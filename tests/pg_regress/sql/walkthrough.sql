@@ -38,9 +38,9 @@ SELECT ledger.transition_run('run-demo-1', 'paused', expected_status => 'queued'
 SELECT id, status FROM ledger.transition_run('run-demo-1', 'running');
 
 -- 5. Catch-up (replay #2): a client that saw events up to seq 3 asks for the rest.
-SELECT seq, kind, step_id, payload->>'to' AS "to" FROM ledger.events_since('run-demo-1') ORDER BY seq;
+SELECT seq, event_type, step_id, payload->>'to' AS "to" FROM ledger.events_since('run-demo-1') ORDER BY seq;
 SELECT event_id AS cursor FROM ledger.events_since('run-demo-1') WHERE seq = 3 \gset
-SELECT seq, kind, step_id FROM ledger.events_since('run-demo-1', :'cursor');
+SELECT seq, event_type, step_id FROM ledger.events_since('run-demo-1', :'cursor');
 -- Live clients LISTEN on the run's channel before reading (see the README's client contract).
 SELECT ledger.run_channel('run-demo-1') LIKE 'ledger_run_%' AS channel_ok;
 -- A cursor that is not an event of this run is an error, never a silent replay from the start.
@@ -88,7 +88,7 @@ SELECT ledger.claim_tool_call('run-demo-1', 'email.send', '{"to": "customer@exam
 SELECT (ledger.transition_step('step-lookup', 'skipped')).status;
 SELECT id, status, ended_at IS NOT NULL AS ended, duration_ms >= 0 AS timed
   FROM ledger.transition_run('run-demo-1', 'succeeded', output_summary => 'Order 1042 ships tomorrow.');
-SELECT event_type, status, payload->>'new_status' AS new_status FROM ledger.outbox ORDER BY occurred_at, event_type;
+SELECT event_type, status, payload->>'to' AS "to" FROM ledger.outbox ORDER BY occurred_at, event_type;
 
 -- 9. Re-running (replay #4) keeps lineage in the ledger: a new run from this one is attempt 2 of the
 --    same root, and its tool calls with unchanged keys come back from the ledger.
@@ -107,7 +107,7 @@ SELECT ledger.replay_ready('run-demo-1');
 SELECT (ledger.record_cost('run-demo-1', 'tokens', 1200, 0.0125, 'USD', step_id => 'step-plan',
         usage => '{"prompt_tokens": 1000, "completion_tokens": 200, "latency_ms": 850}', model_ref => 'small')).amount;
 SELECT (ledger.record_cost('run-demo-1', 'requests', 1, 0.01, 'EUR', usage => '{"request_count": 1}')).amount;
-SELECT (ledger.record_response_event('run-demo-1', 'message', '{"text": "Order 1042 ships tomorrow."}')).type;
+SELECT (ledger.record_response_event('run-demo-1', 'message', '{"text": "Order 1042 ships tomorrow."}')).event_type;
 SELECT (ledger.record_audit('run-demo-1', 'gateway.request', 'allowed',
         '{"tool": "crm.lookup_order", "egress_decision": "allow", "authorization": "Bearer abc123def456"}',
         step_id => (SELECT step_id FROM ledger.run_step_tool_calls WHERE id = :'call_lookup'))).payload;

@@ -1,0 +1,392 @@
+//! Every event the ledger writes, declared once: the run feed's event types (`run_events`), the
+//! outbox's (`outbox`) and the ledger's own entries in a task's history (`task_events`), each
+//! with its payload as a typed struct. The event reference in `docs/reference.md` is checked
+//! against `EVENT_TYPES` by a test.
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// Where an event type is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stream {
+    /// A run's feed (`ledger.run_events`, read with `events_since`).
+    Feed,
+    /// The transactional outbox (`ledger.outbox`, read with `claim_outbox_events`).
+    Outbox,
+    /// A task's history (`ledger.task_events`).
+    Task,
+}
+
+/// Every event type the ledger writes, with the streams it is written to.
+pub const EVENT_TYPES: &[(&str, &[Stream])] = &[
+    ("run.created", &[Stream::Feed, Stream::Outbox]),
+    ("run.status", &[Stream::Feed]),
+    ("run.status.updated", &[Stream::Outbox]),
+    ("step.created", &[Stream::Feed]),
+    ("step.status", &[Stream::Feed]),
+    ("tool_call.claimed", &[Stream::Feed]),
+    ("tool_call.running", &[Stream::Feed]),
+    ("tool_call.completed", &[Stream::Feed]),
+    ("tool_call.in_doubt", &[Stream::Feed, Stream::Outbox]),
+    ("tool_call.resolved", &[Stream::Feed]),
+    ("tool_call.replayed", &[Stream::Feed]),
+    ("tool_call.lease_expired", &[Stream::Feed]),
+    ("tool_call.rejected", &[Stream::Feed]),
+    ("approval.requested", &[Stream::Feed, Stream::Outbox]),
+    ("approval.resolved", &[Stream::Feed]),
+    ("artifact.created", &[Stream::Feed]),
+    ("cost.recorded", &[Stream::Feed, Stream::Outbox]),
+    ("audit.recorded", &[Stream::Feed]),
+    ("response_event.recorded", &[Stream::Feed]),
+    ("citation.recorded", &[Stream::Feed]),
+    ("feedback.recorded", &[Stream::Feed]),
+    ("task.created", &[Stream::Task]),
+    ("task.status", &[Stream::Task]),
+    ("task.checkpoint", &[Stream::Task]),
+    ("task.snapshot", &[Stream::Task]),
+    ("task.retried", &[Stream::Outbox]),
+];
+
+/// The identity every event about a tool call carries.
+#[derive(Serialize, Clone, Debug)]
+pub struct ToolCallIds<'a> {
+    pub tool_call_record_id: &'a str,
+    pub tool_call_id: &'a str,
+    pub tool_ref: &'a str,
+    pub idempotency_key: &'a str,
+    pub attempt: i64,
+    pub step_id: &'a str,
+}
+
+#[derive(Serialize, Debug)]
+pub struct RunCreated<'a> {
+    pub run_id: &'a str,
+    pub status: &'a str,
+    pub mode: &'a str,
+    pub kind: &'a str,
+    pub subject_kind: &'a str,
+    pub subject_id: Option<&'a str>,
+    pub subject_version_id: Option<&'a str>,
+    pub request_id: Option<&'a str>,
+    pub parent_run_id: Option<&'a str>,
+    pub source_run_id: Option<&'a str>,
+    pub root_run_id: &'a str,
+    pub attempt_no: i32,
+    pub control_action: Option<&'a str>,
+}
+
+/// A run's status change: every one in the feed (`run.status`), the terminal ones in the outbox
+/// (`run.status.updated`), with the same fields.
+#[derive(Serialize, Clone, Debug)]
+pub struct RunStatus<'a> {
+    pub run_id: &'a str,
+    pub mode: &'a str,
+    pub from: &'a str,
+    pub to: &'a str,
+    pub error_code: Option<&'a str>,
+    pub error_step_id: Option<&'a str>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct StepCreated<'a> {
+    pub step_id: &'a str,
+    pub step_key: Option<&'a str>,
+    pub step_type: &'a str,
+    pub node_id: Option<&'a str>,
+    pub status: &'a str,
+}
+
+#[derive(Serialize, Debug)]
+pub struct StepStatus<'a> {
+    pub step_id: &'a str,
+    pub from: &'a str,
+    pub to: &'a str,
+    pub error_code: Option<&'a str>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct ToolCallClaimed<'a> {
+    #[serde(flatten)]
+    pub call: ToolCallIds<'a>,
+    pub lease_owner: &'a str,
+}
+
+#[derive(Serialize, Debug)]
+pub struct ToolCallCompleted<'a> {
+    #[serde(flatten)]
+    pub call: ToolCallIds<'a>,
+    pub status: &'a str,
+    pub result_artifact_id: Option<&'a str>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct ToolCallResolved<'a> {
+    #[serde(flatten)]
+    pub call: ToolCallIds<'a>,
+    pub decision: &'a str,
+    pub actor: Option<&'a str>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct ToolCallReplayed<'a> {
+    #[serde(flatten)]
+    pub call: ToolCallIds<'a>,
+    pub source_run_id: &'a str,
+}
+
+/// `approval.requested` (the outbox row also carries the title) and `tool_call.rejected`.
+#[derive(Serialize, Debug)]
+pub struct ToolCallApproval<'a> {
+    #[serde(flatten)]
+    pub call: ToolCallIds<'a>,
+    pub approval_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub title: Option<&'a str>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct ApprovalResolved<'a> {
+    pub approval_id: &'a str,
+    pub decision: &'a str,
+    pub actor: Option<&'a str>,
+    pub tool_call_record_id: Option<&'a str>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct ArtifactCreated<'a> {
+    pub artifact_id: &'a str,
+    pub artifact_type: &'a str,
+    pub size_bytes: i64,
+    pub sha256: &'a str,
+}
+
+#[derive(Serialize, Debug)]
+pub struct CostRecorded<'a> {
+    pub cost_id: &'a str,
+    pub run_id: &'a str,
+    pub step_id: Option<&'a str>,
+    pub billing_basis: &'a str,
+    /// A decimal string.
+    pub amount: Option<&'a str>,
+    pub currency: Option<&'a str>,
+    pub source_ref: Option<&'a str>,
+}
+
+/// An evidence record written to its table (`audit_events`, `response_events`, `citations`,
+/// `run_feedback`): the feed names the row.
+#[derive(Serialize, Debug)]
+pub struct Recorded<'a> {
+    pub id: &'a str,
+    pub table: &'a str,
+}
+
+#[derive(Serialize, Debug)]
+pub struct TaskCreated<'a> {
+    pub task_id: &'a str,
+    pub task_type: &'a str,
+    pub run_id: Option<&'a str>,
+    pub status: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replayed_from_task_id: Option<&'a str>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct TaskStatus<'a> {
+    pub task_id: &'a str,
+    pub from: &'a str,
+    pub to: &'a str,
+    pub error_code: Option<&'a str>,
+    /// The progress merged by this transition, if any.
+    pub progress: Option<&'a Value>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct TaskCheckpoint<'a> {
+    pub task_id: &'a str,
+    pub checkpoint_id: &'a str,
+    pub checkpoint_no: i64,
+}
+
+#[derive(Serialize, Debug)]
+pub struct TaskSnapshot<'a> {
+    pub task_id: &'a str,
+    /// The snapshot's top-level keys.
+    pub keys: Vec<&'a str>,
+}
+
+#[derive(Serialize, Debug)]
+pub struct TaskRetried<'a> {
+    pub task_id: &'a str,
+    pub task_type: &'a str,
+    pub run_id: Option<&'a str>,
+    pub from: &'a str,
+    pub attempt_count: i32,
+}
+
+/// One event, its type fixed by its variant.
+#[derive(Debug)]
+pub enum Event<'a> {
+    RunCreated(RunCreated<'a>),
+    RunStatus(RunStatus<'a>),
+    RunStatusUpdated(RunStatus<'a>),
+    StepCreated(StepCreated<'a>),
+    StepStatus(StepStatus<'a>),
+    ToolCallClaimed(ToolCallClaimed<'a>),
+    ToolCallRunning(ToolCallIds<'a>),
+    ToolCallCompleted(ToolCallCompleted<'a>),
+    ToolCallInDoubt(ToolCallIds<'a>),
+    ToolCallResolved(ToolCallResolved<'a>),
+    ToolCallReplayed(ToolCallReplayed<'a>),
+    ToolCallLeaseExpired(ToolCallIds<'a>),
+    ToolCallRejected(ToolCallApproval<'a>),
+    ApprovalRequested(ToolCallApproval<'a>),
+    ApprovalResolved(ApprovalResolved<'a>),
+    ArtifactCreated(ArtifactCreated<'a>),
+    CostRecorded(CostRecorded<'a>),
+    AuditRecorded(Recorded<'a>),
+    ResponseEventRecorded(Recorded<'a>),
+    CitationRecorded(Recorded<'a>),
+    FeedbackRecorded(Recorded<'a>),
+    TaskCreated(TaskCreated<'a>),
+    TaskStatus(TaskStatus<'a>),
+    TaskCheckpoint(TaskCheckpoint<'a>),
+    TaskSnapshot(TaskSnapshot<'a>),
+    TaskRetried(TaskRetried<'a>),
+}
+
+impl Event<'_> {
+    pub fn event_type(&self) -> &'static str {
+        match self {
+            Event::RunCreated(_) => "run.created",
+            Event::RunStatus(_) => "run.status",
+            Event::RunStatusUpdated(_) => "run.status.updated",
+            Event::StepCreated(_) => "step.created",
+            Event::StepStatus(_) => "step.status",
+            Event::ToolCallClaimed(_) => "tool_call.claimed",
+            Event::ToolCallRunning(_) => "tool_call.running",
+            Event::ToolCallCompleted(_) => "tool_call.completed",
+            Event::ToolCallInDoubt(_) => "tool_call.in_doubt",
+            Event::ToolCallResolved(_) => "tool_call.resolved",
+            Event::ToolCallReplayed(_) => "tool_call.replayed",
+            Event::ToolCallLeaseExpired(_) => "tool_call.lease_expired",
+            Event::ToolCallRejected(_) => "tool_call.rejected",
+            Event::ApprovalRequested(_) => "approval.requested",
+            Event::ApprovalResolved(_) => "approval.resolved",
+            Event::ArtifactCreated(_) => "artifact.created",
+            Event::CostRecorded(_) => "cost.recorded",
+            Event::AuditRecorded(_) => "audit.recorded",
+            Event::ResponseEventRecorded(_) => "response_event.recorded",
+            Event::CitationRecorded(_) => "citation.recorded",
+            Event::FeedbackRecorded(_) => "feedback.recorded",
+            Event::TaskCreated(_) => "task.created",
+            Event::TaskStatus(_) => "task.status",
+            Event::TaskCheckpoint(_) => "task.checkpoint",
+            Event::TaskSnapshot(_) => "task.snapshot",
+            Event::TaskRetried(_) => "task.retried",
+        }
+    }
+
+    /// The payload as stored (a JSON object).
+    pub fn payload(&self) -> Value {
+        let value = match self {
+            Event::RunCreated(p) => serde_json::to_value(p),
+            Event::RunStatus(p) | Event::RunStatusUpdated(p) => serde_json::to_value(p),
+            Event::StepCreated(p) => serde_json::to_value(p),
+            Event::StepStatus(p) => serde_json::to_value(p),
+            Event::ToolCallClaimed(p) => serde_json::to_value(p),
+            Event::ToolCallRunning(p) | Event::ToolCallInDoubt(p) | Event::ToolCallLeaseExpired(p) => {
+                serde_json::to_value(p)
+            }
+            Event::ToolCallCompleted(p) => serde_json::to_value(p),
+            Event::ToolCallResolved(p) => serde_json::to_value(p),
+            Event::ToolCallReplayed(p) => serde_json::to_value(p),
+            Event::ToolCallRejected(p) | Event::ApprovalRequested(p) => serde_json::to_value(p),
+            Event::ApprovalResolved(p) => serde_json::to_value(p),
+            Event::ArtifactCreated(p) => serde_json::to_value(p),
+            Event::CostRecorded(p) => serde_json::to_value(p),
+            Event::AuditRecorded(p)
+            | Event::ResponseEventRecorded(p)
+            | Event::CitationRecorded(p)
+            | Event::FeedbackRecorded(p) => serde_json::to_value(p),
+            Event::TaskCreated(p) => serde_json::to_value(p),
+            Event::TaskStatus(p) => serde_json::to_value(p),
+            Event::TaskCheckpoint(p) => serde_json::to_value(p),
+            Event::TaskSnapshot(p) => serde_json::to_value(p),
+            Event::TaskRetried(p) => serde_json::to_value(p),
+        };
+        // Structs of strings and integers always serialise; an empty object would still be a
+        // valid payload.
+        value.unwrap_or_else(|_| Value::Object(serde_json::Map::new()))
+    }
+}
+
+/// Whether callers may write this type to a task's history themselves (the ledger's own are
+/// reserved).
+pub fn task_event_reserved(event_type: &str) -> bool {
+    EVENT_TYPES
+        .iter()
+        .any(|(t, streams)| *t == event_type && streams.contains(&Stream::Task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call() -> ToolCallIds<'static> {
+        ToolCallIds {
+            tool_call_record_id: "tc_1",
+            tool_call_id: "call-1",
+            tool_ref: "crm.lookup",
+            idempotency_key: "tool:r:call-1",
+            attempt: 2,
+            step_id: "step_1",
+        }
+    }
+
+    #[test]
+    fn every_event_type_is_declared_once() {
+        let mut names: Vec<&str> = EVENT_TYPES.iter().map(|(t, _)| *t).collect();
+        names.sort_unstable();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n);
+    }
+
+    #[test]
+    fn tool_call_payloads_flatten_the_identity() {
+        let e = Event::ToolCallClaimed(ToolCallClaimed {
+            call: call(),
+            lease_owner: "w-1",
+        });
+        assert_eq!(e.event_type(), "tool_call.claimed");
+        let p = e.payload();
+        assert_eq!(p["tool_call_record_id"], "tc_1");
+        assert_eq!(p["attempt"], 2);
+        assert_eq!(p["lease_owner"], "w-1");
+        assert!(EVENT_TYPES.iter().any(|(t, _)| *t == e.event_type()));
+    }
+
+    #[test]
+    fn the_feed_and_the_outbox_say_the_same_about_a_status_change() {
+        let s = || RunStatus {
+            run_id: "r",
+            mode: "agent",
+            from: "running",
+            to: "failed",
+            error_code: None,
+            error_step_id: None,
+        };
+        assert_eq!(
+            Event::RunStatus(s()).payload(),
+            Event::RunStatusUpdated(s()).payload()
+        );
+        assert_eq!(Event::RunStatus(s()).payload()["from"], "running");
+    }
+
+    #[test]
+    fn the_ledgers_task_events_are_reserved() {
+        assert!(task_event_reserved("task.status"));
+        assert!(!task_event_reserved("task.retried"));
+        assert!(!task_event_reserved("my.progress"));
+    }
+}
