@@ -1,17 +1,55 @@
 #!/usr/bin/env bash
-# Upgrade parity: every frozen install script in sql/install/ (one per released version) must
-# become, through `ALTER EXTENSION ledger UPDATE`, exactly what a fresh install of the current
-# version is (compared with tests/schema_snapshot.sql). The frozen script of the current version
-# itself must equal a fresh install: a schema change without a version bump fails here.
+# Upgrades, on the running test cluster with the current build installed.
+#
+# 1. Parity: every frozen install script in sql/install/ (one per released version) must become,
+#    through `ALTER EXTENSION ledger UPDATE`, exactly what a fresh install of the current version
+#    is (compared with tests/schema_snapshot.sql). The frozen script of the current version itself
+#    must equal a fresh install: a schema change without a version bump fails here.
+# 2. Rows: a database that the previous release filled through its own library (its walkthrough)
+#    keeps every row through the update, and the current API reads and replays them.
+#
+# The current library no longer has every symbol an older version's functions name, so older
+# versions run on the previous release's own library: built once from its commit and installed
+# beside the current one as ledger-<version>.so (older frozen scripts need no symbol it lacks).
 # Usage (from test.sh, cluster running, current build installed): upgrade.sh MAJOR DATADIR PORT WORKDIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo=$(pwd)
 . pgrx-tests/lib.sh
 major=$1 data=$2 port=$3 work=$4
+
+PREVIOUS_VERSION=0.2.0
+PREVIOUS_COMMIT=f514a6dc0129ce6761d7f5038c2a38de6950ba2b
+
 current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
-extdir="$("$(pg_bindir "$major")/pg_config" --sharedir)/extension"
+pg_config="$(pg_bindir "$major")/pg_config"
+extdir="$("$pg_config" --sharedir)/extension"
+libdir="$("$pg_config" --pkglibdir)"
 cp tests/schema_snapshot.sql "$work/snapshot.sql"
 [ "$(id -u)" -eq 0 ] && chown postgres: "$work/snapshot.sql"
+
+# The previous release's library for this major, as $libdir/ledger-$PREVIOUS_VERSION.so.
+previous=$repo/target/previous-release
+if [ ! -f "$previous/src/Cargo.toml" ]; then
+  if ! git cat-file -e "$PREVIOUS_COMMIT^{commit}" 2>/dev/null; then
+    echo "upgrade: commit $PREVIOUS_COMMIT of release $PREVIOUS_VERSION is not in this clone (a shallow clone?)" >&2
+    exit 1
+  fi
+  rm -rf "$previous/src" && mkdir -p "$previous/src"
+  git archive "$PREVIOUS_COMMIT" | tar -x -C "$previous/src"
+fi
+echo "upgrade: building release $PREVIOUS_VERSION's library for PostgreSQL $major"
+(cd "$previous/src" && CARGO_TARGET_DIR="$previous/target" \
+  cargo build --quiet --no-default-features --features "pg$major")
+cp "$previous/target/debug/libledger.so" "$libdir/ledger-$PREVIOUS_VERSION.so"
+# Older versions' install scripts are in the extension directory only while a test uses them.
+cleanup() {
+  rm -f "$libdir/ledger-$PREVIOUS_VERSION.so"
+  for f in sql/install/ledger--*.sql; do
+    [ "$f" = "sql/install/ledger--$current.sql" ] || rm -f "$extdir/${f#sql/install/}"
+  done
+}
+trap cleanup EXIT
 
 snapshot() {  # snapshot DB > file
   cluster_psql "$major" "$data" "$port" -d "$1" -q -f "$work/snapshot.sql"
@@ -20,10 +58,34 @@ fresh_db() {  # fresh_db NAME [VERSION]
   cluster_psql "$major" "$data" "$port" -q -c "DROP DATABASE IF EXISTS $1" -c "CREATE DATABASE $1"
   cluster_psql "$major" "$data" "$port" -d "$1" -q -c "CREATE EXTENSION ledger${2:+ VERSION '$2'}"
 }
+# install_frozen VERSION: the frozen script as that version's install script, its functions
+# bound to the previous release's library.
+install_frozen() {
+  sed "s|'MODULE_PATHNAME'|'\$libdir/ledger-$PREVIOUS_VERSION'|" "sql/install/ledger--$1.sql" > "$extdir/ledger--$1.sql"
+}
+# rows DB: every table of schema ledger with its row count (a superuser sees every scope).
+rows() {
+  cluster_psql "$major" "$data" "$port" -d "$1" -qAt -c "
+    SELECT string_agg(c.relname || '=' || (xpath('/row/n/text()',
+             query_to_xml(format('SELECT count(*) AS n FROM ledger.%I', c.relname), false, true, '')))[1]::text,
+           ' ' ORDER BY c.relname)
+      FROM pg_class c WHERE c.relnamespace = 'ledger'::regnamespace AND c.relkind = 'r'"
+}
 
 fresh_db ledger_fresh
 snapshot ledger_fresh > "$work/fresh.txt"
 status=0
+compare() {  # compare LABEL DB
+  snapshot "$2" > "$work/frozen.txt"
+  if diff -u "$work/fresh.txt" "$work/frozen.txt" > "$work/upgrade.diff"; then
+    echo "upgrade parity: $1 matches a fresh install ($(wc -l < "$work/fresh.txt") catalog lines)"
+  else
+    cat "$work/upgrade.diff"
+    echo "upgrade parity: $1 differs from a fresh install of $current."
+    status=1
+  fi
+}
+
 for frozen in sql/install/ledger--*.sql; do
   version=${frozen#sql/install/ledger--}
   version=${version%.sql}
@@ -34,22 +96,54 @@ for frozen in sql/install/ledger--*.sql; do
     cp "$frozen" "$generated"
     fresh_db ledger_frozen || { cp "$work/generated.sql" "$generated"; exit 1; }
     cp "$work/generated.sql" "$generated"
-    label="frozen $version"
-  else
-    cp "$frozen" "$generated"
-    fresh_db ledger_frozen "$version"
-    cluster_psql "$major" "$data" "$port" -d ledger_frozen -q -c "ALTER EXTENSION ledger UPDATE"
-    rm -f "$generated"
-    label="$version updated to $current"
+    compare "frozen $version" ledger_frozen
+    if [ $status -ne 0 ]; then
+      echo "  The schema changed: bump the version in Cargo.toml and add sql/ledger--$current--<new>.sql."
+    fi
+    continue
   fi
-  snapshot ledger_frozen > "$work/frozen.txt"
-  if diff -u "$work/fresh.txt" "$work/frozen.txt" > "$work/upgrade.diff"; then
-    echo "upgrade parity: $label matches a fresh install ($(wc -l < "$work/fresh.txt") catalog lines)"
-  else
-    cat "$work/upgrade.diff"
-    echo "upgrade parity: $label differs from a fresh install of $current."
-    [ "$version" = "$current" ] && echo "  The schema changed: bump the version in Cargo.toml and add sql/ledger--$current--<new>.sql."
-    status=1
-  fi
+  install_frozen "$version"
+  fresh_db ledger_frozen "$version"
+  cluster_psql "$major" "$data" "$port" -d ledger_frozen -q -c "ALTER EXTENSION ledger UPDATE"
+  rm -f "$generated"
+  compare "$version updated to $current" ledger_frozen
 done
+
+# Rows written by the previous release survive the update, and the current API works on them.
+git show "$PREVIOUS_COMMIT:tests/pg_regress/sql/walkthrough.sql" > "$work/previous-walkthrough.sql"
+[ "$(id -u)" -eq 0 ] && chown postgres: "$work/previous-walkthrough.sql"
+install_frozen "$PREVIOUS_VERSION"
+fresh_db ledger_rows "$PREVIOUS_VERSION"
+# The walkthrough shows refused calls on purpose: run it to the end.
+cluster_psql "$major" "$data" "$port" -d ledger_rows -q -v ON_ERROR_STOP=0 \
+  -f "$work/previous-walkthrough.sql" > /dev/null 2>&1
+before=$(rows ledger_rows)
+cluster_psql "$major" "$data" "$port" -d ledger_rows -q -c "ALTER EXTENSION ledger UPDATE"
+rm -f "$extdir/ledger--$PREVIOUS_VERSION.sql"
+after=$(rows ledger_rows)
+if [ "$before" != "$after" ]; then
+  printf 'upgrade rows: before %s\nupgrade rows: after  %s\n' "$before" "$after"
+  echo "upgrade rows: ALTER EXTENSION UPDATE from $PREVIOUS_VERSION lost or added rows."
+  status=1
+fi
+checks=$(cluster_psql "$major" "$data" "$port" -d ledger_rows -qAt -c "
+  SELECT ledger.set_scope('acme', 'support');
+  SELECT concat_ws(' ',
+    (SELECT count(*) FROM ledger.events_since('run-demo-1', max_events => 10000))
+      = (SELECT last_seq FROM ledger.runs WHERE id = 'run-demo-1'),
+    (SELECT bool_and(event_type IS NOT NULL) FROM ledger.events_since('run-demo-1', max_events => 10000)),
+    ledger.claim_tool_call('run-demo-1', 'crm.lookup_order', '{\"order\": 1042}',
+                           tool_call_id => 'call-lookup')->>'outcome' = 'replayed',
+    (ledger.replay_bundle('run-demo-1')->'run'->>'id') = 'run-demo-1',
+    NOT EXISTS (SELECT 1 FROM ledger.outbox WHERE event_type = 'run.status.updated' AND status <> 'done'
+                   AND NOT (payload ? 'from' AND payload ? 'to' AND NOT payload ? 'old_status')),
+    (SELECT count(*) FROM ledger.claim_outbox_events('upgrade-check', 1000))
+      = (SELECT count(*) FROM ledger.outbox WHERE status = 'processing' AND lease_owner = 'upgrade-check'))" | tail -n 1)
+if [ "$checks" = "t t t t t t" ]; then
+  echo "upgrade rows: $PREVIOUS_VERSION's rows kept through the update ($after); the current API reads and replays them"
+else
+  echo "upgrade rows: checks after the update failed: $checks (expected: t t t t t t)"
+  status=1
+fi
+compare "$PREVIOUS_VERSION with rows updated to $current" ledger_rows
 exit $status

@@ -5,15 +5,14 @@ use crate::db;
 use crate::error::{Class, LedgerError, Result};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::events::{ArtifactCreated, Event};
 use crate::model::args::{required, required_id};
+use crate::model::events::{ArtifactCreated, Event};
 use crate::model::ids;
 use crate::redaction::redacted_object;
 use crate::scope::{self, Scope};
 use crate::steps;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-
 
 /// The storage key of bytes held in `ledger.blobs`.
 const BLOB_KEY_PREFIX: &str = "blob:sha256:";
@@ -290,7 +289,9 @@ mod tests {
         Spi::run("SELECT ledger.put_artifact('r', '\\x00010203'::bytea)").unwrap();
         assert_eq!(one::<i64>("SELECT count(*) FROM ledger.blobs"), 1);
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE event_type = 'artifact.created'"),
+            one::<i64>(
+                "SELECT count(*) FROM ledger.run_events WHERE event_type = 'artifact.created'"
+            ),
             2
         );
 

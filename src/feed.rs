@@ -13,9 +13,9 @@
 use std::cell::RefCell;
 
 use crate::db;
-use crate::model::args::required_id;
 use crate::error::{LedgerError, Result};
 use crate::jsonb::Jsonb;
+use crate::model::args::required_id;
 use crate::model::events::Event;
 use crate::model::{self, hash, ids};
 use crate::scope::{self, Scope};

@@ -6,6 +6,7 @@
 
 use crate::db;
 use crate::error::{LedgerError, Result};
+use crate::model::args::required_id;
 use crate::model::ids;
 use crate::model::outbox::{self as rules, AfterNack};
 use crate::model::text;
@@ -72,14 +73,20 @@ fn locked(scope: &Scope, id: &str) -> Result<Held> {
 }
 
 fn lease_owner_arg(lease_owner: Option<&str>) -> Result<&str> {
-    let lease_owner = lease_owner.ok_or_else(|| LedgerError::required("lease_owner"))?;
-    ids::validate("lease_owner", lease_owner)?;
-    Ok(lease_owner)
+    required_id("lease_owner", lease_owner)
 }
 
 fn event_id_arg(event_id: Option<&str>) -> Result<String> {
-    let id = event_id.ok_or_else(|| LedgerError::required("event_id"))?;
-    ids::validate("event_id", id)?;
+    let id = required_id("event_id", event_id)?;
+    // An untyped '{a,b}' literal resolves to the single-id variant; the ledger's ids never
+    // start with a brace, so say what happened instead of acking nothing.
+    if id.starts_with('{') {
+        return Err(LedgerError::invalid(
+            "ID_INVALID",
+            "event_id looks like an array literal: pass ARRAY[...] or cast it to text[]",
+        )
+        .with("argument", "event_id"));
+    }
     Ok(id.to_owned())
 }
 
@@ -107,7 +114,10 @@ fn claim_outbox_events(
     lease_owner: Option<&str>,
     max_events: default!(Option<i32>, 50),
     lease_seconds: default!(Option<i32>, 60),
-) -> std::result::Result<SetOfIterator<'static, Event>, ErrorReport> {
+) -> std::result::Result<
+    SetOfIterator<'static, pgrx::composite_type!('static, "ledger.outbox_event")>,
+    ErrorReport,
+> {
     let scope = scope::current()?;
     let lease_owner = lease_owner_arg(lease_owner)?;
     let limit =
@@ -268,7 +278,10 @@ fn nack_outbox_events(
     lease_owner: Option<&str>,
     event_ids: Option<Vec<Option<String>>>,
     error_message: Option<&str>,
-) -> std::result::Result<SetOfIterator<'static, Event>, ErrorReport> {
+) -> std::result::Result<
+    SetOfIterator<'static, pgrx::composite_type!('static, "ledger.outbox_event")>,
+    ErrorReport,
+> {
     let rows = nack(lease_owner, event_ids_arg(event_ids), error_message)?;
     Ok(SetOfIterator::new(rows))
 }
@@ -279,7 +292,10 @@ fn nack_outbox_event(
     lease_owner: Option<&str>,
     event_id: Option<&str>,
     error_message: Option<&str>,
-) -> std::result::Result<SetOfIterator<'static, Event>, ErrorReport> {
+) -> std::result::Result<
+    SetOfIterator<'static, pgrx::composite_type!('static, "ledger.outbox_event")>,
+    ErrorReport,
+> {
     let ids = event_id_arg(event_id).map(|id| vec![id]);
     Ok(SetOfIterator::new(nack(lease_owner, ids, error_message)?))
 }
@@ -289,7 +305,9 @@ fn nack_outbox_event(
 /// insert (unless `ledger.notify` is off), so a consumer waiting on it picks the event up.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn replay_outbox_event(event_id: Option<&str>) -> std::result::Result<Event, ErrorReport> {
+fn replay_outbox_event(
+    event_id: Option<&str>,
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox_event"), ErrorReport> {
     let scope = scope::current()?;
     let id = event_id_arg(event_id)?;
     let held = locked(&scope, &id)?;
@@ -352,11 +370,18 @@ mod tests {
         three_events("t-obx-claim");
         assert_eq!(
             one::<String>(
-                "SELECT string_agg(c.run_id || ':' || c.status || ':' || o.lease_owner || ':' || c.attempt_count, ',' \
-                                   ORDER BY c.occurred_at, c.id) \
-                   FROM ledger.claim_outbox_events('c1', 2, 30) c JOIN ledger.outbox o USING (tenant_id, workspace_id, id)"
+                "SELECT string_agg(run_id || ':' || status || ':' || attempt_count, ',') \
+                   FROM ledger.claim_outbox_events('c1', 2, 30)"
             ),
-            "r1:processing:c1:1,r2:processing:c1:1"
+            "r1:processing:1,r2:processing:1"
+        );
+        // The lease holder is in the table, not in what the consumer gets back.
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(run_id || ':' || lease_owner, ',' ORDER BY run_id) FROM ledger.outbox \
+                  WHERE tenant_id = 't-obx-claim' AND status = 'processing'"
+            ),
+            "r1:c1,r2:c1"
         );
         assert!(one::<bool>(
             "SELECT bool_and(lease_expires_at BETWEEN clock_timestamp() + interval '29 seconds' \
@@ -395,7 +420,10 @@ mod tests {
             0,
             "already done"
         );
-        assert_eq!(one::<i32>("SELECT ledger.ack_outbox_events('c1', '{}')"), 0);
+        assert_eq!(
+            one::<i32>("SELECT ledger.ack_outbox_events('c1', '{}'::text[])"),
+            0
+        );
         assert_eq!(
             one::<String>(
                 "SELECT string_agg(run_id || ':' || status, ',' ORDER BY run_id) FROM ledger.outbox \
@@ -422,10 +450,15 @@ mod tests {
         make_due("t-obx-expire");
         assert_eq!(
             one::<String>(
-                "SELECT o.lease_owner || ':' || c.attempt_count \
-                   FROM ledger.claim_outbox_events('c2') c JOIN ledger.outbox o USING (tenant_id, workspace_id, id)"
+                "SELECT status || ':' || attempt_count FROM ledger.claim_outbox_events('c2')"
             ),
-            "c2:2"
+            "processing:2"
+        );
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT lease_owner FROM ledger.outbox WHERE id = '{e1}'"
+            )),
+            "c2"
         );
         assert_eq!(
             one::<i32>(&format!(
@@ -462,7 +495,7 @@ mod tests {
             );
             let row = format!(
                 "SELECT status || ':' || attempt_count || ':' || error_message || ':' || \
-                        (lease_owner IS NULL AND lease_expires_at IS NULL AND processed_at IS NULL) \
+                        (lease_expires_at IS NULL AND processed_at IS NULL) \
                    FROM ledger.nack_outbox_events('c1', '{e1}', 'boom {attempt}')"
             );
             assert_eq!(
@@ -519,7 +552,7 @@ mod tests {
         Spi::run("SELECT ledger.claim_outbox_events('c1')").unwrap();
         assert_eq!(
             one::<String>(&format!(
-                "SELECT status || ':' || attempt_count || ':' || (processed_at IS NOT NULL) || ':' || (lease_owner IS NULL) \
+                "SELECT status || ':' || attempt_count || ':' || (processed_at IS NOT NULL) || ':' || (lease_expires_at IS NULL) \
                    FROM ledger.nack_outbox_events('c1', '{e1}', 'still no')"
             )),
             "failed:64:true:true"
@@ -591,7 +624,7 @@ mod tests {
                 "SELECT status || ':' || attempt_count || ':' || (processed_at IS NOT NULL) || ':' || (lease_owner IS NULL) || ':' || error_message \
                    FROM ledger.outbox WHERE tenant_id = 't-obx-crash' AND run_id = 'r1'"
             ),
-            "failed:64:true:true:the lease of attempt 64 (consumer c1) expired and no attempts are left"
+            "failed:64:true:true:the lease of attempt 64 (lease owner c1) expired and no attempts are left"
         );
     }
 
@@ -618,7 +651,13 @@ mod tests {
             "55000",
             "OUTBOX_NOT_LEASED",
         );
-        assert_eq!(e.detail["lease_owner"], "c1");
+        assert_eq!(
+            (
+                e.detail["lease_owner"].as_str(),
+                e.detail["held_by"].as_str()
+            ),
+            (Some("c2"), Some("c1"))
+        );
         assert_error(
             &format!("SELECT ledger.replay_outbox_event('{e1}')"),
             "55000",
@@ -696,6 +735,55 @@ mod tests {
         assert_eq!(
             one::<i64>("SELECT count(*) FROM ledger.claim_outbox_events('c1', 1000)"),
             2
+        );
+    }
+
+    #[pg_test]
+    fn one_id_or_many_and_a_batch_nack_is_all_or_nothing() {
+        three_events("t-obx-batch");
+        let (e1, e2, e3) = (event_of("r1"), event_of("r2"), event_of("r3"));
+        Spi::run("SELECT ledger.claim_outbox_events('c1', 2)").unwrap();
+        Spi::run("SELECT ledger.claim_outbox_events('c2')").unwrap();
+        // e3 is held by c2: the batch fails as a whole and changes nothing.
+        let e = assert_error(
+            &format!(
+                "SELECT * FROM ledger.nack_outbox_events('c1', ARRAY['{e1}', '{e3}'], 'down')"
+            ),
+            "55000",
+            "OUTBOX_NOT_LEASED",
+        );
+        assert_eq!(e.detail["id"], e3.as_str());
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.outbox WHERE tenant_id = 't-obx-batch' AND status = 'processing'"),
+            3
+        );
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT string_agg(status || ':' || error_message, ',') \
+                   FROM ledger.nack_outbox_events('c1', ARRAY['{e2}', '{e1}', '{e1}'], 'down')"
+            )),
+            "pending:down,pending:down"
+        );
+        assert_eq!(
+            one::<i32>(&format!("SELECT ledger.ack_outbox_events('c2', '{e3}')")),
+            1
+        );
+        assert_eq!(
+            one::<i32>(&format!("SELECT ledger.ack_outbox_events('c2', '{e3}')")),
+            0
+        );
+        // An array written as an untyped literal would pick the one-id variant: refused, not ignored.
+        let e = assert_error(
+            &format!("SELECT ledger.ack_outbox_events('c2', '{{{e3}}}')"),
+            "22023",
+            "ID_INVALID",
+        );
+        assert!(e.message.contains("array literal"), "{e:?}");
+        assert_eq!(
+            one::<i32>(&format!(
+                "SELECT ledger.ack_outbox_events('c2', '{{{e3}}}'::text[])"
+            )),
+            0
         );
     }
 

@@ -5,14 +5,13 @@ use crate::db;
 use crate::error::{Class, LedgerError, Result};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::events::{Event, RunCreated, RunStatus};
 use crate::model::args::{optional_id, required, required_id};
+use crate::model::events::{Event, RunCreated, RunStatus};
 use crate::model::status::{check_transition, conflict, Resource, Status};
 use crate::model::{ids, text};
 use crate::scope::{self, Scope};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-
 
 /// Inputs whose JSON text is longer than this are kept in `ledger.blobs`.
 pub const INLINE_INPUT_BYTES: usize = 8192;

@@ -1,9 +1,9 @@
 //! The caller's scope (tenant, workspace): stated with `ledger.set_scope` or the GUCs, required
 //! by every function that touches ledger rows.
 
-use crate::model::args::required_id;
 use crate::error::{LedgerError, Result};
 use crate::guc;
+use crate::model::args::required_id;
 use crate::model::ids;
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;

@@ -4,15 +4,14 @@ use crate::db;
 use crate::error::{Class, LedgerError, Result};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::events::{Event, StepCreated, StepStatus};
 use crate::model::args::{optional_id, required, required_id};
+use crate::model::events::{Event, StepCreated, StepStatus};
 use crate::model::status::{check_transition, conflict, Resource, Status};
 use crate::model::{ids, text};
 use crate::runs;
 use crate::scope::{self, Scope};
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
-
 
 /// Locks the run a record is written for, and checks the step it names, if any, belongs to it.
 pub fn check_owner(scope: &Scope, run_id: &str, step_id: Option<&str>) -> Result<runs::RunHead> {

@@ -6,10 +6,10 @@ use crate::db;
 use crate::error::{Class, LedgerError, Result};
 use crate::feed;
 use crate::jsonb::Jsonb;
+use crate::model::args::{optional_id, required, required_id};
 use crate::model::events::{
     task_event_reserved, Event, TaskCheckpoint, TaskCreated, TaskRetried, TaskSnapshot, TaskStatus,
 };
-use crate::model::args::{optional_id, required, required_id};
 use crate::model::status::{check_transition, conflict, Resource, Status};
 use crate::model::{ids, json, text};
 use crate::redaction::redacted_object;

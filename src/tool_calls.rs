@@ -10,11 +10,11 @@ use crate::error::{Class, LedgerError, Result};
 use crate::feed;
 use crate::guc;
 use crate::jsonb::Jsonb;
+use crate::model::args::{optional_id, required, required_id};
 use crate::model::events::{
     ApprovalResolved, Event, ToolCallApproval, ToolCallClaimed, ToolCallCompleted, ToolCallIds,
     ToolCallReplayed, ToolCallResolved,
 };
-use crate::model::args::{optional_id, required, required_id};
 use crate::model::status::Status;
 use crate::model::tool_call::{
     check_fence, decide, extend_seconds, identity_reused, lease_seconds, wrong_state,
@@ -747,7 +747,12 @@ fn begin_tool_call(
                     Status::Running,
                     StepChange::default(),
                 )?;
-                event(&scope, &rec.run_id, &rec, &Event::ToolCallRunning(rec.ids()))?;
+                event(
+                    &scope,
+                    &rec.run_id,
+                    &rec,
+                    &Event::ToolCallRunning(rec.ids()),
+                )?;
             }
             other => return Err(wrong_state("begin", other).into()),
         }
@@ -816,9 +821,15 @@ fn complete_tool_call(
         match how {
             Outcome::Unknown if rec.status == CallStatus::InDoubt => {}
             Outcome::Unknown => mark_in_doubt(&scope, &mut rec, error_message)?,
-            Outcome::Succeeded => {
-                finish(&scope, &mut rec, true, result, error_message, None, &metadata)?
-            }
+            Outcome::Succeeded => finish(
+                &scope,
+                &mut rec,
+                true,
+                result,
+                error_message,
+                None,
+                &metadata,
+            )?,
             Outcome::Failed => finish(
                 &scope,
                 &mut rec,
@@ -861,8 +872,7 @@ fn resolve_tool_call(
             .with("status", rec.status.as_str())
             .into());
         }
-        let metadata =
-            json!({"decision": resolution.as_str(), "resolved_by": actor, "note": note});
+        let metadata = json!({"decision": resolution.as_str(), "resolved_by": actor, "note": note});
         match resolution {
             Resolution::Succeeded => finish(&scope, &mut rec, true, result, None, None, &metadata)?,
             Resolution::Failed => finish(
@@ -965,7 +975,12 @@ fn sweep_tool_calls() -> std::result::Result<i32, ErrorReport> {
                         updated_at = now() WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
                     &args3(&scope, &id),
                 )?;
-                event(&scope, &run_id, &rec, &Event::ToolCallLeaseExpired(rec.ids()))?;
+                event(
+                    &scope,
+                    &run_id,
+                    &rec,
+                    &Event::ToolCallLeaseExpired(rec.ids()),
+                )?;
             }
             swept += 1;
         }
@@ -1313,7 +1328,9 @@ mod tests {
         );
         assert_eq!(again, "replayed");
         assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE event_type = 'tool_call.replayed'"),
+            one::<i64>(
+                "SELECT count(*) FROM ledger.run_events WHERE event_type = 'tool_call.replayed'"
+            ),
             2
         );
         // Completing again returns it unchanged.

@@ -591,7 +591,10 @@ fn an_immediate_restart_under_load_keeps_every_commit_and_no_half() {
                 return Ok(());
             }
             let n: i32 = c
-                .query_one("SELECT ledger.ack_outbox_events('drain', $1)", &[&ids])?
+                .query_one(
+                    "SELECT ledger.ack_outbox_events('drain', $1::text[])",
+                    &[&ids],
+                )?
                 .get(0);
             assert_eq!(n as usize, ids.len());
             acks.extend(ids.into_iter().map(|id| ("delivered", id)));

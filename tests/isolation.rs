@@ -342,7 +342,7 @@ fn another_scopes_objects_are_not_found_through_any_function() {
         }
         let acked: i32 = app
             .query_one(
-                "SELECT ledger.ack_outbox_events('worker', $1)",
+                "SELECT ledger.ack_outbox_events('worker', $1::text[])",
                 &[&v.outbox],
             )
             .unwrap()

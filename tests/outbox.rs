@@ -42,7 +42,7 @@ fn claim(c: &mut Client, consumer: &str, max: i32, lease: i32) -> Vec<(String, i
 
 fn ack(c: &mut Client, consumer: &str, ids: &[String]) -> i32 {
     c.query_one(
-        "SELECT ledger.ack_outbox_events($1, $2)",
+        "SELECT ledger.ack_outbox_events($1, $2::text[])",
         &[&consumer, &ids],
     )
     .unwrap()

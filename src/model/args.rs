@@ -38,9 +38,15 @@ mod tests {
             assert_eq!(e.code, "ARGUMENT_REQUIRED");
             assert_eq!(e.detail["argument"], "mode");
         }
-        assert_eq!(required_id("run_id", None).unwrap_err().code, "ARGUMENT_REQUIRED");
+        assert_eq!(
+            required_id("run_id", None).unwrap_err().code,
+            "ARGUMENT_REQUIRED"
+        );
         for bad in ["", "a b", "a\u{200B}"] {
-            assert_eq!(required_id("run_id", Some(bad)).unwrap_err().code, "ID_INVALID");
+            assert_eq!(
+                required_id("run_id", Some(bad)).unwrap_err().code,
+                "ID_INVALID"
+            );
         }
         assert_eq!(required_id("run_id", Some("r-1")).unwrap(), "r-1");
         assert_eq!(optional_id("run_id", None).unwrap(), None);

@@ -294,9 +294,9 @@ impl Event<'_> {
             Event::StepCreated(p) => serde_json::to_value(p),
             Event::StepStatus(p) => serde_json::to_value(p),
             Event::ToolCallClaimed(p) => serde_json::to_value(p),
-            Event::ToolCallRunning(p) | Event::ToolCallInDoubt(p) | Event::ToolCallLeaseExpired(p) => {
-                serde_json::to_value(p)
-            }
+            Event::ToolCallRunning(p)
+            | Event::ToolCallInDoubt(p)
+            | Event::ToolCallLeaseExpired(p) => serde_json::to_value(p),
             Event::ToolCallCompleted(p) => serde_json::to_value(p),
             Event::ToolCallResolved(p) => serde_json::to_value(p),
             Event::ToolCallReplayed(p) => serde_json::to_value(p),
