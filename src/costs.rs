@@ -1,14 +1,13 @@
 //! Cost entries of a run (SPEC §9).
 
 use crate::db;
-use crate::error::{LedgerError, Result};
+use crate::error::{raise, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::required;
 use crate::model::{cost, ids, json};
 use crate::scope::{self, Scope};
 use crate::steps;
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::AnyNumeric;
 use serde_json::json;
@@ -64,7 +63,7 @@ fn record_cost(
     source_port: default!(Option<&str>, "NULL"),
     operation: default!(Option<&str>, "NULL"),
     source_ref: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), SqlError> {
     let scope = scope::current()?;
     let run_id = required("run_id", run_id)?;
     let billing_basis = required("billing_basis", billing_basis)?;
@@ -75,7 +74,10 @@ fn record_cost(
     }
     let currency = currency.map(cost::currency).transpose()?;
     if amount.is_some() && currency.is_none() {
-        return Err(LedgerError::invalid("CURRENCY_REQUIRED", "an amount needs a currency").into());
+        raise(LedgerError::invalid(
+            "CURRENCY_REQUIRED",
+            "an amount needs a currency",
+        ));
     }
     let usage = object("usage", usage)?;
     cost::validate_usage(&usage)?;

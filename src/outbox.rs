@@ -5,12 +5,11 @@
 //! The rules (bounds, backoff, when an event fails) are in `model::outbox`; this is SPI.
 
 use crate::db;
-use crate::error::{LedgerError, Result};
+use crate::error::{LedgerError, Result, SqlError};
 use crate::model::ids;
 use crate::model::outbox::{self as rules, AfterNack};
 use crate::model::text;
 use crate::scope::{self, Scope};
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 type Event = pgrx::composite_type!('static, "ledger.outbox");
@@ -78,7 +77,7 @@ fn outbox_claim(
     lease_seconds: default!(Option<i32>, 60),
 ) -> std::result::Result<
     SetOfIterator<'static, pgrx::composite_type!('static, "ledger.outbox")>,
-    ErrorReport,
+    SqlError,
 > {
     let scope = scope::current()?;
     let consumer = consumer_arg(consumer)?;
@@ -162,7 +161,7 @@ fn outbox_claim(
 fn outbox_ack(
     consumer: Option<&str>,
     event_ids: Option<Vec<Option<String>>>,
-) -> std::result::Result<i32, ErrorReport> {
+) -> std::result::Result<i32, SqlError> {
     let scope = scope::current()?;
     let consumer = consumer_arg(consumer)?;
     let event_ids = event_ids.ok_or_else(|| LedgerError::required("event_ids"))?;
@@ -203,7 +202,7 @@ fn outbox_nack(
     consumer: Option<&str>,
     event_id: Option<&str>,
     error: Option<&str>,
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox"), SqlError> {
     let scope = scope::current()?;
     let consumer = consumer_arg(consumer)?;
     let id = event_id.ok_or_else(|| LedgerError::required("event_id"))?;
@@ -241,7 +240,7 @@ fn outbox_nack(
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn outbox_replay(
     event_id: Option<&str>,
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox"), SqlError> {
     let scope = scope::current()?;
     let id = event_id.ok_or_else(|| LedgerError::required("event_id"))?;
     ids::validate("event_id", id)?;

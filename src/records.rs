@@ -2,7 +2,7 @@
 //! feedback. Every payload is redacted before it is stored.
 
 use crate::db;
-use crate::error::{LedgerError, Result};
+use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::required;
@@ -11,7 +11,6 @@ use crate::redaction::redacted_object;
 use crate::scope::{self, Scope};
 use crate::steps;
 use pgrx::datum::DatumWithOid;
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use serde_json::json;
 
@@ -61,7 +60,7 @@ fn record_audit(
     payload: default!(Option<Jsonb>, "'{}'"),
     step_id: default!(Option<&str>, "NULL"),
     actor: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.audit_events"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.audit_events"), SqlError> {
     let scope = scope::current()?;
     let run_id = required("run_id", run_id)?;
     let gateway_type = required("gateway_type", gateway_type)?;
@@ -104,7 +103,7 @@ fn record_response_event(
     event_type: Option<&str>,
     payload: default!(Option<Jsonb>, "'{}'"),
     step_id: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.response_events"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.response_events"), SqlError> {
     let scope = scope::current()?;
     let run_id = required("run_id", run_id)?;
     let kind = required("type", event_type)?;
@@ -137,7 +136,7 @@ fn record_citation(
     run_id: Option<&str>,
     citation: Option<Jsonb>,
     step_id: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.citations"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.citations"), SqlError> {
     let scope = scope::current()?;
     let run_id = required("run_id", run_id)?;
     let citation = redacted_object(
@@ -175,7 +174,7 @@ fn record_feedback(
     comment: default!(Option<&str>, "NULL"),
     user_id: default!(Option<&str>, "NULL"),
     metadata: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_feedback"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_feedback"), SqlError> {
     let scope = scope::current()?;
     let run_id = required("run_id", run_id)?;
     let rating = rating.ok_or_else(|| LedgerError::required("rating"))?;

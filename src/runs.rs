@@ -2,14 +2,13 @@
 
 use crate::blobs;
 use crate::db;
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required};
 use crate::model::status::{check_transition, conflict, Resource, Status};
 use crate::model::{ids, text};
 use crate::scope::{self, Scope};
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use serde_json::json;
 
@@ -298,7 +297,7 @@ fn create_run(
     user_id: default!(Option<&str>, "NULL"),
     trace_id: default!(Option<&str>, "NULL"),
     input_summary: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
     let scope = scope::current()?;
     let new = NewRun {
         mode: required("mode", mode)?,
@@ -403,7 +402,7 @@ fn rerun(
 fn retry_run(
     run_id: Option<&str>,
     inputs: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
     Ok(rerun(run_id, inputs, "retry", |s| {
         matches!(s, Status::Failed | Status::Canceled)
     })?)
@@ -415,7 +414,7 @@ fn retry_run(
 fn replay_run(
     run_id: Option<&str>,
     inputs: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
     Ok(rerun(run_id, inputs, "replay", Status::is_terminal)?)
 }
 
@@ -431,7 +430,7 @@ fn transition_run(
     error_code: default!(Option<&str>, "NULL"),
     error_message: default!(Option<&str>, "NULL"),
     error_step_id: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
     let scope = scope::current()?;
     let run_id = required("run_id", run_id)?;
     let to = Status::parse(Resource::Run, required("to_status", to_status)?)?;
@@ -488,7 +487,7 @@ fn transition_run(
         |r| db::req::<String>(r, 1),
     )?;
     if updated.is_none() {
-        return Err(conflict(Resource::Run, run_id, from, to).into());
+        raise(conflict(Resource::Run, run_id, from, to));
     }
     if to.is_terminal() {
         feed::enqueue(
@@ -509,7 +508,7 @@ fn transition_run(
 /// The exact inputs the run was created with (NULL when it had none).
 #[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, ErrorReport> {
+fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, SqlError> {
     let scope = scope::current()?;
     let run_id = required("run_id", run_id)?;
     ids::validate("run_id", run_id)?;

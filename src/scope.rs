@@ -1,10 +1,9 @@
 //! The caller's scope (tenant, workspace): stated with `ledger.set_scope` or the GUCs, required
 //! by every function that touches ledger rows.
 
-use crate::error::{LedgerError, Result};
+use crate::error::{LedgerError, Result, SqlError};
 use crate::guc;
 use crate::model::ids;
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -35,7 +34,7 @@ fn set_scope(
     tenant_id: Option<&str>,
     workspace_id: Option<&str>,
     is_local: default!(Option<bool>, false),
-) -> std::result::Result<(), ErrorReport> {
+) -> std::result::Result<(), SqlError> {
     let tenant = tenant_id.ok_or_else(|| LedgerError::required("tenant_id"))?;
     let workspace = workspace_id.ok_or_else(|| LedgerError::required("workspace_id"))?;
     ids::validate("tenant_id", tenant)?;

@@ -6,7 +6,7 @@
 
 use crate::artifacts;
 use crate::db;
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::guc;
 use crate::jsonb::Jsonb;
@@ -21,7 +21,6 @@ use crate::redaction::redacted_object;
 use crate::runs;
 use crate::scope::{self, Scope};
 use crate::steps::{self, NewStep, StepChange};
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
@@ -611,7 +610,7 @@ fn claim_tool_call(
     lease_owner: default!(Option<&str>, "NULL"),
     timeout_seconds: default!(Option<i32>, 30),
     retry_failed: default!(Option<bool>, false),
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
@@ -669,16 +668,19 @@ fn claim_tool_call(
                 return Ok(outcome(&scope, &rec.id, "claimed", None)?);
             }
             if let Some(step) = step_id {
-                return Err(LedgerError::new(
-                    Class::Duplicate,
-                    "STEP_HAS_TOOL_CALL",
-                    "the step already has a tool call",
-                )
-                .with("step_id", step)
-                .into());
+                raise(
+                    LedgerError::new(
+                        Class::Duplicate,
+                        "STEP_HAS_TOOL_CALL",
+                        "the step already has a tool call",
+                    )
+                    .with("step_id", step),
+                );
             }
         }
-        Err(LedgerError::internal("claim did not settle after a concurrent insert").into())
+        raise(LedgerError::internal(
+            "claim did not settle after a concurrent insert",
+        ))
     })
 }
 
@@ -727,10 +729,7 @@ fn attempt_arg(attempt: Option<i64>) -> Result<i64> {
 /// Marks the outbound boundary: the caller COMMITs this before the request leaves the process.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn begin_tool_call(
-    id: Option<&str>,
-    attempt: Option<i64>,
-) -> std::result::Result<Jsonb, ErrorReport> {
+fn begin_tool_call(id: Option<&str>, attempt: Option<i64>) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let id = required("id", id)?;
@@ -757,7 +756,7 @@ fn begin_tool_call(
                 let run_id = rec.run_id.clone();
                 event(&scope, &run_id, &rec, "tool_call.running", json!({}))?;
             }
-            other => return Err(wrong_state("begin", other).into()),
+            other => raise(wrong_state("begin", other)),
         }
         Ok(outcome(&scope, id, rec.status.as_str(), None)?)
     })
@@ -770,14 +769,14 @@ fn heartbeat_tool_call(
     id: Option<&str>,
     attempt: Option<i64>,
     extend_seconds: default!(Option<i32>, "NULL"),
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     let scope = scope::current()?;
     let id = required("id", id)?;
     let attempt = attempt_arg(attempt)?;
     let rec = locked(&scope, id)?;
     check_fence(rec.attempt, attempt)?;
     if !matches!(rec.status, CallStatus::Claimed | CallStatus::Running) {
-        return Err(wrong_state("heartbeat", rec.status).into());
+        raise(wrong_state("heartbeat", rec.status));
     }
     let seconds = match extend_seconds {
         Some(s) => self::extend_seconds(s)?,
@@ -802,7 +801,7 @@ fn complete_tool_call(
     result: default!(Option<Jsonb>, "NULL"),
     error: default!(Option<&str>, "NULL"),
     metadata: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let id = required("id", id)?;
@@ -816,7 +815,7 @@ fn complete_tool_call(
                 return Ok(self::outcome(&scope, id, rec.status.as_str(), None)?)
             }
             CallStatus::WaitingApproval | CallStatus::Rejected => {
-                return Err(wrong_state("complete", rec.status).into())
+                raise(wrong_state("complete", rec.status))
             }
             CallStatus::Claimed | CallStatus::Running | CallStatus::InDoubt => {}
         }
@@ -849,23 +848,24 @@ fn resolve_tool_call(
     result: default!(Option<Jsonb>, "NULL"),
     note: default!(Option<&str>, "NULL"),
     actor: default!(Option<&str>, "NULL"),
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let id = required("id", id)?;
         let resolution = Resolution::parse(required("resolution", resolution)?)?;
         let mut rec = locked(&scope, id)?;
         if rec.status != CallStatus::InDoubt {
-            return Err(LedgerError::new(
-                Class::WrongState,
-                "TOOL_CALL_NOT_IN_DOUBT",
-                format!(
-                    "only an in_doubt tool call can be resolved; this one is {}",
-                    rec.status.as_str()
-                ),
-            )
-            .with("status", rec.status.as_str())
-            .into());
+            raise(
+                LedgerError::new(
+                    Class::WrongState,
+                    "TOOL_CALL_NOT_IN_DOUBT",
+                    format!(
+                        "only an in_doubt tool call can be resolved; this one is {}",
+                        rec.status.as_str()
+                    ),
+                )
+                .with("status", rec.status.as_str()),
+            );
         }
         let metadata =
             json!({"resolution": resolution.as_str(), "resolved_by": actor, "note": note});
@@ -924,7 +924,7 @@ fn resolve_tool_call(
 /// (it did not); returns how many. Never waits: rows and runs that are busy are left for the next sweep.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn sweep_tool_calls() -> std::result::Result<i32, ErrorReport> {
+fn sweep_tool_calls() -> std::result::Result<i32, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let candidates = db::select(
@@ -994,7 +994,7 @@ fn request_tool_approval(
     title: default!(Option<&str>, "NULL"),
     policy_ref: default!(Option<&str>, "NULL"),
     details: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
@@ -1002,20 +1002,21 @@ fn request_tool_approval(
         let details = redacted_object("details", details)?;
         let run = runs::existing(&scope, "run_id", who.run_id, true)?;
         if tombstone(&scope, &who, &args)?.is_some() {
-            return Err(LedgerError::new(
-                Class::WrongState,
-                "TOOL_CALL_PURGED",
-                "this tool call was purged",
-            )
-            .with("idempotency_key", who.idempotency_key.as_str())
-            .into());
+            raise(
+                LedgerError::new(
+                    Class::WrongState,
+                    "TOOL_CALL_PURGED",
+                    "this tool call was purged",
+                )
+                .with("idempotency_key", who.idempotency_key.as_str()),
+            );
         }
         if let Some(rec) = find_locked(&scope, &who)? {
             if rec.tool_ref != who.tool_ref || rec.request_hash != args.hash {
-                return Err(identity_reused().into());
+                raise(identity_reused());
             }
             if rec.status != CallStatus::WaitingApproval {
-                return Err(wrong_state("wait for approval", rec.status).into());
+                raise(wrong_state("wait for approval", rec.status));
             }
             return Ok(outcome(&scope, &rec.id, "waiting_approval", None)?);
         }
@@ -1109,7 +1110,7 @@ fn resolve_approval(
     decision: Option<&str>,
     actor: default!(Option<&str>, "NULL"),
     note: default!(Option<&str>, "NULL"),
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let approval_id = required("approval_id", approval_id)?;
@@ -1117,14 +1118,10 @@ fn resolve_approval(
         let decision = match required("decision", decision)? {
             "approved" => ApprovalStatus::Approved,
             "rejected" => ApprovalStatus::Rejected,
-            other => {
-                return Err(LedgerError::invalid(
-                    "DECISION_UNKNOWN",
-                    "decision must be approved or rejected",
-                )
-                .with("decision", other)
-                .into())
-            }
+            other => raise(
+                LedgerError::invalid("DECISION_UNKNOWN", "decision must be approved or rejected")
+                    .with("decision", other),
+            ),
         };
         let not_found = || LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id);
         let run_id = db::select_one(
@@ -1147,13 +1144,14 @@ fn resolve_approval(
             if current == decision {
                 return Ok(approval_json(&scope, approval_id)?);
             }
-            return Err(LedgerError::new(
-                Class::WrongState,
-                "APPROVAL_RESOLVED",
-                format!("approval {approval_id} is already {status}"),
-            )
-            .with("status", status)
-            .into());
+            raise(
+                LedgerError::new(
+                    Class::WrongState,
+                    "APPROVAL_RESOLVED",
+                    format!("approval {approval_id} is already {status}"),
+                )
+                .with("status", status),
+            );
         }
         db::execute(
         "UPDATE ledger.approval_requests SET status = $4, decided_by = $5, decision_note = $6, \

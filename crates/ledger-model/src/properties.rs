@@ -13,12 +13,12 @@ use proptest::prelude::*;
 use proptest::sample::{select, Index};
 use serde_json::{json, Map, Value};
 
-use crate::model::ids::{self, MAX_ID_CHARS};
-use crate::model::json::{self, MAX_DEPTH};
-use crate::model::redact::{
+use crate::ids::{self, MAX_ID_CHARS};
+use crate::json::{self, MAX_DEPTH};
+use crate::redact::{
     self, is_credential, is_sensitive_key, normalize_key, Rules, KEY_BYTES, REDACTED, SUMMARY_BYTES,
 };
-use crate::model::text::truncate_chars;
+use crate::text::truncate_chars;
 
 /// Cases per property for small inputs.
 const CASES: u32 = 1024;

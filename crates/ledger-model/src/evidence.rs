@@ -7,8 +7,8 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 
-use crate::model::json::canonical;
-use crate::model::redact;
+use crate::json::canonical;
+use crate::redact;
 
 /// What the ledger knows about a run, gathered by the SPI layer.
 #[derive(Clone, Debug, Default)]
@@ -773,7 +773,7 @@ fn citation_refs(c: &CitationFact) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::json::parse;
+    use crate::json::parse;
     use ItemStatus::*;
 
     const KEYS: [&str; 13] = [

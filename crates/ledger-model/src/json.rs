@@ -7,8 +7,8 @@
 use serde_json::Value;
 
 use crate::error::{LedgerError, Result};
-use crate::model::hash::hex;
-use crate::model::interrupt::{self, Checked};
+use crate::hash::hex;
+use crate::interrupt::{self, Checked};
 use sha2::{Digest, Sha256};
 
 /// The deepest nesting of arrays and objects the ledger accepts. Every `Value` it handles came
@@ -108,7 +108,7 @@ pub fn canonical_len(v: &Value) -> usize {
 mod tests {
     use super::*;
     use crate::error::Class;
-    use crate::model::hash::sha256_hex;
+    use crate::hash::sha256_hex;
     use serde_json::{json, Map};
     use std::time::{Duration, Instant};
 

@@ -78,7 +78,7 @@ pub fn currency(code: &str) -> Result<String> {
             "CURRENCY_INVALID",
             "currency must be a code such as USD or EUR",
         )
-        .with("currency", crate::model::text::truncate_chars(code, 64)))
+        .with("currency", crate::text::truncate_chars(code, 64)))
     }
 }
 

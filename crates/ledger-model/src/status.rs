@@ -78,7 +78,7 @@ impl Status {
             .find(|s| s.as_str() == name && resource.has(*s))
             .ok_or_else(|| {
                 // Echo at most 64 characters of a bad value back (it may be megabytes).
-                let shown = crate::model::text::truncate_chars(name, 64);
+                let shown = crate::text::truncate_chars(name, 64);
                 LedgerError::invalid(
                     "STATUS_UNKNOWN",
                     format!("unknown {} status: {shown:?}", resource.as_str()),

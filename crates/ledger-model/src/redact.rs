@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use crate::model::{interrupt, json};
+use crate::{interrupt, json};
 
 /// What a redacted value becomes.
 pub const REDACTED: &str = "[REDACTED]";
