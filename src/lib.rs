@@ -50,7 +50,7 @@ fn check_for_interrupts() {
     pgrx::check_for_interrupts!();
 }
 
-/// The allowed status transitions of runs, steps and tasks (SOIT §2.3, §2.4), as held in Rust.
+/// The allowed status transitions of runs, steps and tasks (SOIT's tables), as held in Rust.
 #[pg_extern(immutable, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn status_transitions() -> TableIterator<

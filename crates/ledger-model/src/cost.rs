@@ -1,4 +1,4 @@
-//! Cost entries (SPEC §9): the usage vocabulary and the money rules, without Postgres.
+//! Cost entries: the usage vocabulary and the money rules, without Postgres.
 
 use crate::error::{LedgerError, Result};
 use serde_json::Value;

@@ -1,4 +1,4 @@
-//! JSON in and out: depth-bounded parsing, canonical text and the request hash (SPEC §7.2).
+//! JSON in and out: depth-bounded parsing, canonical text and the request hash.
 //!
 //! serde_json is built with `arbitrary_precision` (numbers keep their exact text) and without
 //! `preserve_order` (a `Map` is a BTreeMap, so keys iterate in byte order, which for UTF-8 is
@@ -20,7 +20,7 @@ pub const MAX_DEPTH: usize = 100;
 pub fn parse(text: &str) -> Result<Value> {
     check_depth(text)?;
     // FromStr, not from_str::<Value>: its code is serde_json's own (optimised even in test
-    // builds, see Cargo.toml), not a copy instantiated in this crate.
+    // builds, see the workspace Cargo.toml), not a copy instantiated in this crate.
     text.parse::<Value>()
         .map_err(|e| LedgerError::invalid("JSON_INVALID", format!("invalid JSON: {e}")))
 }

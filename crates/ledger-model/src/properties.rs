@@ -1,5 +1,6 @@
-//! Property-based tests of the pure modules against hostile input (issue 6): JSON parsing and
-//! canonical text, redaction and argument summaries, caller ids and text truncation.
+//! Property-based tests of the pure modules against hostile input (whatever a caller sends must
+//! fail cleanly or succeed, never panic or overflow the stack): JSON parsing and canonical text,
+//! redaction and argument summaries, caller ids and text truncation.
 //!
 //! Every property is bounded by a case count (below) and by modest generated sizes, so the whole
 //! file runs in seconds in a debug build. Failures print the shrunk input and are not persisted
