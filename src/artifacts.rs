@@ -1,4 +1,4 @@
-//! Artifacts of a run (SPEC §8): bytes in the scope's blob store, or a pointer to an external store.
+//! Artifacts of a run: bytes in the scope's blob store, or a pointer to an external store.
 
 use crate::blobs;
 use crate::db;

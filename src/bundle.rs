@@ -1,4 +1,4 @@
-//! The evidence of a run (SPEC §10, replay #1): `replay_bundle`, `run_evidence` and
+//! The evidence of a run (replay #1): `replay_bundle`, `run_evidence` and
 //! `replay_ready`. Pure reads (read-only SPI): they work for `ledger_reader` and on a hot standby.
 //! SQL maps rows to JSON and sums money as numeric; Rust assembles and judges.
 

@@ -1,4 +1,4 @@
-//! Cost entries of a run (SPEC §9).
+//! Cost entries of a run.
 
 use crate::db;
 use crate::error::{raise, LedgerError, Result, SqlError};

@@ -1,4 +1,4 @@
-//! The run event feed (SPEC §6, replay #2) and the transactional outbox (SPEC §11, write side).
+//! The run event feed (replay #2) and the transactional outbox (its write side).
 //!
 //! Every write that concerns a run appends to `run_events` in the caller's transaction. The seq
 //! comes from `runs.last_seq`, bumped under the run's row lock, so seq N+1 cannot commit before

@@ -1,4 +1,4 @@
-//! The outbox consumer API (SPEC §11): claim a batch under a lease, ack, nack with backoff, and
+//! The outbox consumer API: claim a batch under a lease, ack, nack with backoff, and
 //! replay a failed event. Delivery is at least once: a lease that expires is re-taken by the
 //! next claim, so consumers deduplicate on the event id.
 //!

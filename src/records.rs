@@ -1,4 +1,4 @@
-//! Evidence records written against a run (SPEC §10): audits, response events, citations and
+//! Evidence records written against a run: audits, response events, citations and
 //! feedback. Every payload is redacted before it is stored.
 
 use crate::db;

@@ -1,5 +1,5 @@
-//! SQL faces of the pure redaction and canonical-hashing rules (SPEC §7.2, §7.3), so clients
-//! and psql users can check what the ledger stores and hashes.
+//! SQL faces of the pure redaction and canonical-hashing rules, so clients and psql users can
+//! check what the ledger stores and hashes.
 
 use crate::error::{LedgerError, SqlError};
 use crate::guc;

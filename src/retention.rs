@@ -1,4 +1,4 @@
-//! Retention (SPEC §14): purging finished runs with everything that hangs off them, while the
+//! Retention: purging finished runs with everything that hangs off them, while the
 //! idempotency keys of their tool calls stay behind as tombstones, so a late duplicate can
 //! never execute again.
 

@@ -96,7 +96,7 @@ fn row(scope: &Scope, run_id: &str) -> Result<pgrx::composite_type!('static, "le
     db::scoped_row(scope, "ledger.runs", run_id, "RUN_NOT_FOUND", "run")
 }
 
-/// What a new run is made of (SPEC §5).
+/// What a new run is made of.
 #[derive(Default)]
 pub struct NewRun<'a> {
     pub mode: &'a str,
@@ -276,7 +276,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     Ok(id)
 }
 
-/// Creates a run in status `queued` (SPEC §5). Idempotent on `request_id` (and on a
+/// Creates a run in status `queued`. Idempotent on `request_id` (and on a
 /// caller-supplied `run_id`): the same key returns the existing run, a different mode or subject
 /// fails 23505 `IDEMPOTENCY_MISMATCH`.
 #[allow(clippy::too_many_arguments)]
@@ -396,7 +396,7 @@ fn rerun(
     row(&scope, &id)
 }
 
-/// Retries a failed or canceled run as a new run (SPEC §12).
+/// Retries a failed or canceled run as a new run.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn retry_run(
@@ -408,7 +408,7 @@ fn retry_run(
     })?)
 }
 
-/// Replays a finished run (any terminal status) as a new run (SPEC §12).
+/// Replays a finished run (any terminal status) as a new run.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn replay_run(
@@ -418,7 +418,7 @@ fn replay_run(
     Ok(rerun(run_id, inputs, "replay", Status::is_terminal)?)
 }
 
-/// Moves a run to `to_status` under the rules of SPEC §3.
+/// Moves a run to `to_status` under the status machine (`model::status`).
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]

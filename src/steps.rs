@@ -1,4 +1,4 @@
-//! Steps of a run: creation and transitions (SPEC §5).
+//! Steps of a run: creation and transitions.
 
 use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
@@ -142,7 +142,7 @@ pub struct StepChange<'a> {
     pub error_details: Option<Jsonb>,
 }
 
-/// Moves a step under SPEC §3; returns false when it already was at `to` (nothing written).
+/// Moves a step under the status machine; returns false when it already was at `to` (nothing written).
 pub fn transition(
     scope: &Scope,
     step_id: &str,
@@ -273,7 +273,7 @@ fn write_transition(
     Ok(())
 }
 
-/// Moves a step to `to_status` under the rules of SPEC §3; `metrics` are merged (top-level keys).
+/// Moves a step to `to_status` under the status machine; `metrics` are merged (top-level keys).
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]

@@ -1,6 +1,7 @@
-//! Tasks (SPEC §12): the run status machine enforced by conditional updates under the task's
-//! row lock (SOIT's task writes were an unlocked read-modify-write, flaw F16), gapless
-//! checkpoints, an append-only event history, and re-execution by retry or replay.
+//! Tasks: the run status machine enforced by conditional updates under the task's row lock
+//! (SOIT's task writes were an unlocked read-modify-write, so a concurrent cancel and complete
+//! could both "win"), gapless checkpoints, an append-only event history, and re-execution by retry
+//! or replay.
 
 use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
@@ -245,7 +246,7 @@ fn write_transition(
     Ok(())
 }
 
-/// Moves a task to `to_status` under the rules of SPEC §3; `progress` is merged by top-level
+/// Moves a task to `to_status` under the status machine; `progress` is merged by top-level
 /// key, `output` replaced.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema", "ledger_tasks"])]
 #[search_path(pg_catalog, ledger, pg_temp)]

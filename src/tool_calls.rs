@@ -1,4 +1,4 @@
-//! Tool calls (SPEC §7, replay #3): claim, lease, fencing, in-doubt, idempotent replay and
+//! Tool calls (replay #3): claim, lease, fencing, in-doubt, idempotent replay and
 //! approvals. Outcomes are returned as data, never raised, because state written before an
 //! ERROR would roll back (an in-doubt marking must stick).
 //!
@@ -596,7 +596,7 @@ fn insert(
     load(scope, By::Id(&id), true)
 }
 
-/// Claims a tool call for execution, or says why not (SPEC §7.1).
+/// Claims a tool call for execution, or says why not.
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
