@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Every test, on every supported PostgreSQL (default 15 16 17 18; narrow it with
-# LEDGER_PG_VERSIONS="15"): plain #[test]s and #[pg_test]s through `cargo pgrx test`, then
-# pg_regress and the multi-session tests against a private cluster of the shipping build.
+# Every test: first, once, formatting, lints and the plain #[test]s of the pure core
+# (crates/ledger-model, `cargo test -p ledger-model`, no PostgreSQL); then on every supported
+# PostgreSQL (default 15 16 17 18; narrow it with LEDGER_PG_VERSIONS="15") the extension's
+# #[pg_test]s through `cargo pgrx test`, pg_regress and the multi-session tests against a private
+# cluster of the shipping build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -14,11 +16,16 @@ summary=()
 echo "==> formatting and lints"
 cargo fmt --check
 first=${VERSIONS%% *}
-cargo clippy --quiet --all-targets --no-default-features --features "pg$first pg_test" -- -D warnings
+# The whole workspace; the features are the extension's (ledger-model has none).
+cargo clippy --quiet --workspace --all-targets --no-default-features \
+  --features "ledger/pg$first ledger/pg_test" -- -D warnings
+
+echo "==> the pure core's unit and property tests"
+cargo test --quiet -p ledger-model
 
 for v in $VERSIONS; do
   started=$(date +%s)
-  echo "==> PostgreSQL $v: unit tests and #[pg_test]s"
+  echo "==> PostgreSQL $v: #[pg_test]s"
   pgtest=/tmp/ledger-pgtest-$v
   rm -rf "$pgtest"
   if [ "$(id -u)" -eq 0 ]; then export CARGO_PGRX_TEST_RUNAS=postgres; fi

@@ -1,8 +1,8 @@
-//! Artifacts of a run (SPEC §8): bytes in the scope's blob store, or a pointer to an external store.
+//! Artifacts of a run: bytes in the scope's blob store, or a pointer to an external store.
 
 use crate::blobs;
 use crate::db;
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{required, required_id};
@@ -11,7 +11,6 @@ use crate::model::ids;
 use crate::redaction::redacted_object;
 use crate::scope::{self, Scope};
 use crate::steps;
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 /// The storage key of bytes held in `ledger.blobs`.
@@ -179,7 +178,7 @@ fn put_artifact(
     mime: default!(Option<&str>, "NULL"),
     step_id: default!(Option<&str>, "NULL"),
     meta: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let content = content.ok_or_else(|| LedgerError::required("content"))?;
@@ -211,28 +210,29 @@ fn register_artifact(
     mime: default!(Option<&str>, "NULL"),
     step_id: default!(Option<&str>, "NULL"),
     meta: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let storage_key = required("storage_key", storage_key)?;
     let size_bytes = size_bytes.ok_or_else(|| LedgerError::required("size_bytes"))?;
     if size_bytes < 0 {
-        return Err(
+        raise(
             LedgerError::invalid("SIZE_INVALID", "size_bytes must not be negative")
-                .with("size_bytes", size_bytes)
-                .into(),
+                .with("size_bytes", size_bytes),
         );
     }
     let sha = required("sha256", sha256)?.to_ascii_lowercase();
     if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(LedgerError::invalid("SHA256_INVALID", "sha256 must be 64 hex digits").into());
+        raise(LedgerError::invalid(
+            "SHA256_INVALID",
+            "sha256 must be 64 hex digits",
+        ));
     }
     if storage_key.starts_with(BLOB_KEY_PREFIX) {
-        return Err(LedgerError::invalid(
+        raise(LedgerError::invalid(
             "STORAGE_KEY_RESERVED",
             "blob:sha256: keys are the built-in store's; use ledger.put_artifact",
-        )
-        .into());
+        ));
     }
     let artifact_type = checked_type(artifact_type, "file")?;
     steps::check_owner(&scope, run_id, step_id)?;
@@ -256,7 +256,7 @@ fn register_artifact(
 /// The bytes of an artifact in the built-in store, verified against its sha256.
 #[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn get_artifact(artifact_id: Option<&str>) -> std::result::Result<Vec<u8>, ErrorReport> {
+fn get_artifact(artifact_id: Option<&str>) -> std::result::Result<Vec<u8>, SqlError> {
     let scope = scope::current()?;
     let artifact_id = required_id("artifact_id", artifact_id)?;
     ids::validate("artifact_id", artifact_id)?;

@@ -1,15 +1,14 @@
-//! The evidence of a run (SPEC §10, replay #1): `replay_bundle`, `run_evidence` and
+//! The evidence of a run (replay #1): `replay_bundle`, `run_evidence` and
 //! `replay_ready`. Pure reads (read-only SPI): they work for `ledger_reader` and on a hot standby.
 //! SQL maps rows to JSON and sums money as numeric; Rust assembles and judges.
 
 use crate::db;
-use crate::error::{LedgerError, Result};
+use crate::error::{LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
 use crate::model::args::required_id;
 use crate::model::evidence::{self, AuditFact, CitationFact, RunFacts, StepFact};
 use crate::model::{ids, json};
 use crate::scope::{self, Scope};
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 /// The one value of a read-only query over the run (`$1`, `$2` scope, `$3` run id).
@@ -134,7 +133,7 @@ fn trace_spec(scope: &Scope, run_id: &str) -> Result<String> {
 /// trace_spec`. Lists are complete and ordered (steps by creation, the rest by created_at, id).
 #[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn replay_bundle(run_id: Option<&str>) -> std::result::Result<Jsonb, ErrorReport> {
+fn replay_bundle(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     run_exists(&scope, run_id)?;
@@ -292,7 +291,7 @@ fn facts(scope: &Scope, run_id: &str) -> Result<RunFacts> {
 /// The thirteen governance evidence items of a run, in order.
 #[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn run_evidence(run_id: Option<&str>) -> std::result::Result<Jsonb, ErrorReport> {
+fn run_evidence(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     run_exists(&scope, run_id)?;
@@ -306,7 +305,7 @@ fn run_evidence(run_id: Option<&str>) -> std::result::Result<Jsonb, ErrorReport>
 /// `{"status": "pass"|"fail", "missing": [...]}`: can this run be replayed from the ledger alone?
 #[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn replay_ready(run_id: Option<&str>) -> std::result::Result<Jsonb, ErrorReport> {
+fn replay_ready(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     run_exists(&scope, run_id)?;

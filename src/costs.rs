@@ -1,7 +1,7 @@
-//! Cost entries of a run (SPEC §9).
+//! Cost entries of a run.
 
 use crate::db;
-use crate::error::{LedgerError, Result};
+use crate::error::{raise, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{required, required_id};
@@ -9,7 +9,6 @@ use crate::model::events::{CostRecorded, Event};
 use crate::model::{cost, ids, json};
 use crate::scope::{self, Scope};
 use crate::steps;
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::AnyNumeric;
 use serde_json::json;
@@ -65,7 +64,7 @@ fn record_cost(
     source_port: default!(Option<&str>, "NULL"),
     operation: default!(Option<&str>, "NULL"),
     source_ref: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let billing_basis = required("billing_basis", billing_basis)?;
@@ -76,7 +75,10 @@ fn record_cost(
     }
     let currency = currency.map(cost::currency).transpose()?;
     if amount.is_some() && currency.is_none() {
-        return Err(LedgerError::invalid("CURRENCY_REQUIRED", "an amount needs a currency").into());
+        raise(LedgerError::invalid(
+            "CURRENCY_REQUIRED",
+            "an amount needs a currency",
+        ));
     }
     let usage = object("usage", usage)?;
     cost::validate_usage(&usage)?;

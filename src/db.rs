@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use crate::error::{LedgerError, Result};
+use crate::error::{spi_failed, LedgerError, Result};
 use crate::scope::Scope;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -45,9 +45,9 @@ fn plan(
     }
     let oids: Vec<PgOid> = key.2.iter().map(|&o| PgOid::from(o)).collect();
     let prepared = if mutating {
-        c.prepare_mut(query, &oids)?
+        c.prepare_mut(query, &oids).map_err(spi_failed)?
     } else {
-        c.prepare(query, &oids)?
+        c.prepare(query, &oids).map_err(spi_failed)?
     };
     let kept = Rc::new(prepared.keep());
     PLANS.with(|p| {
@@ -68,7 +68,10 @@ pub fn select<R>(
 ) -> Result<Vec<R>> {
     Spi::connect(|c| {
         let p = plan(c, query, args, false)?;
-        c.select(&*p, None, args)?.map(|row| f(&row)).collect()
+        c.select(&*p, None, args)
+            .map_err(spi_failed)?
+            .map(|row| f(&row))
+            .collect()
     })
 }
 
@@ -80,7 +83,8 @@ pub fn select_one<R>(
 ) -> Result<Option<R>> {
     Spi::connect(|c| {
         let p = plan(c, query, args, false)?;
-        c.select(&*p, Some(1), args)?
+        c.select(&*p, Some(1), args)
+            .map_err(spi_failed)?
             .next()
             .map(|row| f(&row))
             .transpose()
@@ -106,7 +110,8 @@ pub fn write_one<R>(
     writable()?;
     Spi::connect_mut(|c| {
         let p = plan(c, query, args, true)?;
-        c.update(&*p, None, args)?
+        c.update(&*p, None, args)
+            .map_err(spi_failed)?
             .next()
             .map(|row| f(&row))
             .transpose()
@@ -118,14 +123,14 @@ pub fn execute(query: &str, args: &[DatumWithOid]) -> Result<()> {
     writable()?;
     Spi::connect_mut(|c| {
         let p = plan(c, query, args, true)?;
-        c.update(&*p, None, args)?;
+        c.update(&*p, None, args).map_err(spi_failed)?;
         Ok(())
     })
 }
 
 /// Column `ordinal` (1-based), NULL as `None`.
 pub fn opt<T: FromDatum + IntoDatum>(row: &Row, ordinal: usize) -> Result<Option<T>> {
-    Ok(row.get::<T>(ordinal)?)
+    row.get::<T>(ordinal).map_err(spi_failed)
 }
 
 /// Column `ordinal` (1-based) of a NOT NULL column.

@@ -1,186 +1,54 @@
-//! The one error type of the extension and its mapping to SQLSTATEs (SPEC §2).
-//!
-//! Every failure a caller can see is a `LedgerError`: a class (which fixes the SQLSTATE), a
-//! stable machine-readable `code`, a human message (prefixed `ledger: ` on the wire) and
-//! extra DETAIL members. The DETAIL sent to the client is a JSON object that always carries
-//! `code`.
+//! The ledger's error type as the extension raises it. The type itself (`LedgerError`, its
+//! `Class` and `Result`) is the pure core's (`ledger_model::error`); this is the one place that
+//! turns it into a PostgreSQL error: SQLSTATE by class, `ledger: ` message, JSON DETAIL.
 
-use serde_json::{Map, Value};
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::PgLogLevel;
 
-/// The error classes of SPEC §2; each maps to exactly one SQLSTATE.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Class {
-    /// 42501: no scope, or a row of another scope on a path that must not hide it.
-    Privilege,
-    /// P0002: an id unknown in this scope.
-    NotFound,
-    /// 22023: a bad argument.
-    InvalidParameter,
-    /// 55000: not allowed in the current state.
-    WrongState,
-    /// 40001: a concurrent writer got there first; the caller may retry.
-    Conflict,
-    /// 23505: an idempotency key reused with different input.
-    Duplicate,
-    /// XX001: stored bytes do not match their recorded hash.
-    Corrupted,
-    /// 25006: a write in a read-only transaction (a hot standby, or `BEGIN READ ONLY`).
-    ReadOnly,
-    /// XX000: a defect in the ledger itself.
-    Internal,
+pub use crate::model::error::{Class, LedgerError, Result};
+
+/// Raises `e` as a PostgreSQL ERROR. Like `ereport(ERROR)` it does not return: the Rust frames
+/// unwind and PostgreSQL aborts the statement.
+pub fn raise(e: LedgerError) -> ! {
+    use pgrx::PgSqlErrorCode::*;
+    let code = match e.class {
+        Class::Privilege => ERRCODE_INSUFFICIENT_PRIVILEGE,
+        Class::NotFound => ERRCODE_NO_DATA_FOUND,
+        Class::InvalidParameter => ERRCODE_INVALID_PARAMETER_VALUE,
+        Class::WrongState => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        Class::Conflict => ERRCODE_T_R_SERIALIZATION_FAILURE,
+        Class::Duplicate => ERRCODE_UNIQUE_VIOLATION,
+        Class::Corrupted => ERRCODE_DATA_CORRUPTED,
+        Class::ReadOnly => ERRCODE_READ_ONLY_SQL_TRANSACTION,
+        Class::Internal => ERRCODE_INTERNAL_ERROR,
+    };
+    ErrorReport::new(code, e.wire_message(), "ledger")
+        .set_detail(e.wire_detail())
+        .report(PgLogLevel::ERROR);
+    unreachable!("an ERROR does not return")
 }
 
-impl Class {
-    pub fn sqlstate(self) -> &'static str {
-        match self {
-            Class::Privilege => "42501",
-            Class::NotFound => "P0002",
-            Class::InvalidParameter => "22023",
-            Class::WrongState => "55000",
-            Class::Conflict => "40001",
-            Class::Duplicate => "23505",
-            Class::Corrupted => "XX001",
-            Class::ReadOnly => "25006",
-            Class::Internal => "XX000",
-        }
+/// The error type of every SQL function (`#[pg_extern]`). It has no values: `?` converts a
+/// `LedgerError` into it by raising that error on the spot, which is what returning it would
+/// have led to. (pgrx gives a returned error its own SQLSTATE only when it is exactly an
+/// `ErrorReport`, and `From<LedgerError> for ErrorReport` cannot be written here: both types are
+/// other crates'.)
+pub enum SqlError {}
+
+impl From<LedgerError> for SqlError {
+    fn from(e: LedgerError) -> SqlError {
+        raise(e)
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct LedgerError {
-    pub class: Class,
-    pub code: &'static str,
-    pub message: String,
-    pub detail: Map<String, Value>,
-}
-
-pub type Result<T> = std::result::Result<T, LedgerError>;
-
-impl LedgerError {
-    pub fn new(class: Class, code: &'static str, message: impl Into<String>) -> Self {
-        let mut detail = Map::new();
-        detail.insert("code".into(), Value::from(code));
-        LedgerError {
-            class,
-            code,
-            message: message.into(),
-            detail,
-        }
-    }
-
-    /// Adds a DETAIL member.
-    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
-        self.detail.insert(key.into(), value.into());
-        self
-    }
-
-    pub fn scope_missing() -> Self {
-        LedgerError::new(
-            Class::Privilege,
-            "SCOPE_MISSING",
-            "no scope set: call ledger.set_scope(tenant_id, workspace_id) first",
-        )
-    }
-
-    /// `what` is the kind of object (`run`, `step`, `event`); the code is derived from it.
-    pub fn not_found(code: &'static str, what: &str, id: &str) -> Self {
-        LedgerError::new(Class::NotFound, code, format!("{what} {id} not found")).with("id", id)
-    }
-
-    pub fn invalid(code: &'static str, message: impl Into<String>) -> Self {
-        LedgerError::new(Class::InvalidParameter, code, message)
-    }
-
-    pub fn required(argument: &str) -> Self {
-        LedgerError::invalid("ARGUMENT_REQUIRED", format!("{argument} must not be NULL"))
-            .with("argument", argument)
-    }
-
-    pub fn read_only() -> Self {
-        LedgerError::new(
-            Class::ReadOnly,
-            "READ_ONLY",
-            "this transaction is read-only (a hot standby, or BEGIN READ ONLY): write on the primary in a read-write transaction",
-        )
-    }
-
-    pub fn internal(message: impl Into<String>) -> Self {
-        LedgerError::new(Class::Internal, "INTERNAL", message)
-    }
-
-    /// The text sent as the primary message.
-    pub fn wire_message(&self) -> String {
-        format!("ledger: {}", self.message)
-    }
-
-    /// The text sent as DETAIL: a JSON object that carries `code`.
-    pub fn wire_detail(&self) -> String {
-        Value::Object(self.detail.clone()).to_string()
+/// pgrx requires it of a function's error type; there is never one to show.
+impl std::fmt::Display for SqlError {
+    fn fmt(&self, _: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {}
     }
 }
 
-impl std::fmt::Display for LedgerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.wire_message(), self.wire_detail())
-    }
-}
-
-impl From<pgrx::spi::Error> for LedgerError {
-    fn from(e: pgrx::spi::Error) -> Self {
-        LedgerError::internal(format!("SPI failed: {e}"))
-    }
-}
-
-impl From<LedgerError> for pgrx::pg_sys::panic::ErrorReport {
-    fn from(e: LedgerError) -> Self {
-        use pgrx::PgSqlErrorCode::*;
-        let code = match e.class {
-            Class::Privilege => ERRCODE_INSUFFICIENT_PRIVILEGE,
-            Class::NotFound => ERRCODE_NO_DATA_FOUND,
-            Class::InvalidParameter => ERRCODE_INVALID_PARAMETER_VALUE,
-            Class::WrongState => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-            Class::Conflict => ERRCODE_T_R_SERIALIZATION_FAILURE,
-            Class::Duplicate => ERRCODE_UNIQUE_VIOLATION,
-            Class::Corrupted => ERRCODE_DATA_CORRUPTED,
-            Class::ReadOnly => ERRCODE_READ_ONLY_SQL_TRANSACTION,
-            Class::Internal => ERRCODE_INTERNAL_ERROR,
-        };
-        pgrx::pg_sys::panic::ErrorReport::new(code, e.wire_message(), "ledger")
-            .set_detail(e.wire_detail())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn detail_is_json_with_code() {
-        let e = LedgerError::new(Class::WrongState, "TRANSITION_INVALID", "no")
-            .with("from", "succeeded")
-            .with("to", "failed");
-        assert_eq!(
-            e.wire_detail(),
-            r#"{"code":"TRANSITION_INVALID","from":"succeeded","to":"failed"}"#
-        );
-        assert_eq!(e.wire_message(), "ledger: no");
-    }
-
-    #[test]
-    fn every_class_has_its_sqlstate() {
-        let all = [
-            (Class::Privilege, "42501"),
-            (Class::NotFound, "P0002"),
-            (Class::InvalidParameter, "22023"),
-            (Class::WrongState, "55000"),
-            (Class::Conflict, "40001"),
-            (Class::Duplicate, "23505"),
-            (Class::Corrupted, "XX001"),
-            (Class::ReadOnly, "25006"),
-            (Class::Internal, "XX000"),
-        ];
-        for (class, state) in all {
-            assert_eq!(class.sqlstate(), state);
-        }
-    }
+/// A failed SPI call: a defect of the ledger (its own statements), reported as `INTERNAL`.
+pub fn spi_failed(e: pgrx::spi::Error) -> LedgerError {
+    LedgerError::internal(format!("SPI failed: {e}"))
 }

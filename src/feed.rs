@@ -13,14 +13,13 @@
 use std::cell::RefCell;
 
 use crate::db;
-use crate::error::{LedgerError, Result};
+use crate::error::{raise, LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
 use crate::model::args::required_id;
 use crate::model::events::Event;
 use crate::model::{self, hash, ids};
 use crate::scope::{self, Scope};
 use pgrx::datum::DatumWithOid;
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use serde_json::json;
 
@@ -329,23 +328,21 @@ fn events_since(
             name!(created_at, TimestampWithTimeZone),
         ),
     >,
-    ErrorReport,
+    SqlError,
 > {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     ids::validate("run_id", run_id)?;
     let limit = max_events.ok_or_else(|| LedgerError::required("max_events"))?;
     if !(1..=MAX_EVENTS_PER_CALL).contains(&limit) {
-        return Err(LedgerError::invalid(
-            "LIMIT_INVALID",
-            "max_events must be between 1 and 10000",
-        )
-        .with("argument", "max_events")
-        .with("value", limit)
-        .into());
+        raise(
+            LedgerError::invalid("LIMIT_INVALID", "max_events must be between 1 and 10000")
+                .with("argument", "max_events")
+                .with("value", limit),
+        );
     }
     if !run_exists(&scope, run_id)? {
-        return Err(LedgerError::not_found("RUN_NOT_FOUND", "run", run_id).into());
+        raise(LedgerError::not_found("RUN_NOT_FOUND", "run", run_id));
     }
     let after = match after_event_id {
         None => 0,
@@ -392,7 +389,7 @@ fn events_since(
 /// The NOTIFY channel of a run in the current scope.
 #[pg_extern(stable, parallel_safe, security_definer)]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn run_channel(run_id: Option<&str>) -> std::result::Result<String, ErrorReport> {
+fn run_channel(run_id: Option<&str>) -> std::result::Result<String, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     ids::validate("run_id", run_id)?;

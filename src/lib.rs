@@ -1,13 +1,13 @@
 //! `ledger`: an AI agent runtime's run ledger inside PostgreSQL.
 //!
-//! Pure logic lives in `model` (no Postgres calls, plain `#[test]`s); the other modules are thin
-//! SPI layers exposing it as SQL functions in schema `ledger`.
-
-// Every `#[pg_extern]` returns pgrx's `ErrorReport` (that is how SQLSTATE and DETAIL reach the
-// client); it is large, and boxing it is not an option pgrx offers.
-#![allow(clippy::result_large_err)]
+//! Pure logic lives in the workspace crate `ledger-model` (crates/ledger-model: no Postgres calls,
+//! no pgrx, plain `#[test]`s), named `model` here; the modules of this crate are thin SPI layers
+//! exposing it as SQL functions in schema `ledger`.
 
 use pgrx::prelude::*;
+
+// The pure core, a crate of its own (crates/ledger-model); `crate::model::...` names its modules.
+use ledger_model as model;
 
 mod artifacts;
 mod blobs;
@@ -18,7 +18,6 @@ mod error;
 mod feed;
 mod guc;
 mod jsonb;
-mod model;
 mod outbox;
 mod records;
 mod redaction;
@@ -51,7 +50,7 @@ fn check_for_interrupts() {
     pgrx::check_for_interrupts!();
 }
 
-/// The allowed status transitions of runs, steps and tasks (SOIT §2.3, §2.4), as held in Rust.
+/// The allowed status transitions of runs, steps and tasks (SOIT's tables), as held in Rust.
 #[pg_extern(immutable, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn status_transitions() -> TableIterator<

@@ -5,13 +5,12 @@
 //! The rules (bounds, backoff, when an event fails) are in `model::outbox`; this is SPI.
 
 use crate::db;
-use crate::error::{LedgerError, Result};
+use crate::error::{LedgerError, Result, SqlError};
 use crate::model::args::required_id;
 use crate::model::ids;
 use crate::model::outbox::{self as rules, AfterNack};
 use crate::model::text;
 use crate::scope::{self, Scope};
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 type Event = pgrx::composite_type!('static, "ledger.outbox_event");
@@ -116,7 +115,7 @@ fn claim_outbox_events(
     lease_seconds: default!(Option<i32>, 60),
 ) -> std::result::Result<
     SetOfIterator<'static, pgrx::composite_type!('static, "ledger.outbox_event")>,
-    ErrorReport,
+    SqlError,
 > {
     let scope = scope::current()?;
     let lease_owner = lease_owner_arg(lease_owner)?;
@@ -215,7 +214,7 @@ fn ack(lease_owner: Option<&str>, ids: Result<Vec<String>>) -> Result<i32> {
 fn ack_outbox_events(
     lease_owner: Option<&str>,
     event_ids: Option<Vec<Option<String>>>,
-) -> std::result::Result<i32, ErrorReport> {
+) -> std::result::Result<i32, SqlError> {
     Ok(ack(lease_owner, event_ids_arg(event_ids))?)
 }
 
@@ -224,7 +223,7 @@ fn ack_outbox_events(
 fn ack_outbox_event(
     lease_owner: Option<&str>,
     event_id: Option<&str>,
-) -> std::result::Result<i32, ErrorReport> {
+) -> std::result::Result<i32, SqlError> {
     Ok(ack(lease_owner, event_id_arg(event_id).map(|id| vec![id]))?)
 }
 
@@ -280,7 +279,7 @@ fn nack_outbox_events(
     error_message: Option<&str>,
 ) -> std::result::Result<
     SetOfIterator<'static, pgrx::composite_type!('static, "ledger.outbox_event")>,
-    ErrorReport,
+    SqlError,
 > {
     let rows = nack(lease_owner, event_ids_arg(event_ids), error_message)?;
     Ok(SetOfIterator::new(rows))
@@ -294,7 +293,7 @@ fn nack_outbox_event(
     error_message: Option<&str>,
 ) -> std::result::Result<
     SetOfIterator<'static, pgrx::composite_type!('static, "ledger.outbox_event")>,
-    ErrorReport,
+    SqlError,
 > {
     let ids = event_id_arg(event_id).map(|id| vec![id]);
     Ok(SetOfIterator::new(nack(lease_owner, ids, error_message)?))
@@ -307,7 +306,7 @@ fn nack_outbox_event(
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn replay_outbox_event(
     event_id: Option<&str>,
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox_event"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox_event"), SqlError> {
     let scope = scope::current()?;
     let id = event_id_arg(event_id)?;
     let held = locked(&scope, &id)?;

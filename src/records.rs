@@ -2,7 +2,7 @@
 //! Every payload is redacted before it is stored.
 
 use crate::db;
-use crate::error::{LedgerError, Result};
+use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{required, required_id};
@@ -12,7 +12,6 @@ use crate::redaction::redacted_object;
 use crate::scope::{self, Scope};
 use crate::steps;
 use pgrx::datum::DatumWithOid;
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 /// Inserts one record (columns after tenant, workspace, id, run_id) and its feed event; returns its id.
@@ -55,7 +54,7 @@ fn record_audit(
     payload: default!(Option<Jsonb>, "'{}'"),
     step_id: default!(Option<&str>, "NULL"),
     actor: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.audit_events"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.audit_events"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let gateway_type = required("gateway_type", gateway_type)?;
@@ -96,7 +95,7 @@ fn record_response_event(
     event_type: Option<&str>,
     payload: default!(Option<Jsonb>, "'{}'"),
     step_id: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.response_events"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.response_events"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let event_type = required("event_type", event_type)?;
@@ -133,7 +132,7 @@ fn record_citation(
     run_id: Option<&str>,
     citation: Option<Jsonb>,
     step_id: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.citations"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.citations"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let citation = redacted_object(
@@ -171,7 +170,7 @@ fn record_feedback(
     comment: default!(Option<&str>, "NULL"),
     user_id: default!(Option<&str>, "NULL"),
     metadata: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_feedback"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_feedback"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let rating = rating.ok_or_else(|| LedgerError::required("rating"))?;

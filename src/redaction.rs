@@ -1,11 +1,10 @@
-//! SQL faces of the pure redaction and canonical-hashing rules (SPEC §7.2, §7.3), so clients
-//! and psql users can check what the ledger stores and hashes.
+//! SQL faces of the pure redaction and canonical-hashing rules, so clients and psql users can
+//! check what the ledger stores and hashes.
 
-use crate::error::LedgerError;
+use crate::error::{LedgerError, SqlError};
 use crate::guc;
 use crate::jsonb::Jsonb;
 use crate::model::{json, redact};
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 fn parse(value: &Jsonb) -> Result<serde_json::Value, LedgerError> {
@@ -33,7 +32,7 @@ pub fn redacted_object(
 /// "[REDACTED]", under the current `ledger.redact_keys` and `ledger.redact_values`.
 #[pg_extern(stable, strict, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn redact(value: Jsonb) -> Result<Jsonb, ErrorReport> {
+fn redact(value: Jsonb) -> Result<Jsonb, SqlError> {
     Ok(Jsonb::from(&redact::redact(
         &guc::redaction_rules(),
         parse(&value)?,
@@ -43,13 +42,13 @@ fn redact(value: Jsonb) -> Result<Jsonb, ErrorReport> {
 /// The canonical JSON text of a value: keys sorted by code point, no insignificant whitespace.
 #[pg_extern(immutable, strict, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn canonical_json(value: Jsonb) -> Result<String, ErrorReport> {
+fn canonical_json(value: Jsonb) -> Result<String, SqlError> {
     Ok(json::canonical(&parse(&value)?))
 }
 
 /// The hex sha256 of the canonical JSON: a tool call's request_hash.
 #[pg_extern(immutable, strict, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn request_hash(value: Jsonb) -> Result<String, ErrorReport> {
+fn request_hash(value: Jsonb) -> Result<String, SqlError> {
     Ok(json::request_hash(&parse(&value)?))
 }

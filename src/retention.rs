@@ -1,13 +1,12 @@
-//! Retention (SPEC §14): purging finished runs with everything that hangs off them, while the
+//! Retention: purging finished runs with everything that hangs off them, while the
 //! idempotency keys of their tool calls stay behind as tombstones, so a late duplicate can
 //! never execute again.
 
 use crate::blobs;
 use crate::db;
-use crate::error::{LedgerError, Result};
+use crate::error::{raise, LedgerError, Result, SqlError};
 use crate::scope::{self, Scope};
 use pgrx::datum::Interval;
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 pub const MAX_BATCH: i32 = 100_000;
@@ -96,24 +95,24 @@ fn sweep_blobs(scope: &Scope) -> Result<()> {
 fn purge_runs(
     older_than: Option<Interval>,
     batch: default!(Option<i32>, 1000),
-) -> std::result::Result<i32, ErrorReport> {
+) -> std::result::Result<i32, SqlError> {
     let scope = scope::current()?;
     let older_than = older_than.ok_or_else(|| LedgerError::required("older_than"))?;
     let batch = batch.ok_or_else(|| LedgerError::required("batch"))?;
     if !(1..=MAX_BATCH).contains(&batch) {
-        return Err(
+        raise(
             LedgerError::invalid("LIMIT_INVALID", "batch must be between 1 and 100000")
-                .with("batch", batch)
-                .into(),
+                .with("batch", batch),
         );
     }
     let negative = db::select_one("SELECT $1 < interval '0'", &[older_than.into()], |r| {
         db::req::<bool>(r, 1)
     })?;
     if negative == Some(true) {
-        return Err(
-            LedgerError::invalid("INTERVAL_INVALID", "older_than must not be negative").into(),
-        );
+        raise(LedgerError::invalid(
+            "INTERVAL_INVALID",
+            "older_than must not be negative",
+        ));
     }
     let mut purged = 0;
     while purged < batch {

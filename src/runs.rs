@@ -2,7 +2,7 @@
 
 use crate::blobs;
 use crate::db;
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required, required_id};
@@ -10,7 +10,6 @@ use crate::model::events::{Event, RunCreated, RunStatus};
 use crate::model::status::{check_transition, conflict, Resource, Status};
 use crate::model::{ids, text};
 use crate::scope::{self, Scope};
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 /// Inputs whose JSON text is longer than this are kept in `ledger.blobs`.
@@ -97,7 +96,7 @@ fn row(scope: &Scope, run_id: &str) -> Result<pgrx::composite_type!('static, "le
     db::scoped_row(scope, "ledger.runs", run_id, "RUN_NOT_FOUND", "run")
 }
 
-/// What a new run is made of (SPEC §5).
+/// What a new run is made of.
 #[derive(Default)]
 pub struct NewRun<'a> {
     pub mode: &'a str,
@@ -270,7 +269,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     Ok(id)
 }
 
-/// Creates a run in status `queued` (SPEC §5). Idempotent on `request_id` (and on a
+/// Creates a run in status `queued`. Idempotent on `request_id` (and on a
 /// caller-supplied `run_id`): the same key returns the existing run, a different mode or subject
 /// fails 23505 `IDEMPOTENCY_MISMATCH`.
 #[allow(clippy::too_many_arguments)]
@@ -291,7 +290,7 @@ fn create_run(
     user_id: default!(Option<&str>, "NULL"),
     trace_id: default!(Option<&str>, "NULL"),
     input_summary: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
     let scope = scope::current()?;
     let new = NewRun {
         mode: required("mode", mode)?,
@@ -390,29 +389,29 @@ fn rerun(
     row(&scope, &id)
 }
 
-/// Retries a failed or canceled run as a new run (SPEC §12).
+/// Retries a failed or canceled run as a new run.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn retry_run(
     run_id: Option<&str>,
     inputs: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
     Ok(rerun(run_id, inputs, "retry", |s| {
         matches!(s, Status::Failed | Status::Canceled)
     })?)
 }
 
-/// Replays a finished run (any terminal status) as a new run (SPEC §12).
+/// Replays a finished run (any terminal status) as a new run.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn replay_run(
     run_id: Option<&str>,
     inputs: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
     Ok(rerun(run_id, inputs, "replay", Status::is_terminal)?)
 }
 
-/// Moves a run to `to_status` under the rules of SPEC §3.
+/// Moves a run to `to_status` under the status machine (`model::status`).
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
@@ -424,7 +423,7 @@ fn transition_run(
     error_code: default!(Option<&str>, "NULL"),
     error_message: default!(Option<&str>, "NULL"),
     error_step_id: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let to = Status::parse(Resource::Run, required("to_status", to_status)?)?;
@@ -485,7 +484,7 @@ fn transition_run(
         |r| db::req::<String>(r, 1),
     )?;
     if updated.is_none() {
-        return Err(conflict(Resource::Run, run_id, from, to).into());
+        raise(conflict(Resource::Run, run_id, from, to));
     }
     if to.is_terminal() {
         feed::enqueue(
@@ -502,7 +501,7 @@ fn transition_run(
 /// The exact inputs the run was created with (NULL when it had none).
 #[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, ErrorReport> {
+fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     ids::validate("run_id", run_id)?;

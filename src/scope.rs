@@ -1,11 +1,10 @@
 //! The caller's scope (tenant, workspace): stated with `ledger.set_scope` or the GUCs, required
 //! by every function that touches ledger rows.
 
-use crate::error::{LedgerError, Result};
+use crate::error::{LedgerError, Result, SqlError};
 use crate::guc;
 use crate::model::args::required_id;
 use crate::model::ids;
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 #[derive(Clone, Debug)]
@@ -36,7 +35,7 @@ fn set_scope(
     tenant_id: Option<&str>,
     workspace_id: Option<&str>,
     is_local: default!(Option<bool>, false),
-) -> std::result::Result<(), ErrorReport> {
+) -> std::result::Result<(), SqlError> {
     let tenant = required_id("tenant_id", tenant_id)?;
     let workspace = required_id("workspace_id", workspace_id)?;
     ids::validate("tenant_id", tenant)?;

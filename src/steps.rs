@@ -1,7 +1,7 @@
-//! Steps of a run: creation and transitions (SPEC §5).
+//! Steps of a run: creation and transitions.
 
 use crate::db;
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required, required_id};
@@ -10,7 +10,6 @@ use crate::model::status::{check_transition, conflict, Resource, Status};
 use crate::model::{ids, text};
 use crate::runs;
 use crate::scope::{self, Scope};
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 
 /// Locks the run a record is written for, and checks the step it names, if any, belongs to it.
@@ -118,7 +117,7 @@ fn create_step(
     input_summary: default!(Option<&str>, "NULL"),
     status: default!(Option<&str>, "'queued'"),
     step_id: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), SqlError> {
     let scope = scope::current()?;
     let new = NewStep {
         run_id: required_id("run_id", run_id)?,
@@ -143,7 +142,7 @@ pub struct StepChange<'a> {
     pub error_details: Option<Jsonb>,
 }
 
-/// Moves a step under SPEC §3; returns false when it already was at `to` (nothing written).
+/// Moves a step under the status machine; returns false when it already was at `to` (nothing written).
 pub fn transition(
     scope: &Scope,
     step_id: &str,
@@ -274,7 +273,7 @@ fn write_transition(
     Ok(())
 }
 
-/// Moves a step to `to_status` under the rules of SPEC §3; `metrics` are merged (top-level keys).
+/// Moves a step to `to_status` under the status machine; `metrics` are merged (top-level keys).
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
@@ -287,7 +286,7 @@ fn transition_step(
     error_code: default!(Option<&str>, "NULL"),
     error_message: default!(Option<&str>, "NULL"),
     error_details: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), SqlError> {
     let scope = scope::current()?;
     let step_id = required_id("step_id", step_id)?;
     ids::validate("step_id", step_id)?;
@@ -299,11 +298,10 @@ fn transition_step(
         // Metrics are evidence the ledger walks later (run_evidence): bound their depth now.
         crate::model::json::parse(m.as_str())?;
         if !m.is_object() {
-            return Err(LedgerError::invalid(
+            raise(LedgerError::invalid(
                 "METRICS_NOT_OBJECT",
                 "metrics must be a JSON object",
-            )
-            .into());
+            ));
         }
     }
     let change = StepChange {

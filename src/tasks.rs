@@ -1,9 +1,10 @@
-//! Tasks (SPEC §12): the run status machine enforced by conditional updates under the task's
-//! row lock (SOIT's task writes were an unlocked read-modify-write, flaw F16), gapless
-//! checkpoints, an append-only event history, and re-execution by retry or replay.
+//! Tasks: the run status machine enforced by conditional updates under the task's row lock
+//! (SOIT's task writes were an unlocked read-modify-write, so a concurrent cancel and complete
+//! could both "win"), gapless checkpoints, an append-only event history, and re-execution by retry
+//! or replay.
 
 use crate::db;
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required, required_id};
@@ -15,7 +16,6 @@ use crate::model::{ids, json, text};
 use crate::redaction::redacted_object;
 use crate::runs;
 use crate::scope::{self, Scope};
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
@@ -133,7 +133,7 @@ fn create_task(
     input: default!(Option<Jsonb>, "'{}'"),
     run_id: default!(Option<&str>, "NULL"),
     task_id: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), SqlError> {
     let scope = scope::current()?;
     let task_type = required("task_type", task_type)?;
     let input = redacted_object("input", input)?;
@@ -160,13 +160,14 @@ fn create_task(
     if inserted.is_none() {
         let found = head(&scope, &id, false)?;
         if found.task_type != task_type || found.run_id.as_deref() != run_id {
-            return Err(LedgerError::new(
-                Class::Duplicate,
-                "IDEMPOTENCY_MISMATCH",
-                "task_id was reused for a different task type or run",
-            )
-            .with("task_id", id)
-            .into());
+            raise(
+                LedgerError::new(
+                    Class::Duplicate,
+                    "IDEMPOTENCY_MISMATCH",
+                    "task_id was reused for a different task type or run",
+                )
+                .with("task_id", id),
+            );
         }
         return Ok(row(&scope, &id)?);
     }
@@ -247,7 +248,7 @@ fn write_transition(
     Ok(())
 }
 
-/// Moves a task to `to_status` under the rules of SPEC §3; `progress` is merged by top-level
+/// Moves a task to `to_status` under the status machine; `progress` is merged by top-level
 /// key, `output` replaced.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema", "ledger_tasks"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
@@ -259,7 +260,7 @@ fn transition_task(
     output: default!(Option<Jsonb>, "NULL"),
     error_code: default!(Option<&str>, "NULL"),
     error_message: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), SqlError> {
     let scope = scope::current()?;
     let task_id = required_id("task_id", task_id)?;
     let to = Status::parse(Resource::Task, required("to_status", to_status)?)?;
@@ -289,7 +290,7 @@ fn transition_task(
 fn add_task_checkpoint(
     task_id: Option<&str>,
     payload: Option<Jsonb>,
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.task_checkpoints"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.task_checkpoints"), SqlError> {
     let scope = scope::current()?;
     let task_id = required_id("task_id", task_id)?;
     let payload = redacted_object(
@@ -340,17 +341,18 @@ fn record_task_event(
     task_id: Option<&str>,
     event_type: Option<&str>,
     payload: default!(Option<Jsonb>, "'{}'"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.task_events"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.task_events"), SqlError> {
     let scope = scope::current()?;
     let task_id = required_id("task_id", task_id)?;
     let event_type = required("event_type", event_type)?;
     if task_event_reserved(event_type) {
-        return Err(LedgerError::invalid(
-            "EVENT_TYPE_RESERVED",
-            format!("event type {event_type} is written only by the ledger"),
-        )
-        .with("event_type", event_type)
-        .into());
+        raise(
+            LedgerError::invalid(
+                "EVENT_TYPE_RESERVED",
+                format!("event type {event_type} is written only by the ledger"),
+            )
+            .with("event_type", event_type),
+        );
     }
     let payload = redacted_object("payload", payload)?;
     head(&scope, task_id, false)?;
@@ -363,7 +365,7 @@ fn record_task_event(
 fn set_task_snapshot(
     task_id: Option<&str>,
     snapshot: Option<Jsonb>,
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), SqlError> {
     let scope = scope::current()?;
     let task_id = required_id("task_id", task_id)?;
     let snapshot = redacted_object(
@@ -400,21 +402,22 @@ fn set_task_snapshot(
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn retry_task(
     task_id: Option<&str>,
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), SqlError> {
     let scope = scope::current()?;
     let task_id = required_id("task_id", task_id)?;
     let task = head(&scope, task_id, true)?;
     Resource::Task.check(task.status, Status::Retrying)?;
     // Its work already continues in the replacement; running both would execute it twice.
     if let Some(replacement) = &task.retried_as_task_id {
-        return Err(LedgerError::new(
-            Class::WrongState,
-            "TASK_REPLAYED",
-            format!("task {task_id} was replayed as {replacement}; retry that one instead"),
-        )
-        .with("task_id", task_id)
-        .with("retried_as_task_id", replacement.as_str())
-        .into());
+        raise(
+            LedgerError::new(
+                Class::WrongState,
+                "TASK_REPLAYED",
+                format!("task {task_id} was replayed as {replacement}; retry that one instead"),
+            )
+            .with("task_id", task_id)
+            .with("retried_as_task_id", replacement.as_str()),
+        );
     }
     let retry = TaskChange {
         progress: Some(json!({"action": "retry"})),
@@ -467,7 +470,7 @@ fn strip_attempt_ids(mut snapshot: Value) -> Value {
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn replay_task(
     task_id: Option<&str>,
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), ErrorReport> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), SqlError> {
     let scope = scope::current()?;
     let task_id = required_id("task_id", task_id)?;
     let old = head(&scope, task_id, true)?;

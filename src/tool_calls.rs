@@ -6,7 +6,7 @@
 
 use crate::artifacts;
 use crate::db;
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::guc;
 use crate::jsonb::Jsonb;
@@ -25,7 +25,6 @@ use crate::redaction::redacted_object;
 use crate::runs;
 use crate::scope::{self, Scope};
 use crate::steps::{self, NewStep, StepChange};
-use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
@@ -595,7 +594,7 @@ fn insert(
     load(scope, By::Id(&id), true)
 }
 
-/// Claims a tool call for execution, or says why not (SPEC §7.1).
+/// Claims a tool call for execution, or says why not.
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
@@ -609,7 +608,7 @@ fn claim_tool_call(
     lease_owner: default!(Option<&str>, "NULL"),
     timeout_seconds: default!(Option<i32>, 30),
     retry_failed: default!(Option<bool>, false),
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
@@ -664,16 +663,19 @@ fn claim_tool_call(
                 return Ok(outcome(&scope, &rec.id, "claimed", None)?);
             }
             if let Some(step) = step_id {
-                return Err(LedgerError::new(
-                    Class::Duplicate,
-                    "STEP_HAS_TOOL_CALL",
-                    "the step already has a tool call",
-                )
-                .with("step_id", step)
-                .into());
+                raise(
+                    LedgerError::new(
+                        Class::Duplicate,
+                        "STEP_HAS_TOOL_CALL",
+                        "the step already has a tool call",
+                    )
+                    .with("step_id", step),
+                );
             }
         }
-        Err(LedgerError::internal("claim did not settle after a concurrent insert").into())
+        raise(LedgerError::internal(
+            "claim did not settle after a concurrent insert",
+        ))
     })
 }
 
@@ -723,7 +725,7 @@ fn attempt_arg(attempt: Option<i64>) -> Result<i64> {
 fn begin_tool_call(
     tool_call_record_id: Option<&str>,
     attempt: Option<i64>,
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let id = required_id("tool_call_record_id", tool_call_record_id)?;
@@ -754,7 +756,7 @@ fn begin_tool_call(
                     &Event::ToolCallRunning(rec.ids()),
                 )?;
             }
-            other => return Err(wrong_state("begin", other).into()),
+            other => raise(wrong_state("begin", other)),
         }
         Ok(outcome(&scope, id, rec.status.as_str(), None)?)
     })
@@ -767,14 +769,14 @@ fn heartbeat_tool_call(
     tool_call_record_id: Option<&str>,
     attempt: Option<i64>,
     extend_seconds: default!(Option<i32>, "NULL"),
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     let scope = scope::current()?;
     let id = required_id("tool_call_record_id", tool_call_record_id)?;
     let attempt = attempt_arg(attempt)?;
     let rec = locked(&scope, id)?;
     check_fence(rec.attempt, attempt)?;
     if !matches!(rec.status, CallStatus::Claimed | CallStatus::Running) {
-        return Err(wrong_state("heartbeat", rec.status).into());
+        raise(wrong_state("heartbeat", rec.status));
     }
     let seconds = match extend_seconds {
         Some(s) => self::extend_seconds(s)?,
@@ -799,7 +801,7 @@ fn complete_tool_call(
     result: default!(Option<Jsonb>, "NULL"),
     error_message: default!(Option<&str>, "NULL"),
     metadata: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let id = required_id("tool_call_record_id", tool_call_record_id)?;
@@ -813,7 +815,7 @@ fn complete_tool_call(
                 return Ok(self::outcome(&scope, id, rec.status.as_str(), None)?)
             }
             CallStatus::WaitingApproval | CallStatus::Rejected => {
-                return Err(wrong_state("complete", rec.status).into())
+                raise(wrong_state("complete", rec.status))
             }
             CallStatus::Claimed | CallStatus::Running | CallStatus::InDoubt => {}
         }
@@ -854,23 +856,24 @@ fn resolve_tool_call(
     result: default!(Option<Jsonb>, "NULL"),
     actor: default!(Option<&str>, "NULL"),
     note: default!(Option<&str>, "NULL"),
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let id = required_id("tool_call_record_id", tool_call_record_id)?;
         let resolution = Resolution::parse(required("decision", decision)?)?;
         let mut rec = locked(&scope, id)?;
         if rec.status != CallStatus::InDoubt {
-            return Err(LedgerError::new(
-                Class::WrongState,
-                "TOOL_CALL_NOT_IN_DOUBT",
-                format!(
-                    "only an in_doubt tool call can be resolved; this one is {}",
-                    rec.status.as_str()
-                ),
-            )
-            .with("status", rec.status.as_str())
-            .into());
+            raise(
+                LedgerError::new(
+                    Class::WrongState,
+                    "TOOL_CALL_NOT_IN_DOUBT",
+                    format!(
+                        "only an in_doubt tool call can be resolved; this one is {}",
+                        rec.status.as_str()
+                    ),
+                )
+                .with("status", rec.status.as_str()),
+            );
         }
         let metadata = json!({"decision": resolution.as_str(), "resolved_by": actor, "note": note});
         match resolution {
@@ -926,7 +929,7 @@ fn resolve_tool_call(
 /// (it did not); returns how many. Never waits: rows and runs that are busy are left for the next sweep.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn sweep_tool_calls() -> std::result::Result<i32, ErrorReport> {
+fn sweep_tool_calls() -> std::result::Result<i32, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let candidates = db::select(
@@ -1001,7 +1004,7 @@ fn request_tool_approval(
     title: default!(Option<&str>, "NULL"),
     policy_ref: default!(Option<&str>, "NULL"),
     details: default!(Option<Jsonb>, "NULL"),
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
@@ -1009,20 +1012,21 @@ fn request_tool_approval(
         let details = redacted_object("details", details)?;
         let run = runs::existing(&scope, "run_id", who.run_id, true)?;
         if tombstone(&scope, &who, &args)?.is_some() {
-            return Err(LedgerError::new(
-                Class::WrongState,
-                "TOOL_CALL_PURGED",
-                "this tool call was purged",
-            )
-            .with("idempotency_key", who.idempotency_key.as_str())
-            .into());
+            raise(
+                LedgerError::new(
+                    Class::WrongState,
+                    "TOOL_CALL_PURGED",
+                    "this tool call was purged",
+                )
+                .with("idempotency_key", who.idempotency_key.as_str()),
+            );
         }
         if let Some(rec) = find_locked(&scope, &who)? {
             if rec.tool_ref != who.tool_ref || rec.request_hash != args.hash {
-                return Err(identity_reused().into());
+                raise(identity_reused());
             }
             if rec.status != CallStatus::WaitingApproval {
-                return Err(wrong_state("wait for approval", rec.status).into());
+                raise(wrong_state("wait for approval", rec.status));
             }
             return Ok(outcome(&scope, &rec.id, "waiting_approval", None)?);
         }
@@ -1109,7 +1113,7 @@ fn resolve_approval(
     decision: Option<&str>,
     actor: default!(Option<&str>, "NULL"),
     note: default!(Option<&str>, "NULL"),
-) -> std::result::Result<Jsonb, ErrorReport> {
+) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
         let approval_id = required_id("approval_id", approval_id)?;
@@ -1117,14 +1121,10 @@ fn resolve_approval(
         let decision = match required("decision", decision)? {
             "approved" => ApprovalStatus::Approved,
             "rejected" => ApprovalStatus::Rejected,
-            other => {
-                return Err(LedgerError::invalid(
-                    "DECISION_UNKNOWN",
-                    "decision must be approved or rejected",
-                )
-                .with("decision", other)
-                .into())
-            }
+            other => raise(
+                LedgerError::invalid("DECISION_UNKNOWN", "decision must be approved or rejected")
+                    .with("decision", other),
+            ),
         };
         let not_found = || LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id);
         let run_id = db::select_one(
@@ -1147,13 +1147,14 @@ fn resolve_approval(
             if current == decision {
                 return Ok(approval_json(&scope, approval_id)?);
             }
-            return Err(LedgerError::new(
-                Class::WrongState,
-                "APPROVAL_RESOLVED",
-                format!("approval {approval_id} is already {status}"),
-            )
-            .with("status", status)
-            .into());
+            raise(
+                LedgerError::new(
+                    Class::WrongState,
+                    "APPROVAL_RESOLVED",
+                    format!("approval {approval_id} is already {status}"),
+                )
+                .with("status", status),
+            );
         }
         db::execute(
         "UPDATE ledger.approval_requests SET status = $4, decided_by = $5, decision_note = $6, \

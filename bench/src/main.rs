@@ -6,22 +6,13 @@
 //! LEDGER_BENCH_CLIENTS=8,32 to measure throughput at other client counts;
 //! LEDGER_BENCH_RTT_MS=0.5 to add that network round-trip time between those clients and the server.
 
-mod error;
 mod latency;
 mod lifecycle;
 mod reads;
 
-// Only the redaction, canonical JSON, hashing and event-INSERT parts of the ledger's pure model
-// are needed.
-#[allow(dead_code)]
-#[path = "../../src/model"]
-mod model {
-    pub mod feed;
-    pub mod hash;
-    pub mod interrupt;
-    pub mod json;
-    pub mod redact;
-}
+// The ledger's pure core (crates/ledger-model); its redaction, canonical JSON, hashing and
+// event-INSERT parts are used.
+use ledger_model as model;
 
 use std::time::Instant;
 

@@ -1,4 +1,4 @@
-//! JSON in and out: depth-bounded parsing, canonical text and the request hash (SPEC §7.2).
+//! JSON in and out: depth-bounded parsing, canonical text and the request hash.
 //!
 //! serde_json is built with `arbitrary_precision` (numbers keep their exact text) and without
 //! `preserve_order` (a `Map` is a BTreeMap, so keys iterate in byte order, which for UTF-8 is
@@ -7,8 +7,8 @@
 use serde_json::Value;
 
 use crate::error::{LedgerError, Result};
-use crate::model::hash::hex;
-use crate::model::interrupt::{self, Checked};
+use crate::hash::hex;
+use crate::interrupt::{self, Checked};
 use sha2::{Digest, Sha256};
 
 /// The deepest nesting of arrays and objects the ledger accepts. Every `Value` it handles came
@@ -20,7 +20,7 @@ pub const MAX_DEPTH: usize = 100;
 pub fn parse(text: &str) -> Result<Value> {
     check_depth(text)?;
     // FromStr, not from_str::<Value>: its code is serde_json's own (optimised even in test
-    // builds, see Cargo.toml), not a copy instantiated in this crate.
+    // builds, see the workspace Cargo.toml), not a copy instantiated in this crate.
     text.parse::<Value>()
         .map_err(|e| LedgerError::invalid("JSON_INVALID", format!("invalid JSON: {e}")))
 }
@@ -108,7 +108,7 @@ pub fn canonical_len(v: &Value) -> usize {
 mod tests {
     use super::*;
     use crate::error::Class;
-    use crate::model::hash::sha256_hex;
+    use crate::hash::sha256_hex;
     use serde_json::{json, Map};
     use std::time::{Duration, Instant};
 

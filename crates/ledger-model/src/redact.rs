@@ -1,11 +1,11 @@
-//! Redaction of tool-call arguments before anything is stored (SPEC §7.3).
+//! Redaction of tool-call arguments before anything is stored.
 //!
 //! Values reach here through `json::parse` (or pgrx's serde_json), so their depth is bounded and
 //! plain recursion is safe.
 
 use serde_json::{json, Value};
 
-use crate::model::{interrupt, json};
+use crate::{interrupt, json};
 
 /// What a redacted value becomes.
 pub const REDACTED: &str = "[REDACTED]";
@@ -16,7 +16,7 @@ pub const KEY_BYTES: usize = 128;
 
 pub type Key = heapless::String<KEY_BYTES>;
 
-/// SOIT's fifteen, then the extra defaults SOIT missed (SPEC §7.3). All normalised.
+/// SOIT's fifteen, then the extra defaults SOIT missed. All normalised.
 const SENSITIVE_KEYS: [&str; 27] = [
     "api_key",
     "apikey",

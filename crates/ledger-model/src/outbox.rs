@@ -1,5 +1,5 @@
-//! The outbox consumer's rules: batch and lease bounds, the retry backoff, and when an
-//! event fails for good. No Postgres here.
+//! The outbox consumer's rules: batch and lease bounds, the retry backoff, and when an event
+//! fails for good. No Postgres here.
 
 use crate::error::{Class, LedgerError, Result};
 

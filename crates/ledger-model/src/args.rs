@@ -1,7 +1,7 @@
 //! Checks of function arguments shared by every entry point.
 
 use crate::error::{LedgerError, Result};
-use crate::model::ids;
+use crate::ids;
 
 /// A NOT NULL, non-empty text argument.
 pub fn required<'a>(argument: &str, value: Option<&'a str>) -> Result<&'a str> {

@@ -1,4 +1,4 @@
-//! Cost entries (SPEC §9): the usage vocabulary and the money rules, without Postgres.
+//! Cost entries: the usage vocabulary and the money rules, without Postgres.
 
 use crate::error::{LedgerError, Result};
 use serde_json::Value;
@@ -78,7 +78,7 @@ pub fn currency(code: &str) -> Result<String> {
             "CURRENCY_INVALID",
             "currency must be a code such as USD or EUR",
         )
-        .with("currency", crate::model::text::truncate_chars(code, 64)))
+        .with("currency", crate::text::truncate_chars(code, 64)))
     }
 }
 

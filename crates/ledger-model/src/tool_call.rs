@@ -1,5 +1,5 @@
-//! The tool-call record's rules (SPEC §7.1): what a claim does with an existing record, the
-//! lease length, and attempt fencing. No Postgres here.
+//! The tool-call record's rules: what a claim does with an existing record, the lease length,
+//! and attempt fencing. No Postgres here.
 
 use crate::error::{Class, LedgerError, Result};
 

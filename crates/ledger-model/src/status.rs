@@ -1,4 +1,4 @@
-//! The status machine of runs, steps and tasks (SOIT §2.3 and §2.4), as data.
+//! The status machine of runs, steps and tasks (SOIT's transition tables), as data.
 
 use crate::error::{Class, LedgerError, Result};
 
@@ -78,7 +78,7 @@ impl Status {
             .find(|s| s.as_str() == name && resource.has(*s))
             .ok_or_else(|| {
                 // Echo at most 64 characters of a bad value back (it may be megabytes).
-                let shown = crate::model::text::truncate_chars(name, 64);
+                let shown = crate::text::truncate_chars(name, 64);
                 LedgerError::invalid(
                     "STATUS_UNKNOWN",
                     format!("unknown {} status: {shown:?}", resource.as_str()),
@@ -200,7 +200,7 @@ pub fn conflict(resource: Resource, id: &str, expected: Status, to: Status) -> L
     .with("to", to.as_str())
 }
 
-/// Decides a transition of a locked row at `current` (SPEC §3). `Ok(None)` means the row is
+/// Decides a transition of a locked row at `current`. `Ok(None)` means the row is
 /// already at `to` (idempotent: nothing changes); `Ok(Some(from))` means update from `from`.
 pub fn check_transition(
     resource: Resource,
@@ -238,7 +238,7 @@ mod tests {
             .collect()
     }
 
-    /// SOIT §2.3, written out independently of the match above.
+    /// SOIT's run table, written out independently of the match above.
     const RUN_TABLE: [(&str, &[&str]); 11] = [
         (
             "queued",

@@ -1,5 +1,6 @@
-//! Property-based tests of the pure modules against hostile input (issue 6): JSON parsing and
-//! canonical text, redaction and argument summaries, caller ids and text truncation.
+//! Property-based tests of the pure modules against hostile input (whatever a caller sends must
+//! fail cleanly or succeed, never panic or overflow the stack): JSON parsing and canonical text,
+//! redaction and argument summaries, caller ids and text truncation.
 //!
 //! Every property is bounded by a case count (below) and by modest generated sizes, so the whole
 //! file runs in seconds in a debug build. Failures print the shrunk input and are not persisted
@@ -13,12 +14,12 @@ use proptest::prelude::*;
 use proptest::sample::{select, Index};
 use serde_json::{json, Map, Value};
 
-use crate::model::ids::{self, MAX_ID_CHARS};
-use crate::model::json::{self, MAX_DEPTH};
-use crate::model::redact::{
+use crate::ids::{self, MAX_ID_CHARS};
+use crate::json::{self, MAX_DEPTH};
+use crate::redact::{
     self, is_credential, is_sensitive_key, normalize_key, Rules, KEY_BYTES, REDACTED, SUMMARY_BYTES,
 };
-use crate::model::text::truncate_chars;
+use crate::text::truncate_chars;
 
 /// Cases per property for small inputs.
 const CASES: u32 = 1024;

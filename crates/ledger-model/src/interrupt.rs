@@ -59,7 +59,7 @@ impl<W: io::Write> io::Write for Checked<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{json, redact};
+    use crate::{json, redact};
     use serde_json::{json, Value};
     use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -1,5 +1,6 @@
-//! Governance evidence and replay readiness of one run (SPEC §10, SOIT §5.4), computed from facts
-//! the SPI layer gathers. No Postgres here.
+//! Governance evidence and replay readiness of one run (README: `run_evidence`, `replay_ready`):
+//! SOIT's items and criteria, less its plain mistakes, computed from facts the SPI layer gathers.
+//! No Postgres here.
 //!
 //! Every `Value` came through `json::parse`, so its depth is bounded and recursion is safe.
 
@@ -7,8 +8,8 @@ use std::collections::HashSet;
 
 use serde_json::{json, Value};
 
-use crate::model::json::canonical;
-use crate::model::redact;
+use crate::json::canonical;
+use crate::redact;
 
 /// What the ledger knows about a run, gathered by the SPI layer.
 #[derive(Clone, Debug, Default)]
@@ -27,7 +28,8 @@ pub struct RunFacts {
     pub inputs_recoverable: bool,
     /// In creation order.
     pub steps: Vec<StepFact>,
-    /// This run's own, ordered by created_at, id (SOIT added child runs' audits, F15).
+    /// This run's own, ordered by created_at, id (SOIT added child runs' audits, which are
+    /// not evidence of this run).
     pub audits: Vec<AuditFact>,
     pub cost_ids: Vec<String>,
     /// Tool-call record ids (`tc_...`).
@@ -143,7 +145,7 @@ const SECRET_KEYS: [&str; 6] = [
     "secret_refs",
     "credential_ref",
 ];
-// Fix (F15): SOIT also took values under the bare key "decision", which any policy payload has.
+// Not the bare key "decision", as SOIT had it: any policy payload has one, egress or not.
 const EGRESS_KEYS: [&str; 3] = ["egress", "egress_policy", "egress_decision"];
 
 /// SOIT's `_applicable` guards that depend only on which facts exist.
@@ -177,7 +179,7 @@ impl Guards {
     }
 }
 
-/// The thirteen items of SOIT §5.4, in order: actor_scope, subject_version, capability_binding,
+/// The thirteen items, in SOIT's order: actor_scope, subject_version, capability_binding,
 /// permission_scope, secret_boundary, egress_policy, audit_record, cost_attribution,
 /// trace_timeline, tool_call, knowledge_citation, child_workflow, replay_ready.
 pub fn evidence(facts: &RunFacts) -> Vec<Item> {
@@ -199,7 +201,8 @@ pub fn evidence(facts: &RunFacts) -> Vec<Item> {
         );
     }
     let has_secret_key = everywhere.iter().any(|v| has_key(v, &SECRET_KEYS));
-    // Fix (F15): a real credential in a string value (redaction missed it), not any "sk-" text.
+    // A real credential in a string value (redaction missed it), not any "sk-" text as in SOIT,
+    // which words like `task-1` contain.
     let leaked_secret = audits
         .iter()
         .any(|v| string_values(v).into_iter().any(redact::is_credential));
@@ -648,7 +651,7 @@ pub fn replay_missing(facts: &RunFacts) -> Vec<&'static str> {
             g.tool_governance && facts.tool_call_ids.is_empty(),
         ),
         ("audits", g.tool_governance && facts.audits.is_empty()),
-        // Not in SOIT: a re-run needs the exact original inputs (SPEC §10, §12).
+        // Not in SOIT: a re-run (retry or replay) starts from the exact original inputs.
         ("inputs", !facts.inputs_recoverable),
     ]
     .into_iter()
@@ -773,7 +776,7 @@ fn citation_refs(c: &CitationFact) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::json::parse;
+    use crate::json::parse;
     use ItemStatus::*;
 
     const KEYS: [&str; 13] = [
