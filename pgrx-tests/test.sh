@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test, on every supported PostgreSQL (default 15 16 17 18; narrow it with
 # LEDGER_PG_VERSIONS="15"): plain #[test]s and #[pg_test]s through `cargo pgrx test`, then
-# pg_regress and the multi-session tests against a private cluster of the shipping build.
+# pg_regress and the multi-session tests against a private cluster of the shipping build, then
+# the release package (package.sh) installed without cargo into a clean copy of that server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -53,6 +54,9 @@ for v in $VERSIONS; do
   cluster_stop "$v" "$data"
   trap - EXIT
   rm -rf "$work"
+
+  echo "==> PostgreSQL $v: the release package, installed without cargo"
+  bash pgrx-tests/package-test.sh "$v"
   summary+=("PostgreSQL $v: passed in $(( $(date +%s) - started ))s")
 done
 
