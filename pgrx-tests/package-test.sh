@@ -54,7 +54,9 @@ chmod 755 "$work"
 inst=$(dirname "$sys_bindir")
 for d in "$inst" "$("$sys_bindir/pg_config" --sharedir)" "$("$sys_bindir/pg_config" --pkglibdir)"; do
   case "$d" in "$inst"/*) continue ;; esac
-  tar -C / --exclude='ledger*' -cf - "${d#/}" | tar -C "$root" -xf -
+  # ledger.so, ledger.control, ledger--*.sql and a versioned ledger-X.so; not /opt/ledger-pg.
+  tar -C / --exclude='ledger.*' --exclude='ledger--*' --exclude='ledger-[0-9]*' -cf - "${d#/}" \
+    | tar -C "$root" -xf -
 done
 config=$bindir/pg_config
 pkglibdir=$("$config" --pkglibdir)
@@ -62,7 +64,7 @@ extdir="$("$config" --sharedir)/extension"
 for d in "$pkglibdir" "$extdir" "$("$config" --bindir)"; do
   case "$d" in "$root"/*) ;; *) fail "the copy's pg_config points outside the copy: $d" ;; esac
 done
-leftover=$(find "$root" -name 'ledger*')
+leftover=$(find "$root" -type f \( -name 'ledger.*' -o -name 'ledger--*' -o -name 'ledger-[0-9]*' \))
 [ -z "$leftover" ] || fail "the copy already holds ledger files: $leftover"
 say "clean copy at $root (pkglibdir and sharedir inside it, no ledger files)"
 
