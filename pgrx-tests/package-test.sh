@@ -7,14 +7,15 @@
 # Usage: package-test.sh MAJOR [ARCHIVE]. Without ARCHIVE it tests this tree's archive, which
 # package.sh brings up to date first (about a second when the release build is current).
 set -euo pipefail
+archive_arg=${2:+$(realpath "$2")}   # relative to the caller's directory
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 . pgrx-tests/lib.sh
 
 major=$1
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
-if [ -n "${2:-}" ]; then
-  archive=$(realpath "$2")
+if [ -n "$archive_arg" ]; then
+  archive=$archive_arg
 else
   LEDGER_PG_VERSIONS=$major bash pgrx-tests/package.sh
   archive=$repo/dist/ledger-$version-pg$major-$(uname -m).tar.gz
