@@ -1,6 +1,8 @@
 # The two commands: `make demo` and `make test`. Both install what they need first.
 # `make bench` runs the benchmark (BENCHMARKS.md); LEDGER_BENCH_SMOKE=1 makes it a smoke run.
-.PHONY: demo demo-stop test bootstrap bench
+# `make package` builds the release archives, dist/ledger-<version>-pg<NN>-<arch>.tar.gz, one per
+# PostgreSQL version (LEDGER_PG_VERSIONS="15" narrows it), and dist/SHA256SUMS.
+.PHONY: demo demo-stop test bootstrap bench package
 
 demo:
 	bash pgrx-tests/demo.sh
@@ -16,3 +18,6 @@ bootstrap:
 
 bench:
 	bash pgrx-tests/bench.sh
+
+package: bootstrap
+	bash pgrx-tests/package.sh

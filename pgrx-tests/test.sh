@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Every test: first, once, formatting, lints and the plain #[test]s of the pure core
-# (crates/ledger-model, `cargo test -p ledger-model`, no PostgreSQL); then on every supported
-# PostgreSQL (default 15 16 17 18; narrow it with LEDGER_PG_VERSIONS="15") the extension's
-# #[pg_test]s through `cargo pgrx test`, pg_regress and the multi-session tests against a private
-# cluster of the shipping build.
+# (crates/ledger-model, no PostgreSQL); then on every supported PostgreSQL (default 15 16 17 18;
+# narrow it with LEDGER_PG_VERSIONS="15") the extension's #[pg_test]s through `cargo pgrx test`,
+# pg_regress, the upgrade tests and the multi-session tests against a private cluster of the
+# shipping build, then the release package (package.sh) installed without cargo into a clean copy
+# of that server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -60,6 +61,9 @@ for v in $VERSIONS; do
   cluster_stop "$v" "$data"
   trap - EXIT
   rm -rf "$work"
+
+  echo "==> PostgreSQL $v: the release package, installed without cargo"
+  bash pgrx-tests/package-test.sh "$v"
   summary+=("PostgreSQL $v: passed in $(( $(date +%s) - started ))s")
 done
 
