@@ -28,20 +28,23 @@ libdir="$("$pg_config" --pkglibdir)"
 cp tests/schema_snapshot.sql "$work/snapshot.sql"
 [ "$(id -u)" -eq 0 ] && chown postgres: "$work/snapshot.sql"
 
-# The previous release's library for this major, as $libdir/ledger-$PREVIOUS_VERSION.so.
+# The previous release's library for this major, as $libdir/ledger-$PREVIOUS_VERSION.so. Its
+# source lives outside the checkout (inside, cargo would take it for a member of this
+# workspace); its build is kept under target/ for the next run.
 previous=$repo/target/previous-release
-if [ ! -f "$previous/src/Cargo.toml" ]; then
+src=/tmp/ledger-release-$PREVIOUS_VERSION
+if [ "$(cat "$src/.commit" 2>/dev/null)" != "$PREVIOUS_COMMIT" ]; then
   if ! git cat-file -e "$PREVIOUS_COMMIT^{commit}" 2>/dev/null; then
     echo "upgrade: commit $PREVIOUS_COMMIT of release $PREVIOUS_VERSION is not in this clone (a shallow clone?)" >&2
     exit 1
   fi
-  rm -rf "$previous/src" && mkdir -p "$previous/src"
-  git archive "$PREVIOUS_COMMIT" | tar -x -C "$previous/src"
+  rm -rf "$src" && mkdir -p "$src"
+  git archive "$PREVIOUS_COMMIT" | tar -x -C "$src"
+  echo "$PREVIOUS_COMMIT" > "$src/.commit"
 fi
 echo "upgrade: building release $PREVIOUS_VERSION's library for PostgreSQL $major"
-(cd "$previous/src" && CARGO_TARGET_DIR="$previous/target" \
-  cargo build --quiet --no-default-features --features "pg$major")
-cp "$previous/target/debug/libledger.so" "$libdir/ledger-$PREVIOUS_VERSION.so"
+(cd "$src" && CARGO_TARGET_DIR="$previous" cargo build --quiet --no-default-features --features "pg$major")
+cp "$previous/debug/libledger.so" "$libdir/ledger-$PREVIOUS_VERSION.so"
 # Older versions' install scripts are in the extension directory only while a test uses them.
 cleanup() {
   rm -f "$libdir/ledger-$PREVIOUS_VERSION.so"
@@ -132,13 +135,15 @@ checks=$(cluster_psql "$major" "$data" "$port" -d ledger_rows -qAt -c "
     (SELECT count(*) FROM ledger.events_since('run-demo-1', max_events => 10000))
       = (SELECT last_seq FROM ledger.runs WHERE id = 'run-demo-1'),
     (SELECT bool_and(event_type IS NOT NULL) FROM ledger.events_since('run-demo-1', max_events => 10000)),
-    ledger.claim_tool_call('run-demo-1', 'crm.lookup_order', '{\"order\": 1042}',
+    ledger.claim_tool_call('run-demo-1', 'crm.lookup_order',
+                           '{\"order\": 1042, \"api_key\": \"sk-live-0123456789abcdefghij\"}',
                            tool_call_id => 'call-lookup')->>'outcome' = 'replayed',
     (ledger.replay_bundle('run-demo-1')->'run'->>'id') = 'run-demo-1',
     NOT EXISTS (SELECT 1 FROM ledger.outbox WHERE event_type = 'run.status.updated' AND status <> 'done'
                    AND NOT (payload ? 'from' AND payload ? 'to' AND NOT payload ? 'old_status')),
-    (SELECT count(*) FROM ledger.claim_outbox_events('upgrade-check', 1000))
-      = (SELECT count(*) FROM ledger.outbox WHERE status = 'processing' AND lease_owner = 'upgrade-check'))" | tail -n 1)
+    (SELECT count(*) FILTER (WHERE event_type = 'run.status.updated' AND payload ? 'from') >= 1
+            AND count(*) = (SELECT count(*) FROM ledger.outbox WHERE status = 'pending')
+       FROM ledger.claim_outbox_events('upgrade-check', 1000)))" | tail -n 1)
 if [ "$checks" = "t t t t t t" ]; then
   echo "upgrade rows: $PREVIOUS_VERSION's rows kept through the update ($after); the current API reads and replays them"
 else

@@ -15,7 +15,7 @@ use std::cell::RefCell;
 use crate::db;
 use crate::error::{raise, LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
-use crate::model::args::required_id;
+use crate::model::args::{optional_id, required_id};
 use crate::model::events::Event;
 use crate::model::{self, hash, ids};
 use crate::scope::{self, Scope};
@@ -344,7 +344,7 @@ fn events_since(
     if !run_exists(&scope, run_id)? {
         raise(LedgerError::not_found("RUN_NOT_FOUND", "run", run_id));
     }
-    let after = match after_event_id {
+    let after = match optional_id("after_event_id", after_event_id)? {
         None => 0,
         Some(event_id) => db::select_one(
             "SELECT seq FROM ledger.run_events \
@@ -482,6 +482,14 @@ mod tests {
             "22023",
             "ARGUMENT_REQUIRED",
         );
+        // An empty or malformed cursor is a bad argument, as an id is everywhere.
+        for cursor in ["''", "'a b'"] {
+            assert_error(
+                &format!("SELECT * FROM ledger.events_since('r', {cursor})"),
+                "22023",
+                "ID_INVALID",
+            );
+        }
     }
 
     #[pg_test]

@@ -47,7 +47,7 @@ pub fn init() {
     GucRegistry::define_bool_guc(
         c"ledger.notify",
         c"Send the run feed's and the outbox's notifications (NOTIFY) at commit.",
-        c"Off: writes send no NOTIFY and followers must poll events_since and outbox_claim. PostgreSQL serialises the commits of notifying transactions, so off raises write throughput under concurrency.",
+        c"Off: writes send no NOTIFY and followers must poll events_since and claim_outbox_events. PostgreSQL serialises the commits of notifying transactions, so off raises write throughput under concurrency.",
         &NOTIFY,
         GucContext::Suset,
         GucFlags::default(),

@@ -121,7 +121,7 @@ fn record_response_event(
         "ledger.response_events",
         &id,
         "RESPONSE_EVENT_NOT_FOUND",
-        "response_event.recorded",
+        "response event",
     )?)
 }
 

@@ -616,7 +616,8 @@ fn claim_tool_call(
         let lease = lease_seconds(
             timeout_seconds.ok_or_else(|| LedgerError::required("timeout_seconds"))?,
         )?;
-        let owner = lease_owner.map_or_else(|| format!("tool:{}", who.run_id), str::to_owned);
+        let owner = optional_id("lease_owner", lease_owner)?
+            .map_or_else(|| format!("tool:{}", who.run_id), str::to_owned);
         let retry_failed = retry_failed.unwrap_or(false);
         let run = runs::existing(&scope, "run_id", who.run_id, true)?;
 
@@ -1768,6 +1769,16 @@ mod tests {
             ),
             (
                 "SELECT ledger.claim_tool_call('r', 'search', idempotency_key => 'a b')",
+                "22023",
+                "ID_INVALID",
+            ),
+            (
+                "SELECT ledger.claim_tool_call('r', 'search', lease_owner => 'worker 1')",
+                "22023",
+                "ID_INVALID",
+            ),
+            (
+                "SELECT ledger.begin_tool_call('', 1)",
                 "22023",
                 "ID_INVALID",
             ),
