@@ -274,6 +274,10 @@ mod tests {
                 "step_id",
                 "SELECT ledger.claim_tool_call('r', 'search', step_id => $MB)",
             ),
+            (
+                "lease_owner",
+                "SELECT ledger.claim_tool_call('r', 'search', lease_owner => $MB)",
+            ),
             ("run_id", "SELECT ledger.record_cost($MB, 'tokens', 1)"),
             (
                 "step_id",
@@ -334,7 +338,6 @@ mod tests {
             (MB_CHARS, "SELECT char_length(error_code) FROM ledger.transition_run($FRESH, 'failed', error_code => $MB)"),
             (MB_CHARS, "SELECT char_length(ledger.claim_tool_call('r', $MB, tool_call_id => 'c1')->'tool_call'->>'tool_ref')"),
             (8192, "SELECT char_length(input_summary) FROM ledger.run_steps WHERE step_key = 'c1'"),
-            (MB_CHARS, "SELECT char_length(ledger.claim_tool_call('r', 'search', tool_call_id => 'c2', lease_owner => $MB)->'tool_call'->>'lease_owner')"),
             (MB_CHARS, "SELECT char_length(billing_basis) FROM ledger.record_cost('r', $MB, 1)"),
             (MB_CHARS, "SELECT char_length(provider) FROM ledger.record_cost('r', 'tokens', 1, provider => $MB)"),
             (MB_CHARS, "SELECT char_length(model_ref) FROM ledger.record_cost('r', 'tokens', 1, model_ref => $MB)"),

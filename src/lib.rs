@@ -142,6 +142,53 @@ mod tests {
         assert_eq!(bare, "");
     }
 
+    /// docs/reference.md documents every function exactly as it is: a heading with its
+    /// signature as PostgreSQL prints it (defaults without their casts) and its COMMENT quoted
+    /// under it, and no heading for a function that does not exist.
+    #[pg_test]
+    fn the_reference_documents_every_function_with_its_comment() {
+        let reference = include_str!("../docs/reference.md");
+        let lines: Vec<&str> = reference.lines().collect();
+        let functions = Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT format('### ledger.%s(%s) → %s', p.proname, \
+                                   regexp_replace(pg_get_function_arguments(p.oid), '::[a-z ]+', '', 'g'), \
+                                   pg_get_function_result(p.oid)), \
+                            '> ' || obj_description(p.oid, 'pg_proc') \
+                       FROM pg_proc p WHERE p.pronamespace = 'ledger'::regnamespace ORDER BY 1",
+                    None,
+                    &[],
+                )
+                .unwrap()
+                .map(|r| {
+                    (
+                        r.get::<String>(1).unwrap().unwrap(),
+                        r.get::<String>(2).unwrap().unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        });
+        let mut missing = Vec::new();
+        for (heading, comment) in &functions {
+            let at = lines.iter().position(|l| l == heading);
+            // The COMMENT is the first non-empty line under the heading.
+            let quoted = at.and_then(|i| lines[i + 1..].iter().find(|l| !l.is_empty()));
+            if quoted != Some(&comment.as_str()) {
+                missing.push(heading.as_str());
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "not documented as they are: {missing:#?}"
+        );
+        let documented = lines
+            .iter()
+            .filter(|l| l.starts_with("### ledger."))
+            .count();
+        assert_eq!(documented, functions.len(), "a heading names no function");
+    }
+
     #[pg_test]
     fn every_table_forces_rls_and_is_dumped() {
         let tables = "SELECT c.oid FROM pg_class c WHERE c.relnamespace = 'ledger'::regnamespace AND c.relkind = 'r'";
