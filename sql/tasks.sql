@@ -1,4 +1,4 @@
--- ledger: tasks, their checkpoints and their events (SPEC §12). Runs after schema.sql.
+-- ledger: tasks, their checkpoints and their events. Runs after schema.sql.
 --
 -- Foreign keys: tasks -> runs, tasks -> tasks (replay lineage), checkpoints and events -> tasks,
 -- outbox -> tasks. No cycle through another table, so pg_dump can order the data.

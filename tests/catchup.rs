@@ -1,4 +1,4 @@
-//! Catch-up at scale (issue 6, "Trust"): a client follows one run of 100,000 events through the
+//! Catch-up at scale: a client follows one run of 100,000 events through the
 //! README's contract (LISTEN on the run's channel first, page with events_since from its cursor
 //! until a short page, wait for a notification, repeat) while four writers append to that run
 //! with audits, response events, costs and step transitions; half way its connection is

@@ -1,4 +1,4 @@
-//! Faults (issue 6, "Trust"): a backend terminated in the middle of a transaction, a crash of the
+//! Faults: a backend terminated in the middle of a transaction, a crash of the
 //! server (`pg_ctl restart -m immediate`) while executors, step writers, a checkpoint writer, a
 //! run flipper and an outbox consumer are working, and `statement_timeout` / `lock_timeout`
 //! firing inside ledger functions. After each: no half-written row (`common::INVARIANTS`), every

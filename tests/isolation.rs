@@ -1,4 +1,4 @@
-//! Tenant isolation, proven as the application role (issue 6): a login role in `ledger_writer`,
+//! Tenant isolation, proven as the application role: a login role in `ledger_writer`,
 //! not a superuser, scoped to one workspace, can neither see nor change another workspace's or
 //! another tenant's rows, through the functions or plain SQL, whatever it does to its own
 //! session (search_path, its own schemas, operators and views).

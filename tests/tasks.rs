@@ -1,5 +1,5 @@
-//! Multi-session tests of tasks: racing transitions (SOIT flaw F16: concurrent cancel and
-//! complete could both "win"), the atomicity of replay_task across a killed session, and
+//! Multi-session tests of tasks: racing transitions (a concurrent cancel and complete must not
+//! both "win"), the atomicity of replay_task across a killed session, and
 //! gapless checkpoints from concurrent writers. Run like tests/sessions.rs (`-- --ignored`).
 
 mod common;

@@ -1,7 +1,7 @@
 //! Throughput of the tool-call lifecycle at several client counts, three ways side by side:
 //! the floor (bare single-row INSERT commits), the ledger's functions, and the same lifecycle
-//! written application-side the way SOIT does it (§3.9: SELECT ... FOR UPDATE, INSERT and
-//! UPDATE round trips, redaction and hashing in the client, outbox rows).
+//! written application-side, the way a runtime without the ledger does it (SELECT ... FOR
+//! UPDATE, INSERT and UPDATE round trips, redaction and hashing in the client, outbox rows).
 //!
 //! One lifecycle is three transactions: claim; begin; complete with a 2 KB result plus the tool
 //! step's transition and a cost entry. The floor runs three INSERT transactions per lifecycle;
@@ -183,7 +183,7 @@ impl Ledger {
 
 /// The ledger's run feed written application-side, as a careful client would: per transaction
 /// one `last_seq` bump under the run's row lock and one INSERT of its events with a NOTIFY each
-/// (the ledger's own statement). SOIT has no feed (soit-ledger.md §6); this prices it.
+/// (the ledger's own statement). The plain application-side design keeps no feed; this prices it.
 struct Feed {
     bump: Statement,
     /// The INSERT of 2 and of 3 events.
@@ -227,20 +227,21 @@ impl Feed {
         let rows: Vec<(String, i64, String)> = events
             .iter()
             .enumerate()
-            .map(|(i, (kind, _))| {
+            .map(|(i, (event_type, _))| {
                 let seq = first + i as i64;
                 let id = format!("evt_{}", ulid::Ulid::new());
                 let note =
-                    json!({"run_id": run_id, "seq": seq, "event_id": id, "event_type": kind}).to_string();
+                    json!({"run_id": run_id, "seq": seq, "event_id": id, "event_type": event_type})
+                        .to_string();
                 (id, seq, note)
             })
             .collect();
         let mut args: Vec<&(dyn ToSql + Sync)> = vec![&TENANT, &WORKSPACE, &run_id, &self.channel];
-        for ((id, seq, note), (kind, payload)) in rows.iter().zip(events) {
+        for ((id, seq, note), (event_type, payload)) in rows.iter().zip(events) {
             args.extend([
                 id as &(dyn ToSql + Sync),
                 seq,
-                kind,
+                event_type,
                 &step_id,
                 payload,
                 note,
@@ -251,7 +252,7 @@ impl Feed {
     }
 }
 
-/// SOIT's RuntimeToolExecutionService (claim, mark_running, complete) and the gateway's step
+/// An application-side tool executor (claim, mark_running, complete) and the gateway's step
 /// update and cost row, as client code over plain tables; with `feed`, also the ledger's feed.
 struct App {
     run_id: String,
@@ -676,7 +677,7 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
          The floor is {} single-row INSERT commits per lifecycle; the notifying floor the same \
          with a NOTIFY in each, as every ledger transaction has. App-side + feed is the \
          application-side design that also keeps the ledger's run feed (gapless seq, event rows, \
-         a NOTIFY per event), which SOIT does not have. Notify off is the ledger with \
+         a NOTIFY per event), which the plain application-side design does not have. Notify off is the ledger with \
          `ledger.notify = off` (no NOTIFY; followers poll).\n",
         s.reps, s.secs, TX_PER_LIFECYCLE
     );
