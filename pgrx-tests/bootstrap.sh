@@ -45,6 +45,12 @@ for v in "${PG_WHEELS[@]}"; do
   rm -rf "$tmp"
 done
 
+# psycopg 3 for the test that runs the README's Python follower as written.
+if ! python3 -c 'import psycopg, sys; sys.exit(tuple(map(int, psycopg.__version__.split(".")[:3])) < (3, 2, 4))' 2>/dev/null; then
+  log "pip: psycopg[binary] (3.2.4 or later, for tests/readme_follower.py)"
+  python3 -m pip install -q --root-user-action=ignore "psycopg[binary]>=3.2.4,<4"
+fi
+
 pg_config_for() {
   case "$1" in
     15) echo /usr/lib/postgresql/15/bin/pg_config ;;

@@ -98,3 +98,26 @@ fn every_example_of_the_readme_runs_after_the_walkthrough() {
     psql(&db, include_str!("pg_regress/sql/walkthrough.sql"), false);
     psql(&db, &examples, true);
 }
+
+/// The README's Python follower, run as written (tests/readme_follower.py) with psycopg 3.
+#[test]
+#[ignore]
+fn the_readme_python_follower_gets_every_event_once() {
+    let db = database("ledger_docs_python");
+    let dsn = format!(
+        "host={} port={} dbname={db} user=postgres",
+        env("LEDGER_TEST_HOST"),
+        env("LEDGER_TEST_PORT")
+    );
+    let out = std::process::Command::new("python3")
+        .args(["tests/readme_follower.py", "README.md", &dsn])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
