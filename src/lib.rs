@@ -73,11 +73,9 @@ fn status_transitions() -> TableIterator<
     }))
 }
 
+// Test-only code: helpers for the #[pg_test]s and the hostile-input tests (src/testing/).
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
-
-#[cfg(any(test, feature = "pg_test"))]
-mod hostile;
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
