@@ -35,9 +35,7 @@ pub fn insert(scope: &Scope, new: &NewArtifact) -> Result<String> {
         "INSERT INTO ledger.run_artifacts (tenant_id, workspace_id, id, run_id, step_id, artifact_type, \
              mime, size_bytes, sha256, storage_key, meta) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             id.as_str().into(),
             new.run_id.into(),
             new.step_id.into(),
@@ -47,7 +45,7 @@ pub fn insert(scope: &Scope, new: &NewArtifact) -> Result<String> {
             new.sha256.into(),
             new.storage_key.into(),
             Jsonb::from(new.meta).into(),
-        ],
+        ]),
     )?;
     let created = Event::ArtifactCreated(ArtifactCreated {
         artifact_id: &id,
@@ -100,11 +98,7 @@ pub fn load(scope: &Scope, artifact_id: &str) -> Result<Option<Artifact>> {
     db::select_one(
         "SELECT run_id, step_id, sha256, storage_key FROM ledger.run_artifacts \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            artifact_id.into(),
-        ],
+        &scope.args([artifact_id.into()]),
         |r| {
             Ok(Artifact {
                 run_id: db::req(r, 1)?,

@@ -17,13 +17,11 @@ pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {
     db::execute(
         "INSERT INTO ledger.blobs (tenant_id, workspace_id, sha256, size_bytes, content) \
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             sha.as_str().into(),
             (bytes.len() as i64).into(),
             bytes.to_vec().into(),
-        ],
+        ]),
     )?;
     Ok(sha)
 }
@@ -33,7 +31,7 @@ pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {
 pub fn get(scope: &Scope, sha256: &str, mismatch_code: &'static str) -> Result<Vec<u8>> {
     let content = db::select_one(
         "SELECT content FROM ledger.blobs WHERE tenant_id = $1 AND workspace_id = $2 AND sha256 = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), sha256.into()],
+        &scope.args([sha256.into()]),
         |r| db::req::<Vec<u8>>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("BLOB_NOT_FOUND", "blob", sha256))?;

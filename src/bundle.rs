@@ -13,16 +13,8 @@ use pgrx::prelude::*;
 
 /// The one value of a read-only query over the run (`$1`, `$2` scope, `$3` run id).
 fn value<T: FromDatum + IntoDatum>(scope: &Scope, run_id: &str, query: &str) -> Result<T> {
-    db::select_one(
-        query,
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-        ],
-        |r| db::req::<T>(r, 1),
-    )?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
+    db::select_one(query, &scope.args([run_id.into()]), |r| db::req::<T>(r, 1))?
+        .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
 }
 
 /// One JSON value computed by a read-only query over the run.
@@ -185,26 +177,12 @@ fn parsed(j: Option<Jsonb>) -> serde_json::Value {
 }
 
 fn ids_of(scope: &Scope, run_id: &str, query: &str) -> Result<Vec<String>> {
-    db::select(
-        query,
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-        ],
-        |r| db::req(r, 1),
-    )
+    db::select(query, &scope.args([run_id.into()]), |r| db::req(r, 1))
 }
 
 /// What the evidence rules look at.
 fn facts(scope: &Scope, run_id: &str) -> Result<RunFacts> {
-    let args = || {
-        [
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-        ]
-    };
+    let args = || scope.args([run_id.into()]);
     let mut facts = db::select_one(
         "SELECT x.id, x.tenant_id, x.workspace_id, x.user_id, x.mode, x.kind, x.subject_kind, x.subject_id, \
                 x.subject_version_id, \

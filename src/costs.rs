@@ -95,9 +95,7 @@ fn record_cost(
              source_port, operation, source_ref) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
          ON CONFLICT DO NOTHING RETURNING amount::text",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             id.as_str().into(),
             run_id.into(),
             step_id.into(),
@@ -113,14 +111,14 @@ fn record_cost(
             source_port.into(),
             operation.into(),
             source_ref.into(),
-        ],
+        ]),
         |r| db::opt::<String>(r, 1),
     )?;
     let Some(amount_text) = inserted else {
         // Only source_ref can conflict (the id is new): that entry is the answer.
         let existing = db::select_one(
             "SELECT id FROM ledger.run_cost_entries WHERE tenant_id = $1 AND workspace_id = $2 AND source_ref = $3",
-            &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), source_ref.into()],
+            &scope.args([source_ref.into()]),
             |r| db::req::<String>(r, 1),
         )?
         .ok_or_else(|| LedgerError::internal("cost insert conflicted but no entry was found"))?;

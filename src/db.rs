@@ -150,11 +150,7 @@ pub fn scoped_row<T: FromDatum + IntoDatum>(
 ) -> Result<T> {
     select_one(
         &format!("SELECT x FROM {table} x WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3"),
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            id.into(),
-        ],
+        &scope.args([id.into()]),
         |r| req(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found(code, what, id))

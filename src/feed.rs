@@ -154,12 +154,7 @@ fn bump(scope: &Scope, run_id: &str, k: i64) -> Result<i64> {
     db::write_one(
         "UPDATE ledger.runs SET last_seq = last_seq + $4 \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING last_seq",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-            k.into(),
-        ],
+        &scope.args([run_id.into(), k.into()]),
         |r| db::req::<i64>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
@@ -181,12 +176,9 @@ fn write(mut batch: Batch) -> Result<()> {
     let channel = notify
         .then(|| hash::run_channel(&batch.scope.tenant, &batch.scope.workspace, &batch.run_id));
     for chunk in batch.events.chunks(EVENTS_PER_INSERT) {
-        let mut args: Vec<DatumWithOid> = vec![
-            batch.scope.tenant.as_str().into(),
-            batch.scope.workspace.as_str().into(),
-            batch.run_id.as_str().into(),
-            channel.as_deref().into(),
-        ];
+        let mut args: Vec<DatumWithOid> = batch
+            .scope
+            .args([batch.run_id.as_str().into(), channel.as_deref().into()]);
         for e in chunk {
             let seq = e
                 .seq
@@ -279,16 +271,14 @@ pub fn enqueue(
                  (tenant_id, workspace_id, id, event_type, run_id, task_id, subject, payload) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
         },
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             id.as_str().into(),
             event.event_type().into(),
             run_id.into(),
             task_id.into(),
             subject.into(),
             Jsonb::from(&event.payload()).into(),
-        ],
+        ]),
     )?;
     Ok(id)
 }
@@ -296,11 +286,7 @@ pub fn enqueue(
 pub fn run_exists(scope: &Scope, run_id: &str) -> Result<bool> {
     Ok(db::select_one(
         "SELECT 1 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-        ],
+        &scope.args([run_id.into()]),
         |_| Ok(()),
     )?
     .is_some())
@@ -349,12 +335,7 @@ fn events_since(
         Some(event_id) => db::select_one(
             "SELECT seq FROM ledger.run_events \
               WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4",
-            &[
-                scope.tenant.as_str().into(),
-                scope.workspace.as_str().into(),
-                event_id.into(),
-                run_id.into(),
-            ],
+            &scope.args([event_id.into(), run_id.into()]),
             |r| db::req::<i64>(r, 1),
         )?
         .ok_or_else(|| {
@@ -365,13 +346,7 @@ fn events_since(
         "SELECT id, seq, event_type, step_id, payload, created_at FROM ledger.run_events \
           WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 AND seq > $4 \
           ORDER BY seq LIMIT $5",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-            after.into(),
-            i64::from(limit).into(),
-        ],
+        &scope.args([run_id.into(), after.into(), i64::from(limit).into()]),
         |r| {
             Ok((
                 db::req::<String>(r, 1)?,

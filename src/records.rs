@@ -31,12 +31,7 @@ fn insert(
         columns.join(", "),
         placeholders.join(", ")
     );
-    let mut args: Vec<DatumWithOid> = vec![
-        scope.tenant.as_str().into(),
-        scope.workspace.as_str().into(),
-        id.as_str().into(),
-        run_id.into(),
-    ];
+    let mut args: Vec<DatumWithOid> = scope.args([id.as_str().into(), run_id.into()]);
     args.extend(values);
     db::execute(&query, &args)?;
     let (event, step_id) = event;

@@ -30,7 +30,7 @@ fn candidates(scope: &Scope, older_than: &Interval, limit: i32) -> Result<Vec<St
               AND NOT EXISTS (SELECT 1 FROM ledger.tasks k \
                                WHERE k.tenant_id = r.tenant_id AND k.workspace_id = r.workspace_id AND k.run_id = r.id) \
             ORDER BY r.ended_at, r.id LIMIT $4 FOR UPDATE OF r SKIP LOCKED) p",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), (*older_than).into(), limit.into()],
+        &scope.args([(*older_than).into(), limit.into()]),
         |r| db::req::<Vec<String>>(r, 1),
     )
     .map(Option::unwrap_or_default)
@@ -60,14 +60,7 @@ fn purge(scope: &Scope, ids: Vec<String>) -> Result<()> {
         "DELETE FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
     ];
     for sql in statements {
-        db::execute(
-            sql,
-            &[
-                scope.tenant.as_str().into(),
-                scope.workspace.as_str().into(),
-                ids.clone().into(),
-            ],
-        )?;
+        db::execute(sql, &scope.args([ids.clone().into()]))?;
     }
     Ok(())
 }
@@ -84,7 +77,7 @@ fn sweep_blobs(scope: &Scope) -> Result<()> {
                               AND r.workspace_id = b.workspace_id AND r.inputs_sha256 = b.sha256) \
             AND NOT EXISTS (SELECT 1 FROM ledger.run_artifacts a WHERE a.tenant_id = b.tenant_id \
                               AND a.workspace_id = b.workspace_id AND a.storage_key = 'blob:sha256:' || b.sha256)",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into()],
+        &scope.args([]),
     )
 }
 

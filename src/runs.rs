@@ -41,11 +41,7 @@ pub fn head(scope: &Scope, by: Lookup, key: &str, lock: bool) -> Result<Option<R
         (Lookup::Id, true) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR NO KEY UPDATE",
         (Lookup::RequestId, _) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND request_id = $3",
     };
-    let args = [
-        scope.tenant.as_str().into(),
-        scope.workspace.as_str().into(),
-        key.into(),
-    ];
+    let args = scope.args([key.into()]);
     let map = |r: &db::Row| {
         Ok(RunHead {
             id: db::req(r, 1)?,
@@ -198,9 +194,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
              root_run_id, attempt_no, input_summary, inputs, inputs_sha256, inputs_size_bytes, control_action) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
          ON CONFLICT DO NOTHING RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             id.as_str().into(),
             mode.into(),
             kind.into(),
@@ -219,7 +213,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
             inputs_sha256.into(),
             inputs_size.into(),
             new.control_action.into(),
-        ],
+        ]),
         |r| db::req::<String>(r, 1),
     )?;
 
@@ -345,7 +339,7 @@ fn rerun(
     let (kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary) = db::select_one(
         "SELECT kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary FROM ledger.runs \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), run_id.into()],
+        &scope.args([run_id.into()]),
         |r| {
             Ok((
                 db::req::<String>(r, 1)?,
@@ -468,9 +462,7 @@ fn transition_run(
                  (extract(epoch FROM now() - coalesce(started_at, queued_at)) * 1000)::bigint END \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $11 \
           RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             run_id.into(),
             to.as_str().into(),
             output_summary.into(),
@@ -480,7 +472,7 @@ fn transition_run(
             to.is_started().into(),
             to.is_terminal().into(),
             from.as_str().into(),
-        ],
+        ]),
         |r| db::req::<String>(r, 1),
     )?;
     if updated.is_none() {
@@ -512,7 +504,7 @@ fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, SqlErr
 pub fn load_inputs(scope: &Scope, run_id: &str) -> Result<Option<Jsonb>> {
     let (inline, sha) = db::select_one(
         "SELECT inputs, inputs_sha256 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), run_id.into()],
+        &scope.args([run_id.into()]),
         |r| Ok((db::opt::<Jsonb>(r, 1)?, db::opt::<String>(r, 2)?)),
     )?
     .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;

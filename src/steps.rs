@@ -26,7 +26,7 @@ pub fn check_owner(scope: &Scope, run_id: &str, step_id: Option<&str>) -> Result
 pub fn existing_in_run(scope: &Scope, step_id: &str, run_id: &str) -> Result<()> {
     db::select_one(
         "SELECT 1 FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), step_id.into(), run_id.into()],
+        &scope.args([step_id.into(), run_id.into()]),
         |_| Ok(()),
     )?
     .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id).with("run_id", run_id))
@@ -57,7 +57,7 @@ pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
             // run's lock, before a seq is spent).
             if let Some((other_run, other_type)) = db::select_one(
                 "SELECT run_id, step_type FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into()],
+                &scope.args([id.into()]),
                 |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
             )? {
                 if other_run != new.run_id || other_type != new.step_type {
@@ -80,9 +80,7 @@ pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
              status, input_summary, step_no, started_at, ended_at, duration_ms) \
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
                  CASE WHEN $11 OR $12 THEN now() END, CASE WHEN $12 THEN now() END, CASE WHEN $12 THEN 0 END)",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             id.as_str().into(),
             new.run_id.into(),
             new.step_key.into(),
@@ -93,7 +91,7 @@ pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
             seq.into(),
             new.status.is_started().into(),
             new.status.is_terminal().into(),
-        ],
+        ]),
     )?;
     let created = Event::StepCreated(StepCreated {
         step_id: &id,
@@ -192,11 +190,7 @@ pub fn follow(
 fn lock(scope: &Scope, step_id: &str) -> Result<Option<(String, Status)>> {
     let Some(run_id) = db::select_one(
         "SELECT run_id FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            step_id.into(),
-        ],
+        &scope.args([step_id.into()]),
         |r| db::req::<String>(r, 1),
     )?
     else {
@@ -212,12 +206,7 @@ fn locked_status(scope: &Scope, run_id: &str, step_id: &str) -> Result<Status> {
     db::write_one(
         "SELECT status FROM ledger.run_steps \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4 FOR UPDATE",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            step_id.into(),
-            run_id.into(),
-        ],
+        &scope.args([step_id.into(), run_id.into()]),
         |r| Status::parse(Resource::Step, &db::req::<String>(r, 1)?),
     )?
     .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))
@@ -251,9 +240,7 @@ fn write_transition(
                  (extract(epoch FROM now() - coalesce(started_at, created_at)) * 1000)::bigint END \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $12 \
           RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             step_id.into(),
             to.as_str().into(),
             change.output_summary.map(text::summary).into(),
@@ -264,7 +251,7 @@ fn write_transition(
             to.is_started().into(),
             to.is_terminal().into(),
             from.as_str().into(),
-        ],
+        ]),
         |r| db::req::<String>(r, 1),
     )?;
     if updated.is_none() {

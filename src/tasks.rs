@@ -41,11 +41,7 @@ fn head(scope: &Scope, task_id: &str, lock: bool) -> Result<TaskHead> {
         "SELECT id, task_type, run_id, status, attempt_count, retried_as_task_id FROM ledger.tasks \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3"
     };
-    let args = [
-        scope.tenant.as_str().into(),
-        scope.workspace.as_str().into(),
-        task_id.into(),
-    ];
+    let args = scope.args([task_id.into()]);
     let map = |r: &db::Row| {
         Ok(TaskHead {
             id: db::req(r, 1)?,
@@ -98,14 +94,12 @@ fn event_row(
     db::write_one(
         "INSERT INTO ledger.task_events AS e (tenant_id, workspace_id, id, task_id, event_type, payload) \
          VALUES ($1, $2, $3, $4, $5, $6) RETURNING e",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             ids::new_id("tevt").into(),
             task_id.into(),
             event_type.into(),
             Jsonb::from(payload).into(),
-        ],
+        ]),
         |r| db::req(r, 1),
     )?
     .ok_or_else(|| LedgerError::internal("task event insert returned no row"))
@@ -147,14 +141,12 @@ fn create_task(
     let inserted = db::write_one(
         "INSERT INTO ledger.tasks (tenant_id, workspace_id, id, run_id, task_type, input) \
          VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             id.as_str().into(),
             run_id.into(),
             task_type.into(),
             Jsonb::from(&input).into(),
-        ],
+        ]),
         |r| db::req::<String>(r, 1),
     )?;
     if inserted.is_none() {
@@ -217,9 +209,7 @@ fn write_transition(
              ended_at = CASE WHEN $12 THEN now() END \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $13 \
           RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             task_id.into(),
             to.as_str().into(),
             change.progress.as_ref().map(Jsonb::from).into(),
@@ -231,7 +221,7 @@ fn write_transition(
             to.is_started().into(),
             to.is_terminal().into(),
             from.as_str().into(),
-        ],
+        ]),
         |r| db::req::<String>(r, 1),
     )?;
     if updated.is_none() {
@@ -302,11 +292,7 @@ fn add_task_checkpoint(
     let checkpoint_no = db::write_one(
         "UPDATE ledger.tasks SET last_checkpoint_no = last_checkpoint_no + 1, updated_at = now() \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING last_checkpoint_no",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            task_id.into(),
-        ],
+        &scope.args([task_id.into()]),
         |r| db::req::<i64>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("TASK_NOT_FOUND", "task", task_id))?;
@@ -314,14 +300,12 @@ fn add_task_checkpoint(
     let checkpoint = db::write_one(
         "INSERT INTO ledger.task_checkpoints AS c (tenant_id, workspace_id, id, task_id, checkpoint_no, payload) \
          VALUES ($1, $2, $3, $4, $5, $6) RETURNING c",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             id.as_str().into(),
             task_id.into(),
             checkpoint_no.into(),
             Jsonb::from(&payload).into(),
-        ],
+        ]),
         |r| db::req(r, 1),
     )?
     .ok_or_else(|| LedgerError::internal("task checkpoint insert returned no row"))?;
@@ -376,12 +360,7 @@ fn set_task_snapshot(
     db::execute(
         "UPDATE ledger.tasks SET snapshot = $4, updated_at = now() \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            task_id.into(),
-            Jsonb::from(&snapshot).into(),
-        ],
+        &scope.args([task_id.into(), Jsonb::from(&snapshot).into()]),
     )?;
     let keys = snapshot
         .as_object()
@@ -486,11 +465,7 @@ fn replay_task(
     Resource::Task.check(old.status, first)?;
     let snapshot = db::select_one(
         "SELECT snapshot FROM ledger.tasks WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            task_id.into(),
-        ],
+        &scope.args([task_id.into()]),
         |r| db::opt::<Jsonb>(r, 1),
     )?
     .flatten()
@@ -509,13 +484,11 @@ fn replay_task(
         "INSERT INTO ledger.tasks (tenant_id, workspace_id, id, task_type, input, snapshot, replayed_from_task_id) \
          SELECT tenant_id, workspace_id, $4, task_type, input, $5, id FROM ledger.tasks \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             task_id.into(),
             new_id.as_str().into(),
             Jsonb::from(&snapshot).into(),
-        ],
+        ]),
     )?;
     let created = Event::TaskCreated(TaskCreated {
         task_id: &new_id,

@@ -100,11 +100,7 @@ fn load(scope: &Scope, by: By, lock: bool) -> Result<Option<Record>> {
         "{SELECT} AND {filter}{}",
         if lock { " FOR UPDATE OF t" } else { "" }
     );
-    let mut args = vec![
-        scope.tenant.as_str().into(),
-        scope.workspace.as_str().into(),
-        key.into(),
-    ];
+    let mut args = scope.args([key.into()]);
     if let Some(call) = second {
         args.push(call.into());
     }
@@ -160,13 +156,7 @@ fn outcome(
                               WHERE a.tenant_id = t.tenant_id AND a.workspace_id = t.workspace_id AND a.id = t.approval_id), \
                 'response', $5::jsonb) \
            FROM ledger.run_step_tool_calls t WHERE t.tenant_id = $1 AND t.workspace_id = $2 AND t.id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            record_id.into(),
-            outcome.into(),
-            response.into(),
-        ],
+        &scope.args([record_id.into(), outcome.into(), response.into()]),
         |r| db::req::<Jsonb>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", record_id))
@@ -179,21 +169,13 @@ fn event(scope: &Scope, run_id: &str, rec: &Record, event: &Event) -> Result<()>
     feed::append(scope, run_id, step, event)
 }
 
-fn args3<'a>(scope: &'a Scope, id: &'a str) -> [pgrx::datum::DatumWithOid<'a>; 3] {
-    [
-        scope.tenant.as_str().into(),
-        scope.workspace.as_str().into(),
-        id.into(),
-    ]
-}
-
 /// Moves the record to in_doubt (its step to paused) and tells the outbox.
 fn mark_in_doubt(scope: &Scope, rec: &mut Record, error: Option<&str>) -> Result<()> {
     db::execute(
         "UPDATE ledger.run_step_tool_calls SET status = 'in_doubt', lease_owner = NULL, lease_expires_at = NULL, \
                 error_code = 'OUTCOME_UNKNOWN', error_message = coalesce($4, error_message), updated_at = now() \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), rec.id.as_str().into(), error.map(text::summary).into()],
+        &scope.args([rec.id.as_str().into(), error.map(text::summary).into()]),
     )?;
     rec.status = CallStatus::InDoubt;
     steps::follow(
@@ -234,14 +216,12 @@ fn arm(
                 result_sha256 = NULL, metadata = '{}', error_code = NULL, error_message = NULL, \
                 completed_at = NULL, arguments = $6, updated_at = now() \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING attempt",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             rec.id.as_str().into(),
             lease_owner.into(),
             lease.into(),
             Jsonb::from(arguments).into(),
-        ],
+        ]),
         |r| db::req::<i64>(r, 1),
     )?
     .ok_or_else(|| LedgerError::internal("tool call vanished under its lock"))?;
@@ -304,9 +284,7 @@ fn finish(
                 result_size_bytes = $7, result_sha256 = $8, metadata = $9, error_code = $10, error_message = $11, \
                 lease_owner = NULL, lease_expires_at = NULL, completed_at = now(), updated_at = now() \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             rec.id.as_str().into(),
             status.as_str().into(),
             inline.into(),
@@ -316,7 +294,7 @@ fn finish(
             Jsonb::from(metadata).into(),
             error_code.into(),
             error.map(text::summary).into(),
-        ],
+        ]),
     )?;
     rec.status = status;
     let step_status = if success {
@@ -352,7 +330,7 @@ fn replay_response(scope: &Scope, rec: &Record) -> Result<Jsonb> {
     let (result, metadata, error) = db::select_one(
         "SELECT result, metadata, error_message FROM ledger.run_step_tool_calls \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &args3(scope, &rec.id),
+        &scope.args([rec.id.as_str().into()]),
         |r| {
             Ok((
                 db::opt::<Jsonb>(r, 1)?,
@@ -494,7 +472,7 @@ fn tombstone(scope: &Scope, who: &Identity, args: &Arguments) -> Result<Option<J
     let Some((tool_ref, hash, record)) = db::select_one(
         "SELECT tool_ref, request_hash, to_jsonb(t) - 'tenant_id' - 'workspace_id' FROM ledger.tool_call_tombstones t \
           WHERE tenant_id = $1 AND workspace_id = $2 AND idempotency_key = $3",
-        &args3(scope, &who.idempotency_key),
+        &scope.args([who.idempotency_key.as_str().into()]),
         |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?, db::req::<Jsonb>(r, 3)?)),
     )?
     else {
@@ -514,7 +492,7 @@ fn given_step(scope: &Scope, run_id: &str, step_id: &str) -> Result<()> {
     ids::validate("step_id", step_id)?;
     let step_type = db::select_one(
         "SELECT step_type FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), step_id.into(), run_id.into()],
+        &scope.args([step_id.into(), run_id.into()]),
         |r| db::req::<String>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id).with("run_id", run_id))?;
@@ -568,9 +546,7 @@ fn insert(
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, CASE WHEN $12 THEN 1 ELSE 0 END, $13, $14, \
                  CASE WHEN $12 THEN clock_timestamp() + make_interval(secs => $14) END, $15) \
          ON CONFLICT DO NOTHING RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             id.as_str().into(),
             who.run_id.into(),
             step_id.as_str().into(),
@@ -584,7 +560,7 @@ fn insert(
             lease_owner.into(),
             lease.into(),
             approval_id.into(),
-        ],
+        ]),
         |r| db::req::<String>(r, 1),
     )?;
     if inserted.is_none() {
@@ -739,7 +715,7 @@ fn begin_tool_call(
                 "UPDATE ledger.run_step_tool_calls SET status = 'running', outbound_started_at = clock_timestamp(), \
                         lease_expires_at = clock_timestamp() + make_interval(secs => lease_seconds), updated_at = now() \
                   WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                &args3(&scope, id),
+                &scope.args([id.into()]),
             )?;
                 rec.status = CallStatus::Running;
                 steps::follow(
@@ -785,7 +761,7 @@ fn heartbeat_tool_call(
     db::execute(
         "UPDATE ledger.run_step_tool_calls SET lease_expires_at = clock_timestamp() + make_interval(secs => $4), \
                 updated_at = now() WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into(), seconds.into()],
+        &scope.args([id.into(), seconds.into()]),
     )?;
     Ok(outcome(&scope, id, rec.status.as_str(), None)?)
 }
@@ -892,7 +868,7 @@ fn resolve_tool_call(
                 "UPDATE ledger.run_step_tool_calls SET status = 'claimed', lease_owner = NULL, lease_expires_at = NULL, \
                         outbound_started_at = NULL, updated_at = now() \
                   WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                &args3(&scope, id),
+                &scope.args([id.into()]),
             )?;
                 rec.status = CallStatus::Claimed;
             }
@@ -904,16 +880,14 @@ fn resolve_tool_call(
         db::execute(
         "INSERT INTO ledger.audit_events (tenant_id, workspace_id, id, run_id, step_id, gateway_type, outcome, actor, payload) \
          VALUES ($1, $2, $3, $4, $5, 'tool_call.resolve', $6, $7, $8)",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             ids::new_id("aud").into(),
             rec.run_id.as_str().into(),
             rec.step_id.as_str().into(),
             resolution.as_str().into(),
             actor.into(),
             Jsonb::from(&audit).into(),
-        ],
+        ]),
     )?;
         let resolved = Event::ToolCallResolved(ToolCallResolved {
             call: rec.ids(),
@@ -936,10 +910,7 @@ fn sweep_tool_calls() -> std::result::Result<i32, SqlError> {
             "SELECT id, run_id FROM ledger.run_step_tool_calls \
               WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('claimed', 'running') \
                 AND lease_expires_at <= clock_timestamp() ORDER BY lease_expires_at",
-            &[
-                scope.tenant.as_str().into(),
-                scope.workspace.as_str().into(),
-            ],
+            &scope.args([]),
             |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
         )?;
         let mut swept = 0;
@@ -947,7 +918,7 @@ fn sweep_tool_calls() -> std::result::Result<i32, SqlError> {
             let run_locked = db::write_one(
                 "SELECT 1 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 \
                 FOR NO KEY UPDATE SKIP LOCKED",
-                &args3(&scope, &run_id),
+                &scope.args([run_id.as_str().into()]),
                 |_| Ok(()),
             )?;
             if run_locked.is_none() {
@@ -959,7 +930,7 @@ fn sweep_tool_calls() -> std::result::Result<i32, SqlError> {
             let Some(mut rec) = db::write_one(
                 "SELECT 1 FROM ledger.run_step_tool_calls WHERE tenant_id = $1 AND workspace_id = $2 \
                     AND id = $3 AND lease_expires_at <= clock_timestamp() FOR UPDATE SKIP LOCKED",
-                &args3(&scope, &id),
+                &scope.args([id.as_str().into()]),
                 |_| Ok(()),
             )?
             .map(|_| load(&scope, By::Id(&id), false))
@@ -976,7 +947,7 @@ fn sweep_tool_calls() -> std::result::Result<i32, SqlError> {
                 db::execute(
                     "UPDATE ledger.run_step_tool_calls SET lease_owner = NULL, lease_expires_at = NULL, \
                         updated_at = now() WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                    &args3(&scope, &id),
+                    &scope.args([id.as_str().into()]),
                 )?;
                 event(
                     &scope,
@@ -1040,15 +1011,13 @@ fn request_tool_approval(
         db::execute(
         "INSERT INTO ledger.approval_requests (tenant_id, workspace_id, id, run_id, title, policy_ref, details) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             approval_id.as_str().into(),
             who.run_id.into(),
             title.into(),
             policy_ref.into(),
             Jsonb::from(&full_details).into(),
-        ],
+        ]),
     )?;
         let lease = lease_seconds(0)?;
         let rec = insert(
@@ -1065,13 +1034,11 @@ fn request_tool_approval(
         db::execute(
             "UPDATE ledger.approval_requests SET step_id = $4, tool_call_record_id = $5 \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-            &[
-                scope.tenant.as_str().into(),
-                scope.workspace.as_str().into(),
+            &scope.args([
                 approval_id.as_str().into(),
                 rec.step_id.as_str().into(),
                 rec.id.as_str().into(),
-            ],
+            ]),
         )?;
         steps::follow(
             &scope,
@@ -1129,7 +1096,7 @@ fn resolve_approval(
         let not_found = || LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id);
         let run_id = db::select_one(
         "SELECT run_id FROM ledger.approval_requests WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &args3(&scope, approval_id),
+        &scope.args([approval_id.into()]),
         |r| db::req::<String>(r, 1),
     )?
     .ok_or_else(not_found)?;
@@ -1137,7 +1104,7 @@ fn resolve_approval(
         let (status, record_id) = db::write_one(
             "SELECT status, tool_call_record_id FROM ledger.approval_requests \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
-            &args3(&scope, approval_id),
+            &scope.args([approval_id.into()]),
             |r| Ok((db::req::<String>(r, 1)?, db::opt::<String>(r, 2)?)),
         )?
         .ok_or_else(not_found)?;
@@ -1160,14 +1127,12 @@ fn resolve_approval(
         "UPDATE ledger.approval_requests SET status = $4, decided_by = $5, decision_note = $6, \
                 decided_at = now(), updated_at = now() \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             approval_id.into(),
             decision.as_str().into(),
             actor.into(),
             note.into(),
-        ],
+        ]),
     )?;
         let resolved = Event::ApprovalResolved(ApprovalResolved {
             approval_id,
@@ -1183,7 +1148,7 @@ fn resolve_approval(
                     "UPDATE ledger.run_step_tool_calls SET status = 'rejected', error_code = 'TOOL_APPROVAL_REJECTED', \
                             error_message = 'Tool call was rejected', completed_at = now(), updated_at = now() \
                       WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                    &args3(&scope, &record_id),
+                    &scope.args([record_id.as_str().into()]),
                 )?;
                     rec.status = CallStatus::Rejected;
                     steps::follow(
@@ -1213,7 +1178,7 @@ fn approval_json(scope: &Scope, approval_id: &str) -> Result<Jsonb> {
     db::select_one(
         "SELECT to_jsonb(a) - 'tenant_id' - 'workspace_id' FROM ledger.approval_requests a \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &args3(scope, approval_id),
+        &scope.args([approval_id.into()]),
         |r| db::req::<Jsonb>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id))
