@@ -9,8 +9,8 @@ use crate::model::args::{required, required_id};
 use crate::model::events::{ArtifactCreated, Event};
 use crate::model::ids;
 use crate::redaction::redacted_object;
+use crate::rows;
 use crate::scope::{self, Scope};
-use crate::steps;
 use pgrx::prelude::*;
 
 /// The storage key of bytes held in `ledger.blobs`.
@@ -153,7 +153,7 @@ fn checked_type<'a>(value: Option<&'a str>, default: &'static str) -> Result<&'a
 }
 
 fn row(scope: &Scope, id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_artifacts")> {
-    db::scoped_row(
+    rows::scoped_row(
         scope,
         "ledger.run_artifacts",
         id,
@@ -177,7 +177,7 @@ fn put_artifact(
     let run_id = required_id("run_id", run_id)?;
     let content = content.ok_or_else(|| LedgerError::required("content"))?;
     let artifact_type = checked_type(artifact_type, "blob")?;
-    steps::check_owner(&scope, run_id, step_id)?;
+    rows::lock_owner(&scope, run_id, step_id)?;
     let meta = redacted_object("meta", meta)?;
     let (id, _) = put_bytes(
         &scope,
@@ -229,7 +229,7 @@ fn register_artifact(
         ));
     }
     let artifact_type = checked_type(artifact_type, "file")?;
-    steps::check_owner(&scope, run_id, step_id)?;
+    rows::lock_owner(&scope, run_id, step_id)?;
     let meta = redacted_object("meta", meta)?;
     let id = insert(
         &scope,

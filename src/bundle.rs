@@ -7,7 +7,8 @@ use crate::error::{LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
 use crate::model::args::required_id;
 use crate::model::evidence::{self, AuditFact, CitationFact, RunFacts, StepFact};
-use crate::model::{ids, json};
+use crate::model::json;
+use crate::rows;
 use crate::scope::{self, Scope};
 use pgrx::prelude::*;
 
@@ -43,15 +44,6 @@ const COST_ENTRY: &str = "jsonb_build_object('cost_id', x.id, 'run_id', x.run_id
     'billing_basis', x.billing_basis, 'billed_quantity', x.billed_quantity::text, 'provider', x.provider, \
     'model_ref', x.model_ref, 'tool_ref', x.tool_ref, 'source_port', x.source_port, 'operation', x.operation, \
     'source_ref', x.source_ref, 'created_at', x.created_at) || x.usage";
-
-fn run_exists(scope: &Scope, run_id: &str) -> Result<()> {
-    ids::validate("run_id", run_id)?;
-    if crate::feed::run_exists(scope, run_id)? {
-        Ok(())
-    } else {
-        Err(LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
-    }
-}
 
 fn trace_spec(scope: &Scope, run_id: &str) -> Result<String> {
     let run = fragment(
@@ -128,7 +120,7 @@ fn trace_spec(scope: &Scope, run_id: &str) -> Result<String> {
 fn replay_bundle(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    run_exists(&scope, run_id)?;
+    rows::run_exists(&scope, run_id)?;
     let run = fragment(
         &scope,
         run_id,
@@ -272,7 +264,7 @@ fn facts(scope: &Scope, run_id: &str) -> Result<RunFacts> {
 fn run_evidence(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    run_exists(&scope, run_id)?;
+    rows::run_exists(&scope, run_id)?;
     let items: Vec<serde_json::Value> = evidence::evidence(&facts(&scope, run_id)?)
         .iter()
         .map(|i| i.to_json())
@@ -286,7 +278,7 @@ fn run_evidence(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
 fn replay_ready(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    run_exists(&scope, run_id)?;
+    rows::run_exists(&scope, run_id)?;
     Ok(Jsonb::from(&evidence::replay_ready(&facts(
         &scope, run_id,
     )?)))

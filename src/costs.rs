@@ -7,8 +7,8 @@ use crate::jsonb::Jsonb;
 use crate::model::args::{required, required_id};
 use crate::model::events::{CostRecorded, Event};
 use crate::model::{cost, ids, json};
+use crate::rows;
 use crate::scope::{self, Scope};
-use crate::steps;
 use pgrx::prelude::*;
 use pgrx::AnyNumeric;
 use serde_json::json;
@@ -17,7 +17,7 @@ fn row(
     scope: &Scope,
     id: &str,
 ) -> Result<pgrx::composite_type!('static, "ledger.run_cost_entries")> {
-    db::scoped_row(
+    rows::scoped_row(
         scope,
         "ledger.run_cost_entries",
         id,
@@ -86,7 +86,7 @@ fn record_cost(
     if let Some(r) = source_ref {
         ids::validate_key("source_ref", r)?;
     }
-    steps::check_owner(&scope, run_id, step_id)?;
+    rows::lock_owner(&scope, run_id, step_id)?;
 
     let id = ids::new_id("cost");
     let inserted = db::write_one(

@@ -18,6 +18,7 @@ use crate::jsonb::Jsonb;
 use crate::model::args::required_id;
 use crate::model::events::Event;
 use crate::model::{self, hash, ids};
+use crate::rows;
 use crate::scope::{self, Scope};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -283,15 +284,6 @@ pub fn enqueue(
     Ok(id)
 }
 
-pub fn run_exists(scope: &Scope, run_id: &str) -> Result<bool> {
-    Ok(db::select_one(
-        "SELECT 1 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &scope.args([run_id.into()]),
-        |_| Ok(()),
-    )?
-    .is_some())
-}
-
 pub const MAX_EVENTS_PER_CALL: i32 = 10_000;
 
 /// The run's events after `after_event_id` (from the start when NULL), in seq order.
@@ -327,9 +319,7 @@ fn events_since(
                 .with("value", limit),
         );
     }
-    if !run_exists(&scope, run_id)? {
-        raise(LedgerError::not_found("RUN_NOT_FOUND", "run", run_id));
-    }
+    rows::run_exists(&scope, run_id)?;
     let after = match after_event_id {
         None => 0,
         Some(event_id) => db::select_one(

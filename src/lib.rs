@@ -22,6 +22,7 @@ mod outbox;
 mod records;
 mod redaction;
 mod retention;
+mod rows;
 mod runs;
 mod scope;
 mod steps;

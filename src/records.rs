@@ -9,8 +9,8 @@ use crate::model::args::{required, required_id};
 use crate::model::events::{Event, Recorded};
 use crate::model::{ids, text};
 use crate::redaction::redacted_object;
+use crate::rows;
 use crate::scope::{self, Scope};
-use crate::steps;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 
@@ -55,7 +55,7 @@ fn record_audit(
     let gateway_type = required("gateway_type", gateway_type)?;
     let outcome = required("outcome", outcome)?;
     let payload = redacted_object("payload", payload)?;
-    steps::check_owner(&scope, run_id, step_id)?;
+    rows::lock_owner(&scope, run_id, step_id)?;
     let id = insert(
         &scope,
         "audit_events",
@@ -71,7 +71,7 @@ fn record_audit(
         ],
         (|r| Event::AuditRecorded(r), step_id),
     )?;
-    Ok(db::scoped_row::<
+    Ok(rows::scoped_row::<
         pgrx::composite_type!('static, "ledger.audit_events"),
     >(
         &scope,
@@ -95,7 +95,7 @@ fn record_response_event(
     let run_id = required_id("run_id", run_id)?;
     let event_type = required("event_type", event_type)?;
     let payload = redacted_object("payload", payload)?;
-    steps::check_owner(&scope, run_id, step_id)?;
+    rows::lock_owner(&scope, run_id, step_id)?;
     let id = insert(
         &scope,
         "response_events",
@@ -109,7 +109,7 @@ fn record_response_event(
         ],
         (|r| Event::ResponseEventRecorded(r), step_id),
     )?;
-    Ok(db::scoped_row::<
+    Ok(rows::scoped_row::<
         pgrx::composite_type!('static, "ledger.response_events"),
     >(
         &scope,
@@ -134,7 +134,7 @@ fn record_citation(
         "citation",
         Some(citation.ok_or_else(|| LedgerError::required("citation"))?),
     )?;
-    steps::check_owner(&scope, run_id, step_id)?;
+    rows::lock_owner(&scope, run_id, step_id)?;
     let id = insert(
         &scope,
         "citations",
@@ -144,7 +144,7 @@ fn record_citation(
         vec![step_id.into(), Jsonb::from(&citation).into()],
         (|r| Event::CitationRecorded(r), step_id),
     )?;
-    Ok(db::scoped_row::<
+    Ok(rows::scoped_row::<
         pgrx::composite_type!('static, "ledger.citations"),
     >(
         &scope,
@@ -171,7 +171,7 @@ fn record_feedback(
     let rating = rating.ok_or_else(|| LedgerError::required("rating"))?;
     let category = required("category", category)?;
     let metadata = redacted_object("metadata", metadata)?;
-    steps::check_owner(&scope, run_id, None)?;
+    rows::lock_owner(&scope, run_id, None)?;
     let id = insert(
         &scope,
         "run_feedback",
@@ -187,7 +187,7 @@ fn record_feedback(
         ],
         (|r| Event::FeedbackRecorded(r), None),
     )?;
-    Ok(db::scoped_row::<
+    Ok(rows::scoped_row::<
         pgrx::composite_type!('static, "ledger.run_feedback"),
     >(
         &scope,

@@ -9,87 +9,15 @@ use crate::model::args::{optional_id, required, required_id};
 use crate::model::events::{Event, RunCreated, RunStatus};
 use crate::model::status::{check_transition, conflict, Resource, Status};
 use crate::model::{ids, text};
+use crate::rows;
 use crate::scope::{self, Scope};
 use pgrx::prelude::*;
 
 /// Inputs whose JSON text is longer than this are kept in `ledger.blobs`.
 pub const INLINE_INPUT_BYTES: usize = 8192;
 
-/// The columns of a run the functions decide on.
-pub struct RunHead {
-    pub id: String,
-    pub mode: String,
-    pub subject_kind: String,
-    pub subject_id: Option<String>,
-    pub status: Status,
-    pub attempt_no: i32,
-    pub root_run_id: String,
-}
-
-#[derive(Clone, Copy)]
-pub enum Lookup {
-    Id,
-    RequestId,
-}
-
-/// Reads a run's head in scope; with `lock`, under `FOR NO KEY UPDATE` (the lock the event seq
-/// bump takes too). Functions that lock a step lock its run first, so locks are always taken
-/// run before step and two writers cannot deadlock.
-pub fn head(scope: &Scope, by: Lookup, key: &str, lock: bool) -> Result<Option<RunHead>> {
-    let query = match (by, lock) {
-        (Lookup::Id, false) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        (Lookup::Id, true) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR NO KEY UPDATE",
-        (Lookup::RequestId, _) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND request_id = $3",
-    };
-    let args = scope.args([key.into()]);
-    let map = |r: &db::Row| {
-        Ok(RunHead {
-            id: db::req(r, 1)?,
-            mode: db::req(r, 2)?,
-            subject_kind: db::req(r, 3)?,
-            subject_id: db::opt(r, 4)?,
-            status: Status::parse(Resource::Run, &db::req::<String>(r, 5)?)?,
-            attempt_no: db::req(r, 6)?,
-            root_run_id: db::req(r, 7)?,
-        })
-    };
-    if lock {
-        db::write_one(query, &args, map)
-    } else {
-        db::select_one(query, &args, map)
-    }
-}
-
-impl RunHead {
-    /// Refuses to add `what` (steps, tool calls, ...) to a finished run (55000 `RUN_TERMINAL`).
-    pub fn ensure_live(&self, what: &str) -> Result<()> {
-        if !self.status.is_terminal() {
-            return Ok(());
-        }
-        Err(LedgerError::new(
-            Class::WrongState,
-            "RUN_TERMINAL",
-            format!(
-                "run {} is {}; it takes no new {what}",
-                self.id,
-                self.status.as_str()
-            ),
-        )
-        .with("run_id", self.id.as_str())
-        .with("status", self.status.as_str()))
-    }
-}
-
-/// A run that must exist in scope (P0002 `RUN_NOT_FOUND`, naming the argument).
-pub fn existing(scope: &Scope, argument: &str, run_id: &str, lock: bool) -> Result<RunHead> {
-    ids::validate(argument, run_id)?;
-    head(scope, Lookup::Id, run_id, lock)?.ok_or_else(|| {
-        LedgerError::not_found("RUN_NOT_FOUND", "run", run_id).with("argument", argument)
-    })
-}
-
 fn row(scope: &Scope, run_id: &str) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
-    db::scoped_row(scope, "ledger.runs", run_id, "RUN_NOT_FOUND", "run")
+    rows::scoped_row(scope, "ledger.runs", run_id, "RUN_NOT_FOUND", "run")
 }
 
 /// What a new run is made of.
@@ -149,11 +77,11 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         }
     }
     if let Some(parent) = new.parent_run_id {
-        existing(scope, "parent_run_id", parent, false)?;
+        rows::run(scope, "parent_run_id", parent)?;
     }
     let source = new
         .source_run_id
-        .map(|s| existing(scope, "source_run_id", s, false))
+        .map(|s| rows::run(scope, "source_run_id", s))
         .transpose()?;
     let attempt_no = new.attempt_no.unwrap_or(
         source
@@ -220,12 +148,12 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     if inserted.is_none() {
         // A run with this request_id (or this run_id) exists: the same request returns it.
         let found = match request_id {
-            Some(key) => head(scope, Lookup::RequestId, key, false)?,
+            Some(key) => rows::run_by_request_id(scope, key)?,
             None => None,
         };
         let found = match found {
             Some(f) => f,
-            None => head(scope, Lookup::Id, &id, false)?
+            None => rows::find_run(scope, &id)?
                 .ok_or_else(|| LedgerError::internal("insert conflicted but no run was found"))?,
         };
         if found.mode != mode
@@ -317,7 +245,7 @@ fn rerun(
 ) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    let source = existing(&scope, "run_id", run_id, false)?;
+    let source = rows::run(&scope, "run_id", run_id)?;
     if !allowed(source.status) {
         return Err(LedgerError::new(
             Class::WrongState,
@@ -424,7 +352,7 @@ fn transition_run(
     let expected = expected_status
         .map(|s| Status::parse(Resource::Run, s))
         .transpose()?;
-    let current = existing(&scope, "run_id", run_id, true)?;
+    let current = rows::lock_run(&scope, "run_id", run_id)?;
 
     let from = check_transition(Resource::Run, run_id, current.status, expected, to)?;
     let Some(from) = from else {
@@ -433,7 +361,7 @@ fn transition_run(
     };
     if let Some(step) = error_step_id {
         ids::validate("error_step_id", step)?;
-        crate::steps::existing_in_run(&scope, step, run_id)?;
+        rows::step_of_run(&scope, step, run_id)?;
     }
     let output_summary = output_summary.map(text::summary);
     let mut error_message = error_message.map(text::summary);

@@ -8,37 +8,16 @@ use crate::model::args::{optional_id, required, required_id};
 use crate::model::events::{Event, StepCreated, StepStatus};
 use crate::model::status::{check_transition, conflict, Resource, Status};
 use crate::model::{ids, text};
-use crate::runs;
+use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
 use pgrx::prelude::*;
 
-/// Locks the run a record is written for, and checks the step it names, if any, belongs to it.
-pub fn check_owner(scope: &Scope, run_id: &str, step_id: Option<&str>) -> Result<runs::RunHead> {
-    let run = runs::existing(scope, "run_id", run_id, true)?;
-    if let Some(step) = step_id {
-        ids::validate("step_id", step)?;
-        existing_in_run(scope, step, run_id)?;
-    }
-    Ok(run)
-}
-
-/// Checks that `step_id` is a step of `run_id` in scope (P0002 `STEP_NOT_FOUND`).
-pub fn existing_in_run(scope: &Scope, step_id: &str, run_id: &str) -> Result<()> {
-    db::select_one(
-        "SELECT 1 FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4",
-        &scope.args([step_id.into(), run_id.into()]),
-        |_| Ok(()),
-    )?
-    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id).with("run_id", run_id))
-}
-
 fn row(scope: &Scope, step_id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_steps")> {
-    db::scoped_row(scope, "ledger.run_steps", step_id, "STEP_NOT_FOUND", "step")
+    rows::scoped_row(scope, "ledger.run_steps", step_id, "STEP_NOT_FOUND", "step")
 }
 
 /// What a new step is made of.
 pub struct NewStep<'a> {
-    pub run_id: &'a str,
     pub step_type: &'a str,
     pub step_key: Option<&'a str>,
     pub node_id: Option<&'a str>,
@@ -47,20 +26,16 @@ pub struct NewStep<'a> {
     pub step_id: Option<&'a str>,
 }
 
-/// Creates a step (or returns the existing one for a repeated caller `step_id`); returns its id.
-pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
-    let run = runs::existing(scope, "run_id", new.run_id, true)?;
+/// Creates a step of the locked run (or returns the existing one for a repeated caller
+/// `step_id`); returns its id.
+pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
     run.ensure_live("steps")?;
     let id = match new.step_id {
         Some(id) => {
             // A caller-supplied id is a key: the same step again returns it (checked under the
             // run's lock, before a seq is spent).
-            if let Some((other_run, other_type)) = db::select_one(
-                "SELECT run_id, step_type FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                &scope.args([id.into()]),
-                |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
-            )? {
-                if other_run != new.run_id || other_type != new.step_type {
+            if let Some(other) = rows::find_step(scope, id)? {
+                if other.run_id != run.id || other.step_type != new.step_type {
                     return Err(LedgerError::new(
                         Class::Duplicate,
                         "IDEMPOTENCY_MISMATCH",
@@ -74,7 +49,7 @@ pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
         }
         None => ids::new_id("step"),
     };
-    let seq = feed::next_seq(scope, new.run_id)?;
+    let seq = feed::next_seq(scope, &run.id)?;
     db::execute(
         "INSERT INTO ledger.run_steps (tenant_id, workspace_id, id, run_id, step_key, step_type, node_id, \
              status, input_summary, step_no, started_at, ended_at, duration_ms) \
@@ -82,7 +57,7 @@ pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
                  CASE WHEN $11 OR $12 THEN now() END, CASE WHEN $12 THEN now() END, CASE WHEN $12 THEN 0 END)",
         &scope.args([
             id.as_str().into(),
-            new.run_id.into(),
+            run.id.as_str().into(),
             new.step_key.into(),
             new.step_type.into(),
             new.node_id.into(),
@@ -100,7 +75,7 @@ pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
         node_id: new.node_id,
         status: new.status.as_str(),
     });
-    feed::insert(scope, new.run_id, seq, Some(&id), &created)?;
+    feed::insert(scope, &run.id, seq, Some(&id), &created)?;
     Ok(id)
 }
 
@@ -117,8 +92,8 @@ fn create_step(
     step_id: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), SqlError> {
     let scope = scope::current()?;
+    let run_id = required_id("run_id", run_id)?;
     let new = NewStep {
-        run_id: required_id("run_id", run_id)?,
         step_type: required("step_type", step_type)?,
         step_key,
         node_id,
@@ -126,7 +101,8 @@ fn create_step(
         status: Status::parse(Resource::Step, required("status", status)?)?,
         step_id: optional_id("step_id", step_id)?,
     };
-    let id = create(&scope, &new)?;
+    let run = rows::lock_run(&scope, "run_id", run_id)?;
+    let id = create(&scope, &run, &new)?;
     Ok(row(&scope, &id)?)
 }
 
@@ -148,73 +124,46 @@ pub fn transition(
     expected: Option<Status>,
     change: StepChange,
 ) -> Result<bool> {
-    let Some((run_id, current)) = lock(scope, step_id)? else {
+    let Some((run, step)) = rows::lock_step_by_id(scope, step_id)? else {
         return Err(LedgerError::not_found("STEP_NOT_FOUND", "step", step_id));
     };
-    let Some(from) = check_transition(Resource::Step, step_id, current, expected, to)? else {
+    let Some(from) = check_transition(Resource::Step, step_id, step.status, expected, to)? else {
         return Ok(false);
     };
-    write_transition(scope, &run_id, step_id, from, to, change)?;
+    write_transition(scope, &run, step_id, from, to, change)?;
     Ok(true)
 }
 
 /// Moves a tool's step along with its tool call, where the status table allows it: directly, or
 /// through one intermediate status (`running` out of `paused`, `retrying` out of a terminal
-/// status). Otherwise the step stays where it is. The caller holds the lock of the step's run
-/// (`run_id`), so only the step is locked here.
+/// status). Otherwise the step stays where it is. The caller holds the lock of the step's run,
+/// so only the step is locked here.
 pub fn follow(
     scope: &Scope,
-    run_id: &str,
+    run: &LockedRun,
     step_id: &str,
     to: Status,
     change: StepChange,
 ) -> Result<()> {
-    let current = locked_status(scope, run_id, step_id)?;
+    let current = rows::lock_step(scope, run, step_id)?.status;
     if current == to {
         return Ok(());
     }
     if Resource::Step.allows(current, to) {
-        return write_transition(scope, run_id, step_id, current, to, change);
+        return write_transition(scope, run, step_id, current, to, change);
     }
     for via in [Status::Running, Status::Retrying] {
         if Resource::Step.allows(current, via) && Resource::Step.allows(via, to) {
-            write_transition(scope, run_id, step_id, current, via, StepChange::default())?;
-            return write_transition(scope, run_id, step_id, via, to, change);
+            write_transition(scope, run, step_id, current, via, StepChange::default())?;
+            return write_transition(scope, run, step_id, via, to, change);
         }
     }
     Ok(())
 }
 
-/// Locks the step's run, then the step (the lock order every function keeps); returns the run id
-/// and the step's status, or None when the step is not in scope.
-fn lock(scope: &Scope, step_id: &str) -> Result<Option<(String, Status)>> {
-    let Some(run_id) = db::select_one(
-        "SELECT run_id FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &scope.args([step_id.into()]),
-        |r| db::req::<String>(r, 1),
-    )?
-    else {
-        return Ok(None);
-    };
-    runs::existing(scope, "run_id", &run_id, true)?;
-    let current = locked_status(scope, &run_id, step_id)?;
-    Ok(Some((run_id, current)))
-}
-
-/// Locks the step (its run's lock already held) and reads its status.
-fn locked_status(scope: &Scope, run_id: &str, step_id: &str) -> Result<Status> {
-    db::write_one(
-        "SELECT status FROM ledger.run_steps \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4 FOR UPDATE",
-        &scope.args([step_id.into(), run_id.into()]),
-        |r| Status::parse(Resource::Step, &db::req::<String>(r, 1)?),
-    )?
-    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))
-}
-
 fn write_transition(
     scope: &Scope,
-    run_id: &str,
+    run: &LockedRun,
     step_id: &str,
     from: Status,
     to: Status,
@@ -226,7 +175,7 @@ fn write_transition(
         to: to.as_str(),
         error_code: change.error_code,
     });
-    feed::append(scope, run_id, Some(step_id), &status)?;
+    feed::append(scope, &run.id, Some(step_id), &status)?;
     let updated = db::write_one(
         "UPDATE ledger.run_steps SET status = $4, updated_at = now(), \
              output_summary = coalesce($5, output_summary), \

@@ -14,74 +14,13 @@ use crate::model::events::{
 use crate::model::status::{check_transition, conflict, Resource, Status};
 use crate::model::{ids, json, text};
 use crate::redaction::redacted_object;
-use crate::runs;
+use crate::rows;
 use crate::scope::{self, Scope};
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
-/// The columns of a task the functions decide on.
-struct TaskHead {
-    id: String,
-    task_type: String,
-    run_id: Option<String>,
-    status: Status,
-    attempt_count: i32,
-    retried_as_task_id: Option<String>,
-}
-
-/// Reads a task in scope (P0002 `TASK_NOT_FOUND`). With `lock`, under `FOR NO KEY UPDATE`, the
-/// lock its own UPDATEs take: it serialises writers without blocking the foreign-key checks of
-/// event inserts.
-fn head(scope: &Scope, task_id: &str, lock: bool) -> Result<TaskHead> {
-    ids::validate("task_id", task_id)?;
-    let query = if lock {
-        "SELECT id, task_type, run_id, status, attempt_count, retried_as_task_id FROM ledger.tasks \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR NO KEY UPDATE"
-    } else {
-        "SELECT id, task_type, run_id, status, attempt_count, retried_as_task_id FROM ledger.tasks \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3"
-    };
-    let args = scope.args([task_id.into()]);
-    let map = |r: &db::Row| {
-        Ok(TaskHead {
-            id: db::req(r, 1)?,
-            task_type: db::req(r, 2)?,
-            run_id: db::opt(r, 3)?,
-            status: Status::parse(Resource::Task, &db::req::<String>(r, 4)?)?,
-            attempt_count: db::req(r, 5)?,
-            retried_as_task_id: db::opt(r, 6)?,
-        })
-    };
-    let found = if lock {
-        db::write_one(query, &args, map)?
-    } else {
-        db::select_one(query, &args, map)?
-    };
-    found.ok_or_else(|| LedgerError::not_found("TASK_NOT_FOUND", "task", task_id))
-}
-
-impl TaskHead {
-    /// Refuses to change a finished task's row outside a transition (55000 `TASK_TERMINAL`).
-    fn ensure_live(&self, what: &str) -> Result<()> {
-        if !self.status.is_terminal() {
-            return Ok(());
-        }
-        Err(LedgerError::new(
-            Class::WrongState,
-            "TASK_TERMINAL",
-            format!(
-                "task {} is {}; it takes no new {what}",
-                self.id,
-                self.status.as_str()
-            ),
-        )
-        .with("task_id", self.id.as_str())
-        .with("status", self.status.as_str()))
-    }
-}
-
 fn row(scope: &Scope, task_id: &str) -> Result<pgrx::composite_type!('static, "ledger.tasks")> {
-    db::scoped_row(scope, "ledger.tasks", task_id, "TASK_NOT_FOUND", "task")
+    rows::scoped_row(scope, "ledger.tasks", task_id, "TASK_NOT_FOUND", "task")
 }
 
 /// Appends to the task's history (not the run feed: a task may have no run).
@@ -136,7 +75,7 @@ fn create_task(
         None => ids::new_id("task"),
     };
     if let Some(run) = run_id {
-        runs::existing(&scope, "run_id", run, false)?;
+        rows::run(&scope, "run_id", run)?;
     }
     let inserted = db::write_one(
         "INSERT INTO ledger.tasks (tenant_id, workspace_id, id, run_id, task_type, input) \
@@ -150,7 +89,7 @@ fn create_task(
         |r| db::req::<String>(r, 1),
     )?;
     if inserted.is_none() {
-        let found = head(&scope, &id, false)?;
+        let found = rows::task(&scope, &id)?;
         if found.task_type != task_type || found.run_id.as_deref() != run_id {
             raise(
                 LedgerError::new(
@@ -259,7 +198,7 @@ fn transition_task(
         .transpose()?;
     let progress = optional_object("progress", progress)?;
     let output = optional_object("output", output)?;
-    let current = head(&scope, task_id, true)?;
+    let current = rows::lock_task(&scope, task_id)?;
     // None: already there, idempotent, nothing is rewritten.
     if let Some(from) = check_transition(Resource::Task, task_id, current.status, expected, to)? {
         let change = TaskChange {
@@ -287,7 +226,7 @@ fn add_task_checkpoint(
         "payload",
         Some(payload.ok_or_else(|| LedgerError::required("payload"))?),
     )?;
-    head(&scope, task_id, true)?.ensure_live("checkpoints")?;
+    rows::lock_task(&scope, task_id)?.ensure_live("checkpoints")?;
     // Allocated under the row lock taken above: a number is never skipped or reused.
     let checkpoint_no = db::write_one(
         "UPDATE ledger.tasks SET last_checkpoint_no = last_checkpoint_no + 1, updated_at = now() \
@@ -339,7 +278,7 @@ fn record_task_event(
         );
     }
     let payload = redacted_object("payload", payload)?;
-    head(&scope, task_id, false)?;
+    rows::task(&scope, task_id)?;
     Ok(event_row(&scope, task_id, event_type, &payload)?)
 }
 
@@ -356,7 +295,7 @@ fn set_task_snapshot(
         "snapshot",
         Some(snapshot.ok_or_else(|| LedgerError::required("snapshot"))?),
     )?;
-    head(&scope, task_id, true)?.ensure_live("snapshots")?;
+    rows::lock_task(&scope, task_id)?.ensure_live("snapshots")?;
     db::execute(
         "UPDATE ledger.tasks SET snapshot = $4, updated_at = now() \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
@@ -384,7 +323,7 @@ fn retry_task(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), SqlError> {
     let scope = scope::current()?;
     let task_id = required_id("task_id", task_id)?;
-    let task = head(&scope, task_id, true)?;
+    let task = rows::lock_task(&scope, task_id)?;
     Resource::Task.check(task.status, Status::Retrying)?;
     // Its work already continues in the replacement; running both would execute it twice.
     if let Some(replacement) = &task.retried_as_task_id {
@@ -452,7 +391,7 @@ fn replay_task(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), SqlError> {
     let scope = scope::current()?;
     let task_id = required_id("task_id", task_id)?;
-    let old = head(&scope, task_id, true)?;
+    let old = rows::lock_task(&scope, task_id)?;
     if let Some(replacement) = &old.retried_as_task_id {
         return Ok(row(&scope, replacement)?);
     }
