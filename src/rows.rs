@@ -101,10 +101,11 @@ impl RunHead {
     }
 }
 
-/// A run whose row this transaction holds locked.
+/// A run whose row this transaction holds locked, with its `last_seq` as read under the lock.
 #[derive(Clone)]
 pub struct LockedRun {
     pub head: RunHead,
+    pub last_seq: i64,
 }
 
 impl std::ops::Deref for LockedRun {
@@ -115,7 +116,8 @@ impl std::ops::Deref for LockedRun {
     }
 }
 
-const RUN: &str = "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id \
+const RUN: &str = "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id, \
+                          last_seq \
                      FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2";
 
 /// The run whose `column` (`id` or `request_id`) is `key`, read under `lock`.
@@ -135,6 +137,7 @@ fn run_by(scope: &Scope, column: &str, key: &str, lock: Lock) -> Result<Option<L
                     attempt_no: db::req(r, 6)?,
                     root_run_id: db::req(r, 7)?,
                 },
+                last_seq: db::req(r, 8)?,
             })
         },
     )

@@ -49,7 +49,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
         }
         None => ids::new_id("step"),
     };
-    let seq = feed::next_seq(scope, &run.id)?;
+    let seq = feed::next_seq(scope, run)?;
     db::execute(
         "INSERT INTO ledger.run_steps (tenant_id, workspace_id, id, run_id, step_key, step_type, node_id, \
              status, input_summary, step_no, started_at, ended_at, duration_ms) \

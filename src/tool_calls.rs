@@ -1174,6 +1174,30 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_fresh_claim_numbers_its_step_and_events_without_gaps_in_order() {
+        running_run("t-tc-seq");
+        outcome(r#"{"q": 1}"#, "c1");
+        Spi::run("SELECT ledger.create_step('r', 'llm', step_id => 'between')").unwrap();
+        outcome(r#"{"q": 2}"#, "c2");
+        // Each claim's step.created, step.status and tool_call.claimed follow one another.
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(seq || ':' || event_type, ' ' ORDER BY seq) FROM ledger.run_events"
+            ),
+            "1:run.created 2:run.status 3:step.created 4:step.status 5:tool_call.claimed \
+             6:step.created 7:step.created 8:step.status 9:tool_call.claimed"
+        );
+        // A step is numbered with the seq of its step.created, and last_seq is the last seq.
+        assert!(one::<bool>(
+            "SELECT bool_and(s.step_no = e.seq) FROM ledger.run_steps s JOIN ledger.run_events e \
+                 ON e.tenant_id = s.tenant_id AND e.workspace_id = s.workspace_id \
+                AND e.step_id = s.id AND e.event_type = 'step.created'"
+        ));
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_steps"), 3);
+        assert_eq!(one::<i64>("SELECT last_seq FROM ledger.runs"), 9);
+    }
+
+    #[pg_test]
     fn a_finished_call_replays_its_result_without_a_new_attempt() {
         running_run("t-tc-replay");
         outcome(r#"{"q": 1}"#, "c1");
