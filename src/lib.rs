@@ -28,6 +28,7 @@ mod scope;
 mod steps;
 mod tasks;
 mod tool_calls;
+mod transition;
 
 ::pgrx::pg_module_magic!();
 

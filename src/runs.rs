@@ -2,15 +2,16 @@
 
 use crate::blobs;
 use crate::db;
-use crate::error::{raise, Class, LedgerError, Result, SqlError};
+use crate::error::{Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required, required_id};
 use crate::model::events::{Event, RunCreated, RunStatus};
-use crate::model::status::{check_transition, conflict, Resource, Status};
+use crate::model::status::{check_transition, Resource, Status};
 use crate::model::{ids, text};
 use crate::rows;
 use crate::scope::{self, Scope};
+use crate::transition;
 use pgrx::prelude::*;
 
 /// Inputs whose JSON text is longer than this are kept in `ledger.blobs`.
@@ -333,6 +334,18 @@ fn replay_run(
     Ok(rerun(run_id, inputs, "replay", Status::is_terminal)?)
 }
 
+/// What a run's transition writes: its summary and error.
+const TRANSITION: transition::Columns = transition::Columns {
+    resource: Resource::Run,
+    table: "ledger.runs",
+    set: "output_summary = coalesce($5, output_summary), \
+          error_code = coalesce($6, error_code), \
+          error_message = coalesce($7, error_message), \
+          error_step_id = coalesce($8, error_step_id)",
+    restart: None,
+    duration_from: Some("queued_at"),
+};
+
 /// Moves a run to `to_status` under the status machine (`model::status`).
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
@@ -378,34 +391,19 @@ fn transition_run(
         error_step_id,
     };
     feed::append(&scope, run_id, None, &Event::RunStatus(change.clone()))?;
-    let updated = db::write_one(
-        "UPDATE ledger.runs SET status = $4, updated_at = now(), \
-             output_summary = coalesce($5, output_summary), \
-             error_code = coalesce($6, error_code), \
-             error_message = coalesce($7, error_message), \
-             error_step_id = coalesce($8, error_step_id), \
-             started_at = CASE WHEN $9 THEN coalesce(started_at, now()) ELSE started_at END, \
-             ended_at = CASE WHEN $10 THEN now() END, \
-             duration_ms = CASE WHEN $10 THEN \
-                 (extract(epoch FROM now() - coalesce(started_at, queued_at)) * 1000)::bigint END \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $11 \
-          RETURNING id",
-        &scope.args([
-            run_id.into(),
-            to.as_str().into(),
+    transition::write(
+        &scope,
+        &TRANSITION,
+        run_id,
+        from,
+        to,
+        vec![
             output_summary.into(),
             error_code.into(),
             error_message.into(),
             error_step_id.into(),
-            to.is_started().into(),
-            to.is_terminal().into(),
-            from.as_str().into(),
-        ]),
-        |r| db::req::<String>(r, 1),
+        ],
     )?;
-    if updated.is_none() {
-        raise(conflict(Resource::Run, run_id, from, to));
-    }
     if to.is_terminal() {
         feed::enqueue(
             &scope,

@@ -6,10 +6,11 @@ use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required, required_id};
 use crate::model::events::{Event, StepCreated, StepStatus};
-use crate::model::status::{check_transition, conflict, Resource, Status};
+use crate::model::status::{check_transition, Resource, Status};
 use crate::model::{ids, text};
 use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
+use crate::transition;
 use pgrx::prelude::*;
 
 fn row(scope: &Scope, step_id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_steps")> {
@@ -161,6 +162,20 @@ pub fn follow(
     Ok(())
 }
 
+/// What a step's transition writes: its summary, metrics (merged by top-level key) and error.
+const TRANSITION: transition::Columns = transition::Columns {
+    resource: Resource::Step,
+    table: "ledger.run_steps",
+    set: "output_summary = coalesce($5, output_summary), \
+          metrics = metrics || coalesce($6, '{}'::jsonb), \
+          error_code = coalesce($7, error_code), \
+          error_message = coalesce($8, error_message), \
+          error_details = coalesce($9, error_details)",
+    restart: None,
+    duration_from: Some("created_at"),
+};
+
+/// The conditional update of a locked step from `from` to `to`, and its `step.status` event.
 fn write_transition(
     scope: &Scope,
     run: &LockedRun,
@@ -176,37 +191,20 @@ fn write_transition(
         error_code: change.error_code,
     });
     feed::append(scope, &run.id, Some(step_id), &status)?;
-    let updated = db::write_one(
-        "UPDATE ledger.run_steps SET status = $4, updated_at = now(), \
-             output_summary = coalesce($5, output_summary), \
-             metrics = metrics || coalesce($6, '{}'::jsonb), \
-             error_code = coalesce($7, error_code), \
-             error_message = coalesce($8, error_message), \
-             error_details = coalesce($9, error_details), \
-             started_at = CASE WHEN $10 THEN coalesce(started_at, now()) ELSE started_at END, \
-             ended_at = CASE WHEN $11 THEN now() END, \
-             duration_ms = CASE WHEN $11 THEN \
-                 (extract(epoch FROM now() - coalesce(started_at, created_at)) * 1000)::bigint END \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $12 \
-          RETURNING id",
-        &scope.args([
-            step_id.into(),
-            to.as_str().into(),
+    transition::write(
+        scope,
+        &TRANSITION,
+        step_id,
+        from,
+        to,
+        vec![
             change.output_summary.map(text::summary).into(),
             change.metrics.into(),
             change.error_code.into(),
             change.error_message.map(text::summary).into(),
             change.error_details.into(),
-            to.is_started().into(),
-            to.is_terminal().into(),
-            from.as_str().into(),
-        ]),
-        |r| db::req::<String>(r, 1),
-    )?;
-    if updated.is_none() {
-        return Err(conflict(Resource::Step, step_id, from, to));
-    }
-    Ok(())
+        ],
+    )
 }
 
 /// Moves a step to `to_status` under the status machine; `metrics` are merged (top-level keys).

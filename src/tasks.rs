@@ -11,11 +11,12 @@ use crate::model::args::{optional_id, required, required_id};
 use crate::model::events::{
     task_event_reserved, Event, TaskCheckpoint, TaskCreated, TaskRetried, TaskSnapshot, TaskStatus,
 };
-use crate::model::status::{check_transition, conflict, Resource, Status};
+use crate::model::status::{check_transition, Resource, Status};
 use crate::model::{ids, json, text};
 use crate::redaction::redacted_object;
 use crate::rows;
 use crate::scope::{self, Scope};
+use crate::transition;
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
@@ -127,6 +128,22 @@ struct TaskChange<'a> {
     new_attempt: bool,
 }
 
+/// What a task's transition writes: progress (merged by top-level key), output, error, the
+/// replacement's id, and with `$10` a new attempt, which starts everything over.
+const TRANSITION: transition::Columns = transition::Columns {
+    resource: Resource::Task,
+    table: "ledger.tasks",
+    set:
+        "progress = CASE WHEN $10 THEN '{}'::jsonb ELSE progress END || coalesce($5, '{}'::jsonb), \
+          output = CASE WHEN $10 THEN NULL ELSE coalesce($6, output) END, \
+          error_code = CASE WHEN $10 THEN NULL ELSE coalesce($7, error_code) END, \
+          error_message = CASE WHEN $10 THEN NULL ELSE coalesce($8, error_message) END, \
+          retried_as_task_id = coalesce($9, retried_as_task_id), \
+          attempt_count = attempt_count + CASE WHEN $10 THEN 1 ELSE 0 END",
+    restart: Some("$10"),
+    duration_from: None,
+};
+
 /// The conditional update of a locked task from `from` to `to`, and its `task.status` event.
 fn write_transition(
     scope: &Scope,
@@ -135,37 +152,21 @@ fn write_transition(
     to: Status,
     change: TaskChange,
 ) -> Result<()> {
-    let updated = db::write_one(
-        "UPDATE ledger.tasks SET status = $4, updated_at = now(), \
-             progress = CASE WHEN $10 THEN '{}'::jsonb ELSE progress END || coalesce($5, '{}'::jsonb), \
-             output = CASE WHEN $10 THEN NULL ELSE coalesce($6, output) END, \
-             error_code = CASE WHEN $10 THEN NULL ELSE coalesce($7, error_code) END, \
-             error_message = CASE WHEN $10 THEN NULL ELSE coalesce($8, error_message) END, \
-             retried_as_task_id = coalesce($9, retried_as_task_id), \
-             attempt_count = attempt_count + CASE WHEN $10 THEN 1 ELSE 0 END, \
-             started_at = CASE WHEN $10 THEN NULL \
-                               WHEN $11 THEN coalesce(started_at, now()) ELSE started_at END, \
-             ended_at = CASE WHEN $12 THEN now() END \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $13 \
-          RETURNING id",
-        &scope.args([
-            task_id.into(),
-            to.as_str().into(),
+    transition::write(
+        scope,
+        &TRANSITION,
+        task_id,
+        from,
+        to,
+        vec![
             change.progress.as_ref().map(Jsonb::from).into(),
             change.output.as_ref().map(Jsonb::from).into(),
             change.error_code.into(),
             change.error_message.into(),
             change.retried_as_task_id.into(),
             change.new_attempt.into(),
-            to.is_started().into(),
-            to.is_terminal().into(),
-            from.as_str().into(),
-        ]),
-        |r| db::req::<String>(r, 1),
+        ],
     )?;
-    if updated.is_none() {
-        return Err(conflict(Resource::Task, task_id, from, to));
-    }
     let status = Event::TaskStatus(TaskStatus {
         task_id,
         from: from.as_str(),
