@@ -152,7 +152,9 @@ fn checked_type<'a>(value: Option<&'a str>, default: &'static str) -> Result<&'a
     }
 }
 
-fn row(scope: &Scope, id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_artifacts")> {
+type ArtifactRow = pgrx::composite_type!('static, "ledger.run_artifacts");
+
+fn row(scope: &Scope, id: &str) -> Result<ArtifactRow> {
     rows::scoped_row(
         scope,
         "ledger.run_artifacts",
@@ -160,6 +162,70 @@ fn row(scope: &Scope, id: &str) -> Result<pgrx::composite_type!('static, "ledger
         "ARTIFACT_NOT_FOUND",
         "artifact",
     )
+}
+
+/// The arguments `put_artifact` and `register_artifact` share, with the caller's scope.
+struct Shared<'a> {
+    scope: Scope,
+    run_id: &'a str,
+    artifact_type: Option<&'a str>,
+    mime: Option<&'a str>,
+    step_id: Option<&'a str>,
+    meta: Option<Jsonb>,
+}
+
+impl<'a> Shared<'a> {
+    /// Checks only the scope and that the run is named: the rest is checked after each
+    /// function's own arguments.
+    fn new(
+        run_id: Option<&'a str>,
+        artifact_type: Option<&'a str>,
+        mime: Option<&'a str>,
+        step_id: Option<&'a str>,
+        meta: Option<Jsonb>,
+    ) -> Result<Shared<'a>> {
+        Ok(Shared {
+            scope: scope::current()?,
+            run_id: required_id("run_id", run_id)?,
+            artifact_type,
+            mime,
+            step_id,
+            meta,
+        })
+    }
+}
+
+/// The shared arguments, checked: the type known, the run locked and the step one of its own,
+/// the meta redacted.
+struct Checked<'a> {
+    scope: Scope,
+    run_id: &'a str,
+    artifact_type: &'a str,
+    mime: Option<&'a str>,
+    step_id: Option<&'a str>,
+    meta: serde_json::Value,
+}
+
+/// What both ways of recording an artifact do once each has checked its own arguments: checks
+/// the shared ones (`default_type` when the type is NULL), `store`s the artifact and returns
+/// its row.
+fn record(
+    shared: Shared,
+    default_type: &'static str,
+    store: impl FnOnce(&Checked) -> Result<String>,
+) -> Result<ArtifactRow> {
+    let artifact_type = checked_type(shared.artifact_type, default_type)?;
+    rows::lock_owner(&shared.scope, shared.run_id, shared.step_id)?;
+    let checked = Checked {
+        meta: redacted_object("meta", shared.meta)?,
+        scope: shared.scope,
+        run_id: shared.run_id,
+        artifact_type,
+        mime: shared.mime,
+        step_id: shared.step_id,
+    };
+    let id = store(&checked)?;
+    row(&checked.scope, &id)
 }
 
 /// Stores bytes in the scope's blob store and records them as an artifact of the run.
@@ -173,22 +239,20 @@ fn put_artifact(
     step_id: default!(Option<&str>, "NULL"),
     meta: default!(Option<Jsonb>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), SqlError> {
-    let scope = scope::current()?;
-    let run_id = required_id("run_id", run_id)?;
+    let shared = Shared::new(run_id, artifact_type, mime, step_id, meta)?;
     let content = content.ok_or_else(|| LedgerError::required("content"))?;
-    let artifact_type = checked_type(artifact_type, "blob")?;
-    rows::lock_owner(&scope, run_id, step_id)?;
-    let meta = redacted_object("meta", meta)?;
-    let (id, _) = put_bytes(
-        &scope,
-        run_id,
-        step_id,
-        &content,
-        artifact_type,
-        mime,
-        &meta,
-    )?;
-    Ok(row(&scope, &id)?)
+    Ok(record(shared, "blob", |a| {
+        let (id, _) = put_bytes(
+            &a.scope,
+            a.run_id,
+            a.step_id,
+            &content,
+            a.artifact_type,
+            a.mime,
+            &a.meta,
+        )?;
+        Ok(id)
+    })?)
 }
 
 /// Records an artifact whose bytes live in an external store.
@@ -205,8 +269,7 @@ fn register_artifact(
     step_id: default!(Option<&str>, "NULL"),
     meta: default!(Option<Jsonb>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), SqlError> {
-    let scope = scope::current()?;
-    let run_id = required_id("run_id", run_id)?;
+    let shared = Shared::new(run_id, artifact_type, mime, step_id, meta)?;
     let storage_key = required("storage_key", storage_key)?;
     let size_bytes = size_bytes.ok_or_else(|| LedgerError::required("size_bytes"))?;
     if size_bytes < 0 {
@@ -228,23 +291,21 @@ fn register_artifact(
             "blob:sha256: keys are the built-in store's; use ledger.put_artifact",
         ));
     }
-    let artifact_type = checked_type(artifact_type, "file")?;
-    rows::lock_owner(&scope, run_id, step_id)?;
-    let meta = redacted_object("meta", meta)?;
-    let id = insert(
-        &scope,
-        &NewArtifact {
-            run_id,
-            step_id,
-            artifact_type,
-            mime,
-            size_bytes,
-            sha256: &sha,
-            storage_key,
-            meta: &meta,
-        },
-    )?;
-    Ok(row(&scope, &id)?)
+    Ok(record(shared, "file", |a| {
+        insert(
+            &a.scope,
+            &NewArtifact {
+                run_id: a.run_id,
+                step_id: a.step_id,
+                artifact_type: a.artifact_type,
+                mime: a.mime,
+                size_bytes,
+                sha256: &sha,
+                storage_key,
+                meta: &a.meta,
+            },
+        )
+    })?)
 }
 
 /// The bytes of an artifact in the built-in store, verified against its sha256.
