@@ -32,9 +32,7 @@ pub struct NewArtifact<'a> {
 pub fn insert(scope: &Scope, new: &NewArtifact) -> Result<String> {
     let id = ids::new_id("art");
     db::execute(
-        "INSERT INTO ledger.run_artifacts (tenant_id, workspace_id, id, run_id, step_id, artifact_type, \
-             mime, size_bytes, sha256, storage_key, meta) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        include_str!("../sql/queries/insert_artifact.sql"),
         &scope.args([
             id.as_str().into(),
             new.run_id.into(),

@@ -30,7 +30,8 @@ pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {
 /// the caller was reading).
 pub fn get(scope: &Scope, sha256: &str, mismatch_code: &'static str) -> Result<Vec<u8>> {
     let content = db::select_one(
-        "SELECT content FROM ledger.blobs WHERE tenant_id = $1 AND workspace_id = $2 AND sha256 = $3",
+        "SELECT content FROM ledger.blobs \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND sha256 = $3",
         &scope.args([sha256.into()]),
         |r| db::req::<Vec<u8>>(r, 1),
     )?

@@ -90,11 +90,7 @@ fn record_cost(
 
     let id = ids::new_id("cost");
     let inserted = db::write_one(
-        "INSERT INTO ledger.run_cost_entries (tenant_id, workspace_id, id, run_id, step_id, billing_basis, \
-             billed_quantity, amount, currency, usage, pricing_snapshot, provider, model_ref, tool_ref, \
-             source_port, operation, source_ref) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
-         ON CONFLICT DO NOTHING RETURNING amount::text",
+        include_str!("../sql/queries/insert_cost_entry.sql"),
         &scope.args([
             id.as_str().into(),
             run_id.into(),
@@ -117,7 +113,8 @@ fn record_cost(
     let Some(amount_text) = inserted else {
         // Only source_ref can conflict (the id is new): that entry is the answer.
         let existing = db::select_one(
-            "SELECT id FROM ledger.run_cost_entries WHERE tenant_id = $1 AND workspace_id = $2 AND source_ref = $3",
+            "SELECT id FROM ledger.run_cost_entries \
+              WHERE tenant_id = $1 AND workspace_id = $2 AND source_ref = $3",
             &scope.args([source_ref.into()]),
             |r| db::req::<String>(r, 1),
         )?

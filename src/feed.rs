@@ -349,14 +349,9 @@ pub fn enqueue(
     let id = ids::new_id("obx");
     db::execute(
         if notifying() {
-            "WITH o AS (INSERT INTO ledger.outbox \
-                            (tenant_id, workspace_id, id, event_type, run_id, task_id, subject, payload) \
-                        VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id) \
-             SELECT pg_catalog.pg_notify('ledger_outbox', o.id) FROM o"
+            include_str!("../sql/queries/enqueue_outbox_notifying.sql")
         } else {
-            "INSERT INTO ledger.outbox \
-                 (tenant_id, workspace_id, id, event_type, run_id, task_id, subject, payload) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+            include_str!("../sql/queries/enqueue_outbox.sql")
         },
         &scope.args([
             id.as_str().into(),

@@ -120,13 +120,7 @@ fn claim_outbox_events(
     // was claimed, so `available_at <= now` holds for both kinds: outbox_claim_idx is scanned in
     // claim order up to now and stops at the limit.
     let (due, attempts, replays) = db::write_one(
-        "WITH due AS (SELECT id, attempt_count, replay_count FROM ledger.outbox \
-                       WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('pending', 'processing') \
-                         AND available_at <= (SELECT clock_timestamp()) \
-                         AND (status = 'pending' OR lease_expires_at <= (SELECT clock_timestamp())) \
-                       ORDER BY available_at, id LIMIT $3 \
-                       FOR UPDATE SKIP LOCKED) \
-         SELECT array_agg(id), array_agg(attempt_count), array_agg(replay_count) FROM due",
+        include_str!("../sql/queries/claim_due_outbox_events.sql"),
         &scope.args([i64::from(limit).into()]),
         |r| {
             Ok((
@@ -148,11 +142,7 @@ fn claim_outbox_events(
 
     if !spent.is_empty() {
         db::execute(
-            "UPDATE ledger.outbox SET status = 'failed', processed_at = clock_timestamp(), \
-                    error_message = format('the lease of attempt %s (lease owner %s) expired and no attempts are left', \
-                                           attempt_count, lease_owner), \
-                    lease_owner = NULL, lease_expires_at = NULL \
-              WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
+            include_str!("../sql/queries/fail_exhausted_outbox_events.sql"),
             &scope.args([spent.into()]),
         )?;
     }
@@ -160,10 +150,7 @@ fn claim_outbox_events(
         return Ok(SetOfIterator::new(Vec::new()));
     }
     db::execute(
-        "UPDATE ledger.outbox SET status = 'processing', lease_owner = $4, \
-                lease_expires_at = clock_timestamp() + make_interval(secs => $5), \
-                attempt_count = attempt_count + 1 \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
+        include_str!("../sql/queries/lease_outbox_events.sql"),
         &scope.args([fresh.clone().into(), lease_owner.into(), lease.into()]),
     )?;
     Ok(SetOfIterator::new(events(&scope, fresh)?))
@@ -177,11 +164,7 @@ fn ack(lease_owner: Option<&str>, ids: Result<Vec<String>>) -> Result<i32> {
     let lease_owner = lease_owner_arg(lease_owner)?;
     let ids = ids?;
     let acked = db::write_one(
-        "WITH a AS (UPDATE ledger.outbox SET status = 'done', processed_at = clock_timestamp(), \
-                           lease_owner = NULL, lease_expires_at = NULL \
-                     WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3) \
-                       AND status = 'processing' AND lease_owner = $4 RETURNING 1) \
-         SELECT count(*)::int FROM a",
+        include_str!("../sql/queries/ack_outbox_events.sql"),
         &scope.args([ids.into(), lease_owner.into()]),
         |r| db::req::<i32>(r, 1),
     )?;
@@ -232,11 +215,7 @@ fn nack(
             AfterNack::Fail => ("failed", 0),
         };
         db::execute(
-            "UPDATE ledger.outbox SET status = $4, error_message = $5, lease_owner = NULL, lease_expires_at = NULL, \
-                    available_at = CASE WHEN $4 = 'pending' THEN clock_timestamp() + make_interval(secs => $6) \
-                                        ELSE available_at END, \
-                    processed_at = CASE WHEN $4 = 'failed' THEN clock_timestamp() END \
-              WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+            include_str!("../sql/queries/nack_outbox_event.sql"),
             &scope.args([
                 id.as_str().into(),
                 status.into(),
@@ -289,10 +268,7 @@ fn replay_outbox_event(
     let held = locked(&scope, &id)?;
     rules::check_failed(&id, &held.status)?;
     db::execute(
-        "UPDATE ledger.outbox SET status = 'pending', replay_count = replay_count + 1, \
-                available_at = clock_timestamp(), lease_owner = NULL, lease_expires_at = NULL, \
-                processed_at = NULL \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        include_str!("../sql/queries/replay_outbox_event.sql"),
         &scope.args([id.as_str().into()]),
     )?;
     if crate::feed::notifying() {

@@ -27,7 +27,8 @@ fn insert(
     let id = ids::new_id(prefix);
     let placeholders: Vec<String> = (5..5 + columns.len()).map(|i| format!("${i}")).collect();
     let query = format!(
-        "INSERT INTO ledger.{table} (tenant_id, workspace_id, id, run_id, {}) VALUES ($1, $2, $3, $4, {})",
+        "INSERT INTO ledger.{table} (tenant_id, workspace_id, id, run_id, {}) \
+         VALUES ($1, $2, $3, $4, {})",
         columns.join(", "),
         placeholders.join(", ")
     );

@@ -118,11 +118,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     };
 
     let inserted = db::write_one(
-        "INSERT INTO ledger.runs (tenant_id, workspace_id, id, mode, kind, subject_kind, subject_id, \
-             subject_version_id, user_id, trace_id, request_id, parent_run_id, source_run_id, \
-             root_run_id, attempt_no, input_summary, inputs, inputs_sha256, inputs_size_bytes, control_action) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
-         ON CONFLICT DO NOTHING RETURNING id",
+        include_str!("../sql/queries/insert_run.sql"),
         &scope.args([
             id.as_str().into(),
             mode.into(),
@@ -265,22 +261,23 @@ fn rerun(
         .with("status", source.status.as_str())
         .with("control_action", action));
     }
-    let (kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary) = db::select_one(
-        "SELECT kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary FROM ledger.runs \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &scope.args([run_id.into()]),
-        |r| {
-            Ok((
-                db::req::<String>(r, 1)?,
-                db::opt::<String>(r, 2)?,
-                db::opt::<String>(r, 3)?,
-                db::opt::<String>(r, 4)?,
-                db::opt::<String>(r, 5)?,
-                db::opt::<String>(r, 6)?,
-            ))
-        },
-    )?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
+    let (kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary) =
+        db::select_one(
+            "SELECT kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary \
+           FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+            &scope.args([run_id.into()]),
+            |r| {
+                Ok((
+                    db::req::<String>(r, 1)?,
+                    db::opt::<String>(r, 2)?,
+                    db::opt::<String>(r, 3)?,
+                    db::opt::<String>(r, 4)?,
+                    db::opt::<String>(r, 5)?,
+                    db::opt::<String>(r, 6)?,
+                ))
+            },
+        )?
+        .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
     let overridden = inputs.is_some();
     let inputs = match inputs {
         Some(i) => Some(i),
@@ -429,7 +426,8 @@ fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, SqlErr
 /// A run's exact inputs, from the row or, verified, from the blob store.
 pub fn load_inputs(scope: &Scope, run_id: &str) -> Result<Option<Jsonb>> {
     let (inline, sha) = db::select_one(
-        "SELECT inputs, inputs_sha256 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        "SELECT inputs, inputs_sha256 FROM ledger.runs \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
         &scope.args([run_id.into()]),
         |r| Ok((db::opt::<Jsonb>(r, 1)?, db::opt::<String>(r, 2)?)),
     )?

@@ -52,10 +52,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
     };
     let seq = feed::next_seq(scope, run)?;
     db::execute(
-        "INSERT INTO ledger.run_steps (tenant_id, workspace_id, id, run_id, step_key, step_type, node_id, \
-             status, input_summary, step_no, started_at, ended_at, duration_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-                 CASE WHEN $11 OR $12 THEN now() END, CASE WHEN $12 THEN now() END, CASE WHEN $12 THEN 0 END)",
+        include_str!("../sql/queries/insert_step.sql"),
         &scope.args([
             id.as_str().into(),
             run.id.as_str().into(),

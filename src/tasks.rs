@@ -32,7 +32,8 @@ fn event_row(
     payload: &Value,
 ) -> Result<pgrx::composite_type!('static, "ledger.task_events")> {
     db::write_one(
-        "INSERT INTO ledger.task_events AS e (tenant_id, workspace_id, id, task_id, event_type, payload) \
+        "INSERT INTO ledger.task_events AS e \
+                (tenant_id, workspace_id, id, task_id, event_type, payload) \
          VALUES ($1, $2, $3, $4, $5, $6) RETURNING e",
         &scope.args([
             ids::new_id("tevt").into(),
@@ -238,7 +239,8 @@ fn add_task_checkpoint(
     .ok_or_else(|| LedgerError::not_found("TASK_NOT_FOUND", "task", task_id))?;
     let id = ids::new_id("tckp");
     let checkpoint = db::write_one(
-        "INSERT INTO ledger.task_checkpoints AS c (tenant_id, workspace_id, id, task_id, checkpoint_no, payload) \
+        "INSERT INTO ledger.task_checkpoints AS c \
+                (tenant_id, workspace_id, id, task_id, checkpoint_no, payload) \
          VALUES ($1, $2, $3, $4, $5, $6) RETURNING c",
         &scope.args([
             id.as_str().into(),
@@ -421,9 +423,7 @@ fn replay_task(
 
     let new_id = ids::new_id("task");
     db::execute(
-        "INSERT INTO ledger.tasks (tenant_id, workspace_id, id, task_type, input, snapshot, replayed_from_task_id) \
-         SELECT tenant_id, workspace_id, $4, task_type, input, $5, id FROM ledger.tasks \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        include_str!("../sql/queries/insert_replayed_task.sql"),
         &scope.args([
             task_id.into(),
             new_id.as_str().into(),

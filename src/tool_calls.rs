@@ -65,12 +65,7 @@ fn outcome(
     response: Option<Jsonb>,
 ) -> Result<Jsonb> {
     db::select_one(
-        "SELECT jsonb_build_object('outcome', $4::text, \
-                'tool_call', to_jsonb(t) - 'tenant_id' - 'workspace_id' - 'result', \
-                'approval', (SELECT to_jsonb(a) - 'tenant_id' - 'workspace_id' FROM ledger.approval_requests a \
-                              WHERE a.tenant_id = t.tenant_id AND a.workspace_id = t.workspace_id AND a.id = t.approval_id), \
-                'response', $5::jsonb) \
-           FROM ledger.run_step_tool_calls t WHERE t.tenant_id = $1 AND t.workspace_id = $2 AND t.id = $3",
+        include_str!("../sql/queries/tool_call_outcome.sql"),
         &scope.args([record_id.into(), outcome.into(), response.into()]),
         |r| db::req::<Jsonb>(r, 1),
     )?
@@ -92,9 +87,7 @@ fn mark_in_doubt(
     error: Option<&str>,
 ) -> Result<()> {
     db::execute(
-        "UPDATE ledger.run_step_tool_calls SET status = 'in_doubt', lease_owner = NULL, lease_expires_at = NULL, \
-                error_code = 'OUTCOME_UNKNOWN', error_message = coalesce($4, error_message), updated_at = now() \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        include_str!("../sql/queries/mark_tool_call_in_doubt.sql"),
         &scope.args([rec.id.as_str().into(), error.map(text::summary).into()]),
     )?;
     rec.status = CallStatus::InDoubt;
@@ -131,12 +124,7 @@ fn arm(
     arguments: &Value,
 ) -> Result<()> {
     rec.attempt = db::write_one(
-        "UPDATE ledger.run_step_tool_calls SET status = 'claimed', attempt = attempt + 1, lease_owner = $4, \
-                lease_seconds = $5, lease_expires_at = clock_timestamp() + make_interval(secs => $5), \
-                outbound_started_at = NULL, result = NULL, result_artifact_id = NULL, result_size_bytes = NULL, \
-                result_sha256 = NULL, metadata = '{}', error_code = NULL, error_message = NULL, \
-                completed_at = NULL, arguments = $6, updated_at = now() \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING attempt",
+        include_str!("../sql/queries/arm_tool_call.sql"),
         &scope.args([
             rec.id.as_str().into(),
             lease_owner.into(),
@@ -203,10 +191,7 @@ fn finish(
         CallStatus::Failed
     };
     db::execute(
-        "UPDATE ledger.run_step_tool_calls SET status = $4, result = $5, result_artifact_id = $6, \
-                result_size_bytes = $7, result_sha256 = $8, metadata = $9, error_code = $10, error_message = $11, \
-                lease_owner = NULL, lease_expires_at = NULL, completed_at = now(), updated_at = now() \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        include_str!("../sql/queries/finish_tool_call.sql"),
         &scope.args([
             rec.id.as_str().into(),
             status.as_str().into(),
@@ -400,10 +385,17 @@ fn find_locked(
 /// execution (a different tool or request under the key is still a conflict).
 fn tombstone(scope: &Scope, who: &Identity, args: &Arguments) -> Result<Option<Jsonb>> {
     let Some((tool_ref, hash, record)) = db::select_one(
-        "SELECT tool_ref, request_hash, to_jsonb(t) - 'tenant_id' - 'workspace_id' FROM ledger.tool_call_tombstones t \
+        "SELECT tool_ref, request_hash, to_jsonb(t) - 'tenant_id' - 'workspace_id' \
+           FROM ledger.tool_call_tombstones t \
           WHERE tenant_id = $1 AND workspace_id = $2 AND idempotency_key = $3",
         &scope.args([who.idempotency_key.as_str().into()]),
-        |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?, db::req::<Jsonb>(r, 3)?)),
+        |r| {
+            Ok((
+                db::req::<String>(r, 1)?,
+                db::req::<String>(r, 2)?,
+                db::req::<Jsonb>(r, 3)?,
+            ))
+        },
     )?
     else {
         return Ok(None);
@@ -466,12 +458,7 @@ fn insert(
     let id = ids::new_id("tc");
     let claimed = status == CallStatus::Claimed;
     let inserted = db::write_one(
-        "INSERT INTO ledger.run_step_tool_calls (tenant_id, workspace_id, id, run_id, step_id, tool_call_id, \
-             tool_ref, idempotency_key, request_hash, arguments, status, attempt, lease_owner, lease_seconds, \
-             lease_expires_at, approval_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, CASE WHEN $12 THEN 1 ELSE 0 END, $13, $14, \
-                 CASE WHEN $12 THEN clock_timestamp() + make_interval(secs => $14) END, $15) \
-         ON CONFLICT DO NOTHING RETURNING id",
+        include_str!("../sql/queries/insert_tool_call.sql"),
         &scope.args([
             id.as_str().into(),
             who.run_id.into(),
@@ -643,11 +630,9 @@ fn begin_tool_call(
             CallStatus::Running => {}
             CallStatus::Claimed => {
                 db::execute(
-                "UPDATE ledger.run_step_tool_calls SET status = 'running', outbound_started_at = clock_timestamp(), \
-                        lease_expires_at = clock_timestamp() + make_interval(secs => lease_seconds), updated_at = now() \
-                  WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                &scope.args([id.into()]),
-            )?;
+                    include_str!("../sql/queries/begin_tool_call.sql"),
+                    &scope.args([id.into()]),
+                )?;
                 rec.status = CallStatus::Running;
                 steps::follow(
                     &scope,
@@ -690,8 +675,10 @@ fn heartbeat_tool_call(
         None => rec.lease_seconds,
     };
     db::execute(
-        "UPDATE ledger.run_step_tool_calls SET lease_expires_at = clock_timestamp() + make_interval(secs => $4), \
-                updated_at = now() WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        "UPDATE ledger.run_step_tool_calls \
+            SET lease_expires_at = clock_timestamp() + make_interval(secs => $4), \
+                updated_at = now() \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
         &scope.args([id.into(), seconds.into()]),
     )?;
     Ok(outcome(&scope, id, rec.status.as_str(), None)?)
@@ -801,11 +788,9 @@ fn resolve_tool_call(
             )?,
             Resolution::Retry => {
                 db::execute(
-                "UPDATE ledger.run_step_tool_calls SET status = 'claimed', lease_owner = NULL, lease_expires_at = NULL, \
-                        outbound_started_at = NULL, updated_at = now() \
-                  WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                &scope.args([id.into()]),
-            )?;
+                    include_str!("../sql/queries/release_tool_call_for_retry.sql"),
+                    &scope.args([id.into()]),
+                )?;
                 rec.status = CallStatus::Claimed;
             }
         }
@@ -814,17 +799,16 @@ fn resolve_tool_call(
             json!({"tool_call": rec.ids(), "decision": resolution.as_str(), "note": note}),
         );
         db::execute(
-        "INSERT INTO ledger.audit_events (tenant_id, workspace_id, id, run_id, step_id, gateway_type, outcome, actor, payload) \
-         VALUES ($1, $2, $3, $4, $5, 'tool_call.resolve', $6, $7, $8)",
-        &scope.args([
-            ids::new_id("aud").into(),
-            rec.run_id.as_str().into(),
-            rec.step_id.as_str().into(),
-            resolution.as_str().into(),
-            actor.into(),
-            Jsonb::from(&audit).into(),
-        ]),
-    )?;
+            include_str!("../sql/queries/insert_resolution_audit.sql"),
+            &scope.args([
+                ids::new_id("aud").into(),
+                rec.run_id.as_str().into(),
+                rec.step_id.as_str().into(),
+                resolution.as_str().into(),
+                actor.into(),
+                Jsonb::from(&audit).into(),
+            ]),
+        )?;
         let resolved = Event::ToolCallResolved(ToolCallResolved {
             call: rec.ids(),
             decision: resolution.as_str(),
@@ -867,8 +851,9 @@ fn sweep_tool_calls() -> std::result::Result<i32, SqlError> {
                 mark_in_doubt(&scope, &run, &mut rec, None)?;
             } else {
                 db::execute(
-                    "UPDATE ledger.run_step_tool_calls SET lease_owner = NULL, lease_expires_at = NULL, \
-                        updated_at = now() WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+                    "UPDATE ledger.run_step_tool_calls \
+                        SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now() \
+                      WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
                     &scope.args([id.as_str().into()]),
                 )?;
                 event(
@@ -931,16 +916,17 @@ fn request_tool_approval(
             d.extend(extra);
         }
         db::execute(
-        "INSERT INTO ledger.approval_requests (tenant_id, workspace_id, id, run_id, title, policy_ref, details) \
+            "INSERT INTO ledger.approval_requests \
+                (tenant_id, workspace_id, id, run_id, title, policy_ref, details) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        &scope.args([
-            approval_id.as_str().into(),
-            who.run_id.into(),
-            title.into(),
-            policy_ref.into(),
-            Jsonb::from(&full_details).into(),
-        ]),
-    )?;
+            &scope.args([
+                approval_id.as_str().into(),
+                who.run_id.into(),
+                title.into(),
+                policy_ref.into(),
+                Jsonb::from(&full_details).into(),
+            ]),
+        )?;
         let lease = lease_seconds(0)?;
         let rec = insert(
             &scope,
@@ -1038,16 +1024,14 @@ fn resolve_approval(
             );
         }
         db::execute(
-        "UPDATE ledger.approval_requests SET status = $4, decided_by = $5, decision_note = $6, \
-                decided_at = now(), updated_at = now() \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &scope.args([
-            approval_id.into(),
-            decision.as_str().into(),
-            actor.into(),
-            note.into(),
-        ]),
-    )?;
+            include_str!("../sql/queries/decide_approval.sql"),
+            &scope.args([
+                approval_id.into(),
+                decision.as_str().into(),
+                actor.into(),
+                note.into(),
+            ]),
+        )?;
         let resolved = Event::ApprovalResolved(ApprovalResolved {
             approval_id,
             decision: decision.as_str(),
@@ -1059,11 +1043,9 @@ fn resolve_approval(
             if let Some(mut rec) = rows::lock_tool_call(&scope, &run, &record_id)? {
                 if rec.status == CallStatus::WaitingApproval {
                     db::execute(
-                    "UPDATE ledger.run_step_tool_calls SET status = 'rejected', error_code = 'TOOL_APPROVAL_REJECTED', \
-                            error_message = 'Tool call was rejected', completed_at = now(), updated_at = now() \
-                      WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                    &scope.args([record_id.as_str().into()]),
-                )?;
+                        include_str!("../sql/queries/reject_tool_call.sql"),
+                        &scope.args([record_id.as_str().into()]),
+                    )?;
                     rec.status = CallStatus::Rejected;
                     steps::follow(
                         &scope,
