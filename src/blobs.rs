@@ -1,4 +1,5 @@
-//! The per-scope content-addressed blob store (SPEC §8): large inputs now, artifacts later.
+//! The per-scope content-addressed blob store: large run inputs and artifacts' bytes, each kept
+//! once per scope under its sha256.
 
 use crate::db;
 use crate::error::{Class, LedgerError, Result};

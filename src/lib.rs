@@ -52,7 +52,7 @@ fn check_for_interrupts() {
     pgrx::check_for_interrupts!();
 }
 
-/// The allowed status transitions of runs, steps and tasks (SOIT's tables), as held in Rust.
+/// The allowed status transitions of runs, steps and tasks, as held in Rust (`model::status`).
 #[pg_extern(immutable, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn status_transitions() -> TableIterator<

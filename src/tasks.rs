@@ -1,7 +1,6 @@
-//! Tasks: the run status machine enforced by conditional updates under the task's row lock
-//! (SOIT's task writes were an unlocked read-modify-write, so a concurrent cancel and complete
-//! could both "win"), gapless checkpoints, an append-only event history, and re-execution by retry
-//! or replay.
+//! Tasks: the run status machine enforced by conditional updates under the task's row lock (with
+//! an unlocked read-modify-write, a concurrent cancel and complete could both "win"), gapless
+//! checkpoints, an append-only event history, and re-execution by retry or replay.
 
 use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};

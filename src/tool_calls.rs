@@ -1,5 +1,5 @@
-//! Tool calls (replay #3: the same key twice returns the recorded result): claim, lease, fencing, in-doubt, idempotent replay and
-//! approvals. Outcomes are returned as data, never raised, because state written before an
+//! Tool calls (replay #3: the same key twice returns the recorded result): claim, lease,
+//! fencing, in-doubt, idempotent replay and approvals. Outcomes are returned as data, never raised, because state written before an
 //! ERROR would roll back (an in-doubt marking must stick).
 //!
 //! Lock order, as everywhere: the run first, then the record, then its step.
