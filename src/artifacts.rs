@@ -9,8 +9,8 @@ use crate::model::args::{required, required_id};
 use crate::model::events::{ArtifactCreated, Event};
 use crate::model::ids;
 use crate::redaction::redacted_object;
+use crate::rows;
 use crate::scope::{self, Scope};
-use crate::steps;
 use pgrx::prelude::*;
 
 /// The storage key of bytes held in `ledger.blobs`.
@@ -32,12 +32,8 @@ pub struct NewArtifact<'a> {
 pub fn insert(scope: &Scope, new: &NewArtifact) -> Result<String> {
     let id = ids::new_id("art");
     db::execute(
-        "INSERT INTO ledger.run_artifacts (tenant_id, workspace_id, id, run_id, step_id, artifact_type, \
-             mime, size_bytes, sha256, storage_key, meta) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        include_str!("../sql/queries/insert_artifact.sql"),
+        &scope.args([
             id.as_str().into(),
             new.run_id.into(),
             new.step_id.into(),
@@ -47,7 +43,7 @@ pub fn insert(scope: &Scope, new: &NewArtifact) -> Result<String> {
             new.sha256.into(),
             new.storage_key.into(),
             Jsonb::from(new.meta).into(),
-        ],
+        ]),
     )?;
     let created = Event::ArtifactCreated(ArtifactCreated {
         artifact_id: &id,
@@ -100,11 +96,7 @@ pub fn load(scope: &Scope, artifact_id: &str) -> Result<Option<Artifact>> {
     db::select_one(
         "SELECT run_id, step_id, sha256, storage_key FROM ledger.run_artifacts \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            artifact_id.into(),
-        ],
+        &scope.args([artifact_id.into()]),
         |r| {
             Ok(Artifact {
                 run_id: db::req(r, 1)?,
@@ -158,14 +150,80 @@ fn checked_type<'a>(value: Option<&'a str>, default: &'static str) -> Result<&'a
     }
 }
 
-fn row(scope: &Scope, id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_artifacts")> {
-    db::scoped_row(
+type ArtifactRow = pgrx::composite_type!('static, "ledger.run_artifacts");
+
+fn row(scope: &Scope, id: &str) -> Result<ArtifactRow> {
+    rows::scoped_row(
         scope,
         "ledger.run_artifacts",
         id,
         "ARTIFACT_NOT_FOUND",
         "artifact",
     )
+}
+
+/// The arguments `put_artifact` and `register_artifact` share, with the caller's scope.
+struct Shared<'a> {
+    scope: Scope,
+    run_id: &'a str,
+    artifact_type: Option<&'a str>,
+    mime: Option<&'a str>,
+    step_id: Option<&'a str>,
+    meta: Option<Jsonb>,
+}
+
+impl<'a> Shared<'a> {
+    /// Checks only the scope and that the run is named: the rest is checked after each
+    /// function's own arguments.
+    fn new(
+        run_id: Option<&'a str>,
+        artifact_type: Option<&'a str>,
+        mime: Option<&'a str>,
+        step_id: Option<&'a str>,
+        meta: Option<Jsonb>,
+    ) -> Result<Shared<'a>> {
+        Ok(Shared {
+            scope: scope::current()?,
+            run_id: required_id("run_id", run_id)?,
+            artifact_type,
+            mime,
+            step_id,
+            meta,
+        })
+    }
+}
+
+/// The shared arguments, checked: the type known, the run locked and the step one of its own,
+/// the meta redacted.
+struct Checked<'a> {
+    scope: Scope,
+    run_id: &'a str,
+    artifact_type: &'a str,
+    mime: Option<&'a str>,
+    step_id: Option<&'a str>,
+    meta: serde_json::Value,
+}
+
+/// What both ways of recording an artifact do once each has checked its own arguments: checks
+/// the shared ones (`default_type` when the type is NULL), `store`s the artifact and returns
+/// its row.
+fn record(
+    shared: Shared,
+    default_type: &'static str,
+    store: impl FnOnce(&Checked) -> Result<String>,
+) -> Result<ArtifactRow> {
+    let artifact_type = checked_type(shared.artifact_type, default_type)?;
+    rows::lock_owner(&shared.scope, shared.run_id, shared.step_id)?;
+    let checked = Checked {
+        meta: redacted_object("meta", shared.meta)?,
+        scope: shared.scope,
+        run_id: shared.run_id,
+        artifact_type,
+        mime: shared.mime,
+        step_id: shared.step_id,
+    };
+    let id = store(&checked)?;
+    row(&checked.scope, &id)
 }
 
 /// Stores bytes in the scope's blob store and records them as an artifact of the run.
@@ -179,22 +237,20 @@ fn put_artifact(
     step_id: default!(Option<&str>, "NULL"),
     meta: default!(Option<Jsonb>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), SqlError> {
-    let scope = scope::current()?;
-    let run_id = required_id("run_id", run_id)?;
+    let shared = Shared::new(run_id, artifact_type, mime, step_id, meta)?;
     let content = content.ok_or_else(|| LedgerError::required("content"))?;
-    let artifact_type = checked_type(artifact_type, "blob")?;
-    steps::check_owner(&scope, run_id, step_id)?;
-    let meta = redacted_object("meta", meta)?;
-    let (id, _) = put_bytes(
-        &scope,
-        run_id,
-        step_id,
-        &content,
-        artifact_type,
-        mime,
-        &meta,
-    )?;
-    Ok(row(&scope, &id)?)
+    Ok(record(shared, "blob", |a| {
+        let (id, _) = put_bytes(
+            &a.scope,
+            a.run_id,
+            a.step_id,
+            &content,
+            a.artifact_type,
+            a.mime,
+            &a.meta,
+        )?;
+        Ok(id)
+    })?)
 }
 
 /// Records an artifact whose bytes live in an external store.
@@ -211,8 +267,7 @@ fn register_artifact(
     step_id: default!(Option<&str>, "NULL"),
     meta: default!(Option<Jsonb>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), SqlError> {
-    let scope = scope::current()?;
-    let run_id = required_id("run_id", run_id)?;
+    let shared = Shared::new(run_id, artifact_type, mime, step_id, meta)?;
     let storage_key = required("storage_key", storage_key)?;
     let size_bytes = size_bytes.ok_or_else(|| LedgerError::required("size_bytes"))?;
     if size_bytes < 0 {
@@ -234,23 +289,21 @@ fn register_artifact(
             "blob:sha256: keys are the built-in store's; use ledger.put_artifact",
         ));
     }
-    let artifact_type = checked_type(artifact_type, "file")?;
-    steps::check_owner(&scope, run_id, step_id)?;
-    let meta = redacted_object("meta", meta)?;
-    let id = insert(
-        &scope,
-        &NewArtifact {
-            run_id,
-            step_id,
-            artifact_type,
-            mime,
-            size_bytes,
-            sha256: &sha,
-            storage_key,
-            meta: &meta,
-        },
-    )?;
-    Ok(row(&scope, &id)?)
+    Ok(record(shared, "file", |a| {
+        insert(
+            &a.scope,
+            &NewArtifact {
+                run_id: a.run_id,
+                step_id: a.step_id,
+                artifact_type: a.artifact_type,
+                mime: a.mime,
+                size_bytes,
+                sha256: &sha,
+                storage_key,
+                meta: &a.meta,
+            },
+        )
+    })?)
 }
 
 /// The bytes of an artifact in the built-in store, verified against its sha256.

@@ -1,4 +1,5 @@
-//! The per-scope content-addressed blob store (SPEC §8): large inputs now, artifacts later.
+//! The per-scope content-addressed blob store: large run inputs and artifacts' bytes, each kept
+//! once per scope under its sha256.
 
 use crate::db;
 use crate::error::{Class, LedgerError, Result};
@@ -17,13 +18,11 @@ pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {
     db::execute(
         "INSERT INTO ledger.blobs (tenant_id, workspace_id, sha256, size_bytes, content) \
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             sha.as_str().into(),
             (bytes.len() as i64).into(),
             bytes.to_vec().into(),
-        ],
+        ]),
     )?;
     Ok(sha)
 }
@@ -32,8 +31,9 @@ pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {
 /// the caller was reading).
 pub fn get(scope: &Scope, sha256: &str, mismatch_code: &'static str) -> Result<Vec<u8>> {
     let content = db::select_one(
-        "SELECT content FROM ledger.blobs WHERE tenant_id = $1 AND workspace_id = $2 AND sha256 = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), sha256.into()],
+        "SELECT content FROM ledger.blobs \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND sha256 = $3",
+        &scope.args([sha256.into()]),
         |r| db::req::<Vec<u8>>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("BLOB_NOT_FOUND", "blob", sha256))?;

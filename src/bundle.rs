@@ -7,22 +7,15 @@ use crate::error::{LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
 use crate::model::args::required_id;
 use crate::model::evidence::{self, AuditFact, CitationFact, RunFacts, StepFact};
-use crate::model::{ids, json};
+use crate::model::json;
+use crate::rows;
 use crate::scope::{self, Scope};
 use pgrx::prelude::*;
 
 /// The one value of a read-only query over the run (`$1`, `$2` scope, `$3` run id).
 fn value<T: FromDatum + IntoDatum>(scope: &Scope, run_id: &str, query: &str) -> Result<T> {
-    db::select_one(
-        query,
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-        ],
-        |r| db::req::<T>(r, 1),
-    )?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
+    db::select_one(query, &scope.args([run_id.into()]), |r| db::req::<T>(r, 1))?
+        .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
 }
 
 /// One JSON value computed by a read-only query over the run.
@@ -46,76 +39,55 @@ fn list(scope: &Scope, run_id: &str, item: &str, from: &str, order: &str) -> Res
 }
 
 const SCOPED: &str = "to_jsonb(x) - 'tenant_id' - 'workspace_id'";
-const COST_ENTRY: &str = "jsonb_build_object('cost_id', x.id, 'run_id', x.run_id, 'step_id', x.step_id, \
-    'currency', x.currency, 'amount', x.amount::text, 'pricing_snapshot', x.pricing_snapshot, \
-    'billing_basis', x.billing_basis, 'billed_quantity', x.billed_quantity::text, 'provider', x.provider, \
-    'model_ref', x.model_ref, 'tool_ref', x.tool_ref, 'source_port', x.source_port, 'operation', x.operation, \
-    'source_ref', x.source_ref, 'created_at', x.created_at) || x.usage";
-
-fn run_exists(scope: &Scope, run_id: &str) -> Result<()> {
-    ids::validate("run_id", run_id)?;
-    if crate::feed::run_exists(scope, run_id)? {
-        Ok(())
-    } else {
-        Err(LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
-    }
-}
+const COST_ENTRY: &str = "jsonb_build_object(\
+        'cost_id', x.id, 'run_id', x.run_id, 'step_id', x.step_id, 'currency', x.currency, \
+        'amount', x.amount::text, 'pricing_snapshot', x.pricing_snapshot, \
+        'billing_basis', x.billing_basis, 'billed_quantity', x.billed_quantity::text, \
+        'provider', x.provider, 'model_ref', x.model_ref, 'tool_ref', x.tool_ref, \
+        'source_port', x.source_port, 'operation', x.operation, 'source_ref', x.source_ref, \
+        'created_at', x.created_at) || x.usage";
 
 fn trace_spec(scope: &Scope, run_id: &str) -> Result<String> {
     let run = fragment(
         scope,
         run_id,
-        "SELECT jsonb_build_object('run_id', x.id, 'tenant_id', x.tenant_id, 'workspace_id', x.workspace_id, \
-                'trace_id', x.trace_id, 'request_id', x.request_id, 'parent_run_id', x.parent_run_id, \
-                'source_run_id', x.source_run_id, 'attempt_no', x.attempt_no, 'mode', x.mode, 'kind', x.kind, \
-                'subject_kind', x.subject_kind, 'subject_id', x.subject_id, 'subject_version_id', x.subject_version_id, \
-                'status', x.status, 'input_summary', x.input_summary, 'output_summary', x.output_summary, \
-                'started_at', x.started_at, 'ended_at', x.ended_at, 'duration_ms', x.duration_ms, \
-                'error_code', x.error_code, 'error_message', x.error_message, 'error_step_id', x.error_step_id) \
-           FROM ledger.runs x WHERE x.tenant_id = $1 AND x.workspace_id = $2 AND x.id = $3",
+        include_str!("../sql/queries/trace_spec_run.sql"),
     )?;
     let steps = list(
         scope,
         run_id,
-        "jsonb_build_object('step_id', x.id, 'node_id', x.node_id, 'step_type', x.step_type, 'status', x.status, \
-            'input_summary', x.input_summary, 'output_summary', x.output_summary, 'started_at', x.started_at, \
-            'ended_at', x.ended_at, 'metrics', x.metrics, \
-            'error', CASE WHEN x.error_code IS NOT NULL OR x.error_message IS NOT NULL OR x.error_details IS NOT NULL \
-                          THEN jsonb_build_object('code', x.error_code, 'message', x.error_message, 'details', x.error_details) END)",
+        "jsonb_build_object(\
+             'step_id', x.id, 'node_id', x.node_id, 'step_type', x.step_type, 'status', x.status, \
+             'input_summary', x.input_summary, 'output_summary', x.output_summary, \
+             'started_at', x.started_at, 'ended_at', x.ended_at, 'metrics', x.metrics, \
+             'error', CASE WHEN x.error_code IS NOT NULL OR x.error_message IS NOT NULL \
+                                OR x.error_details IS NOT NULL \
+                           THEN jsonb_build_object('code', x.error_code, \
+                                                   'message', x.error_message, \
+                                                   'details', x.error_details) END)",
         "ledger.run_steps x",
         "x.step_no",
     )?;
     let artifacts = list(
         scope,
         run_id,
-        "jsonb_build_object('artifact_id', x.id, 'type', x.artifact_type, 'storage_key', x.storage_key, \
-            'step_id', x.step_id, 'mime', x.mime, 'size_bytes', x.size_bytes, 'sha256', x.sha256, 'meta', x.meta)",
+        "jsonb_build_object(\
+             'artifact_id', x.id, 'type', x.artifact_type, 'storage_key', x.storage_key, \
+             'step_id', x.step_id, 'mime', x.mime, 'size_bytes', x.size_bytes, 'sha256', x.sha256, \
+             'meta', x.meta)",
         "ledger.run_artifacts x",
         "x.created_at, x.id",
     )?;
     let usage = fragment(
         scope,
         run_id,
-        "SELECT jsonb_build_object( \
-                'tokens_prompt', coalesce(sum((x.usage->>'prompt_tokens')::numeric), 0), \
-                'tokens_completion', coalesce(sum((x.usage->>'completion_tokens')::numeric), 0), \
-                'embedding_count', coalesce(sum((x.usage->>'embedding_count')::numeric), 0), \
-                'rerank_count', coalesce(sum((x.usage->>'rerank_count')::numeric), 0), \
-                'ms_total', coalesce(sum((x.usage->>'latency_ms')::numeric), 0), \
-                'storage_bytes', coalesce(sum((x.usage->>'storage_bytes')::numeric), 0), \
-                'request_count', coalesce(sum((x.usage->>'request_count')::numeric), 0), \
-                'vector_count', coalesce(sum((x.usage->>'vector_count')::numeric), 0)) \
-           FROM ledger.run_cost_entries x WHERE x.tenant_id = $1 AND x.workspace_id = $2 AND x.run_id = $3",
+        include_str!("../sql/queries/trace_spec_usage.sql"),
     )?;
     // Money: summed as numeric per currency, rendered as decimal strings, never mixed.
     let charges = fragment(
         scope,
         run_id,
-        "SELECT jsonb_build_object('entry_count', coalesce(sum(n), 0), \
-                'amounts', coalesce(jsonb_object_agg(currency, total::text) FILTER (WHERE currency IS NOT NULL), '{}'::jsonb)) \
-           FROM (SELECT x.currency, count(*) AS n, sum(x.amount) AS total FROM ledger.run_cost_entries x \
-                  WHERE x.tenant_id = $1 AND x.workspace_id = $2 AND x.run_id = $3 AND x.amount IS NOT NULL \
-                  GROUP BY x.currency) c",
+        include_str!("../sql/queries/trace_spec_charges.sql"),
     )?;
     let entries = list(
         scope,
@@ -136,11 +108,14 @@ fn trace_spec(scope: &Scope, run_id: &str) -> Result<String> {
 fn replay_bundle(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    run_exists(&scope, run_id)?;
+    rows::run_exists(&scope, run_id)?;
     let run = fragment(
         &scope,
         run_id,
-        &format!("SELECT {SCOPED} FROM ledger.runs x WHERE x.tenant_id = $1 AND x.workspace_id = $2 AND x.id = $3"),
+        &format!(
+            "SELECT {SCOPED} FROM ledger.runs x \
+              WHERE x.tenant_id = $1 AND x.workspace_id = $2 AND x.id = $3"
+        ),
     )?;
     let steps = list(&scope, run_id, SCOPED, "ledger.run_steps x", "x.step_no")?;
     let artifacts = list(
@@ -153,7 +128,10 @@ fn replay_bundle(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
     let costs = list(
         &scope,
         run_id,
-        &format!("{SCOPED} || jsonb_build_object('amount', x.amount::text, 'billed_quantity', x.billed_quantity::text)"),
+        &format!(
+            "{SCOPED} || jsonb_build_object(\
+                 'amount', x.amount::text, 'billed_quantity', x.billed_quantity::text)"
+        ),
         "ledger.run_cost_entries x",
         "x.created_at, x.id",
     )?;
@@ -184,51 +162,36 @@ fn parsed(j: Option<Jsonb>) -> serde_json::Value {
         .unwrap_or(serde_json::Value::Null)
 }
 
-fn ids_of(scope: &Scope, run_id: &str, query: &str) -> Result<Vec<String>> {
+/// The ids of the rows of `table` whose `column` is the run, oldest first.
+fn ids_of(scope: &Scope, run_id: &str, table: &str, column: &str) -> Result<Vec<String>> {
     db::select(
-        query,
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-        ],
+        &format!(
+            "SELECT id FROM ledger.{table} \
+              WHERE tenant_id = $1 AND workspace_id = $2 AND {column} = $3 ORDER BY created_at, id"
+        ),
+        &scope.args([run_id.into()]),
         |r| db::req(r, 1),
     )
 }
 
 /// What the evidence rules look at.
 fn facts(scope: &Scope, run_id: &str) -> Result<RunFacts> {
-    let args = || {
-        [
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-        ]
-    };
-    let mut facts = db::select_one(
-        "SELECT x.id, x.tenant_id, x.workspace_id, x.user_id, x.mode, x.kind, x.subject_kind, x.subject_id, \
-                x.subject_version_id, \
-                x.inputs IS NOT NULL OR x.input_summary IS NULL OR EXISTS ( \
-                    SELECT 1 FROM ledger.blobs b WHERE b.tenant_id = x.tenant_id AND b.workspace_id = x.workspace_id \
-                       AND b.sha256 = x.inputs_sha256 AND b.size_bytes = octet_length(b.content)) \
-           FROM ledger.runs x WHERE x.tenant_id = $1 AND x.workspace_id = $2 AND x.id = $3",
-        &args(),
-        |r| {
-            Ok(RunFacts {
-                run_id: db::req(r, 1)?,
-                tenant_id: db::req(r, 2)?,
-                workspace_id: db::req(r, 3)?,
-                user_id: db::opt(r, 4)?,
-                mode: db::req(r, 5)?,
-                kind: db::req(r, 6)?,
-                subject_kind: db::req(r, 7)?,
-                subject_id: db::opt(r, 8)?,
-                subject_version_id: db::opt(r, 9)?,
-                inputs_recoverable: db::req(r, 10)?,
-                ..RunFacts::default()
-            })
-        },
-    )?
+    let args = || scope.args([run_id.into()]);
+    let mut facts = db::select_one(include_str!("../sql/queries/run_facts.sql"), &args(), |r| {
+        Ok(RunFacts {
+            run_id: db::req(r, 1)?,
+            tenant_id: db::req(r, 2)?,
+            workspace_id: db::req(r, 3)?,
+            user_id: db::opt(r, 4)?,
+            mode: db::req(r, 5)?,
+            kind: db::req(r, 6)?,
+            subject_kind: db::req(r, 7)?,
+            subject_id: db::opt(r, 8)?,
+            subject_version_id: db::opt(r, 9)?,
+            inputs_recoverable: db::req(r, 10)?,
+            ..RunFacts::default()
+        })
+    })?
     .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
     facts.steps = db::select(
         "SELECT id, step_type, metrics FROM ledger.run_steps \
@@ -265,26 +228,10 @@ fn facts(scope: &Scope, run_id: &str) -> Result<RunFacts> {
             })
         },
     )?;
-    facts.cost_ids = ids_of(
-        scope,
-        run_id,
-        "SELECT id FROM ledger.run_cost_entries WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 ORDER BY created_at, id",
-    )?;
-    facts.tool_call_ids = ids_of(
-        scope,
-        run_id,
-        "SELECT id FROM ledger.run_step_tool_calls WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 ORDER BY created_at, id",
-    )?;
-    facts.response_event_ids = ids_of(
-        scope,
-        run_id,
-        "SELECT id FROM ledger.response_events WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 ORDER BY created_at, id",
-    )?;
-    facts.child_run_ids = ids_of(
-        scope,
-        run_id,
-        "SELECT id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND parent_run_id = $3 ORDER BY created_at, id",
-    )?;
+    facts.cost_ids = ids_of(scope, run_id, "run_cost_entries", "run_id")?;
+    facts.tool_call_ids = ids_of(scope, run_id, "run_step_tool_calls", "run_id")?;
+    facts.response_event_ids = ids_of(scope, run_id, "response_events", "run_id")?;
+    facts.child_run_ids = ids_of(scope, run_id, "runs", "parent_run_id")?;
     Ok(facts)
 }
 
@@ -294,7 +241,7 @@ fn facts(scope: &Scope, run_id: &str) -> Result<RunFacts> {
 fn run_evidence(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    run_exists(&scope, run_id)?;
+    rows::run_exists(&scope, run_id)?;
     let items: Vec<serde_json::Value> = evidence::evidence(&facts(&scope, run_id)?)
         .iter()
         .map(|i| i.to_json())
@@ -308,7 +255,7 @@ fn run_evidence(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
 fn replay_ready(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    run_exists(&scope, run_id)?;
+    rows::run_exists(&scope, run_id)?;
     Ok(Jsonb::from(&evidence::replay_ready(&facts(
         &scope, run_id,
     )?)))

@@ -7,8 +7,8 @@ use crate::jsonb::Jsonb;
 use crate::model::args::{required, required_id};
 use crate::model::events::{CostRecorded, Event};
 use crate::model::{cost, ids, json};
+use crate::rows;
 use crate::scope::{self, Scope};
-use crate::steps;
 use pgrx::prelude::*;
 use pgrx::AnyNumeric;
 use serde_json::json;
@@ -17,7 +17,7 @@ fn row(
     scope: &Scope,
     id: &str,
 ) -> Result<pgrx::composite_type!('static, "ledger.run_cost_entries")> {
-    db::scoped_row(
+    rows::scoped_row(
         scope,
         "ledger.run_cost_entries",
         id,
@@ -86,18 +86,12 @@ fn record_cost(
     if let Some(r) = source_ref {
         ids::validate_key("source_ref", r)?;
     }
-    steps::check_owner(&scope, run_id, step_id)?;
+    rows::lock_owner(&scope, run_id, step_id)?;
 
     let id = ids::new_id("cost");
     let inserted = db::write_one(
-        "INSERT INTO ledger.run_cost_entries (tenant_id, workspace_id, id, run_id, step_id, billing_basis, \
-             billed_quantity, amount, currency, usage, pricing_snapshot, provider, model_ref, tool_ref, \
-             source_port, operation, source_ref) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
-         ON CONFLICT DO NOTHING RETURNING amount::text",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        include_str!("../sql/queries/insert_cost_entry.sql"),
+        &scope.args([
             id.as_str().into(),
             run_id.into(),
             step_id.into(),
@@ -113,14 +107,15 @@ fn record_cost(
             source_port.into(),
             operation.into(),
             source_ref.into(),
-        ],
+        ]),
         |r| db::opt::<String>(r, 1),
     )?;
     let Some(amount_text) = inserted else {
         // Only source_ref can conflict (the id is new): that entry is the answer.
         let existing = db::select_one(
-            "SELECT id FROM ledger.run_cost_entries WHERE tenant_id = $1 AND workspace_id = $2 AND source_ref = $3",
-            &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), source_ref.into()],
+            "SELECT id FROM ledger.run_cost_entries \
+              WHERE tenant_id = $1 AND workspace_id = $2 AND source_ref = $3",
+            &scope.args([source_ref.into()]),
             |r| db::req::<String>(r, 1),
         )?
         .ok_or_else(|| LedgerError::internal("cost insert conflicted but no entry was found"))?;

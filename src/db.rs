@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use crate::error::{spi_failed, LedgerError, Result};
-use crate::scope::Scope;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient, SpiHeapTupleData};
@@ -137,25 +136,4 @@ pub fn opt<T: FromDatum + IntoDatum>(row: &Row, ordinal: usize) -> Result<Option
 pub fn req<T: FromDatum + IntoDatum>(row: &Row, ordinal: usize) -> Result<T> {
     opt(row, ordinal)?
         .ok_or_else(|| LedgerError::internal(format!("column {ordinal} is unexpectedly NULL")))
-}
-
-/// The whole row `id` of `table` in the scope, as the table's composite type, or P0002 `code`.
-/// `table` is always a literal of the caller's, never user input.
-pub fn scoped_row<T: FromDatum + IntoDatum>(
-    scope: &Scope,
-    table: &str,
-    id: &str,
-    code: &'static str,
-    what: &str,
-) -> Result<T> {
-    select_one(
-        &format!("SELECT x FROM {table} x WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3"),
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            id.into(),
-        ],
-        |r| req(r, 1),
-    )?
-    .ok_or_else(|| LedgerError::not_found(code, what, id))
 }

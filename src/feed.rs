@@ -9,6 +9,10 @@
 //! end of the call: one bump of `last_seq` by their count under the run's row lock, one
 //! multi-row INSERT in the order they were produced, one NOTIFY each. The events, their seqs and
 //! the notifications are the same as one at a time; a failed call writes none of them.
+//!
+//! A seq needed before the end (a new step's `step_no`) comes from the run's `last_seq` as read
+//! under the run's lock (`LockedRun`): while collecting, no one else can move it, so the seq is
+//! reserved in the batch and the one bump at the end covers it too.
 
 use std::cell::RefCell;
 
@@ -18,6 +22,7 @@ use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required_id};
 use crate::model::events::Event;
 use crate::model::{self, hash, ids};
+use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -37,13 +42,16 @@ struct Batch {
     scope: Scope,
     run_id: String,
     events: Vec<Pending>,
+    /// The run's `last_seq` in the database, when this call holds the run's lock and knows it;
+    /// the batch's seqs are then allocated after it, without a statement.
+    known: Option<i64>,
+    /// How many seqs after `known` the batch has allocated (not in the database yet).
+    reserved: i64,
 }
 
 impl Batch {
     fn is_for(&self, scope: &Scope, run_id: &str) -> bool {
-        self.run_id == run_id
-            && self.scope.tenant == scope.tenant
-            && self.scope.workspace == scope.workspace
+        same_run(&self.scope, &self.run_id, scope, run_id)
     }
 
     fn unallocated(&self) -> i64 {
@@ -56,10 +64,48 @@ impl Batch {
     }
 }
 
+/// The `last_seq` of a run as it is in the database, known while collecting.
+struct Known {
+    scope: Scope,
+    run_id: String,
+    last_seq: i64,
+}
+
 #[derive(Default)]
 struct Collector {
     open: bool,
     batch: Option<Batch>,
+    /// The `last_seq` of every run this call has bumped, as it is now in the database: the call
+    /// holds those runs' locks to the end of the transaction, so no one else moves it.
+    known: Vec<Known>,
+}
+
+impl Collector {
+    fn known(&self, scope: &Scope, run_id: &str) -> Option<i64> {
+        self.known
+            .iter()
+            .find(|k| same_run(&k.scope, &k.run_id, scope, run_id))
+            .map(|k| k.last_seq)
+    }
+
+    fn remember(&mut self, scope: &Scope, run_id: &str, last_seq: i64) {
+        match self
+            .known
+            .iter_mut()
+            .find(|k| same_run(&k.scope, &k.run_id, scope, run_id))
+        {
+            Some(k) => k.last_seq = last_seq,
+            None => self.known.push(Known {
+                scope: scope.clone(),
+                run_id: run_id.to_owned(),
+                last_seq,
+            }),
+        }
+    }
+}
+
+fn same_run(a: &Scope, a_run: &str, b: &Scope, b_run: &str) -> bool {
+    a_run == b_run && a.tenant == b.tenant && a.workspace == b.workspace
 }
 
 thread_local! {
@@ -102,6 +148,7 @@ impl Collecting {
         let batch = COLLECTOR.with(|c| {
             let mut c = c.borrow_mut();
             c.open = false;
+            c.known.clear();
             c.batch.take()
         });
         batch.map_or(Ok(()), write)
@@ -130,9 +177,15 @@ fn take_batch(scope: &Scope, run_id: &str) -> Result<Batch> {
                 scope: scope.clone(),
                 run_id: run_id.to_owned(),
                 events: Vec::new(),
+                known: COLLECTOR.with(|c| c.borrow().known(scope, run_id)),
+                reserved: 0,
             })
         }
     }
+}
+
+fn collecting() -> bool {
+    COLLECTOR.with(|c| c.borrow().open)
 }
 
 /// Puts the batch back while collecting, else writes it.
@@ -154,12 +207,7 @@ fn bump(scope: &Scope, run_id: &str, k: i64) -> Result<i64> {
     db::write_one(
         "UPDATE ledger.runs SET last_seq = last_seq + $4 \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING last_seq",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-            k.into(),
-        ],
+        &scope.args([run_id.into(), k.into()]),
         |r| db::req::<i64>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
@@ -168,25 +216,46 @@ fn bump(scope: &Scope, run_id: &str, k: i64) -> Result<i64> {
 /// Most events one INSERT writes: the statement text depends on the count (a kept plan each).
 const EVENTS_PER_INSERT: usize = 8;
 
-/// Writes the events (allocating the seqs still missing under the run's row lock) with one
-/// INSERT per `EVENTS_PER_INSERT`, and notifies the run's channel once per event, in seq order
-/// (delivered at commit). The notifications carry ids only: any role may LISTEN on any channel.
-fn write(mut batch: Batch) -> Result<()> {
+/// Moves the run's `last_seq` on past every seq of the batch (allocating those still missing)
+/// with one bump under the run's row lock, and remembers it while collecting.
+fn settle(batch: &mut Batch) -> Result<()> {
     let missing = batch.unallocated();
-    if missing > 0 {
-        let last = bump(&batch.scope, &batch.run_id, missing)?;
-        batch.allocate(last);
-    }
+    let last = match batch.known {
+        Some(known) => {
+            let last = known + batch.reserved + missing;
+            if last > known {
+                let moved = bump(&batch.scope, &batch.run_id, last - known)?;
+                if moved != last {
+                    return Err(LedgerError::internal("last_seq moved under the run's lock"));
+                }
+            }
+            last
+        }
+        None if missing > 0 => bump(&batch.scope, &batch.run_id, missing)?,
+        None => return Ok(()),
+    };
+    batch.allocate(last);
+    COLLECTOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.open {
+            c.remember(&batch.scope, &batch.run_id, last);
+        }
+    });
+    Ok(())
+}
+
+/// Writes the events (their seqs settled first) with one INSERT per `EVENTS_PER_INSERT`, and
+/// notifies the run's channel once per event, in seq order (delivered at commit). The
+/// notifications carry ids only: any role may LISTEN on any channel.
+fn write(mut batch: Batch) -> Result<()> {
+    settle(&mut batch)?;
     let notify = notifying();
     let channel = notify
         .then(|| hash::run_channel(&batch.scope.tenant, &batch.scope.workspace, &batch.run_id));
     for chunk in batch.events.chunks(EVENTS_PER_INSERT) {
-        let mut args: Vec<DatumWithOid> = vec![
-            batch.scope.tenant.as_str().into(),
-            batch.scope.workspace.as_str().into(),
-            batch.run_id.as_str().into(),
-            channel.as_deref().into(),
-        ];
+        let mut args: Vec<DatumWithOid> = batch
+            .scope
+            .args([batch.run_id.as_str().into(), channel.as_deref().into()]);
         for e in chunk {
             let seq = e
                 .seq
@@ -209,14 +278,24 @@ fn write(mut batch: Batch) -> Result<()> {
     Ok(())
 }
 
-/// Locks the run's row and allocates its next event seq (with the seqs of the events collected
-/// before it, so seq order stays the order events were produced).
-pub fn next_seq(scope: &Scope, run_id: &str) -> Result<i64> {
-    let mut batch = take_batch(scope, run_id)?;
-    let last = bump(scope, run_id, batch.unallocated() + 1)?;
-    batch.allocate(last - 1);
+/// Allocates the locked run's next event seq (with the seqs of the events collected before it,
+/// so seq order stays the order events were produced). While collecting it is reserved in the
+/// batch, after the run's `last_seq` as known (else as read under `run`'s lock), and written
+/// with the batch's one bump; otherwise `last_seq` is bumped now.
+pub fn next_seq(scope: &Scope, run: &LockedRun) -> Result<i64> {
+    let mut batch = take_batch(scope, &run.id)?;
+    let next = batch.unallocated() + 1;
+    let seq = if collecting() {
+        let known = *batch.known.get_or_insert(run.last_seq);
+        let seq = known + batch.reserved + next;
+        batch.reserved += next;
+        seq
+    } else {
+        bump(scope, &run.id, next)?
+    };
+    batch.allocate(seq - 1);
     keep_or_write(batch)?;
-    Ok(last)
+    Ok(seq)
 }
 
 /// Adds the event with an already allocated seq (written now, or with the collected ones).
@@ -270,40 +349,20 @@ pub fn enqueue(
     let id = ids::new_id("obx");
     db::execute(
         if notifying() {
-            "WITH o AS (INSERT INTO ledger.outbox \
-                            (tenant_id, workspace_id, id, event_type, run_id, task_id, subject, payload) \
-                        VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id) \
-             SELECT pg_catalog.pg_notify('ledger_outbox', o.id) FROM o"
+            include_str!("../sql/queries/enqueue_outbox_notifying.sql")
         } else {
-            "INSERT INTO ledger.outbox \
-                 (tenant_id, workspace_id, id, event_type, run_id, task_id, subject, payload) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+            include_str!("../sql/queries/enqueue_outbox.sql")
         },
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             id.as_str().into(),
             event.event_type().into(),
             run_id.into(),
             task_id.into(),
             subject.into(),
             Jsonb::from(&event.payload()).into(),
-        ],
+        ]),
     )?;
     Ok(id)
-}
-
-pub fn run_exists(scope: &Scope, run_id: &str) -> Result<bool> {
-    Ok(db::select_one(
-        "SELECT 1 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-        ],
-        |_| Ok(()),
-    )?
-    .is_some())
 }
 
 pub const MAX_EVENTS_PER_CALL: i32 = 10_000;
@@ -341,20 +400,13 @@ fn events_since(
                 .with("value", limit),
         );
     }
-    if !run_exists(&scope, run_id)? {
-        raise(LedgerError::not_found("RUN_NOT_FOUND", "run", run_id));
-    }
+    rows::run_exists(&scope, run_id)?;
     let after = match optional_id("after_event_id", after_event_id)? {
         None => 0,
         Some(event_id) => db::select_one(
             "SELECT seq FROM ledger.run_events \
               WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4",
-            &[
-                scope.tenant.as_str().into(),
-                scope.workspace.as_str().into(),
-                event_id.into(),
-                run_id.into(),
-            ],
+            &scope.args([event_id.into(), run_id.into()]),
             |r| db::req::<i64>(r, 1),
         )?
         .ok_or_else(|| {
@@ -365,13 +417,7 @@ fn events_since(
         "SELECT id, seq, event_type, step_id, payload, created_at FROM ledger.run_events \
           WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 AND seq > $4 \
           ORDER BY seq LIMIT $5",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-            after.into(),
-            i64::from(limit).into(),
-        ],
+        &scope.args([run_id.into(), after.into(), i64::from(limit).into()]),
         |r| {
             Ok((
                 db::req::<String>(r, 1)?,

@@ -22,11 +22,13 @@ mod outbox;
 mod records;
 mod redaction;
 mod retention;
+mod rows;
 mod runs;
 mod scope;
 mod steps;
 mod tasks;
 mod tool_calls;
+mod transition;
 
 ::pgrx::pg_module_magic!();
 
@@ -50,7 +52,7 @@ fn check_for_interrupts() {
     pgrx::check_for_interrupts!();
 }
 
-/// The allowed status transitions of runs, steps and tasks (SOIT's tables), as held in Rust.
+/// The allowed status transitions of runs, steps and tasks, as held in Rust (`model::status`).
 #[pg_extern(immutable, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn status_transitions() -> TableIterator<
@@ -73,11 +75,9 @@ fn status_transitions() -> TableIterator<
     }))
 }
 
+// Test-only code: helpers for the #[pg_test]s and the hostile-input tests (src/testing/).
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
-
-#[cfg(any(test, feature = "pg_test"))]
-mod hostile;
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]

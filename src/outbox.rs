@@ -32,11 +32,7 @@ fn events(scope: &Scope, ids: Vec<String>) -> Result<Vec<Event>> {
             "SELECT {EVENT} FROM ledger.outbox o WHERE tenant_id = $1 AND workspace_id = $2 \
                AND id = ANY($3) ORDER BY available_at, id"
         ),
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            ids.into(),
-        ],
+        &scope.args([ids.into()]),
         |r| db::req::<Event>(r, 1),
     )
 }
@@ -54,11 +50,7 @@ fn locked(scope: &Scope, id: &str) -> Result<Held> {
     db::write_one(
         "SELECT status, lease_owner, attempt_count, replay_count FROM ledger.outbox \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            id.into(),
-        ],
+        &scope.args([id.into()]),
         |r| {
             Ok(Held {
                 status: db::req(r, 1)?,
@@ -123,21 +115,13 @@ fn claim_outbox_events(
         rules::claim_events(max_events.ok_or_else(|| LedgerError::required("max_events"))?)?;
     let lease =
         rules::lease_seconds(lease_seconds.ok_or_else(|| LedgerError::required("lease_seconds"))?)?;
-    let tenant = scope.tenant.as_str();
-    let workspace = scope.workspace.as_str();
 
     // Locks the batch; the updates below then never wait. A processing event was due when it
     // was claimed, so `available_at <= now` holds for both kinds: outbox_claim_idx is scanned in
     // claim order up to now and stops at the limit.
     let (due, attempts, replays) = db::write_one(
-        "WITH due AS (SELECT id, attempt_count, replay_count FROM ledger.outbox \
-                       WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('pending', 'processing') \
-                         AND available_at <= (SELECT clock_timestamp()) \
-                         AND (status = 'pending' OR lease_expires_at <= (SELECT clock_timestamp())) \
-                       ORDER BY available_at, id LIMIT $3 \
-                       FOR UPDATE SKIP LOCKED) \
-         SELECT array_agg(id), array_agg(attempt_count), array_agg(replay_count) FROM due",
-        &[tenant.into(), workspace.into(), i64::from(limit).into()],
+        include_str!("../sql/queries/claim_due_outbox_events.sql"),
+        &scope.args([i64::from(limit).into()]),
         |r| {
             Ok((
                 db::opt::<Vec<String>>(r, 1)?.unwrap_or_default(),
@@ -158,29 +142,16 @@ fn claim_outbox_events(
 
     if !spent.is_empty() {
         db::execute(
-            "UPDATE ledger.outbox SET status = 'failed', processed_at = clock_timestamp(), \
-                    error_message = format('the lease of attempt %s (lease owner %s) expired and no attempts are left', \
-                                           attempt_count, lease_owner), \
-                    lease_owner = NULL, lease_expires_at = NULL \
-              WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
-            &[tenant.into(), workspace.into(), spent.into()],
+            include_str!("../sql/queries/fail_exhausted_outbox_events.sql"),
+            &scope.args([spent.into()]),
         )?;
     }
     if fresh.is_empty() {
         return Ok(SetOfIterator::new(Vec::new()));
     }
     db::execute(
-        "UPDATE ledger.outbox SET status = 'processing', lease_owner = $4, \
-                lease_expires_at = clock_timestamp() + make_interval(secs => $5), \
-                attempt_count = attempt_count + 1 \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
-        &[
-            tenant.into(),
-            workspace.into(),
-            fresh.clone().into(),
-            lease_owner.into(),
-            lease.into(),
-        ],
+        include_str!("../sql/queries/lease_outbox_events.sql"),
+        &scope.args([fresh.clone().into(), lease_owner.into(), lease.into()]),
     )?;
     Ok(SetOfIterator::new(events(&scope, fresh)?))
 }
@@ -193,17 +164,8 @@ fn ack(lease_owner: Option<&str>, ids: Result<Vec<String>>) -> Result<i32> {
     let lease_owner = lease_owner_arg(lease_owner)?;
     let ids = ids?;
     let acked = db::write_one(
-        "WITH a AS (UPDATE ledger.outbox SET status = 'done', processed_at = clock_timestamp(), \
-                           lease_owner = NULL, lease_expires_at = NULL \
-                     WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3) \
-                       AND status = 'processing' AND lease_owner = $4 RETURNING 1) \
-         SELECT count(*)::int FROM a",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            ids.into(),
-            lease_owner.into(),
-        ],
+        include_str!("../sql/queries/ack_outbox_events.sql"),
+        &scope.args([ids.into(), lease_owner.into()]),
         |r| db::req::<i32>(r, 1),
     )?;
     Ok(acked.unwrap_or(0))
@@ -253,19 +215,13 @@ fn nack(
             AfterNack::Fail => ("failed", 0),
         };
         db::execute(
-            "UPDATE ledger.outbox SET status = $4, error_message = $5, lease_owner = NULL, lease_expires_at = NULL, \
-                    available_at = CASE WHEN $4 = 'pending' THEN clock_timestamp() + make_interval(secs => $6) \
-                                        ELSE available_at END, \
-                    processed_at = CASE WHEN $4 = 'failed' THEN clock_timestamp() END \
-              WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-            &[
-                scope.tenant.as_str().into(),
-                scope.workspace.as_str().into(),
+            include_str!("../sql/queries/nack_outbox_event.sql"),
+            &scope.args([
                 id.as_str().into(),
                 status.into(),
                 error_message.as_str().into(),
                 delay.into(),
-            ],
+            ]),
         )?;
     }
     events(&scope, ids)
@@ -312,15 +268,8 @@ fn replay_outbox_event(
     let held = locked(&scope, &id)?;
     rules::check_failed(&id, &held.status)?;
     db::execute(
-        "UPDATE ledger.outbox SET status = 'pending', replay_count = replay_count + 1, \
-                available_at = clock_timestamp(), lease_owner = NULL, lease_expires_at = NULL, \
-                processed_at = NULL \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            id.as_str().into(),
-        ],
+        include_str!("../sql/queries/replay_outbox_event.sql"),
+        &scope.args([id.as_str().into()]),
     )?;
     if crate::feed::notifying() {
         db::execute(

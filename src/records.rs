@@ -9,39 +9,74 @@ use crate::model::args::{required, required_id};
 use crate::model::events::{Event, Recorded};
 use crate::model::{ids, text};
 use crate::redaction::redacted_object;
+use crate::rows;
 use crate::scope::{self, Scope};
-use crate::steps;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 
-/// Inserts one record (columns after tenant, workspace, id, run_id) and its feed event; returns its id.
-fn insert(
+/// The kinds of record.
+#[derive(Clone, Copy)]
+enum Kind {
+    Audit,
+    ResponseEvent,
+    Citation,
+    Feedback,
+}
+
+impl Kind {
+    /// Its table, the prefix of its ids, and what a missing row of it is called (P0002 code,
+    /// noun).
+    fn names(self) -> (&'static str, &'static str, &'static str, &'static str) {
+        match self {
+            Kind::Audit => ("audit_events", "aud", "AUDIT_NOT_FOUND", "audit event"),
+            Kind::ResponseEvent => (
+                "response_events",
+                "rev",
+                "RESPONSE_EVENT_NOT_FOUND",
+                "response event",
+            ),
+            Kind::Citation => ("citations", "cit", "CITATION_NOT_FOUND", "citation"),
+            Kind::Feedback => ("run_feedback", "fbk", "FEEDBACK_NOT_FOUND", "feedback"),
+        }
+    }
+
+    /// Its event in the run's feed.
+    fn event(self, recorded: Recorded) -> Event {
+        match self {
+            Kind::Audit => Event::AuditRecorded(recorded),
+            Kind::ResponseEvent => Event::ResponseEventRecorded(recorded),
+            Kind::Citation => Event::CitationRecorded(recorded),
+            Kind::Feedback => Event::FeedbackRecorded(recorded),
+        }
+    }
+}
+
+/// Locks the run (checking the step, if any, is one of its own), inserts one record (`values`
+/// of `columns`, after tenant, workspace, id and run_id) and its feed event; returns its row.
+fn record<T: FromDatum + IntoDatum>(
     scope: &Scope,
-    table: &str,
-    prefix: &str,
+    kind: Kind,
     run_id: &str,
+    step_id: Option<&str>,
     columns: &[&str],
     values: Vec<DatumWithOid>,
-    event: (fn(Recorded) -> Event, Option<&str>),
-) -> Result<String> {
+) -> Result<T> {
+    rows::lock_owner(scope, run_id, step_id)?;
+    let (table, prefix, code, what) = kind.names();
     let id = ids::new_id(prefix);
     let placeholders: Vec<String> = (5..5 + columns.len()).map(|i| format!("${i}")).collect();
     let query = format!(
-        "INSERT INTO ledger.{table} (tenant_id, workspace_id, id, run_id, {}) VALUES ($1, $2, $3, $4, {})",
+        "INSERT INTO ledger.{table} (tenant_id, workspace_id, id, run_id, {}) \
+         VALUES ($1, $2, $3, $4, {})",
         columns.join(", "),
         placeholders.join(", ")
     );
-    let mut args: Vec<DatumWithOid> = vec![
-        scope.tenant.as_str().into(),
-        scope.workspace.as_str().into(),
-        id.as_str().into(),
-        run_id.into(),
-    ];
+    let mut args: Vec<DatumWithOid> = scope.args([id.as_str().into(), run_id.into()]);
     args.extend(values);
     db::execute(&query, &args)?;
-    let (event, step_id) = event;
-    feed::append(scope, run_id, step_id, &event(Recorded { id: &id, table }))?;
-    Ok(id)
+    let recorded = kind.event(Recorded { id: &id, table });
+    feed::append(scope, run_id, step_id, &recorded)?;
+    rows::scoped_row(scope, &format!("ledger.{table}"), &id, code, what)
 }
 
 /// Records an audit event (a gateway decision, a human intervention, ...) for a run.
@@ -60,12 +95,11 @@ fn record_audit(
     let gateway_type = required("gateway_type", gateway_type)?;
     let outcome = required("outcome", outcome)?;
     let payload = redacted_object("payload", payload)?;
-    steps::check_owner(&scope, run_id, step_id)?;
-    let id = insert(
+    Ok(record(
         &scope,
-        "audit_events",
-        "aud",
+        Kind::Audit,
         run_id,
+        step_id,
         &["step_id", "gateway_type", "outcome", "actor", "payload"],
         vec![
             step_id.into(),
@@ -74,16 +108,6 @@ fn record_audit(
             actor.into(),
             Jsonb::from(&payload).into(),
         ],
-        (|r| Event::AuditRecorded(r), step_id),
-    )?;
-    Ok(db::scoped_row::<
-        pgrx::composite_type!('static, "ledger.audit_events"),
-    >(
-        &scope,
-        "ledger.audit_events",
-        &id,
-        "AUDIT_NOT_FOUND",
-        "audit event",
     )?)
 }
 
@@ -100,28 +124,17 @@ fn record_response_event(
     let run_id = required_id("run_id", run_id)?;
     let event_type = required("event_type", event_type)?;
     let payload = redacted_object("payload", payload)?;
-    steps::check_owner(&scope, run_id, step_id)?;
-    let id = insert(
+    Ok(record(
         &scope,
-        "response_events",
-        "rev",
+        Kind::ResponseEvent,
         run_id,
+        step_id,
         &["step_id", "event_type", "payload"],
         vec![
             step_id.into(),
             event_type.into(),
             Jsonb::from(&payload).into(),
         ],
-        (|r| Event::ResponseEventRecorded(r), step_id),
-    )?;
-    Ok(db::scoped_row::<
-        pgrx::composite_type!('static, "ledger.response_events"),
-    >(
-        &scope,
-        "ledger.response_events",
-        &id,
-        "RESPONSE_EVENT_NOT_FOUND",
-        "response event",
     )?)
 }
 
@@ -139,24 +152,13 @@ fn record_citation(
         "citation",
         Some(citation.ok_or_else(|| LedgerError::required("citation"))?),
     )?;
-    steps::check_owner(&scope, run_id, step_id)?;
-    let id = insert(
+    Ok(record(
         &scope,
-        "citations",
-        "cit",
+        Kind::Citation,
         run_id,
+        step_id,
         &["step_id", "citation"],
         vec![step_id.into(), Jsonb::from(&citation).into()],
-        (|r| Event::CitationRecorded(r), step_id),
-    )?;
-    Ok(db::scoped_row::<
-        pgrx::composite_type!('static, "ledger.citations"),
-    >(
-        &scope,
-        "ledger.citations",
-        &id,
-        "CITATION_NOT_FOUND",
-        "citation",
     )?)
 }
 
@@ -176,12 +178,11 @@ fn record_feedback(
     let rating = rating.ok_or_else(|| LedgerError::required("rating"))?;
     let category = required("category", category)?;
     let metadata = redacted_object("metadata", metadata)?;
-    steps::check_owner(&scope, run_id, None)?;
-    let id = insert(
+    Ok(record(
         &scope,
-        "run_feedback",
-        "fbk",
+        Kind::Feedback,
         run_id,
+        None,
         &["rating", "category", "comment", "user_id", "metadata"],
         vec![
             rating.into(),
@@ -190,16 +191,6 @@ fn record_feedback(
             user_id.into(),
             Jsonb::from(&metadata).into(),
         ],
-        (|r| Event::FeedbackRecorded(r), None),
-    )?;
-    Ok(db::scoped_row::<
-        pgrx::composite_type!('static, "ledger.run_feedback"),
-    >(
-        &scope,
-        "ledger.run_feedback",
-        &id,
-        "FEEDBACK_NOT_FOUND",
-        "feedback",
     )?)
 }
 

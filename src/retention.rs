@@ -16,60 +16,43 @@ pub const MAX_BATCH: i32 = 100_000;
 /// task. Runs referenced by a newer attempt go once that attempt has gone (leaf first).
 fn candidates(scope: &Scope, older_than: &Interval, limit: i32) -> Result<Vec<String>> {
     db::write_one(
-        "SELECT coalesce(array_agg(id), '{}') FROM ( \
-           SELECT r.id FROM ledger.runs r \
-            WHERE r.tenant_id = $1 AND r.workspace_id = $2 \
-              AND r.status IN ('succeeded', 'failed', 'canceled', 'expired') \
-              AND r.ended_at < now() - $3 \
-              AND NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t \
-                               WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id \
-                                 AND t.run_id = r.id AND t.status NOT IN ('succeeded', 'failed', 'rejected')) \
-              AND NOT EXISTS (SELECT 1 FROM ledger.runs c \
-                               WHERE c.tenant_id = r.tenant_id AND c.workspace_id = r.workspace_id AND c.id <> r.id \
-                                 AND (c.parent_run_id = r.id OR c.source_run_id = r.id OR c.root_run_id = r.id)) \
-              AND NOT EXISTS (SELECT 1 FROM ledger.tasks k \
-                               WHERE k.tenant_id = r.tenant_id AND k.workspace_id = r.workspace_id AND k.run_id = r.id) \
-            ORDER BY r.ended_at, r.id LIMIT $4 FOR UPDATE OF r SKIP LOCKED) p",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), (*older_than).into(), limit.into()],
+        include_str!("../sql/queries/purgeable_runs.sql"),
+        &scope.args([(*older_than).into(), limit.into()]),
         |r| db::req::<Vec<String>>(r, 1),
     )
     .map(Option::unwrap_or_default)
 }
 
+/// The tables whose rows of a run go with it, in the order they are deleted (before the runs).
+const RUN_ROWS: [&str; 10] = [
+    "run_step_tool_calls",
+    "approval_requests",
+    "run_cost_entries",
+    "audit_events",
+    "response_events",
+    "citations",
+    "run_feedback",
+    "run_events",
+    "run_artifacts",
+    "run_steps",
+];
+
 /// Deletes the runs `ids` and every row that hangs off them, keeping tool-call tombstones.
 fn purge(scope: &Scope, ids: Vec<String>) -> Result<()> {
-    let statements = [
-        "INSERT INTO ledger.tool_call_tombstones (tenant_id, workspace_id, idempotency_key, tool_ref, request_hash, \
-             status, tool_call_record_id, tool_call_id, run_id, completed_at) \
-         SELECT tenant_id, workspace_id, idempotency_key, tool_ref, request_hash, status, id, tool_call_id, run_id, completed_at \
-           FROM ledger.run_step_tool_calls WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3) \
-         ON CONFLICT DO NOTHING",
-        "DELETE FROM ledger.run_step_tool_calls WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
-        "DELETE FROM ledger.approval_requests WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
-        "DELETE FROM ledger.run_cost_entries WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
-        "DELETE FROM ledger.audit_events WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
-        "DELETE FROM ledger.response_events WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
-        "DELETE FROM ledger.citations WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
-        "DELETE FROM ledger.run_feedback WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
-        "DELETE FROM ledger.run_events WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
-        "DELETE FROM ledger.run_artifacts WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
-        "DELETE FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
-        // Delivered facts go; undelivered ones stay for their consumers, detached from the run.
-        "DELETE FROM ledger.outbox WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3) AND status = 'done'",
-        "UPDATE ledger.outbox SET run_id = NULL WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)",
-        "DELETE FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
-    ];
-    for sql in statements {
-        db::execute(
-            sql,
-            &[
-                scope.tenant.as_str().into(),
-                scope.workspace.as_str().into(),
-                ids.clone().into(),
-            ],
-        )?;
+    let run = |sql: &str| db::execute(sql, &scope.args([ids.clone().into()]));
+    run(include_str!("../sql/queries/keep_tool_call_tombstones.sql"))?;
+    for table in RUN_ROWS {
+        run(&format!(
+            "DELETE FROM ledger.{table} \
+              WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)"
+        ))?;
     }
-    Ok(())
+    // Delivered facts go; undelivered ones stay for their consumers, detached from the run.
+    run("DELETE FROM ledger.outbox \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3) AND status = 'done'")?;
+    run("UPDATE ledger.outbox SET run_id = NULL \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = ANY($3)")?;
+    run("DELETE FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)")
 }
 
 /// Blobs no run input and no artifact refers to any more, swept under the exclusive blob lock.
@@ -79,12 +62,8 @@ fn sweep_blobs(scope: &Scope) -> Result<()> {
         &[blobs::gc_lock_key(scope).into()],
     )?;
     db::execute(
-        "DELETE FROM ledger.blobs b WHERE b.tenant_id = $1 AND b.workspace_id = $2 \
-            AND NOT EXISTS (SELECT 1 FROM ledger.runs r WHERE r.tenant_id = b.tenant_id \
-                              AND r.workspace_id = b.workspace_id AND r.inputs_sha256 = b.sha256) \
-            AND NOT EXISTS (SELECT 1 FROM ledger.run_artifacts a WHERE a.tenant_id = b.tenant_id \
-                              AND a.workspace_id = b.workspace_id AND a.storage_key = 'blob:sha256:' || b.sha256)",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into()],
+        include_str!("../sql/queries/sweep_unreferenced_blobs.sql"),
+        &scope.args([]),
     )
 }
 

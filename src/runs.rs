@@ -2,98 +2,23 @@
 
 use crate::blobs;
 use crate::db;
-use crate::error::{raise, Class, LedgerError, Result, SqlError};
+use crate::error::{Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required, required_id};
 use crate::model::events::{Event, RunCreated, RunStatus};
-use crate::model::status::{check_transition, conflict, Resource, Status};
+use crate::model::status::{check_transition, Resource, Status};
 use crate::model::{ids, text};
+use crate::rows;
 use crate::scope::{self, Scope};
+use crate::transition;
 use pgrx::prelude::*;
 
 /// Inputs whose JSON text is longer than this are kept in `ledger.blobs`.
 pub const INLINE_INPUT_BYTES: usize = 8192;
 
-/// The columns of a run the functions decide on.
-pub struct RunHead {
-    pub id: String,
-    pub mode: String,
-    pub subject_kind: String,
-    pub subject_id: Option<String>,
-    pub status: Status,
-    pub attempt_no: i32,
-    pub root_run_id: String,
-}
-
-#[derive(Clone, Copy)]
-pub enum Lookup {
-    Id,
-    RequestId,
-}
-
-/// Reads a run's head in scope; with `lock`, under `FOR NO KEY UPDATE` (the lock the event seq
-/// bump takes too). Functions that lock a step lock its run first, so locks are always taken
-/// run before step and two writers cannot deadlock.
-pub fn head(scope: &Scope, by: Lookup, key: &str, lock: bool) -> Result<Option<RunHead>> {
-    let query = match (by, lock) {
-        (Lookup::Id, false) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        (Lookup::Id, true) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR NO KEY UPDATE",
-        (Lookup::RequestId, _) => "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND request_id = $3",
-    };
-    let args = [
-        scope.tenant.as_str().into(),
-        scope.workspace.as_str().into(),
-        key.into(),
-    ];
-    let map = |r: &db::Row| {
-        Ok(RunHead {
-            id: db::req(r, 1)?,
-            mode: db::req(r, 2)?,
-            subject_kind: db::req(r, 3)?,
-            subject_id: db::opt(r, 4)?,
-            status: Status::parse(Resource::Run, &db::req::<String>(r, 5)?)?,
-            attempt_no: db::req(r, 6)?,
-            root_run_id: db::req(r, 7)?,
-        })
-    };
-    if lock {
-        db::write_one(query, &args, map)
-    } else {
-        db::select_one(query, &args, map)
-    }
-}
-
-impl RunHead {
-    /// Refuses to add `what` (steps, tool calls, ...) to a finished run (55000 `RUN_TERMINAL`).
-    pub fn ensure_live(&self, what: &str) -> Result<()> {
-        if !self.status.is_terminal() {
-            return Ok(());
-        }
-        Err(LedgerError::new(
-            Class::WrongState,
-            "RUN_TERMINAL",
-            format!(
-                "run {} is {}; it takes no new {what}",
-                self.id,
-                self.status.as_str()
-            ),
-        )
-        .with("run_id", self.id.as_str())
-        .with("status", self.status.as_str()))
-    }
-}
-
-/// A run that must exist in scope (P0002 `RUN_NOT_FOUND`, naming the argument).
-pub fn existing(scope: &Scope, argument: &str, run_id: &str, lock: bool) -> Result<RunHead> {
-    ids::validate(argument, run_id)?;
-    head(scope, Lookup::Id, run_id, lock)?.ok_or_else(|| {
-        LedgerError::not_found("RUN_NOT_FOUND", "run", run_id).with("argument", argument)
-    })
-}
-
 fn row(scope: &Scope, run_id: &str) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
-    db::scoped_row(scope, "ledger.runs", run_id, "RUN_NOT_FOUND", "run")
+    rows::scoped_row(scope, "ledger.runs", run_id, "RUN_NOT_FOUND", "run")
 }
 
 /// What a new run is made of.
@@ -153,11 +78,11 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         }
     }
     if let Some(parent) = new.parent_run_id {
-        existing(scope, "parent_run_id", parent, false)?;
+        rows::run(scope, "parent_run_id", parent)?;
     }
     let source = new
         .source_run_id
-        .map(|s| existing(scope, "source_run_id", s, false))
+        .map(|s| rows::run(scope, "source_run_id", s))
         .transpose()?;
     let attempt_no = new.attempt_no.unwrap_or(
         source
@@ -193,14 +118,8 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     };
 
     let inserted = db::write_one(
-        "INSERT INTO ledger.runs (tenant_id, workspace_id, id, mode, kind, subject_kind, subject_id, \
-             subject_version_id, user_id, trace_id, request_id, parent_run_id, source_run_id, \
-             root_run_id, attempt_no, input_summary, inputs, inputs_sha256, inputs_size_bytes, control_action) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
-         ON CONFLICT DO NOTHING RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        include_str!("../sql/queries/insert_run.sql"),
+        &scope.args([
             id.as_str().into(),
             mode.into(),
             kind.into(),
@@ -219,19 +138,19 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
             inputs_sha256.into(),
             inputs_size.into(),
             new.control_action.into(),
-        ],
+        ]),
         |r| db::req::<String>(r, 1),
     )?;
 
     if inserted.is_none() {
         // A run with this request_id (or this run_id) exists: the same request returns it.
         let found = match request_id {
-            Some(key) => head(scope, Lookup::RequestId, key, false)?,
+            Some(key) => rows::run_by_request_id(scope, key)?,
             None => None,
         };
         let found = match found {
             Some(f) => f,
-            None => head(scope, Lookup::Id, &id, false)?
+            None => rows::find_run(scope, &id)?
                 .ok_or_else(|| LedgerError::internal("insert conflicted but no run was found"))?,
         };
         if found.mode != mode
@@ -323,7 +242,7 @@ fn rerun(
 ) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    let source = existing(&scope, "run_id", run_id, false)?;
+    let source = rows::run(&scope, "run_id", run_id)?;
     if !allowed(source.status) {
         return Err(LedgerError::new(
             Class::WrongState,
@@ -342,22 +261,23 @@ fn rerun(
         .with("status", source.status.as_str())
         .with("control_action", action));
     }
-    let (kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary) = db::select_one(
-        "SELECT kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary FROM ledger.runs \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), run_id.into()],
-        |r| {
-            Ok((
-                db::req::<String>(r, 1)?,
-                db::opt::<String>(r, 2)?,
-                db::opt::<String>(r, 3)?,
-                db::opt::<String>(r, 4)?,
-                db::opt::<String>(r, 5)?,
-                db::opt::<String>(r, 6)?,
-            ))
-        },
-    )?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
+    let (kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary) =
+        db::select_one(
+            "SELECT kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary \
+           FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+            &scope.args([run_id.into()]),
+            |r| {
+                Ok((
+                    db::req::<String>(r, 1)?,
+                    db::opt::<String>(r, 2)?,
+                    db::opt::<String>(r, 3)?,
+                    db::opt::<String>(r, 4)?,
+                    db::opt::<String>(r, 5)?,
+                    db::opt::<String>(r, 6)?,
+                ))
+            },
+        )?
+        .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
     let overridden = inputs.is_some();
     let inputs = match inputs {
         Some(i) => Some(i),
@@ -411,6 +331,18 @@ fn replay_run(
     Ok(rerun(run_id, inputs, "replay", Status::is_terminal)?)
 }
 
+/// What a run's transition writes: its summary and error.
+const TRANSITION: transition::Columns = transition::Columns {
+    resource: Resource::Run,
+    table: "ledger.runs",
+    set: "output_summary = coalesce($5, output_summary), \
+          error_code = coalesce($6, error_code), \
+          error_message = coalesce($7, error_message), \
+          error_step_id = coalesce($8, error_step_id)",
+    restart: None,
+    duration_from: Some("queued_at"),
+};
+
 /// Moves a run to `to_status` under the status machine (`model::status`).
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
@@ -430,7 +362,7 @@ fn transition_run(
     let expected = expected_status
         .map(|s| Status::parse(Resource::Run, s))
         .transpose()?;
-    let current = existing(&scope, "run_id", run_id, true)?;
+    let current = rows::lock_run(&scope, "run_id", run_id)?;
 
     let from = check_transition(Resource::Run, run_id, current.status, expected, to)?;
     let Some(from) = from else {
@@ -439,7 +371,7 @@ fn transition_run(
     };
     if let Some(step) = error_step_id {
         ids::validate("error_step_id", step)?;
-        crate::steps::existing_in_run(&scope, step, run_id)?;
+        rows::step_of_run(&scope, step, run_id)?;
     }
     let output_summary = output_summary.map(text::summary);
     let mut error_message = error_message.map(text::summary);
@@ -456,36 +388,19 @@ fn transition_run(
         error_step_id,
     };
     feed::append(&scope, run_id, None, &Event::RunStatus(change.clone()))?;
-    let updated = db::write_one(
-        "UPDATE ledger.runs SET status = $4, updated_at = now(), \
-             output_summary = coalesce($5, output_summary), \
-             error_code = coalesce($6, error_code), \
-             error_message = coalesce($7, error_message), \
-             error_step_id = coalesce($8, error_step_id), \
-             started_at = CASE WHEN $9 THEN coalesce(started_at, now()) ELSE started_at END, \
-             ended_at = CASE WHEN $10 THEN now() END, \
-             duration_ms = CASE WHEN $10 THEN \
-                 (extract(epoch FROM now() - coalesce(started_at, queued_at)) * 1000)::bigint END \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $11 \
-          RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            run_id.into(),
-            to.as_str().into(),
+    transition::write(
+        &scope,
+        &TRANSITION,
+        run_id,
+        from,
+        to,
+        vec![
             output_summary.into(),
             error_code.into(),
             error_message.into(),
             error_step_id.into(),
-            to.is_started().into(),
-            to.is_terminal().into(),
-            from.as_str().into(),
         ],
-        |r| db::req::<String>(r, 1),
     )?;
-    if updated.is_none() {
-        raise(conflict(Resource::Run, run_id, from, to));
-    }
     if to.is_terminal() {
         feed::enqueue(
             &scope,
@@ -511,8 +426,9 @@ fn run_inputs(run_id: Option<&str>) -> std::result::Result<Option<Jsonb>, SqlErr
 /// A run's exact inputs, from the row or, verified, from the blob store.
 pub fn load_inputs(scope: &Scope, run_id: &str) -> Result<Option<Jsonb>> {
     let (inline, sha) = db::select_one(
-        "SELECT inputs, inputs_sha256 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), run_id.into()],
+        "SELECT inputs, inputs_sha256 FROM ledger.runs \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &scope.args([run_id.into()]),
         |r| Ok((db::opt::<Jsonb>(r, 1)?, db::opt::<String>(r, 2)?)),
     )?
     .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;

@@ -5,12 +5,26 @@ use crate::error::{LedgerError, Result, SqlError};
 use crate::guc;
 use crate::model::args::required_id;
 use crate::model::ids;
+use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 
 #[derive(Clone, Debug)]
 pub struct Scope {
     pub tenant: String,
     pub workspace: String,
+}
+
+impl Scope {
+    /// The arguments of a statement over the scope's rows: `$1` the tenant, `$2` the workspace,
+    /// then `rest` from `$3` on.
+    pub fn args<'a>(
+        &'a self,
+        rest: impl IntoIterator<Item = DatumWithOid<'a>>,
+    ) -> Vec<DatumWithOid<'a>> {
+        let mut args = vec![self.tenant.as_str().into(), self.workspace.as_str().into()];
+        args.extend(rest);
+        args
+    }
 }
 
 /// The current scope, or 42501 `SCOPE_MISSING`.

@@ -6,39 +6,19 @@ use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required, required_id};
 use crate::model::events::{Event, StepCreated, StepStatus};
-use crate::model::status::{check_transition, conflict, Resource, Status};
+use crate::model::status::{check_transition, Resource, Status};
 use crate::model::{ids, text};
-use crate::runs;
+use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
+use crate::transition;
 use pgrx::prelude::*;
 
-/// Locks the run a record is written for, and checks the step it names, if any, belongs to it.
-pub fn check_owner(scope: &Scope, run_id: &str, step_id: Option<&str>) -> Result<runs::RunHead> {
-    let run = runs::existing(scope, "run_id", run_id, true)?;
-    if let Some(step) = step_id {
-        ids::validate("step_id", step)?;
-        existing_in_run(scope, step, run_id)?;
-    }
-    Ok(run)
-}
-
-/// Checks that `step_id` is a step of `run_id` in scope (P0002 `STEP_NOT_FOUND`).
-pub fn existing_in_run(scope: &Scope, step_id: &str, run_id: &str) -> Result<()> {
-    db::select_one(
-        "SELECT 1 FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), step_id.into(), run_id.into()],
-        |_| Ok(()),
-    )?
-    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id).with("run_id", run_id))
-}
-
 fn row(scope: &Scope, step_id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_steps")> {
-    db::scoped_row(scope, "ledger.run_steps", step_id, "STEP_NOT_FOUND", "step")
+    rows::scoped_row(scope, "ledger.run_steps", step_id, "STEP_NOT_FOUND", "step")
 }
 
 /// What a new step is made of.
 pub struct NewStep<'a> {
-    pub run_id: &'a str,
     pub step_type: &'a str,
     pub step_key: Option<&'a str>,
     pub node_id: Option<&'a str>,
@@ -47,20 +27,16 @@ pub struct NewStep<'a> {
     pub step_id: Option<&'a str>,
 }
 
-/// Creates a step (or returns the existing one for a repeated caller `step_id`); returns its id.
-pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
-    let run = runs::existing(scope, "run_id", new.run_id, true)?;
+/// Creates a step of the locked run (or returns the existing one for a repeated caller
+/// `step_id`); returns its id.
+pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
     run.ensure_live("steps")?;
     let id = match new.step_id {
         Some(id) => {
             // A caller-supplied id is a key: the same step again returns it (checked under the
             // run's lock, before a seq is spent).
-            if let Some((other_run, other_type)) = db::select_one(
-                "SELECT run_id, step_type FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into()],
-                |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
-            )? {
-                if other_run != new.run_id || other_type != new.step_type {
+            if let Some(other) = rows::find_step(scope, id)? {
+                if other.run_id != run.id || other.step_type != new.step_type {
                     return Err(LedgerError::new(
                         Class::Duplicate,
                         "IDEMPOTENCY_MISMATCH",
@@ -74,17 +50,12 @@ pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
         }
         None => ids::new_id("step"),
     };
-    let seq = feed::next_seq(scope, new.run_id)?;
+    let seq = feed::next_seq(scope, run)?;
     db::execute(
-        "INSERT INTO ledger.run_steps (tenant_id, workspace_id, id, run_id, step_key, step_type, node_id, \
-             status, input_summary, step_no, started_at, ended_at, duration_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-                 CASE WHEN $11 OR $12 THEN now() END, CASE WHEN $12 THEN now() END, CASE WHEN $12 THEN 0 END)",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        include_str!("../sql/queries/insert_step.sql"),
+        &scope.args([
             id.as_str().into(),
-            new.run_id.into(),
+            run.id.as_str().into(),
             new.step_key.into(),
             new.step_type.into(),
             new.node_id.into(),
@@ -93,7 +64,7 @@ pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
             seq.into(),
             new.status.is_started().into(),
             new.status.is_terminal().into(),
-        ],
+        ]),
     )?;
     let created = Event::StepCreated(StepCreated {
         step_id: &id,
@@ -102,7 +73,7 @@ pub fn create(scope: &Scope, new: &NewStep) -> Result<String> {
         node_id: new.node_id,
         status: new.status.as_str(),
     });
-    feed::insert(scope, new.run_id, seq, Some(&id), &created)?;
+    feed::insert(scope, &run.id, seq, Some(&id), &created)?;
     Ok(id)
 }
 
@@ -119,8 +90,8 @@ fn create_step(
     step_id: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), SqlError> {
     let scope = scope::current()?;
+    let run_id = required_id("run_id", run_id)?;
     let new = NewStep {
-        run_id: required_id("run_id", run_id)?,
         step_type: required("step_type", step_type)?,
         step_key,
         node_id,
@@ -128,7 +99,8 @@ fn create_step(
         status: Status::parse(Resource::Step, required("status", status)?)?,
         step_id: optional_id("step_id", step_id)?,
     };
-    let id = create(&scope, &new)?;
+    let run = rows::lock_run(&scope, "run_id", run_id)?;
+    let id = create(&scope, &run, &new)?;
     Ok(row(&scope, &id)?)
 }
 
@@ -150,82 +122,60 @@ pub fn transition(
     expected: Option<Status>,
     change: StepChange,
 ) -> Result<bool> {
-    let Some((run_id, current)) = lock(scope, step_id)? else {
+    let Some((run, step)) = rows::lock_step_by_id(scope, step_id)? else {
         return Err(LedgerError::not_found("STEP_NOT_FOUND", "step", step_id));
     };
-    let Some(from) = check_transition(Resource::Step, step_id, current, expected, to)? else {
+    let Some(from) = check_transition(Resource::Step, step_id, step.status, expected, to)? else {
         return Ok(false);
     };
-    write_transition(scope, &run_id, step_id, from, to, change)?;
+    write_transition(scope, &run, step_id, from, to, change)?;
     Ok(true)
 }
 
 /// Moves a tool's step along with its tool call, where the status table allows it: directly, or
 /// through one intermediate status (`running` out of `paused`, `retrying` out of a terminal
-/// status). Otherwise the step stays where it is. The caller holds the lock of the step's run
-/// (`run_id`), so only the step is locked here.
+/// status). Otherwise the step stays where it is. The caller holds the lock of the step's run,
+/// so only the step is locked here.
 pub fn follow(
     scope: &Scope,
-    run_id: &str,
+    run: &LockedRun,
     step_id: &str,
     to: Status,
     change: StepChange,
 ) -> Result<()> {
-    let current = locked_status(scope, run_id, step_id)?;
+    let current = rows::lock_step(scope, run, step_id)?.status;
     if current == to {
         return Ok(());
     }
     if Resource::Step.allows(current, to) {
-        return write_transition(scope, run_id, step_id, current, to, change);
+        return write_transition(scope, run, step_id, current, to, change);
     }
     for via in [Status::Running, Status::Retrying] {
         if Resource::Step.allows(current, via) && Resource::Step.allows(via, to) {
-            write_transition(scope, run_id, step_id, current, via, StepChange::default())?;
-            return write_transition(scope, run_id, step_id, via, to, change);
+            write_transition(scope, run, step_id, current, via, StepChange::default())?;
+            return write_transition(scope, run, step_id, via, to, change);
         }
     }
     Ok(())
 }
 
-/// Locks the step's run, then the step (the lock order every function keeps); returns the run id
-/// and the step's status, or None when the step is not in scope.
-fn lock(scope: &Scope, step_id: &str) -> Result<Option<(String, Status)>> {
-    let Some(run_id) = db::select_one(
-        "SELECT run_id FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            step_id.into(),
-        ],
-        |r| db::req::<String>(r, 1),
-    )?
-    else {
-        return Ok(None);
-    };
-    runs::existing(scope, "run_id", &run_id, true)?;
-    let current = locked_status(scope, &run_id, step_id)?;
-    Ok(Some((run_id, current)))
-}
+/// What a step's transition writes: its summary, metrics (merged by top-level key) and error.
+const TRANSITION: transition::Columns = transition::Columns {
+    resource: Resource::Step,
+    table: "ledger.run_steps",
+    set: "output_summary = coalesce($5, output_summary), \
+          metrics = metrics || coalesce($6, '{}'::jsonb), \
+          error_code = coalesce($7, error_code), \
+          error_message = coalesce($8, error_message), \
+          error_details = coalesce($9, error_details)",
+    restart: None,
+    duration_from: Some("created_at"),
+};
 
-/// Locks the step (its run's lock already held) and reads its status.
-fn locked_status(scope: &Scope, run_id: &str, step_id: &str) -> Result<Status> {
-    db::write_one(
-        "SELECT status FROM ledger.run_steps \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4 FOR UPDATE",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            step_id.into(),
-            run_id.into(),
-        ],
-        |r| Status::parse(Resource::Step, &db::req::<String>(r, 1)?),
-    )?
-    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))
-}
-
+/// The conditional update of a locked step from `from` to `to`, and its `step.status` event.
 fn write_transition(
     scope: &Scope,
-    run_id: &str,
+    run: &LockedRun,
     step_id: &str,
     from: Status,
     to: Status,
@@ -237,40 +187,21 @@ fn write_transition(
         to: to.as_str(),
         error_code: change.error_code,
     });
-    feed::append(scope, run_id, Some(step_id), &status)?;
-    let updated = db::write_one(
-        "UPDATE ledger.run_steps SET status = $4, updated_at = now(), \
-             output_summary = coalesce($5, output_summary), \
-             metrics = metrics || coalesce($6, '{}'::jsonb), \
-             error_code = coalesce($7, error_code), \
-             error_message = coalesce($8, error_message), \
-             error_details = coalesce($9, error_details), \
-             started_at = CASE WHEN $10 THEN coalesce(started_at, now()) ELSE started_at END, \
-             ended_at = CASE WHEN $11 THEN now() END, \
-             duration_ms = CASE WHEN $11 THEN \
-                 (extract(epoch FROM now() - coalesce(started_at, created_at)) * 1000)::bigint END \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $12 \
-          RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            step_id.into(),
-            to.as_str().into(),
+    feed::append(scope, &run.id, Some(step_id), &status)?;
+    transition::write(
+        scope,
+        &TRANSITION,
+        step_id,
+        from,
+        to,
+        vec![
             change.output_summary.map(text::summary).into(),
             change.metrics.into(),
             change.error_code.into(),
             change.error_message.map(text::summary).into(),
             change.error_details.into(),
-            to.is_started().into(),
-            to.is_terminal().into(),
-            from.as_str().into(),
         ],
-        |r| db::req::<String>(r, 1),
-    )?;
-    if updated.is_none() {
-        return Err(conflict(Resource::Step, step_id, from, to));
-    }
-    Ok(())
+    )
 }
 
 /// Moves a step to `to_status` under the status machine; `metrics` are merged (top-level keys).

@@ -1,7 +1,6 @@
-//! Tasks: the run status machine enforced by conditional updates under the task's row lock
-//! (SOIT's task writes were an unlocked read-modify-write, so a concurrent cancel and complete
-//! could both "win"), gapless checkpoints, an append-only event history, and re-execution by retry
-//! or replay.
+//! Tasks: the run status machine enforced by conditional updates under the task's row lock (with
+//! an unlocked read-modify-write, a concurrent cancel and complete could both "win"), gapless
+//! checkpoints, an append-only event history, and re-execution by retry or replay.
 
 use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
@@ -11,81 +10,17 @@ use crate::model::args::{optional_id, required, required_id};
 use crate::model::events::{
     task_event_reserved, Event, TaskCheckpoint, TaskCreated, TaskRetried, TaskSnapshot, TaskStatus,
 };
-use crate::model::status::{check_transition, conflict, Resource, Status};
+use crate::model::status::{check_transition, Resource, Status};
 use crate::model::{ids, json, text};
 use crate::redaction::redacted_object;
-use crate::runs;
+use crate::rows;
 use crate::scope::{self, Scope};
+use crate::transition;
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
-/// The columns of a task the functions decide on.
-struct TaskHead {
-    id: String,
-    task_type: String,
-    run_id: Option<String>,
-    status: Status,
-    attempt_count: i32,
-    retried_as_task_id: Option<String>,
-}
-
-/// Reads a task in scope (P0002 `TASK_NOT_FOUND`). With `lock`, under `FOR NO KEY UPDATE`, the
-/// lock its own UPDATEs take: it serialises writers without blocking the foreign-key checks of
-/// event inserts.
-fn head(scope: &Scope, task_id: &str, lock: bool) -> Result<TaskHead> {
-    ids::validate("task_id", task_id)?;
-    let query = if lock {
-        "SELECT id, task_type, run_id, status, attempt_count, retried_as_task_id FROM ledger.tasks \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR NO KEY UPDATE"
-    } else {
-        "SELECT id, task_type, run_id, status, attempt_count, retried_as_task_id FROM ledger.tasks \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3"
-    };
-    let args = [
-        scope.tenant.as_str().into(),
-        scope.workspace.as_str().into(),
-        task_id.into(),
-    ];
-    let map = |r: &db::Row| {
-        Ok(TaskHead {
-            id: db::req(r, 1)?,
-            task_type: db::req(r, 2)?,
-            run_id: db::opt(r, 3)?,
-            status: Status::parse(Resource::Task, &db::req::<String>(r, 4)?)?,
-            attempt_count: db::req(r, 5)?,
-            retried_as_task_id: db::opt(r, 6)?,
-        })
-    };
-    let found = if lock {
-        db::write_one(query, &args, map)?
-    } else {
-        db::select_one(query, &args, map)?
-    };
-    found.ok_or_else(|| LedgerError::not_found("TASK_NOT_FOUND", "task", task_id))
-}
-
-impl TaskHead {
-    /// Refuses to change a finished task's row outside a transition (55000 `TASK_TERMINAL`).
-    fn ensure_live(&self, what: &str) -> Result<()> {
-        if !self.status.is_terminal() {
-            return Ok(());
-        }
-        Err(LedgerError::new(
-            Class::WrongState,
-            "TASK_TERMINAL",
-            format!(
-                "task {} is {}; it takes no new {what}",
-                self.id,
-                self.status.as_str()
-            ),
-        )
-        .with("task_id", self.id.as_str())
-        .with("status", self.status.as_str()))
-    }
-}
-
 fn row(scope: &Scope, task_id: &str) -> Result<pgrx::composite_type!('static, "ledger.tasks")> {
-    db::scoped_row(scope, "ledger.tasks", task_id, "TASK_NOT_FOUND", "task")
+    rows::scoped_row(scope, "ledger.tasks", task_id, "TASK_NOT_FOUND", "task")
 }
 
 /// Appends to the task's history (not the run feed: a task may have no run).
@@ -96,16 +31,15 @@ fn event_row(
     payload: &Value,
 ) -> Result<pgrx::composite_type!('static, "ledger.task_events")> {
     db::write_one(
-        "INSERT INTO ledger.task_events AS e (tenant_id, workspace_id, id, task_id, event_type, payload) \
+        "INSERT INTO ledger.task_events AS e \
+                (tenant_id, workspace_id, id, task_id, event_type, payload) \
          VALUES ($1, $2, $3, $4, $5, $6) RETURNING e",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             ids::new_id("tevt").into(),
             task_id.into(),
             event_type.into(),
             Jsonb::from(payload).into(),
-        ],
+        ]),
         |r| db::req(r, 1),
     )?
     .ok_or_else(|| LedgerError::internal("task event insert returned no row"))
@@ -142,23 +76,21 @@ fn create_task(
         None => ids::new_id("task"),
     };
     if let Some(run) = run_id {
-        runs::existing(&scope, "run_id", run, false)?;
+        rows::run(&scope, "run_id", run)?;
     }
     let inserted = db::write_one(
         "INSERT INTO ledger.tasks (tenant_id, workspace_id, id, run_id, task_type, input) \
          VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             id.as_str().into(),
             run_id.into(),
             task_type.into(),
             Jsonb::from(&input).into(),
-        ],
+        ]),
         |r| db::req::<String>(r, 1),
     )?;
     if inserted.is_none() {
-        let found = head(&scope, &id, false)?;
+        let found = rows::task(&scope, &id)?;
         if found.task_type != task_type || found.run_id.as_deref() != run_id {
             raise(
                 LedgerError::new(
@@ -196,6 +128,22 @@ struct TaskChange<'a> {
     new_attempt: bool,
 }
 
+/// What a task's transition writes: progress (merged by top-level key), output, error, the
+/// replacement's id, and with `$10` a new attempt, which starts everything over.
+const TRANSITION: transition::Columns = transition::Columns {
+    resource: Resource::Task,
+    table: "ledger.tasks",
+    set:
+        "progress = CASE WHEN $10 THEN '{}'::jsonb ELSE progress END || coalesce($5, '{}'::jsonb), \
+          output = CASE WHEN $10 THEN NULL ELSE coalesce($6, output) END, \
+          error_code = CASE WHEN $10 THEN NULL ELSE coalesce($7, error_code) END, \
+          error_message = CASE WHEN $10 THEN NULL ELSE coalesce($8, error_message) END, \
+          retried_as_task_id = coalesce($9, retried_as_task_id), \
+          attempt_count = attempt_count + CASE WHEN $10 THEN 1 ELSE 0 END",
+    restart: Some("$10"),
+    duration_from: None,
+};
+
 /// The conditional update of a locked task from `from` to `to`, and its `task.status` event.
 fn write_transition(
     scope: &Scope,
@@ -204,39 +152,21 @@ fn write_transition(
     to: Status,
     change: TaskChange,
 ) -> Result<()> {
-    let updated = db::write_one(
-        "UPDATE ledger.tasks SET status = $4, updated_at = now(), \
-             progress = CASE WHEN $10 THEN '{}'::jsonb ELSE progress END || coalesce($5, '{}'::jsonb), \
-             output = CASE WHEN $10 THEN NULL ELSE coalesce($6, output) END, \
-             error_code = CASE WHEN $10 THEN NULL ELSE coalesce($7, error_code) END, \
-             error_message = CASE WHEN $10 THEN NULL ELSE coalesce($8, error_message) END, \
-             retried_as_task_id = coalesce($9, retried_as_task_id), \
-             attempt_count = attempt_count + CASE WHEN $10 THEN 1 ELSE 0 END, \
-             started_at = CASE WHEN $10 THEN NULL \
-                               WHEN $11 THEN coalesce(started_at, now()) ELSE started_at END, \
-             ended_at = CASE WHEN $12 THEN now() END \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND status = $13 \
-          RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            task_id.into(),
-            to.as_str().into(),
+    transition::write(
+        scope,
+        &TRANSITION,
+        task_id,
+        from,
+        to,
+        vec![
             change.progress.as_ref().map(Jsonb::from).into(),
             change.output.as_ref().map(Jsonb::from).into(),
             change.error_code.into(),
             change.error_message.into(),
             change.retried_as_task_id.into(),
             change.new_attempt.into(),
-            to.is_started().into(),
-            to.is_terminal().into(),
-            from.as_str().into(),
         ],
-        |r| db::req::<String>(r, 1),
     )?;
-    if updated.is_none() {
-        return Err(conflict(Resource::Task, task_id, from, to));
-    }
     let status = Event::TaskStatus(TaskStatus {
         task_id,
         from: from.as_str(),
@@ -269,7 +199,7 @@ fn transition_task(
         .transpose()?;
     let progress = optional_object("progress", progress)?;
     let output = optional_object("output", output)?;
-    let current = head(&scope, task_id, true)?;
+    let current = rows::lock_task(&scope, task_id)?;
     // None: already there, idempotent, nothing is rewritten.
     if let Some(from) = check_transition(Resource::Task, task_id, current.status, expected, to)? {
         let change = TaskChange {
@@ -297,31 +227,26 @@ fn add_task_checkpoint(
         "payload",
         Some(payload.ok_or_else(|| LedgerError::required("payload"))?),
     )?;
-    head(&scope, task_id, true)?.ensure_live("checkpoints")?;
+    rows::lock_task(&scope, task_id)?.ensure_live("checkpoints")?;
     // Allocated under the row lock taken above: a number is never skipped or reused.
     let checkpoint_no = db::write_one(
         "UPDATE ledger.tasks SET last_checkpoint_no = last_checkpoint_no + 1, updated_at = now() \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING last_checkpoint_no",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            task_id.into(),
-        ],
+        &scope.args([task_id.into()]),
         |r| db::req::<i64>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("TASK_NOT_FOUND", "task", task_id))?;
     let id = ids::new_id("tckp");
     let checkpoint = db::write_one(
-        "INSERT INTO ledger.task_checkpoints AS c (tenant_id, workspace_id, id, task_id, checkpoint_no, payload) \
+        "INSERT INTO ledger.task_checkpoints AS c \
+                (tenant_id, workspace_id, id, task_id, checkpoint_no, payload) \
          VALUES ($1, $2, $3, $4, $5, $6) RETURNING c",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        &scope.args([
             id.as_str().into(),
             task_id.into(),
             checkpoint_no.into(),
             Jsonb::from(&payload).into(),
-        ],
+        ]),
         |r| db::req(r, 1),
     )?
     .ok_or_else(|| LedgerError::internal("task checkpoint insert returned no row"))?;
@@ -355,7 +280,7 @@ fn record_task_event(
         );
     }
     let payload = redacted_object("payload", payload)?;
-    head(&scope, task_id, false)?;
+    rows::task(&scope, task_id)?;
     Ok(event_row(&scope, task_id, event_type, &payload)?)
 }
 
@@ -372,16 +297,11 @@ fn set_task_snapshot(
         "snapshot",
         Some(snapshot.ok_or_else(|| LedgerError::required("snapshot"))?),
     )?;
-    head(&scope, task_id, true)?.ensure_live("snapshots")?;
+    rows::lock_task(&scope, task_id)?.ensure_live("snapshots")?;
     db::execute(
         "UPDATE ledger.tasks SET snapshot = $4, updated_at = now() \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            task_id.into(),
-            Jsonb::from(&snapshot).into(),
-        ],
+        &scope.args([task_id.into(), Jsonb::from(&snapshot).into()]),
     )?;
     let keys = snapshot
         .as_object()
@@ -405,7 +325,7 @@ fn retry_task(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), SqlError> {
     let scope = scope::current()?;
     let task_id = required_id("task_id", task_id)?;
-    let task = head(&scope, task_id, true)?;
+    let task = rows::lock_task(&scope, task_id)?;
     Resource::Task.check(task.status, Status::Retrying)?;
     // Its work already continues in the replacement; running both would execute it twice.
     if let Some(replacement) = &task.retried_as_task_id {
@@ -473,7 +393,7 @@ fn replay_task(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), SqlError> {
     let scope = scope::current()?;
     let task_id = required_id("task_id", task_id)?;
-    let old = head(&scope, task_id, true)?;
+    let old = rows::lock_task(&scope, task_id)?;
     if let Some(replacement) = &old.retried_as_task_id {
         return Ok(row(&scope, replacement)?);
     }
@@ -486,11 +406,7 @@ fn replay_task(
     Resource::Task.check(old.status, first)?;
     let snapshot = db::select_one(
         "SELECT snapshot FROM ledger.tasks WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            task_id.into(),
-        ],
+        &scope.args([task_id.into()]),
         |r| db::opt::<Jsonb>(r, 1),
     )?
     .flatten()
@@ -506,16 +422,12 @@ fn replay_task(
 
     let new_id = ids::new_id("task");
     db::execute(
-        "INSERT INTO ledger.tasks (tenant_id, workspace_id, id, task_type, input, snapshot, replayed_from_task_id) \
-         SELECT tenant_id, workspace_id, $4, task_type, input, $5, id FROM ledger.tasks \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        include_str!("../sql/queries/insert_replayed_task.sql"),
+        &scope.args([
             task_id.into(),
             new_id.as_str().into(),
             Jsonb::from(&snapshot).into(),
-        ],
+        ]),
     )?;
     let created = Event::TaskCreated(TaskCreated {
         task_id: &new_id,

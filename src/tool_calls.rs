@@ -1,5 +1,5 @@
-//! Tool calls (replay #3: the same key twice returns the recorded result): claim, lease, fencing, in-doubt, idempotent replay and
-//! approvals. Outcomes are returned as data, never raised, because state written before an
+//! Tool calls (replay #3: the same key twice returns the recorded result): claim, lease,
+//! fencing, in-doubt, idempotent replay and approvals. Outcomes are returned as data, never raised, because state written before an
 //! ERROR would roll back (an in-doubt marking must stick).
 //!
 //! Lock order, as everywhere: the run first, then the record, then its step.
@@ -22,7 +22,7 @@ use crate::model::tool_call::{
 };
 use crate::model::{ids, json, redact, text};
 use crate::redaction::redacted_object;
-use crate::runs;
+use crate::rows::{self, By, LockedRun, ToolCall};
 use crate::scope::{self, Scope};
 use crate::steps::{self, NewStep, StepChange};
 use pgrx::prelude::*;
@@ -31,26 +31,8 @@ use serde_json::{json, Value};
 /// Results whose canonical JSON is longer than this are stored as an artifact.
 pub const INLINE_RESULT_BYTES: usize = 8192;
 
-/// A tool-call record as the functions decide on it.
-struct Record {
-    id: String,
-    run_id: String,
-    step_id: String,
-    tool_call_id: String,
-    tool_ref: String,
-    idempotency_key: String,
-    request_hash: String,
-    status: CallStatus,
-    attempt: i64,
-    lease_seconds: i32,
-    lease_live: bool,
-    outbound_started: bool,
-    result_artifact_id: Option<String>,
-    result_sha256: Option<String>,
-    approval: Option<ApprovalStatus>,
-}
-
-impl Record {
+/// What every event and decision about a call reads of its record.
+impl ToolCall {
     fn existing(&self) -> Existing<'_> {
         Existing {
             status: self.status,
@@ -75,77 +57,6 @@ impl Record {
     }
 }
 
-#[derive(Clone, Copy)]
-enum By<'a> {
-    Id(&'a str),
-    Key(&'a str),
-    RunCall(&'a str, &'a str),
-}
-
-fn load(scope: &Scope, by: By, lock: bool) -> Result<Option<Record>> {
-    const SELECT: &str = "SELECT t.id, t.run_id, t.step_id, t.tool_call_id, t.tool_ref, t.idempotency_key, \
-            t.request_hash, t.status, t.attempt, t.lease_seconds, \
-            coalesce(t.lease_expires_at > clock_timestamp(), false), t.outbound_started_at IS NOT NULL, \
-            t.result_artifact_id, t.result_sha256, a.status \
-       FROM ledger.run_step_tool_calls t \
-       LEFT JOIN ledger.approval_requests a \
-         ON a.tenant_id = t.tenant_id AND a.workspace_id = t.workspace_id AND a.id = t.approval_id \
-      WHERE t.tenant_id = $1 AND t.workspace_id = $2";
-    let (filter, key, second) = match by {
-        By::Id(id) => ("t.id = $3", id, None),
-        By::Key(k) => ("t.idempotency_key = $3", k, None),
-        By::RunCall(run, call) => ("t.run_id = $3 AND t.tool_call_id = $4", run, Some(call)),
-    };
-    let query = format!(
-        "{SELECT} AND {filter}{}",
-        if lock { " FOR UPDATE OF t" } else { "" }
-    );
-    let mut args = vec![
-        scope.tenant.as_str().into(),
-        scope.workspace.as_str().into(),
-        key.into(),
-    ];
-    if let Some(call) = second {
-        args.push(call.into());
-    }
-    let map = |r: &db::Row| {
-        Ok(Record {
-            id: db::req(r, 1)?,
-            run_id: db::req(r, 2)?,
-            step_id: db::req(r, 3)?,
-            tool_call_id: db::req(r, 4)?,
-            tool_ref: db::req(r, 5)?,
-            idempotency_key: db::req(r, 6)?,
-            request_hash: db::req(r, 7)?,
-            status: CallStatus::parse(&db::req::<String>(r, 8)?)?,
-            attempt: db::req(r, 9)?,
-            lease_seconds: db::req(r, 10)?,
-            lease_live: db::req(r, 11)?,
-            outbound_started: db::req(r, 12)?,
-            result_artifact_id: db::opt(r, 13)?,
-            result_sha256: db::opt(r, 14)?,
-            approval: db::opt::<String>(r, 15)?
-                .as_deref()
-                .and_then(ApprovalStatus::parse),
-        })
-    };
-    if lock {
-        db::write_one(&query, &args, map)
-    } else {
-        db::select_one(&query, &args, map)
-    }
-}
-
-/// The record `id`, locked after its run (P0002 `TOOL_CALL_NOT_FOUND`).
-fn locked(scope: &Scope, id: &str) -> Result<Record> {
-    let not_found = || LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", id);
-    let run_id = load(scope, By::Id(id), false)?
-        .ok_or_else(not_found)?
-        .run_id;
-    runs::existing(scope, "run_id", &run_id, true)?;
-    load(scope, By::Id(id), true)?.ok_or_else(not_found)
-}
-
 /// `{"outcome", "tool_call", "approval", "response"}`: what every tool-call function returns.
 fn outcome(
     scope: &Scope,
@@ -154,19 +65,8 @@ fn outcome(
     response: Option<Jsonb>,
 ) -> Result<Jsonb> {
     db::select_one(
-        "SELECT jsonb_build_object('outcome', $4::text, \
-                'tool_call', to_jsonb(t) - 'tenant_id' - 'workspace_id' - 'result', \
-                'approval', (SELECT to_jsonb(a) - 'tenant_id' - 'workspace_id' FROM ledger.approval_requests a \
-                              WHERE a.tenant_id = t.tenant_id AND a.workspace_id = t.workspace_id AND a.id = t.approval_id), \
-                'response', $5::jsonb) \
-           FROM ledger.run_step_tool_calls t WHERE t.tenant_id = $1 AND t.workspace_id = $2 AND t.id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            record_id.into(),
-            outcome.into(),
-            response.into(),
-        ],
+        include_str!("../sql/queries/tool_call_outcome.sql"),
+        &scope.args([record_id.into(), outcome.into(), response.into()]),
         |r| db::req::<Jsonb>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", record_id))
@@ -174,31 +74,26 @@ fn outcome(
 
 /// Appends an event about the call to `run_id`'s feed (the call's own run, or the run that
 /// replayed it); it names the call's step only in the call's own run.
-fn event(scope: &Scope, run_id: &str, rec: &Record, event: &Event) -> Result<()> {
+fn event(scope: &Scope, run_id: &str, rec: &ToolCall, event: &Event) -> Result<()> {
     let step = (run_id == rec.run_id).then_some(rec.step_id.as_str());
     feed::append(scope, run_id, step, event)
 }
 
-fn args3<'a>(scope: &'a Scope, id: &'a str) -> [pgrx::datum::DatumWithOid<'a>; 3] {
-    [
-        scope.tenant.as_str().into(),
-        scope.workspace.as_str().into(),
-        id.into(),
-    ]
-}
-
 /// Moves the record to in_doubt (its step to paused) and tells the outbox.
-fn mark_in_doubt(scope: &Scope, rec: &mut Record, error: Option<&str>) -> Result<()> {
+fn mark_in_doubt(
+    scope: &Scope,
+    run: &LockedRun,
+    rec: &mut ToolCall,
+    error: Option<&str>,
+) -> Result<()> {
     db::execute(
-        "UPDATE ledger.run_step_tool_calls SET status = 'in_doubt', lease_owner = NULL, lease_expires_at = NULL, \
-                error_code = 'OUTCOME_UNKNOWN', error_message = coalesce($4, error_message), updated_at = now() \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), rec.id.as_str().into(), error.map(text::summary).into()],
+        include_str!("../sql/queries/mark_tool_call_in_doubt.sql"),
+        &scope.args([rec.id.as_str().into(), error.map(text::summary).into()]),
     )?;
     rec.status = CallStatus::InDoubt;
     steps::follow(
         scope,
-        &rec.run_id,
+        run,
         &rec.step_id,
         Status::Paused,
         StepChange {
@@ -222,33 +117,27 @@ fn mark_in_doubt(scope: &Scope, rec: &mut Record, error: Option<&str>) -> Result
 /// Starts a new attempt: the caller now holds the lease and `attempt` is its fencing token.
 fn arm(
     scope: &Scope,
-    rec: &mut Record,
+    run: &LockedRun,
+    rec: &mut ToolCall,
     lease_owner: &str,
     lease: i32,
     arguments: &Value,
 ) -> Result<()> {
     rec.attempt = db::write_one(
-        "UPDATE ledger.run_step_tool_calls SET status = 'claimed', attempt = attempt + 1, lease_owner = $4, \
-                lease_seconds = $5, lease_expires_at = clock_timestamp() + make_interval(secs => $5), \
-                outbound_started_at = NULL, result = NULL, result_artifact_id = NULL, result_size_bytes = NULL, \
-                result_sha256 = NULL, metadata = '{}', error_code = NULL, error_message = NULL, \
-                completed_at = NULL, arguments = $6, updated_at = now() \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING attempt",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        include_str!("../sql/queries/arm_tool_call.sql"),
+        &scope.args([
             rec.id.as_str().into(),
             lease_owner.into(),
             lease.into(),
             Jsonb::from(arguments).into(),
-        ],
+        ]),
         |r| db::req::<i64>(r, 1),
     )?
     .ok_or_else(|| LedgerError::internal("tool call vanished under its lock"))?;
     rec.status = CallStatus::Claimed;
     steps::follow(
         scope,
-        &rec.run_id,
+        run,
         &rec.step_id,
         Status::Preparing,
         StepChange::default(),
@@ -261,9 +150,11 @@ fn arm(
 }
 
 /// Records the final result of the call (inline, or as an artifact when large).
+#[allow(clippy::too_many_arguments)]
 fn finish(
     scope: &Scope,
-    rec: &mut Record,
+    run: &LockedRun,
+    rec: &mut ToolCall,
     success: bool,
     result: Option<Jsonb>,
     error: Option<&str>,
@@ -300,13 +191,8 @@ fn finish(
         CallStatus::Failed
     };
     db::execute(
-        "UPDATE ledger.run_step_tool_calls SET status = $4, result = $5, result_artifact_id = $6, \
-                result_size_bytes = $7, result_sha256 = $8, metadata = $9, error_code = $10, error_message = $11, \
-                lease_owner = NULL, lease_expires_at = NULL, completed_at = now(), updated_at = now() \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        include_str!("../sql/queries/finish_tool_call.sql"),
+        &scope.args([
             rec.id.as_str().into(),
             status.as_str().into(),
             inline.into(),
@@ -316,7 +202,7 @@ fn finish(
             Jsonb::from(metadata).into(),
             error_code.into(),
             error.map(text::summary).into(),
-        ],
+        ]),
     )?;
     rec.status = status;
     let step_status = if success {
@@ -327,7 +213,7 @@ fn finish(
     let metrics = json!({"tool_call": {"tool_call_id": rec.tool_call_id, "tool_ref": rec.tool_ref, "attempt": rec.attempt, "replayed": false}});
     steps::follow(
         scope,
-        &rec.run_id,
+        run,
         &rec.step_id,
         step_status,
         StepChange {
@@ -348,11 +234,11 @@ fn finish(
 
 /// `{result, success, error, metadata}` of a finished call, with `metadata.idempotent_replay`.
 /// A result held as an artifact is loaded, its owner checked and its sha256 verified.
-fn replay_response(scope: &Scope, rec: &Record) -> Result<Jsonb> {
+fn replay_response(scope: &Scope, rec: &ToolCall) -> Result<Jsonb> {
     let (result, metadata, error) = db::select_one(
         "SELECT result, metadata, error_message FROM ledger.run_step_tool_calls \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &args3(scope, &rec.id),
+        &scope.args([rec.id.as_str().into()]),
         |r| {
             Ok((
                 db::opt::<Jsonb>(r, 1)?,
@@ -467,35 +353,49 @@ fn identity<'a>(
 }
 
 /// Finds the record an identity names (by idempotency key first, then by run and tool_call_id)
-/// and locks it after its run. The calling run is already locked.
-fn find_locked(scope: &Scope, who: &Identity) -> Result<Option<Record>> {
-    let found = match load(scope, By::Key(&who.idempotency_key), false)? {
+/// and locks it after its run; returns the record's run (locked) and the record. `run`, the
+/// calling run, is already locked.
+fn find_locked(
+    scope: &Scope,
+    run: &LockedRun,
+    who: &Identity,
+) -> Result<Option<(LockedRun, ToolCall)>> {
+    let found = match rows::find_tool_call(scope, By::Key(&who.idempotency_key))? {
         Some(r) => Some(r),
-        None => load(scope, By::RunCall(who.run_id, &who.tool_call_id), false)?,
+        None => rows::find_tool_call(scope, By::RunCall(who.run_id, &who.tool_call_id))?,
     };
     let Some(found) = found else { return Ok(None) };
-    if found.run_id != who.run_id {
-        runs::existing(scope, "run_id", &found.run_id, true)?;
-    }
+    let record_run = if found.run_id == run.id {
+        run.clone()
+    } else {
+        rows::lock_run(scope, "run_id", &found.run_id)?
+    };
     // A purge may have removed it meanwhile: then its tombstone answers.
-    let Some(rec) = load(scope, By::Id(&found.id), true)? else {
+    let Some(rec) = rows::lock_tool_call(scope, &record_run, &found.id)? else {
         return Ok(None);
     };
     if rec.idempotency_key != who.idempotency_key {
         // Found by (run_id, tool_call_id) under another key.
         return Err(identity_reused().with("tool_call_id", who.tool_call_id.as_str()));
     }
-    Ok(Some(rec))
+    Ok(Some((record_run, rec)))
 }
 
 /// The tombstone of a purged call with this key: `{"outcome": "purged", ...}`, never a new
 /// execution (a different tool or request under the key is still a conflict).
 fn tombstone(scope: &Scope, who: &Identity, args: &Arguments) -> Result<Option<Jsonb>> {
     let Some((tool_ref, hash, record)) = db::select_one(
-        "SELECT tool_ref, request_hash, to_jsonb(t) - 'tenant_id' - 'workspace_id' FROM ledger.tool_call_tombstones t \
+        "SELECT tool_ref, request_hash, to_jsonb(t) - 'tenant_id' - 'workspace_id' \
+           FROM ledger.tool_call_tombstones t \
           WHERE tenant_id = $1 AND workspace_id = $2 AND idempotency_key = $3",
-        &args3(scope, &who.idempotency_key),
-        |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?, db::req::<Jsonb>(r, 3)?)),
+        &scope.args([who.idempotency_key.as_str().into()]),
+        |r| {
+            Ok((
+                db::req::<String>(r, 1)?,
+                db::req::<String>(r, 2)?,
+                db::req::<Jsonb>(r, 3)?,
+            ))
+        },
     )?
     else {
         return Ok(None);
@@ -512,12 +412,7 @@ fn tombstone(scope: &Scope, who: &Identity, args: &Arguments) -> Result<Option<J
 /// Checks a caller-given step: a `tool` step of this run (one tool call per step).
 fn given_step(scope: &Scope, run_id: &str, step_id: &str) -> Result<()> {
     ids::validate("step_id", step_id)?;
-    let step_type = db::select_one(
-        "SELECT step_type FROM ledger.run_steps WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND run_id = $4",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), step_id.into(), run_id.into()],
-        |r| db::req::<String>(r, 1),
-    )?
-    .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id).with("run_id", run_id))?;
+    let step_type = rows::step_of_run(scope, step_id, run_id)?.step_type;
     if step_type != "tool" {
         return Err(LedgerError::invalid(
             "STEP_NOT_TOOL",
@@ -533,6 +428,7 @@ fn given_step(scope: &Scope, run_id: &str, step_id: &str) -> Result<()> {
 #[allow(clippy::too_many_arguments)]
 fn insert(
     scope: &Scope,
+    run: &LockedRun,
     who: &Identity,
     args: &Arguments,
     step_id: Option<&str>,
@@ -540,7 +436,7 @@ fn insert(
     lease_owner: Option<&str>,
     lease: i32,
     approval_id: Option<&str>,
-) -> Result<Option<Record>> {
+) -> Result<Option<ToolCall>> {
     let step_id = match step_id {
         Some(s) => {
             given_step(scope, who.run_id, s)?;
@@ -548,8 +444,8 @@ fn insert(
         }
         None => steps::create(
             scope,
+            run,
             &NewStep {
-                run_id: who.run_id,
                 step_type: "tool",
                 step_key: Some(&who.tool_call_id),
                 node_id: None,
@@ -562,15 +458,8 @@ fn insert(
     let id = ids::new_id("tc");
     let claimed = status == CallStatus::Claimed;
     let inserted = db::write_one(
-        "INSERT INTO ledger.run_step_tool_calls (tenant_id, workspace_id, id, run_id, step_id, tool_call_id, \
-             tool_ref, idempotency_key, request_hash, arguments, status, attempt, lease_owner, lease_seconds, \
-             lease_expires_at, approval_id) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, CASE WHEN $12 THEN 1 ELSE 0 END, $13, $14, \
-                 CASE WHEN $12 THEN clock_timestamp() + make_interval(secs => $14) END, $15) \
-         ON CONFLICT DO NOTHING RETURNING id",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
+        include_str!("../sql/queries/insert_tool_call.sql"),
+        &scope.args([
             id.as_str().into(),
             who.run_id.into(),
             step_id.as_str().into(),
@@ -584,14 +473,14 @@ fn insert(
             lease_owner.into(),
             lease.into(),
             approval_id.into(),
-        ],
+        ]),
         |r| db::req::<String>(r, 1),
     )?;
     if inserted.is_none() {
         // The step already has a record; a concurrent claim from another run took the key.
         return Ok(None);
     }
-    load(scope, By::Id(&id), true)
+    rows::lock_tool_call(scope, run, &id)
 }
 
 /// Claims a tool call for execution, or says why not.
@@ -619,14 +508,15 @@ fn claim_tool_call(
         let owner = optional_id("lease_owner", lease_owner)?
             .map_or_else(|| format!("tool:{}", who.run_id), str::to_owned);
         let retry_failed = retry_failed.unwrap_or(false);
-        let run = runs::existing(&scope, "run_id", who.run_id, true)?;
+        let run = rows::lock_run(&scope, "run_id", who.run_id)?;
 
         // Twice at most: an insert that lost a race to a concurrent claim finds its record next time.
         for _ in 0..2 {
-            if let Some(mut rec) = find_locked(&scope, &who)? {
+            if let Some((record_run, mut rec)) = find_locked(&scope, &run, &who)? {
                 return Ok(apply(
                     &scope,
                     &who,
+                    &record_run,
                     &mut rec,
                     &args,
                     &owner,
@@ -640,6 +530,7 @@ fn claim_tool_call(
             run.ensure_live("tool calls")?;
             if let Some(mut rec) = insert(
                 &scope,
+                &run,
                 &who,
                 &args,
                 step_id,
@@ -650,7 +541,7 @@ fn claim_tool_call(
             )? {
                 steps::follow(
                     &scope,
-                    &rec.run_id,
+                    &run,
                     &rec.step_id,
                     Status::Preparing,
                     StepChange::default(),
@@ -680,10 +571,13 @@ fn claim_tool_call(
     })
 }
 
+/// What a claim does with the record it found (`run`, the record's run, locked).
+#[allow(clippy::too_many_arguments)]
 fn apply(
     scope: &Scope,
     who: &Identity,
-    rec: &mut Record,
+    run: &LockedRun,
+    rec: &mut ToolCall,
     args: &Arguments,
     owner: &str,
     lease: i32,
@@ -702,7 +596,7 @@ fn apply(
         }
         Decision::InDoubt { mark } => {
             if mark {
-                mark_in_doubt(scope, rec, None)?;
+                mark_in_doubt(scope, run, rec, None)?;
             }
             outcome(scope, &rec.id, "in_doubt", None)
         }
@@ -710,7 +604,7 @@ fn apply(
         Decision::WaitingApproval => outcome(scope, &rec.id, "waiting_approval", None),
         Decision::Rejected => outcome(scope, &rec.id, "rejected", None),
         Decision::Claim => {
-            arm(scope, rec, owner, lease, &args.summary)?;
+            arm(scope, run, rec, owner, lease, &args.summary)?;
             outcome(scope, &rec.id, "claimed", None)
         }
     }
@@ -731,21 +625,19 @@ fn begin_tool_call(
         let scope = scope::current()?;
         let id = required_id("tool_call_record_id", tool_call_record_id)?;
         let attempt = attempt_arg(attempt)?;
-        let mut rec = locked(&scope, id)?;
+        let (run, mut rec) = rows::lock_tool_call_by_id(&scope, id)?;
         check_fence(rec.attempt, attempt)?;
         match rec.status {
             CallStatus::Running => {}
             CallStatus::Claimed => {
                 db::execute(
-                "UPDATE ledger.run_step_tool_calls SET status = 'running', outbound_started_at = clock_timestamp(), \
-                        lease_expires_at = clock_timestamp() + make_interval(secs => lease_seconds), updated_at = now() \
-                  WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                &args3(&scope, id),
-            )?;
+                    include_str!("../sql/queries/begin_tool_call.sql"),
+                    &scope.args([id.into()]),
+                )?;
                 rec.status = CallStatus::Running;
                 steps::follow(
                     &scope,
-                    &rec.run_id,
+                    &run,
                     &rec.step_id,
                     Status::Running,
                     StepChange::default(),
@@ -774,7 +666,7 @@ fn heartbeat_tool_call(
     let scope = scope::current()?;
     let id = required_id("tool_call_record_id", tool_call_record_id)?;
     let attempt = attempt_arg(attempt)?;
-    let rec = locked(&scope, id)?;
+    let (_, rec) = rows::lock_tool_call_by_id(&scope, id)?;
     check_fence(rec.attempt, attempt)?;
     if !matches!(rec.status, CallStatus::Claimed | CallStatus::Running) {
         raise(wrong_state("heartbeat", rec.status));
@@ -784,9 +676,11 @@ fn heartbeat_tool_call(
         None => rec.lease_seconds,
     };
     db::execute(
-        "UPDATE ledger.run_step_tool_calls SET lease_expires_at = clock_timestamp() + make_interval(secs => $4), \
-                updated_at = now() WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[scope.tenant.as_str().into(), scope.workspace.as_str().into(), id.into(), seconds.into()],
+        "UPDATE ledger.run_step_tool_calls \
+            SET lease_expires_at = clock_timestamp() + make_interval(secs => $4), \
+                updated_at = now() \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &scope.args([id.into(), seconds.into()]),
     )?;
     Ok(outcome(&scope, id, rec.status.as_str(), None)?)
 }
@@ -809,7 +703,7 @@ fn complete_tool_call(
         let attempt = attempt_arg(attempt)?;
         let how = Outcome::parse(required("outcome", outcome)?)?;
         let metadata = redacted_object("metadata", metadata)?;
-        let mut rec = locked(&scope, id)?;
+        let (run, mut rec) = rows::lock_tool_call_by_id(&scope, id)?;
         match rec.status {
             // Completing a finished call again changes nothing.
             CallStatus::Succeeded | CallStatus::Failed => {
@@ -823,9 +717,10 @@ fn complete_tool_call(
         check_fence(rec.attempt, attempt)?;
         match how {
             Outcome::Unknown if rec.status == CallStatus::InDoubt => {}
-            Outcome::Unknown => mark_in_doubt(&scope, &mut rec, error_message)?,
+            Outcome::Unknown => mark_in_doubt(&scope, &run, &mut rec, error_message)?,
             Outcome::Succeeded => finish(
                 &scope,
+                &run,
                 &mut rec,
                 true,
                 result,
@@ -835,6 +730,7 @@ fn complete_tool_call(
             )?,
             Outcome::Failed => finish(
                 &scope,
+                &run,
                 &mut rec,
                 false,
                 result,
@@ -862,7 +758,7 @@ fn resolve_tool_call(
         let scope = scope::current()?;
         let id = required_id("tool_call_record_id", tool_call_record_id)?;
         let resolution = Resolution::parse(required("decision", decision)?)?;
-        let mut rec = locked(&scope, id)?;
+        let (run, mut rec) = rows::lock_tool_call_by_id(&scope, id)?;
         if rec.status != CallStatus::InDoubt {
             raise(
                 LedgerError::new(
@@ -878,9 +774,12 @@ fn resolve_tool_call(
         }
         let metadata = json!({"decision": resolution.as_str(), "resolved_by": actor, "note": note});
         match resolution {
-            Resolution::Succeeded => finish(&scope, &mut rec, true, result, None, None, &metadata)?,
+            Resolution::Succeeded => {
+                finish(&scope, &run, &mut rec, true, result, None, None, &metadata)?
+            }
             Resolution::Failed => finish(
                 &scope,
+                &run,
                 &mut rec,
                 false,
                 result,
@@ -890,11 +789,9 @@ fn resolve_tool_call(
             )?,
             Resolution::Retry => {
                 db::execute(
-                "UPDATE ledger.run_step_tool_calls SET status = 'claimed', lease_owner = NULL, lease_expires_at = NULL, \
-                        outbound_started_at = NULL, updated_at = now() \
-                  WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                &args3(&scope, id),
-            )?;
+                    include_str!("../sql/queries/release_tool_call_for_retry.sql"),
+                    &scope.args([id.into()]),
+                )?;
                 rec.status = CallStatus::Claimed;
             }
         }
@@ -903,19 +800,16 @@ fn resolve_tool_call(
             json!({"tool_call": rec.ids(), "decision": resolution.as_str(), "note": note}),
         );
         db::execute(
-        "INSERT INTO ledger.audit_events (tenant_id, workspace_id, id, run_id, step_id, gateway_type, outcome, actor, payload) \
-         VALUES ($1, $2, $3, $4, $5, 'tool_call.resolve', $6, $7, $8)",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            ids::new_id("aud").into(),
-            rec.run_id.as_str().into(),
-            rec.step_id.as_str().into(),
-            resolution.as_str().into(),
-            actor.into(),
-            Jsonb::from(&audit).into(),
-        ],
-    )?;
+            include_str!("../sql/queries/insert_resolution_audit.sql"),
+            &scope.args([
+                ids::new_id("aud").into(),
+                rec.run_id.as_str().into(),
+                rec.step_id.as_str().into(),
+                resolution.as_str().into(),
+                actor.into(),
+                Jsonb::from(&audit).into(),
+            ]),
+        )?;
         let resolved = Event::ToolCallResolved(ToolCallResolved {
             call: rec.ids(),
             decision: resolution.as_str(),
@@ -937,47 +831,31 @@ fn sweep_tool_calls() -> std::result::Result<i32, SqlError> {
             "SELECT id, run_id FROM ledger.run_step_tool_calls \
               WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('claimed', 'running') \
                 AND lease_expires_at <= clock_timestamp() ORDER BY lease_expires_at",
-            &[
-                scope.tenant.as_str().into(),
-                scope.workspace.as_str().into(),
-            ],
+            &scope.args([]),
             |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
         )?;
         let mut swept = 0;
         for (id, run_id) in candidates {
-            let run_locked = db::write_one(
-                "SELECT 1 FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 \
-                FOR NO KEY UPDATE SKIP LOCKED",
-                &args3(&scope, &run_id),
-                |_| Ok(()),
-            )?;
-            if run_locked.is_none() {
+            let Some(run) = rows::try_lock_run(&scope, &run_id)? else {
                 continue;
-            }
+            };
             // Still expired once locked: a concurrent sweep may have released the lease (NULL,
             // which `lease_live` does not tell from expired) or a claim renewed it since the
             // candidates were read.
-            let Some(mut rec) = db::write_one(
-                "SELECT 1 FROM ledger.run_step_tool_calls WHERE tenant_id = $1 AND workspace_id = $2 \
-                    AND id = $3 AND lease_expires_at <= clock_timestamp() FOR UPDATE SKIP LOCKED",
-                &args3(&scope, &id),
-                |_| Ok(()),
-            )?
-            .map(|_| load(&scope, By::Id(&id), false))
-            .transpose()?
-            .flatten() else {
+            let Some(mut rec) = rows::try_lock_expired_tool_call(&scope, &run, &id)? else {
                 continue;
             };
             if !matches!(rec.status, CallStatus::Claimed | CallStatus::Running) || rec.lease_live {
                 continue;
             }
             if rec.outbound_started {
-                mark_in_doubt(&scope, &mut rec, None)?;
+                mark_in_doubt(&scope, &run, &mut rec, None)?;
             } else {
                 db::execute(
-                    "UPDATE ledger.run_step_tool_calls SET lease_owner = NULL, lease_expires_at = NULL, \
-                        updated_at = now() WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                    &args3(&scope, &id),
+                    "UPDATE ledger.run_step_tool_calls \
+                        SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now() \
+                      WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+                    &scope.args([id.as_str().into()]),
                 )?;
                 event(
                     &scope,
@@ -1011,7 +889,7 @@ fn request_tool_approval(
         let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
         let args = self::arguments(arguments)?;
         let details = redacted_object("details", details)?;
-        let run = runs::existing(&scope, "run_id", who.run_id, true)?;
+        let run = rows::lock_run(&scope, "run_id", who.run_id)?;
         if tombstone(&scope, &who, &args)?.is_some() {
             raise(
                 LedgerError::new(
@@ -1022,7 +900,7 @@ fn request_tool_approval(
                 .with("idempotency_key", who.idempotency_key.as_str()),
             );
         }
-        if let Some(rec) = find_locked(&scope, &who)? {
+        if let Some((_, rec)) = find_locked(&scope, &run, &who)? {
             if rec.tool_ref != who.tool_ref || rec.request_hash != args.hash {
                 raise(identity_reused());
             }
@@ -1039,21 +917,21 @@ fn request_tool_approval(
             d.extend(extra);
         }
         db::execute(
-        "INSERT INTO ledger.approval_requests (tenant_id, workspace_id, id, run_id, title, policy_ref, details) \
+            "INSERT INTO ledger.approval_requests \
+                (tenant_id, workspace_id, id, run_id, title, policy_ref, details) \
          VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            approval_id.as_str().into(),
-            who.run_id.into(),
-            title.into(),
-            policy_ref.into(),
-            Jsonb::from(&full_details).into(),
-        ],
-    )?;
+            &scope.args([
+                approval_id.as_str().into(),
+                who.run_id.into(),
+                title.into(),
+                policy_ref.into(),
+                Jsonb::from(&full_details).into(),
+            ]),
+        )?;
         let lease = lease_seconds(0)?;
         let rec = insert(
             &scope,
+            &run,
             &who,
             &args,
             None,
@@ -1066,24 +944,22 @@ fn request_tool_approval(
         db::execute(
             "UPDATE ledger.approval_requests SET step_id = $4, tool_call_record_id = $5 \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-            &[
-                scope.tenant.as_str().into(),
-                scope.workspace.as_str().into(),
+            &scope.args([
                 approval_id.as_str().into(),
                 rec.step_id.as_str().into(),
                 rec.id.as_str().into(),
-            ],
+            ]),
         )?;
         steps::follow(
             &scope,
-            &rec.run_id,
+            &run,
             &rec.step_id,
             Status::Preparing,
             StepChange::default(),
         )?;
         steps::follow(
             &scope,
-            &rec.run_id,
+            &run,
             &rec.step_id,
             Status::WaitingApproval,
             StepChange::default(),
@@ -1127,21 +1003,12 @@ fn resolve_approval(
                     .with("decision", other),
             ),
         };
-        let not_found = || LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id);
-        let run_id = db::select_one(
-        "SELECT run_id FROM ledger.approval_requests WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &args3(&scope, approval_id),
-        |r| db::req::<String>(r, 1),
-    )?
-    .ok_or_else(not_found)?;
-        runs::existing(&scope, "run_id", &run_id, true)?;
-        let (status, record_id) = db::write_one(
-            "SELECT status, tool_call_record_id FROM ledger.approval_requests \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
-            &args3(&scope, approval_id),
-            |r| Ok((db::req::<String>(r, 1)?, db::opt::<String>(r, 2)?)),
-        )?
-        .ok_or_else(not_found)?;
+        let (run, approval) = rows::lock_approval(&scope, approval_id)?;
+        let (run_id, status, record_id) = (
+            approval.run_id,
+            approval.status,
+            approval.tool_call_record_id,
+        );
         let current = ApprovalStatus::parse(&status)
             .ok_or_else(|| LedgerError::internal("unknown approval status"))?;
         if current != ApprovalStatus::Pending {
@@ -1158,18 +1025,14 @@ fn resolve_approval(
             );
         }
         db::execute(
-        "UPDATE ledger.approval_requests SET status = $4, decided_by = $5, decision_note = $6, \
-                decided_at = now(), updated_at = now() \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &[
-            scope.tenant.as_str().into(),
-            scope.workspace.as_str().into(),
-            approval_id.into(),
-            decision.as_str().into(),
-            actor.into(),
-            note.into(),
-        ],
-    )?;
+            include_str!("../sql/queries/decide_approval.sql"),
+            &scope.args([
+                approval_id.into(),
+                decision.as_str().into(),
+                actor.into(),
+                note.into(),
+            ]),
+        )?;
         let resolved = Event::ApprovalResolved(ApprovalResolved {
             approval_id,
             decision: decision.as_str(),
@@ -1178,18 +1041,16 @@ fn resolve_approval(
         });
         feed::append(&scope, &run_id, None, &resolved)?;
         if let (ApprovalStatus::Rejected, Some(record_id)) = (decision, record_id) {
-            if let Some(mut rec) = load(&scope, By::Id(&record_id), true)? {
+            if let Some(mut rec) = rows::lock_tool_call(&scope, &run, &record_id)? {
                 if rec.status == CallStatus::WaitingApproval {
                     db::execute(
-                    "UPDATE ledger.run_step_tool_calls SET status = 'rejected', error_code = 'TOOL_APPROVAL_REJECTED', \
-                            error_message = 'Tool call was rejected', completed_at = now(), updated_at = now() \
-                      WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-                    &args3(&scope, &record_id),
-                )?;
+                        include_str!("../sql/queries/reject_tool_call.sql"),
+                        &scope.args([record_id.as_str().into()]),
+                    )?;
                     rec.status = CallStatus::Rejected;
                     steps::follow(
                         &scope,
-                        &rec.run_id,
+                        &run,
                         &rec.step_id,
                         Status::Canceled,
                         StepChange {
@@ -1214,7 +1075,7 @@ fn approval_json(scope: &Scope, approval_id: &str) -> Result<Jsonb> {
     db::select_one(
         "SELECT to_jsonb(a) - 'tenant_id' - 'workspace_id' FROM ledger.approval_requests a \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &args3(scope, approval_id),
+        &scope.args([approval_id.into()]),
         |r| db::req::<Jsonb>(r, 1),
     )?
     .ok_or_else(|| LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id))
@@ -1293,6 +1154,30 @@ mod tests {
             "busy"
         );
         assert_eq!(field("c1", "attempt"), "1");
+    }
+
+    #[pg_test]
+    fn a_fresh_claim_numbers_its_step_and_events_without_gaps_in_order() {
+        running_run("t-tc-seq");
+        outcome(r#"{"q": 1}"#, "c1");
+        Spi::run("SELECT ledger.create_step('r', 'llm', step_id => 'between')").unwrap();
+        outcome(r#"{"q": 2}"#, "c2");
+        // Each claim's step.created, step.status and tool_call.claimed follow one another.
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(seq || ':' || event_type, ' ' ORDER BY seq) FROM ledger.run_events"
+            ),
+            "1:run.created 2:run.status 3:step.created 4:step.status 5:tool_call.claimed \
+             6:step.created 7:step.created 8:step.status 9:tool_call.claimed"
+        );
+        // A step is numbered with the seq of its step.created, and last_seq is the last seq.
+        assert!(one::<bool>(
+            "SELECT bool_and(s.step_no = e.seq) FROM ledger.run_steps s JOIN ledger.run_events e \
+                 ON e.tenant_id = s.tenant_id AND e.workspace_id = s.workspace_id \
+                AND e.step_id = s.id AND e.event_type = 'step.created'"
+        ));
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_steps"), 3);
+        assert_eq!(one::<i64>("SELECT last_seq FROM ledger.runs"), 9);
     }
 
     #[pg_test]

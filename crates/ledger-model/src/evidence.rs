@@ -1,5 +1,5 @@
 //! Governance evidence and replay readiness of one run (README: `run_evidence`, `replay_ready`):
-//! SOIT's items and criteria, less its plain mistakes, computed from facts the SPI layer gathers.
+//! the thirteen items and the replay criteria, computed from facts the SPI layer gathers.
 //! No Postgres here.
 //!
 //! Every `Value` came through `json::parse`, so its depth is bounded and recursion is safe.
@@ -28,15 +28,15 @@ pub struct RunFacts {
     pub inputs_recoverable: bool,
     /// In creation order.
     pub steps: Vec<StepFact>,
-    /// This run's own, ordered by created_at, id (SOIT added child runs' audits, which are
-    /// not evidence of this run).
+    /// This run's own, ordered by created_at, id (a child run's audits are evidence of the
+    /// child, not of this run).
     pub audits: Vec<AuditFact>,
     pub cost_ids: Vec<String>,
     /// Tool-call record ids (`tc_...`).
     pub tool_call_ids: Vec<String>,
     pub citations: Vec<CitationFact>,
     pub response_event_ids: Vec<String>,
-    /// Runs whose parent_run_id is this run (real lineage, not SOIT's workflow_run_id guess).
+    /// Runs whose parent_run_id is this run (recorded lineage, not ids guessed from payloads).
     pub child_run_ids: Vec<String>,
 }
 
@@ -145,10 +145,10 @@ const SECRET_KEYS: [&str; 6] = [
     "secret_refs",
     "credential_ref",
 ];
-// Not the bare key "decision", as SOIT had it: any policy payload has one, egress or not.
+// Not the bare key "decision": any policy payload has one, egress or not.
 const EGRESS_KEYS: [&str; 3] = ["egress", "egress_policy", "egress_decision"];
 
-/// SOIT's `_applicable` guards that depend only on which facts exist.
+/// The applicability guards that depend only on which facts exist.
 struct Guards {
     versioned_subject: bool,
     tool_governance: bool,
@@ -179,7 +179,7 @@ impl Guards {
     }
 }
 
-/// The thirteen items, in SOIT's order: actor_scope, subject_version, capability_binding,
+/// The thirteen items, in their fixed order: actor_scope, subject_version, capability_binding,
 /// permission_scope, secret_boundary, egress_policy, audit_record, cost_attribution,
 /// trace_timeline, tool_call, knowledge_citation, child_workflow, replay_ready.
 pub fn evidence(facts: &RunFacts) -> Vec<Item> {
@@ -201,8 +201,8 @@ pub fn evidence(facts: &RunFacts) -> Vec<Item> {
         );
     }
     let has_secret_key = everywhere.iter().any(|v| has_key(v, &SECRET_KEYS));
-    // A real credential in a string value (redaction missed it), not any "sk-" text as in SOIT,
-    // which words like `task-1` contain.
+    // A real credential in a string value (redaction missed it), not any "sk-" text, which words
+    // like `task-1` contain.
     let leaked_secret = audits
         .iter()
         .any(|v| string_values(v).into_iter().any(redact::is_credential));
@@ -457,7 +457,7 @@ pub fn evidence(facts: &RunFacts) -> Vec<Item> {
                 facts
                     .audits
                     .iter()
-                    // An audit without a step is named by its own id (SOIT wrote "run:None").
+                    // An audit without a step is named by its own id, so every ref names one.
                     .map(|a| format!("{}:{}", facts.run_id, a.step_id.as_ref().unwrap_or(&a.id)))
                     .collect(),
                 &[],
@@ -631,7 +631,7 @@ pub fn evidence(facts: &RunFacts) -> Vec<Item> {
     ]
 }
 
-/// SOIT's six replay_ready criteria in order (steps, response_events, costs, citations,
+/// The six replay_ready criteria in order (steps, response_events, costs, citations,
 /// tool_calls, audits), each only where applicable, then "inputs" when !inputs_recoverable.
 pub fn replay_missing(facts: &RunFacts) -> Vec<&'static str> {
     let g = Guards::of(facts);
@@ -651,7 +651,7 @@ pub fn replay_missing(facts: &RunFacts) -> Vec<&'static str> {
             g.tool_governance && facts.tool_call_ids.is_empty(),
         ),
         ("audits", g.tool_governance && facts.audits.is_empty()),
-        // Not in SOIT: a re-run (retry or replay) starts from the exact original inputs.
+        // And the inputs: a re-run (retry or replay) starts from the exact original inputs.
         ("inputs", !facts.inputs_recoverable),
     ]
     .into_iter()
@@ -689,7 +689,7 @@ fn dedup(refs: Vec<String>) -> Vec<String> {
         .collect()
 }
 
-/// Every value under a key in `keys` at any depth, also looking inside matched values (as SOIT).
+/// Every value under a key in `keys` at any depth, also looking inside matched values.
 fn values_under<'a>(roots: &[&'a Value], keys: &[&str]) -> Vec<&'a Value> {
     fn walk<'a>(v: &'a Value, keys: &[&str], out: &mut Vec<&'a Value>) {
         match v {
@@ -720,7 +720,7 @@ fn refs_under(roots: &[&Value], keys: &[&str]) -> Vec<String> {
 }
 
 /// Strings as they are, arrays element by element, other values as their JSON text. Null and
-/// empty strings are skipped: unlike SOIT's `str(None)`, an absent value is no evidence.
+/// empty strings are skipped: an absent value is no evidence.
 fn push_refs(v: &Value, out: &mut Vec<String>) {
     match v {
         Value::Null => {}
@@ -742,8 +742,8 @@ fn has_key(v: &Value, keys: &[&str]) -> bool {
     }
 }
 
-/// Every string value in `v` at any depth. Object keys are not values (SOIT's
-/// `_flatten_strings` took them too, so a key could leak, name a secret or be a URL).
+/// Every string value in `v` at any depth. Object keys are not values: taken as values, a key
+/// could count as a leak, a secret's name or a URL.
 fn string_values(v: &Value) -> Vec<&str> {
     fn walk<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
         match v {
@@ -759,7 +759,7 @@ fn string_values(v: &Value) -> Vec<&str> {
 }
 
 /// The first of the citation's chunk_id, document_id and knowledge_id that gives a reference,
-/// else its record id (SOIT used the list index, which names nothing).
+/// else its record id (a position in the list would name nothing).
 fn citation_refs(c: &CitationFact) -> Vec<String> {
     ["chunk_id", "document_id", "knowledge_id"]
         .iter()
@@ -1261,7 +1261,7 @@ mod tests {
             assert_eq!(bad.missing, ids(&["redaction"]));
             assert_eq!(bad.evidence_refs, ids(&["sec_a"]));
         }
-        // Only audit payloads are checked, as in SOIT.
+        // Only audit payloads are checked.
         let facts = RunFacts {
             steps: vec![step(
                 "stp_1",
@@ -1417,7 +1417,7 @@ mod tests {
         assert_eq!(ok.status, Pass);
         assert_eq!(ok.evidence_refs, ids(&["cost_1", "cost_2"]));
         assert_eq!(ok.summary, "2 cost record(s) are attached.");
-        // Costs make the item applicable and satisfy it (SOIT's circular guard).
+        // Costs both make the item applicable and satisfy it.
         let facts = RunFacts {
             cost_ids: ids(&["cost_1"]),
             ..plain()

@@ -16,7 +16,8 @@ pub const KEY_BYTES: usize = 128;
 
 pub type Key = heapless::String<KEY_BYTES>;
 
-/// SOIT's fifteen, then the extra defaults SOIT missed. All normalised.
+/// The built-in sensitive key names: the fifteen most common, then further common ones. All
+/// normalised.
 const SENSITIVE_KEYS: [&str; 27] = [
     "api_key",
     "apikey",
@@ -286,7 +287,7 @@ mod tests {
             ("Client-Secret", "client_secret"),
             ("API_KEY", "api_key"),
             ("X_API_KEY", "x_api_key"),
-            // No split inside an acronym, as in SOIT.
+            // No split inside an acronym.
             ("APIKey", "apikey"),
             ("XAPIKey", "xapikey"),
             ("apiKEY", "api_key"),
@@ -538,7 +539,7 @@ mod tests {
             let v = redacted(json!({"password": {"secret_id": secret_id}}));
             assert_eq!(v, json!({"password": REDACTED}));
         }
-        // `secret_ref` (SOIT's older spelling) is not an exemption.
+        // `secret_ref` (an older spelling) is not an exemption.
         let v = redacted(json!({"password": {"secret_ref": "s"}}));
         assert_eq!(v, json!({"password": REDACTED}));
         // Under a key that is not sensitive, a reference is just an object.

@@ -1,4 +1,4 @@
-//! The status machine of runs, steps and tasks (SOIT's transition tables), as data.
+//! The status machine of runs, steps and tasks (their transition tables), as data.
 
 use crate::error::{Class, LedgerError, Result};
 
@@ -238,7 +238,7 @@ mod tests {
             .collect()
     }
 
-    /// SOIT's run table, written out independently of the match above.
+    /// The run table, written out independently of the match above.
     const RUN_TABLE: [(&str, &[&str]); 11] = [
         (
             "queued",

@@ -154,7 +154,8 @@ pub fn identity_reused() -> LedgerError {
 /// The longest timeout a claim accepts (one day).
 pub const MAX_TIMEOUT_SECONDS: i32 = 86_400;
 
-/// The lease of a claim: `max(60, timeout + 10)` seconds (SOIT's rule), for 0 <= timeout <= one day.
+/// The lease of a claim: `max(60, timeout + 10)` seconds (the call's own timeout and a margin,
+/// never under a minute), for 0 <= timeout <= one day.
 pub fn lease_seconds(timeout_seconds: i32) -> Result<i32> {
     if !(0..=MAX_TIMEOUT_SECONDS).contains(&timeout_seconds) {
         return Err(LedgerError::invalid(

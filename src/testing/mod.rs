@@ -1,6 +1,9 @@
-//! Helpers for `#[pg_test]`s: run SQL and capture the error it raises, as the client sees it.
+//! Test-only code, built for `#[pg_test]`s alone: helpers to run SQL and capture the error it
+//! raises, as the client sees it, and the hostile-input tests (`hostile`).
 
 use pgrx::prelude::*;
+
+mod hostile;
 
 #[pg_schema]
 mod tests {

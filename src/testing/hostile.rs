@@ -1,4 +1,4 @@
-//! Hostile input at the SQL level (issue 6): payloads near PostgreSQL's limits, deep nesting,
+//! Hostile input at the SQL level: payloads near PostgreSQL's limits, deep nesting,
 //! invalid surrogates, huge objects, megabyte text arguments and odd Unicode in ids and keys.
 //! Every case ends in a documented error (SQLSTATE, and the DETAIL code when the error is the
 //! ledger's) or a correct result, and a refused call leaves the row counts as they were.
