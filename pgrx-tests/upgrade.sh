@@ -18,6 +18,8 @@ repo=$(pwd)
 . pgrx-tests/lib.sh
 major=$1 data=$2 port=$3 work=$4
 
+# The release before the current version, and the commit it was released from. A release moves
+# them on (and freezes its own install script in sql/install/).
 PREVIOUS_VERSION=0.2.0
 PREVIOUS_COMMIT=f514a6dc0129ce6761d7f5038c2a38de6950ba2b
 
