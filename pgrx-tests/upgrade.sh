@@ -143,13 +143,16 @@ checks=$(cluster_psql "$major" "$data" "$port" -d ledger_rows -qAt -c "
     (ledger.replay_bundle('run-demo-1')->'run'->>'id') = 'run-demo-1',
     NOT EXISTS (SELECT 1 FROM ledger.outbox WHERE event_type = 'run.status.updated' AND status <> 'done'
                    AND NOT (payload ? 'from' AND payload ? 'to' AND NOT payload ? 'old_status')),
+    (SELECT count(*) FILTER (WHERE metadata ? 'actor' AND metadata ? 'decision') >= 1
+            AND count(*) FILTER (WHERE metadata ? 'resolved_by' OR metadata ? 'resolution') = 0
+       FROM ledger.run_step_tool_calls),
     (SELECT count(*) FILTER (WHERE event_type = 'run.status.updated' AND payload ? 'from') >= 1
             AND count(*) = (SELECT count(*) FROM ledger.outbox WHERE status = 'pending')
        FROM ledger.claim_outbox_events('upgrade-check', 1000)))" | tail -n 1)
-if [ "$checks" = "t t t t t t" ]; then
+if [ "$checks" = "t t t t t t t" ]; then
   echo "upgrade rows: $PREVIOUS_VERSION's rows kept through the update ($after); the current API reads and replays them"
 else
-  echo "upgrade rows: checks after the update failed: $checks (expected: t t t t t t)"
+  echo "upgrade rows: checks after the update failed: $checks (expected: t t t t t t t)"
   status=1
 fi
 compare "$PREVIOUS_VERSION with rows updated to $current" ledger_rows

@@ -10,6 +10,8 @@ ALTER TABLE ledger.response_events RENAME CONSTRAINT response_events_type_check 
 ALTER TABLE ledger.outbox RENAME COLUMN lock_owner TO lease_owner;
 ALTER TABLE ledger.outbox RENAME COLUMN lock_expires_at TO lease_expires_at;
 ALTER TABLE ledger.outbox RENAME COLUMN last_error TO error_message;
+ALTER TABLE ledger.approval_requests RENAME COLUMN decided_by TO actor;
+ALTER TABLE ledger.approval_requests RENAME COLUMN decision_note TO note;
 
 -- What the outbox functions return.
 CREATE TYPE ledger.outbox_event AS (
@@ -43,6 +45,13 @@ UPDATE ledger.outbox
 UPDATE ledger.outbox
    SET payload = (payload - 'old_status' - 'tenant_id') || jsonb_build_object('from', payload->'old_status')
  WHERE event_type = 'task.retried' AND status <> 'done';
+
+-- A resolved in-doubt call's metadata is returned by every replay of it: the same words as new
+-- resolutions write.
+UPDATE ledger.run_step_tool_calls
+   SET metadata = (metadata - 'resolution' - 'resolved_by')
+                  || jsonb_build_object('decision', metadata->'resolution', 'actor', metadata->'resolved_by')
+ WHERE metadata ? 'resolution';
 
 -- Functions: every one is dropped and created again from this version's library, so that none
 -- is left pointing at a symbol the new library no longer has. The views and policies depend

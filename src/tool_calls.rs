@@ -772,7 +772,7 @@ fn resolve_tool_call(
                 .with("status", rec.status.as_str()),
             );
         }
-        let metadata = json!({"decision": resolution.as_str(), "resolved_by": actor, "note": note});
+        let metadata = json!({"decision": resolution.as_str(), "actor": actor, "note": note});
         match resolution {
             Resolution::Succeeded => {
                 finish(&scope, &run, &mut rec, true, result, None, None, &metadata)?
@@ -1393,7 +1393,7 @@ mod tests {
         );
         let out = one::<pgrx::JsonB>(&claim("{}", "c1")).0;
         assert_eq!(out["response"]["result"], serde_json::json!({"order": 7}));
-        assert_eq!(out["response"]["metadata"]["resolved_by"], "ops@acme");
+        assert_eq!(out["response"]["metadata"]["actor"], "ops@acme");
     }
 
     #[pg_test]
