@@ -48,3 +48,8 @@ install_ledger() {
   pg_config="$(pg_bindir "$major")/pg_config"
   cargo pgrx install --no-default-features --features "pg$major" --pg-config "$pg_config" >/dev/null
 }
+
+# ledger_version: the extension's version, from Cargo.toml (run from the checkout).
+ledger_version() {
+  sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1
+}

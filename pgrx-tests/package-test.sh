@@ -13,7 +13,7 @@ repo=$(pwd)
 . pgrx-tests/lib.sh
 
 major=$1
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+version=$(ledger_version)
 if [ -n "$archive_arg" ]; then
   archive=$archive_arg
 else

@@ -12,7 +12,7 @@ repo=$(pwd)
 . pgrx-tests/lib.sh
 
 VERSIONS=${LEDGER_PG_VERSIONS:-15 16 17 18}
-version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+version=$(ledger_version)
 arch=$(uname -m)
 dist=$repo/dist
 # A fixed timestamp and owner make the tar itself reproducible from the same files.

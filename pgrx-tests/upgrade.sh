@@ -23,7 +23,7 @@ major=$1 data=$2 port=$3 work=$4
 PREVIOUS_VERSION=0.2.0
 PREVIOUS_COMMIT=f514a6dc0129ce6761d7f5038c2a38de6950ba2b
 
-current=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+current=$(ledger_version)
 pg_config="$(pg_bindir "$major")/pg_config"
 extdir="$("$pg_config" --sharedir)/extension"
 libdir="$("$pg_config" --pkglibdir)"

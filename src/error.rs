@@ -3,29 +3,28 @@
 //! turns it into a PostgreSQL error: SQLSTATE by class, `ledger: ` message, JSON DETAIL.
 
 use pgrx::pg_sys::panic::ErrorReport;
-use pgrx::PgLogLevel;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
 
 pub use crate::model::error::{Class, LedgerError, Result};
 
 /// Raises `e` as a PostgreSQL ERROR. Like `ereport(ERROR)` it does not return: the Rust frames
 /// unwind and PostgreSQL aborts the statement.
 pub fn raise(e: LedgerError) -> ! {
-    use pgrx::PgSqlErrorCode::*;
-    let code = match e.class {
-        Class::Privilege => ERRCODE_INSUFFICIENT_PRIVILEGE,
-        Class::NotFound => ERRCODE_NO_DATA_FOUND,
-        Class::InvalidParameter => ERRCODE_INVALID_PARAMETER_VALUE,
-        Class::WrongState => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        Class::Conflict => ERRCODE_T_R_SERIALIZATION_FAILURE,
-        Class::Duplicate => ERRCODE_UNIQUE_VIOLATION,
-        Class::Corrupted => ERRCODE_DATA_CORRUPTED,
-        Class::ReadOnly => ERRCODE_READ_ONLY_SQL_TRANSACTION,
-        Class::Internal => ERRCODE_INTERNAL_ERROR,
-    };
+    let code = PgSqlErrorCode::from(packed(e.class.sqlstate()));
     ErrorReport::new(code, e.wire_message(), "ledger")
         .set_detail(e.wire_detail())
         .report(PgLogLevel::ERROR);
     unreachable!("an ERROR does not return")
+}
+
+/// PostgreSQL's packed form of a five-character SQLSTATE (its `MAKE_SQLSTATE`), so that the
+/// class table in the pure core is the only one.
+fn packed(sqlstate: &str) -> i32 {
+    sqlstate
+        .bytes()
+        .enumerate()
+        .map(|(i, b)| ((i32::from(b) - i32::from(b'0')) & 0x3F) << (6 * i))
+        .sum()
 }
 
 /// The error type of every SQL function (`#[pg_extern]`). It has no values: `?` converts a

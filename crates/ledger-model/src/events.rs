@@ -223,8 +223,9 @@ pub struct TaskRetried<'a> {
     pub attempt_count: i32,
 }
 
-/// One event, its type fixed by its variant.
-#[derive(Debug)]
+/// One event, its type fixed by its variant; it serialises as its payload alone.
+#[derive(Serialize, Debug)]
+#[serde(untagged)]
 pub enum Event<'a> {
     RunCreated(RunCreated<'a>),
     RunStatus(RunStatus<'a>),
@@ -288,35 +289,9 @@ impl Event<'_> {
 
     /// The payload as stored (a JSON object).
     pub fn payload(&self) -> Value {
-        let value = match self {
-            Event::RunCreated(p) => serde_json::to_value(p),
-            Event::RunStatus(p) | Event::RunStatusUpdated(p) => serde_json::to_value(p),
-            Event::StepCreated(p) => serde_json::to_value(p),
-            Event::StepStatus(p) => serde_json::to_value(p),
-            Event::ToolCallClaimed(p) => serde_json::to_value(p),
-            Event::ToolCallRunning(p)
-            | Event::ToolCallInDoubt(p)
-            | Event::ToolCallLeaseExpired(p) => serde_json::to_value(p),
-            Event::ToolCallCompleted(p) => serde_json::to_value(p),
-            Event::ToolCallResolved(p) => serde_json::to_value(p),
-            Event::ToolCallReplayed(p) => serde_json::to_value(p),
-            Event::ToolCallRejected(p) | Event::ApprovalRequested(p) => serde_json::to_value(p),
-            Event::ApprovalResolved(p) => serde_json::to_value(p),
-            Event::ArtifactCreated(p) => serde_json::to_value(p),
-            Event::CostRecorded(p) => serde_json::to_value(p),
-            Event::AuditRecorded(p)
-            | Event::ResponseEventRecorded(p)
-            | Event::CitationRecorded(p)
-            | Event::FeedbackRecorded(p) => serde_json::to_value(p),
-            Event::TaskCreated(p) => serde_json::to_value(p),
-            Event::TaskStatus(p) => serde_json::to_value(p),
-            Event::TaskCheckpoint(p) => serde_json::to_value(p),
-            Event::TaskSnapshot(p) => serde_json::to_value(p),
-            Event::TaskRetried(p) => serde_json::to_value(p),
-        };
         // Structs of strings and integers always serialise; an empty object would still be a
         // valid payload.
-        value.unwrap_or_else(|_| Value::Object(serde_json::Map::new()))
+        serde_json::to_value(self).unwrap_or_else(|_| Value::Object(serde_json::Map::new()))
     }
 }
 
