@@ -234,6 +234,17 @@ pub fn redact_in_place(rules: &Rules, v: &mut Value) {
     }
 }
 
+/// Free text (an error message, a note, a summary, a title) as the ledger stores it: with value
+/// checking on, every credential the value patterns find in it is replaced by `[REDACTED]`, and
+/// the rest of the text is kept.
+pub fn redact_text<'a>(rules: &Rules, s: &'a str) -> std::borrow::Cow<'a, str> {
+    if rules.check_values && is_credential(s) {
+        std::borrow::Cow::Owned(REDACTED.to_owned())
+    } else {
+        std::borrow::Cow::Borrowed(s)
+    }
+}
+
 /// The stored form of tool-call arguments: the redacted value when its canonical JSON is at most
 /// `SUMMARY_BYTES` bytes, else `{"truncated":true,"size_bytes":n,"request_hash":h,
 /// "argument_names":[..]}` with n the redacted size, h the hash of the UNREDACTED arguments (so
