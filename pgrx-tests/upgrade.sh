@@ -9,8 +9,8 @@
 #    keeps every row through the update, and the current API reads and replays them.
 #
 # The current library no longer has every symbol an older version's functions name, so older
-# versions run on the previous release's own library: built once from its commit and installed
-# beside the current one as ledger-<version>.so (older frozen scripts need no symbol it lacks).
+# versions run on a released library: each release's is built once from its commit and installed
+# beside the current one as ledger-<version>.so.
 # Usage (from test.sh, cluster running, current build installed): upgrade.sh MAJOR DATADIR PORT WORKDIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,10 +18,12 @@ repo=$(pwd)
 . pgrx-tests/lib.sh
 major=$1 data=$2 port=$3 work=$4
 
-# The release before the current version, and the commit it was released from. A release moves
-# them on (and freezes its own install script in sql/install/).
-PREVIOUS_VERSION=0.2.0
-PREVIOUS_COMMIT=f514a6dc0129ce6761d7f5038c2a38de6950ba2b
+# The released versions whose libraries the test builds, oldest first, each with the commit it
+# was released from; the last is the release before the current version (its rows are test 2's).
+# A release appends itself (and freezes its own install script in sql/install/).
+RELEASES="0.2.0=f514a6dc0129ce6761d7f5038c2a38de6950ba2b 0.3.0=cf4f73f4528fb0c0024955c3329bfbf221476097"
+PREVIOUS_VERSION=${RELEASES##* } PREVIOUS_VERSION=${PREVIOUS_VERSION%%=*}
+PREVIOUS_COMMIT=${RELEASES##*=}
 
 current=$(ledger_version)
 pg_config="$(pg_bindir "$major")/pg_config"
@@ -30,26 +32,42 @@ libdir="$("$pg_config" --pkglibdir)"
 cp tests/schema_snapshot.sql "$work/snapshot.sql"
 [ "$(id -u)" -eq 0 ] && chown postgres: "$work/snapshot.sql"
 
-# The previous release's library for this major, as $libdir/ledger-$PREVIOUS_VERSION.so. Its
-# source lives outside the checkout (inside, cargo would take it for a member of this
-# workspace); its build is kept under target/ for the next run.
-previous=$repo/target/previous-release
-src=/tmp/ledger-release-$PREVIOUS_VERSION
-if [ "$(cat "$src/.commit" 2>/dev/null)" != "$PREVIOUS_COMMIT" ]; then
-  if ! git cat-file -e "$PREVIOUS_COMMIT^{commit}" 2>/dev/null; then
-    echo "upgrade: commit $PREVIOUS_COMMIT of release $PREVIOUS_VERSION is not in this clone (a shallow clone?)" >&2
-    exit 1
+# Each release's library for this major, as $libdir/ledger-<version>.so. Its source lives outside
+# the checkout (inside, cargo would take it for a member of this workspace); its build is kept
+# under target/ for the next run.
+for release in $RELEASES; do
+  version=${release%%=*} commit=${release#*=}
+  src=/tmp/ledger-release-$version
+  if [ "$(cat "$src/.commit" 2>/dev/null)" != "$commit" ]; then
+    if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
+      echo "upgrade: commit $commit of release $version is not in this clone (a shallow clone?)" >&2
+      exit 1
+    fi
+    rm -rf "$src" && mkdir -p "$src"
+    git archive "$commit" | tar -x -C "$src"
+    echo "$commit" > "$src/.commit"
   fi
-  rm -rf "$src" && mkdir -p "$src"
-  git archive "$PREVIOUS_COMMIT" | tar -x -C "$src"
-  echo "$PREVIOUS_COMMIT" > "$src/.commit"
-fi
-echo "upgrade: building release $PREVIOUS_VERSION's library for PostgreSQL $major"
-(cd "$src" && CARGO_TARGET_DIR="$previous" cargo build --quiet --no-default-features --features "pg$major")
-cp "$previous/debug/libledger.so" "$libdir/ledger-$PREVIOUS_VERSION.so"
+  echo "upgrade: building release $version's library for PostgreSQL $major"
+  (cd "$src" && CARGO_TARGET_DIR="$repo/target/release-$version" cargo build --quiet --no-default-features --features "pg$major")
+  cp "$repo/target/release-$version/debug/libledger.so" "$libdir/ledger-$version.so"
+done
+# The library a frozen version's functions are bound to: the oldest built release not older than
+# it (an older version names no symbol that release lacks).
+library_for() {
+  local release version
+  for release in $RELEASES; do
+    version=${release%%=*}
+    if [ "$(printf '%s\n%s\n' "$1" "$version" | sort -V | head -n 1)" = "$1" ]; then
+      echo "ledger-$version"
+      return
+    fi
+  done
+  echo "upgrade: no built release for version $1" >&2
+  exit 1
+}
 # Older versions' install scripts are in the extension directory only while a test uses them.
 cleanup() {
-  rm -f "$libdir/ledger-$PREVIOUS_VERSION.so"
+  for release in $RELEASES; do rm -f "$libdir/ledger-${release%%=*}.so"; done
   for f in sql/install/ledger--*.sql; do
     [ "$f" = "sql/install/ledger--$current.sql" ] || rm -f "$extdir/${f#sql/install/}"
   done
@@ -64,9 +82,9 @@ fresh_db() {  # fresh_db NAME [VERSION]
   cluster_psql "$major" "$data" "$port" -d "$1" -q -c "CREATE EXTENSION ledger${2:+ VERSION '$2'}"
 }
 # install_frozen VERSION: the frozen script as that version's install script, its functions
-# bound to the previous release's library.
+# bound to a released library that has their symbols.
 install_frozen() {
-  sed "s|'MODULE_PATHNAME'|'\$libdir/ledger-$PREVIOUS_VERSION'|" "sql/install/ledger--$1.sql" > "$extdir/ledger--$1.sql"
+  sed "s|'MODULE_PATHNAME'|'\$libdir/$(library_for "$1")'|" "sql/install/ledger--$1.sql" > "$extdir/ledger--$1.sql"
 }
 # rows DB: every table of schema ledger with its row count (a superuser sees every scope).
 rows() {

@@ -1,0 +1,4 @@
+-- ledger 0.3.0 -> 0.4.0: hardening (redaction of every JSON and free-text argument, bounded
+-- arguments, one lock order for claims, scope names checked wherever they are read). The SQL
+-- API keeps its names and arguments; pgrx-tests/upgrade.sh checks that 0.3.0 (its own library,
+-- with rows written through it) updated with this script equals a fresh install.
