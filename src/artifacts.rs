@@ -5,7 +5,7 @@ use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{required, required_id};
+use crate::model::args::{optional_label, required, required_id};
 use crate::model::events::{ArtifactCreated, Event};
 use crate::model::ids;
 use crate::redaction::redacted_object;
@@ -186,7 +186,7 @@ impl<'a> Shared<'a> {
             scope: scope::current()?,
             run_id: required_id("run_id", run_id)?,
             artifact_type,
-            mime,
+            mime: optional_label("mime", mime)?,
             step_id,
             meta,
         })
@@ -269,6 +269,7 @@ fn register_artifact(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), SqlError> {
     let shared = Shared::new(run_id, artifact_type, mime, step_id, meta)?;
     let storage_key = required("storage_key", storage_key)?;
+    ids::validate_key("storage_key", storage_key)?;
     let size_bytes = size_bytes.ok_or_else(|| LedgerError::required("size_bytes"))?;
     if size_bytes < 0 {
         raise(
@@ -276,13 +277,14 @@ fn register_artifact(
                 .with("size_bytes", size_bytes),
         );
     }
-    let sha = required("sha256", sha256)?.to_ascii_lowercase();
+    let sha = required("sha256", sha256)?;
     if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
         raise(LedgerError::invalid(
             "SHA256_INVALID",
             "sha256 must be 64 hex digits",
         ));
     }
+    let sha = sha.to_ascii_lowercase();
     if storage_key.starts_with(BLOB_KEY_PREFIX) {
         raise(LedgerError::invalid(
             "STORAGE_KEY_RESERVED",

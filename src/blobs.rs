@@ -21,7 +21,7 @@ pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {
         &scope.args([
             sha.as_str().into(),
             (bytes.len() as i64).into(),
-            bytes.to_vec().into(),
+            bytes.into(),
         ]),
     )?;
     Ok(sha)

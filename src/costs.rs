@@ -4,14 +4,14 @@ use crate::db;
 use crate::error::{raise, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{required, required_id};
+use crate::model::args::{optional_id, optional_label, required_id, required_label};
 use crate::model::events::{CostRecorded, Event};
-use crate::model::{cost, ids, json};
+use crate::model::{cost, ids};
+use crate::redaction::redacted_object;
 use crate::rows;
 use crate::scope::{self, Scope};
 use pgrx::prelude::*;
 use pgrx::AnyNumeric;
-use serde_json::json;
 
 fn row(
     scope: &Scope,
@@ -24,24 +24,6 @@ fn row(
         "COST_NOT_FOUND",
         "cost entry",
     )
-}
-
-fn object(argument: &str, value: Option<Jsonb>) -> Result<serde_json::Value> {
-    match value {
-        None => Ok(json!({})),
-        Some(v) => json::parse(v.as_str()),
-    }
-    .and_then(|v| {
-        if v.is_object() {
-            Ok(v)
-        } else {
-            Err(LedgerError::invalid(
-                "ARGUMENT_NOT_OBJECT",
-                format!("{argument} must be a JSON object"),
-            )
-            .with("argument", argument))
-        }
-    })
 }
 
 /// Records a cost entry. `source_ref` is idempotent per scope: the same reference again returns
@@ -67,7 +49,17 @@ fn record_cost(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    let billing_basis = required("billing_basis", billing_basis)?;
+    let billing_basis = required_label("billing_basis", billing_basis)?;
+    for (argument, label) in [
+        ("provider", provider),
+        ("model_ref", model_ref),
+        ("tool_ref", tool_ref),
+        ("source_port", source_port),
+        ("operation", operation),
+    ] {
+        optional_label(argument, label)?;
+    }
+    let step_id = optional_id("step_id", step_id)?;
     let quantity = billed_quantity.ok_or_else(|| LedgerError::required("billed_quantity"))?;
     cost::check_non_negative("billed_quantity", "QUANTITY_INVALID", &quantity.to_string())?;
     if let Some(a) = &amount {
@@ -80,9 +72,9 @@ fn record_cost(
             "an amount needs a currency",
         ));
     }
-    let usage = object("usage", usage)?;
+    let usage = redacted_object("usage", usage)?;
     cost::validate_usage(&usage)?;
-    let pricing = object("pricing_snapshot", pricing_snapshot)?;
+    let pricing = redacted_object("pricing_snapshot", pricing_snapshot)?;
     if let Some(r) = source_ref {
         ids::validate_key("source_ref", r)?;
     }

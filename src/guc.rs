@@ -39,7 +39,9 @@ pub fn init() {
         c"Redact string values that carry a well-known credential, whatever their key.",
         c"Bearer tokens, sk-... keys, AWS access key ids, GitHub and Slack tokens, PEM private keys.",
         &REDACT_VALUES,
-        GucContext::Userset,
+        // Superuser-only (or GRANT SET ON PARAMETER), like ledger.notify: the application whose
+        // values are redacted must not be able to switch the redaction off.
+        GucContext::Suset,
         GucFlags::default(),
     );
     // Superuser-only (or GRANT SET ON PARAMETER): switching it off silences other sessions'

@@ -9,7 +9,7 @@ use crate::error::{LedgerError, Result, SqlError};
 use crate::model::args::required_id;
 use crate::model::ids;
 use crate::model::outbox::{self as rules, AfterNack};
-use crate::model::text;
+use crate::redaction::free_text;
 use crate::scope::{self, Scope};
 use pgrx::prelude::*;
 
@@ -81,10 +81,18 @@ fn event_id_arg(event_id: Option<&str>) -> Result<String> {
     Ok(id.to_owned())
 }
 
-/// The ids of an `event_ids` array: none NULL, each a valid id.
+/// The ids of an `event_ids` array: none NULL, each a valid id, no more than a claim returns.
 fn event_ids_arg(event_ids: Option<Vec<Option<String>>>) -> Result<Vec<String>> {
+    let event_ids = event_ids.ok_or_else(|| LedgerError::required("event_ids"))?;
+    if event_ids.len() > rules::MAX_CLAIM_EVENTS as usize {
+        return Err(LedgerError::invalid(
+            "LIMIT_INVALID",
+            format!("event_ids may hold at most {} ids", rules::MAX_CLAIM_EVENTS),
+        )
+        .with("argument", "event_ids")
+        .with("value", event_ids.len()));
+    }
     event_ids
-        .ok_or_else(|| LedgerError::required("event_ids"))?
         .into_iter()
         .map(|id| {
             let id = id.ok_or_else(|| LedgerError::required("event_ids"))?;
@@ -202,8 +210,10 @@ fn nack(
     let lease_owner = lease_owner_arg(lease_owner)?;
     let mut ids = ids?;
     // An empty message is still a failure report (many exceptions have no text).
-    let error_message =
-        text::summary(error_message.ok_or_else(|| LedgerError::required("error_message"))?);
+    let error_message = free_text(Some(
+        error_message.ok_or_else(|| LedgerError::required("error_message"))?,
+    ))
+    .unwrap_or_default();
     // One lock order for every caller, so two overlapping nacks cannot deadlock.
     ids.sort_unstable();
     ids.dedup();

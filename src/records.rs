@@ -5,10 +5,10 @@ use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{required, required_id};
+use crate::model::args::{optional_label, required_id, required_label};
 use crate::model::events::{Event, Recorded};
-use crate::model::{ids, text};
-use crate::redaction::redacted_object;
+use crate::model::ids;
+use crate::redaction::{free_text, redacted_object};
 use crate::rows;
 use crate::scope::{self, Scope};
 use pgrx::datum::DatumWithOid;
@@ -92,8 +92,9 @@ fn record_audit(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.audit_events"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    let gateway_type = required("gateway_type", gateway_type)?;
-    let outcome = required("outcome", outcome)?;
+    let gateway_type = required_label("gateway_type", gateway_type)?;
+    let outcome = required_label("outcome", outcome)?;
+    let actor = free_text(optional_label("actor", actor)?);
     let payload = redacted_object("payload", payload)?;
     Ok(record(
         &scope,
@@ -105,7 +106,7 @@ fn record_audit(
             step_id.into(),
             gateway_type.into(),
             outcome.into(),
-            actor.into(),
+            actor.as_deref().into(),
             Jsonb::from(&payload).into(),
         ],
     )?)
@@ -122,7 +123,7 @@ fn record_response_event(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.response_events"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    let event_type = required("event_type", event_type)?;
+    let event_type = required_label("event_type", event_type)?;
     let payload = redacted_object("payload", payload)?;
     Ok(record(
         &scope,
@@ -176,7 +177,8 @@ fn record_feedback(
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let rating = rating.ok_or_else(|| LedgerError::required("rating"))?;
-    let category = required("category", category)?;
+    let category = required_label("category", category)?;
+    let user_id = optional_label("user_id", user_id)?;
     let metadata = redacted_object("metadata", metadata)?;
     Ok(record(
         &scope,
@@ -187,7 +189,7 @@ fn record_feedback(
         vec![
             rating.into(),
             category.into(),
-            comment.map(text::summary).into(),
+            free_text(comment).into(),
             user_id.into(),
             Jsonb::from(&metadata).into(),
         ],

@@ -4,7 +4,7 @@
 use crate::error::{LedgerError, SqlError};
 use crate::guc;
 use crate::jsonb::Jsonb;
-use crate::model::{json, redact};
+use crate::model::{json, redact, text};
 use pgrx::prelude::*;
 
 fn parse(value: &Jsonb) -> Result<serde_json::Value, LedgerError> {
@@ -26,6 +26,22 @@ pub fn redacted_object(
         )
         .with("argument", argument)),
     }
+}
+
+/// Any JSON argument (a tool result, run inputs), redacted under the current rules.
+pub fn redacted_json(value: &Jsonb) -> Result<serde_json::Value, LedgerError> {
+    Ok(redact::redact(&guc::redaction_rules(), parse(value)?))
+}
+
+/// Free text (a summary, an error message, a note, a title, a comment) as the ledger stores it:
+/// credentials found by the value patterns replaced, then cut to `text::SUMMARY_CHARS`. Redacted
+/// before the final cut, so that the cut never leaves the start of a secret the patterns would
+/// no longer see; the first cut, well past it, bounds the work on huge text.
+pub fn free_text(value: Option<&str>) -> Option<String> {
+    value.map(|v| {
+        let head = text::truncate_chars(v, 4 * text::SUMMARY_CHARS);
+        text::summary(&redact::redact_text(&guc::redaction_rules(), head))
+    })
 }
 
 /// The value with every sensitive key's value and every credential-like string replaced by

@@ -5,10 +5,11 @@ use crate::db;
 use crate::error::{Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, required, required_id};
+use crate::model::args::{optional_id, optional_label, required, required_id};
 use crate::model::events::{Event, RunCreated, RunStatus};
+use crate::model::ids;
 use crate::model::status::{check_transition, Resource, Status};
-use crate::model::{ids, text};
+use crate::redaction::{free_text, redacted_json};
 use crate::rows;
 use crate::scope::{self, Scope};
 use crate::transition;
@@ -51,24 +52,26 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         ("subject_kind", new.subject_kind),
         ("subject_id", new.subject_id),
         ("subject_version_id", new.subject_version_id),
+        ("user_id", new.user_id),
+        ("trace_id", new.trace_id),
     ] {
-        if let Some(label) = label {
-            ids::validate_label(argument, label)?;
-        }
+        optional_label(argument, label)?;
     }
     let request_id = optional_id("request_id", new.request_id)?;
     let id = match optional_id("run_id", new.run_id)? {
         Some(id) => id.to_owned(),
         None => ids::new_id("run"),
     };
-    if let Some(inputs) = &new.inputs {
-        if !inputs.is_object() {
+    let inputs = match &new.inputs {
+        Some(inputs) if !inputs.is_object() => {
             return Err(LedgerError::invalid(
                 "INPUTS_NOT_OBJECT",
                 "inputs must be a JSON object",
             ));
         }
-    }
+        Some(inputs) => Some(Jsonb::from(&redacted_json(inputs)?)),
+        None => None,
+    };
     if let Some(n) = new.attempt_no {
         if n < 1 {
             return Err(
@@ -101,11 +104,8 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         new.source_run_id,
     );
 
-    let input_summary = new
-        .input_summary
-        .or(new.inputs.as_ref().map(Jsonb::as_str))
-        .map(text::summary);
-    let (inline_inputs, inputs_sha256, inputs_size) = match new.inputs {
+    let input_summary = free_text(new.input_summary.or(inputs.as_ref().map(Jsonb::as_str)));
+    let (inline_inputs, inputs_sha256, inputs_size) = match inputs {
         Some(doc) if doc.0.len() > INLINE_INPUT_BYTES => {
             let size = doc.0.len() as i64;
             (None, Some(blobs::put(scope, doc.0.as_bytes())?), Some(size))
@@ -359,6 +359,7 @@ fn transition_run(
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let to = Status::parse(Resource::Run, required("to_status", to_status)?)?;
+    let error_code = optional_label("error_code", error_code)?;
     let expected = expected_status
         .map(|s| Status::parse(Resource::Run, s))
         .transpose()?;
@@ -373,8 +374,8 @@ fn transition_run(
         ids::validate("error_step_id", step)?;
         rows::step_of_run(&scope, step, run_id)?;
     }
-    let output_summary = output_summary.map(text::summary);
-    let mut error_message = error_message.map(text::summary);
+    let output_summary = free_text(output_summary);
+    let mut error_message = free_text(error_message);
     if to == Status::Failed && error_message.is_none() {
         error_message = output_summary.clone();
     }

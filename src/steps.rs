@@ -4,10 +4,11 @@ use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, required, required_id};
+use crate::model::args::{optional_id, optional_label, required, required_id, required_label};
 use crate::model::events::{Event, StepCreated, StepStatus};
+use crate::model::ids;
 use crate::model::status::{check_transition, Resource, Status};
-use crate::model::{ids, text};
+use crate::redaction::{free_text, redacted_json};
 use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
 use crate::transition;
@@ -60,7 +61,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
             new.step_type.into(),
             new.node_id.into(),
             new.status.as_str().into(),
-            new.input_summary.map(text::summary).into(),
+            free_text(new.input_summary).into(),
             seq.into(),
             new.status.is_started().into(),
             new.status.is_terminal().into(),
@@ -92,9 +93,11 @@ fn create_step(
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let new = NewStep {
-        step_type: required("step_type", step_type)?,
-        step_key,
-        node_id,
+        step_type: required_label("step_type", step_type)?,
+        step_key: step_key
+            .map(|k| ids::validate_key("step_key", k).map(|_| k))
+            .transpose()?,
+        node_id: optional_label("node_id", node_id)?,
         input_summary,
         status: Status::parse(Resource::Step, required("status", status)?)?,
         step_id: optional_id("step_id", step_id)?,
@@ -195,10 +198,10 @@ fn write_transition(
         from,
         to,
         vec![
-            change.output_summary.map(text::summary).into(),
+            free_text(change.output_summary).into(),
             change.metrics.into(),
             change.error_code.into(),
-            change.error_message.map(text::summary).into(),
+            free_text(change.error_message).into(),
             change.error_details.into(),
         ],
     )
@@ -220,21 +223,23 @@ fn transition_step(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), SqlError> {
     let scope = scope::current()?;
     let step_id = required_id("step_id", step_id)?;
-    ids::validate("step_id", step_id)?;
     let to = Status::parse(Resource::Step, required("to_status", to_status)?)?;
+    let error_code = optional_label("error_code", error_code)?;
     let expected = expected_status
         .map(|s| Status::parse(Resource::Step, s))
         .transpose()?;
-    if let Some(m) = &metrics {
-        // Metrics are evidence the ledger walks later (run_evidence): bound their depth now.
-        crate::model::json::parse(m.as_str())?;
-        if !m.is_object() {
-            raise(LedgerError::invalid(
-                "METRICS_NOT_OBJECT",
-                "metrics must be a JSON object",
-            ));
-        }
-    }
+    let metrics = match metrics {
+        Some(m) if !m.is_object() => raise(LedgerError::invalid(
+            "METRICS_NOT_OBJECT",
+            "metrics must be a JSON object",
+        )),
+        // Parsed (depth-bounded) and redacted: metrics are evidence run_evidence walks later.
+        Some(m) => Some(Jsonb::from(&redacted_json(&m)?)),
+        None => None,
+    };
+    let error_details = error_details
+        .map(|d| redacted_json(&d).map(|v| Jsonb::from(&v)))
+        .transpose()?;
     let change = StepChange {
         output_summary,
         metrics,

@@ -6,13 +6,13 @@ use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, required, required_id};
+use crate::model::args::{optional_id, optional_label, required, required_id, required_label};
 use crate::model::events::{
     task_event_reserved, Event, TaskCheckpoint, TaskCreated, TaskRetried, TaskSnapshot, TaskStatus,
 };
 use crate::model::status::{check_transition, Resource, Status};
-use crate::model::{ids, json, text};
-use crate::redaction::redacted_object;
+use crate::model::{ids, json};
+use crate::redaction::{free_text, redacted_object};
 use crate::rows;
 use crate::scope::{self, Scope};
 use crate::transition;
@@ -69,7 +69,7 @@ fn create_task(
     task_id: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), SqlError> {
     let scope = scope::current()?;
-    let task_type = required("task_type", task_type)?;
+    let task_type = required_label("task_type", task_type)?;
     let input = redacted_object("input", input)?;
     let id = match optional_id("task_id", task_id)? {
         Some(id) => id.to_owned(),
@@ -199,6 +199,7 @@ fn transition_task(
         .transpose()?;
     let progress = optional_object("progress", progress)?;
     let output = optional_object("output", output)?;
+    let error_code = optional_label("error_code", error_code)?;
     let current = rows::lock_task(&scope, task_id)?;
     // None: already there, idempotent, nothing is rewritten.
     if let Some(from) = check_transition(Resource::Task, task_id, current.status, expected, to)? {
@@ -206,7 +207,7 @@ fn transition_task(
             progress,
             output,
             error_code,
-            error_message: error_message.map(text::summary),
+            error_message: free_text(error_message),
             ..TaskChange::default()
         };
         write_transition(&scope, task_id, from, to, change)?;
@@ -269,7 +270,7 @@ fn record_task_event(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.task_events"), SqlError> {
     let scope = scope::current()?;
     let task_id = required_id("task_id", task_id)?;
-    let event_type = required("event_type", event_type)?;
+    let event_type = required_label("event_type", event_type)?;
     if task_event_reserved(event_type) {
         raise(
             LedgerError::invalid(

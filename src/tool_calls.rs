@@ -10,7 +10,7 @@ use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::guc;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, required, required_id};
+use crate::model::args::{optional_id, optional_label, required, required_id, required_label};
 use crate::model::events::{
     ApprovalResolved, Event, ToolCallApproval, ToolCallClaimed, ToolCallCompleted, ToolCallIds,
     ToolCallReplayed, ToolCallResolved,
@@ -20,8 +20,8 @@ use crate::model::tool_call::{
     check_fence, decide, extend_seconds, identity_reused, lease_seconds, wrong_state,
     ApprovalStatus, CallStatus, Decision, Existing, Outcome, Resolution,
 };
-use crate::model::{ids, json, redact, text};
-use crate::redaction::redacted_object;
+use crate::model::{ids, json, redact};
+use crate::redaction::{free_text, redacted_json, redacted_object};
 use crate::rows::{self, By, LockedRun, ToolCall};
 use crate::scope::{self, Scope};
 use crate::steps::{self, NewStep, StepChange};
@@ -88,7 +88,7 @@ fn mark_in_doubt(
 ) -> Result<()> {
     db::execute(
         include_str!("../sql/queries/mark_tool_call_in_doubt.sql"),
-        &scope.args([rec.id.as_str().into(), error.map(text::summary).into()]),
+        &scope.args([rec.id.as_str().into(), free_text(error).into()]),
     )?;
     rec.status = CallStatus::InDoubt;
     steps::follow(
@@ -162,10 +162,10 @@ fn finish(
     metadata: &Value,
 ) -> Result<()> {
     let canonical = match &result {
-        Some(r) => Some(json::canonical(&json::parse(r.as_str())?)),
+        Some(r) => Some(json::canonical(&redacted_json(r)?)),
         None => None,
     };
-    let (inline, artifact, size, sha) = match canonical {
+    let (inline, artifact, size, sha) = match &canonical {
         Some(c) if c.len() > INLINE_RESULT_BYTES => {
             let meta = json!({"kind": "tool_result", "tool_call_id": rec.tool_call_id, "tool_call_record_id": rec.id});
             let (id, sha) = artifacts::put_bytes(
@@ -181,7 +181,7 @@ fn finish(
         }
         Some(c) => {
             let size = c.len() as i64;
-            (Some(Jsonb(c)), None, Some(size), None)
+            (Some(Jsonb(c.clone())), None, Some(size), None)
         }
         None => (None, None, None, None),
     };
@@ -201,7 +201,7 @@ fn finish(
             sha.into(),
             Jsonb::from(metadata).into(),
             error_code.into(),
-            error.map(text::summary).into(),
+            free_text(error).into(),
         ]),
     )?;
     rec.status = status;
@@ -217,7 +217,7 @@ fn finish(
         &rec.step_id,
         step_status,
         StepChange {
-            output_summary: result.as_ref().map(Jsonb::as_str),
+            output_summary: canonical.as_deref(),
             metrics: Some(Jsonb::from(&metrics)),
             error_code,
             error_message: error,
@@ -333,8 +333,7 @@ fn identity<'a>(
     idempotency_key: Option<&'a str>,
 ) -> Result<Identity<'a>> {
     let run_id = required_id("run_id", run_id)?;
-    ids::validate("run_id", run_id)?;
-    let tool_ref = required("tool_ref", tool_ref)?;
+    let tool_ref = required_label("tool_ref", tool_ref)?;
     let tool_call_id = optional_id("tool_call_id", tool_call_id)?
         .map_or_else(|| ids::new_id("call"), str::to_owned);
     let idempotency_key = match idempotency_key {
@@ -758,6 +757,10 @@ fn resolve_tool_call(
         let scope = scope::current()?;
         let id = required_id("tool_call_record_id", tool_call_record_id)?;
         let resolution = Resolution::parse(required("decision", decision)?)?;
+        let actor = free_text(optional_label("actor", actor)?);
+        let actor = actor.as_deref();
+        let note = free_text(note);
+        let note = note.as_deref();
         let (run, mut rec) = rows::lock_tool_call_by_id(&scope, id)?;
         if rec.status != CallStatus::InDoubt {
             raise(
@@ -889,6 +892,9 @@ fn request_tool_approval(
         let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
         let args = self::arguments(arguments)?;
         let details = redacted_object("details", details)?;
+        let title = free_text(title);
+        let title = title.as_deref();
+        let policy_ref = optional_label("policy_ref", policy_ref)?;
         let run = rows::lock_run(&scope, "run_id", who.run_id)?;
         if tombstone(&scope, &who, &args)?.is_some() {
             raise(
@@ -994,7 +1000,6 @@ fn resolve_approval(
     feed::collected(|| {
         let scope = scope::current()?;
         let approval_id = required_id("approval_id", approval_id)?;
-        ids::validate("approval_id", approval_id)?;
         let decision = match required("decision", decision)? {
             "approved" => ApprovalStatus::Approved,
             "rejected" => ApprovalStatus::Rejected,
@@ -1003,6 +1008,9 @@ fn resolve_approval(
                     .with("decision", other),
             ),
         };
+        let actor = free_text(optional_label("actor", actor)?);
+        let actor = actor.as_deref();
+        let note = free_text(note);
         let (run, approval) = rows::lock_approval(&scope, approval_id)?;
         let (run_id, status, record_id) = (
             approval.run_id,
@@ -1030,7 +1038,7 @@ fn resolve_approval(
                 approval_id.into(),
                 decision.as_str().into(),
                 actor.into(),
-                note.into(),
+                note.as_deref().into(),
             ]),
         )?;
         let resolved = Event::ApprovalResolved(ApprovalResolved {

@@ -18,6 +18,22 @@ pub fn required_id<'a>(argument: &str, value: Option<&'a str>) -> Result<&'a str
     Ok(value)
 }
 
+/// A NOT NULL, non-empty label (a mode, a tool reference, an event type): at most 256 bytes, no
+/// control or bidi control characters (22023 `LABEL_INVALID`).
+pub fn required_label<'a>(argument: &str, value: Option<&'a str>) -> Result<&'a str> {
+    let value = required(argument, value)?;
+    ids::validate_label(argument, value)?;
+    Ok(value)
+}
+
+/// A label, validated when present.
+pub fn optional_label<'a>(argument: &str, value: Option<&'a str>) -> Result<Option<&'a str>> {
+    if let Some(v) = value {
+        ids::validate_label(argument, v)?;
+    }
+    Ok(value)
+}
+
 /// A caller-supplied id, validated when present.
 pub fn optional_id<'a>(argument: &str, value: Option<&'a str>) -> Result<Option<&'a str>> {
     if let Some(v) = value {
@@ -51,5 +67,29 @@ mod tests {
         assert_eq!(required_id("run_id", Some("r-1")).unwrap(), "r-1");
         assert_eq!(optional_id("run_id", None).unwrap(), None);
         assert!(optional_id("run_id", Some("a b")).is_err());
+    }
+
+    #[test]
+    fn labels_are_bounded_and_printable() {
+        assert_eq!(
+            required_label("tool_ref", Some("crm.lookup order")).unwrap(),
+            "crm.lookup order"
+        );
+        assert_eq!(
+            required_label("tool_ref", None).unwrap_err().code,
+            "ARGUMENT_REQUIRED"
+        );
+        assert_eq!(
+            required_label("tool_ref", Some("")).unwrap_err().code,
+            "ARGUMENT_REQUIRED"
+        );
+        for bad in ["a\nb".to_owned(), "a\u{202E}b".to_owned(), "t".repeat(257)] {
+            let e = required_label("tool_ref", Some(&bad)).unwrap_err();
+            assert_eq!(e.code, "LABEL_INVALID");
+            assert_eq!(e.detail["argument"], "tool_ref");
+            assert!(optional_label("tool_ref", Some(&bad)).is_err());
+        }
+        assert_eq!(optional_label("actor", None).unwrap(), None);
+        assert!(required_label("tool_ref", Some(&"t".repeat(256))).is_ok());
     }
 }

@@ -31,7 +31,10 @@ pub fn validate_usage(usage: &Value) -> Result<()> {
         if !USAGE_KEYS.contains(&key.as_str()) {
             return Err(LedgerError::invalid(
                 "USAGE_KEY_UNKNOWN",
-                format!("unknown usage key {key:?}"),
+                format!(
+                    "unknown usage key {:?}",
+                    crate::text::truncate_chars(key, 64)
+                ),
             )
             .with("key", key.as_str())
             .with("known", USAGE_KEYS.to_vec()));
@@ -65,7 +68,11 @@ pub fn check_non_negative(argument: &str, code: &'static str, text: &str) -> Res
 /// A currency code, upper-cased: 2 to 16 of `[A-Z0-9_]`, starting with a letter (ISO 4217 codes,
 /// and units such as CREDITS).
 pub fn currency(code: &str) -> Result<String> {
-    let upper = code.to_ascii_uppercase();
+    let upper = if code.len() <= 16 {
+        code.to_ascii_uppercase()
+    } else {
+        String::new()
+    };
     let ok = (2..=16).contains(&upper.len())
         && upper.starts_with(|c: char| c.is_ascii_uppercase())
         && upper

@@ -70,8 +70,17 @@ impl LedgerError {
     }
 
     /// Adds a DETAIL member.
+    /// Adds a DETAIL field. A string longer than `DETAIL_CHARS` (a refused value echoed back) is
+    /// cut and marked with `…`, so an error never carries a huge argument around.
     pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
-        self.detail.insert(key.into(), value.into());
+        let value = match value.into() {
+            Value::String(s) if s.chars().nth(DETAIL_CHARS).is_some() => Value::String(format!(
+                "{}…",
+                crate::text::truncate_chars(&s, DETAIL_CHARS)
+            )),
+            v => v,
+        };
+        self.detail.insert(key.into(), value);
         self
     }
 
@@ -126,9 +135,23 @@ impl std::fmt::Display for LedgerError {
     }
 }
 
+/// The longest string a DETAIL field echoes, in characters.
+pub const DETAIL_CHARS: usize = 256;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_detail_strings_are_cut() {
+        let e = LedgerError::invalid("X", "x")
+            .with("value", "é".repeat(DETAIL_CHARS))
+            .with("long", "v".repeat(50_000_000))
+            .with("n", 7);
+        assert_eq!(e.detail["value"], "é".repeat(DETAIL_CHARS));
+        assert_eq!(e.detail["long"], format!("{}…", "v".repeat(DETAIL_CHARS)));
+        assert_eq!(e.detail["n"], 7);
+    }
 
     #[test]
     fn detail_is_json_with_code() {
