@@ -473,10 +473,7 @@ mod tests {
                     started_at IS NULL, ended_at IS NULL, queued_at IS NOT NULL) \
                FROM ledger.runs WHERE id = '{id}'"
         ));
-        assert_eq!(
-            row,
-            "queued|chat|chat|1|t|{\"n\": 1.50, \"q\": \"hi\"}|t|t|t"
-        );
+        assert_eq!(row, "queued|chat|chat|1|t|{\"n\":1.50,\"q\":\"hi\"}|t|t|t");
         assert_eq!(
             one::<String>(&format!("SELECT ledger.run_inputs('{id}')::text")),
             "{\"n\": 1.50, \"q\": \"hi\"}"
@@ -587,30 +584,31 @@ mod tests {
     }
 
     #[pg_test]
-    fn deep_and_huge_inputs_are_kept_without_recursion() {
+    fn deep_inputs_are_refused_and_huge_ones_kept() {
         set_scope("t-deep", "w");
-        // Inputs are stored as PostgreSQL parsed them; Rust never walks them.
+        // Inputs and error details are redacted, so walked: like every JSON argument, deeper
+        // than 100 levels they are refused before anything walks them, and nothing is written.
         let deep = "('{\"a\": ' || repeat('[', 5000) || '1' || repeat(']', 5000) || '}')::jsonb";
-        Spi::run(&format!(
-            "SELECT ledger.create_run('chat', {deep}, run_id => 'deep')"
-        ))
-        .unwrap();
-        assert!(one::<bool>(&format!(
-            "SELECT ledger.run_inputs('deep') = {deep}"
-        )));
-        Spi::run("SELECT ledger.create_step('deep', 'llm', step_id => 's')").unwrap();
-        // error_details are kept as given; metrics, which run_evidence walks, are bounded.
-        Spi::run(&format!(
-            "SELECT ledger.transition_step('s', 'running', error_details => {deep})"
-        ))
-        .unwrap();
-        assert!(one::<bool>(&format!(
-            "SELECT error_details = {deep} FROM ledger.run_steps"
-        )));
         crate::testing::assert_error(
-            &format!("SELECT ledger.transition_step('s', 'succeeded', metrics => {deep})"),
+            &format!("SELECT ledger.create_run('chat', {deep}, run_id => 'deep')"),
             "22023",
             "INPUT_TOO_DEEP",
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.runs WHERE tenant_id = 't-deep'"),
+            0
+        );
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'deep')").unwrap();
+        Spi::run("SELECT ledger.create_step('deep', 'llm', step_id => 's')").unwrap();
+        for call in [
+            format!("SELECT ledger.transition_step('s', 'running', error_details => {deep})"),
+            format!("SELECT ledger.transition_step('s', 'running', metrics => {deep})"),
+        ] {
+            crate::testing::assert_error(&call, "22023", "INPUT_TOO_DEEP");
+        }
+        assert_eq!(
+            one::<String>("SELECT status FROM ledger.run_steps"),
+            "queued"
         );
         let huge = "jsonb_build_object('text', repeat('x', 5000000))";
         Spi::run(&format!(

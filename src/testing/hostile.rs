@@ -230,36 +230,77 @@ mod tests {
         );
     }
 
-    #[pg_test]
-    fn hostile_one_megabyte_text_arguments_are_refused_as_ids_and_kept_or_cut_as_text() {
-        running_run("t-hostile-mb");
-        Spi::run("SELECT ledger.create_step('r', 'tool', step_id => 's')").unwrap();
-        let sql = |template: &str| template.replace("$MB", MB);
+    /// A tool call record, claimed with attempt 1, and a pending approval (see `megabyte_fixture`).
+    const REC: &str = "(SELECT id FROM ledger.run_step_tool_calls WHERE tool_call_id = 'c0')";
+    const APR: &str = "(SELECT id FROM ledger.approval_requests WHERE status = 'pending' LIMIT 1)";
+    /// The labels `hostile_indexed_labels_are_bounded_with_a_clear_error` covers.
+    const INDEXED_LABELS: [&str; 5] = [
+        "create_run.mode",
+        "create_run.kind",
+        "create_run.subject_kind",
+        "create_run.subject_id",
+        "create_run.subject_version_id",
+    ];
 
-        // Ids (and keys) are refused, naming the argument, and write nothing.
+    /// A running run `r` with a step `s`, a claimed call, two pending approvals (whose two
+    /// outbox events `w` holds) and a queued task `t`.
+    fn megabyte_fixture() {
+        running_run("t-hostile-mb");
+        Spi::run(
+            "SELECT ledger.create_step('r', 'tool', step_id => 's'); \
+             SELECT ledger.claim_tool_call('r', 'search', tool_call_id => 'c0'); \
+             SELECT ledger.request_tool_approval('r', 'pay', '{}', tool_call_id => 'a0'); \
+             SELECT ledger.request_tool_approval('r', 'pay', '{}', tool_call_id => 'a1'); \
+             SELECT count(*) FROM ledger.claim_outbox_events('w', 2); \
+             SELECT ledger.create_task('k', task_id => 't')",
+        )
+        .unwrap();
+    }
+
+    /// `function.argument` of a call in these lists.
+    fn named(call: &str, argument: &str) -> String {
+        let name = call
+            .split("ledger.")
+            .nth(1)
+            .and_then(|rest| rest.split('(').next())
+            .unwrap_or_else(|| panic!("no ledger function in {call}"));
+        format!("{name}.{argument}")
+    }
+
+    #[pg_test]
+    fn hostile_one_megabyte_text_arguments_are_refused_or_cut_by_what_they_are() {
+        megabyte_fixture();
+        let sql = |template: &str| {
+            template
+                .replace("$MB", MB)
+                .replace("$REC", REC)
+                .replace("$APR", APR)
+        };
+        let mut covered: Vec<String> = INDEXED_LABELS.iter().map(|s| s.to_string()).collect();
+
+        // Ids and keys are refused, naming the argument, and write nothing.
         for (argument, call) in [
             (
-                "request_id",
-                "SELECT ledger.create_run('chat', request_id => $MB)",
+                "lease_owner",
+                "SELECT ledger.ack_outbox_events($MB, 'evt_1')",
+            ),
+            ("event_id", "SELECT ledger.ack_outbox_events('w', $MB)"),
+            (
+                "lease_owner",
+                "SELECT ledger.ack_outbox_events($MB, ARRAY['evt_1'])",
             ),
             (
-                "parent_run_id",
-                "SELECT ledger.create_run('chat', parent_run_id => $MB)",
+                "event_ids",
+                "SELECT ledger.ack_outbox_events('w', ARRAY[$MB])",
+            ),
+            ("task_id", "SELECT ledger.add_task_checkpoint($MB, '{}')"),
+            (
+                "tool_call_record_id",
+                "SELECT ledger.begin_tool_call($MB, 1)",
             ),
             (
-                "source_run_id",
-                "SELECT ledger.create_run('chat', source_run_id => $MB)",
-            ),
-            ("run_id", "SELECT ledger.create_run('chat', run_id => $MB)"),
-            ("run_id", "SELECT ledger.create_step($MB, 'llm')"),
-            (
-                "step_id",
-                "SELECT ledger.create_step('r', 'llm', step_id => $MB)",
-            ),
-            ("run_id", "SELECT ledger.transition_run($MB, 'paused')"),
-            (
-                "error_step_id",
-                "SELECT ledger.transition_run('r', 'paused', error_step_id => $MB)",
+                "lease_owner",
+                "SELECT count(*) FROM ledger.claim_outbox_events($MB)",
             ),
             ("run_id", "SELECT ledger.claim_tool_call($MB, 'search')"),
             (
@@ -278,6 +319,75 @@ mod tests {
                 "lease_owner",
                 "SELECT ledger.claim_tool_call('r', 'search', lease_owner => $MB)",
             ),
+            (
+                "tool_call_record_id",
+                "SELECT ledger.complete_tool_call($MB, 1, 'succeeded')",
+            ),
+            (
+                "request_id",
+                "SELECT ledger.create_run('chat', request_id => $MB)",
+            ),
+            (
+                "parent_run_id",
+                "SELECT ledger.create_run('chat', parent_run_id => $MB)",
+            ),
+            (
+                "source_run_id",
+                "SELECT ledger.create_run('chat', source_run_id => $MB)",
+            ),
+            ("run_id", "SELECT ledger.create_run('chat', run_id => $MB)"),
+            ("run_id", "SELECT ledger.create_step($MB, 'llm')"),
+            (
+                "step_key",
+                "SELECT ledger.create_step('r', 'llm', step_key => $MB)",
+            ),
+            (
+                "step_id",
+                "SELECT ledger.create_step('r', 'llm', step_id => $MB)",
+            ),
+            ("run_id", "SELECT ledger.create_task('k', run_id => $MB)"),
+            ("task_id", "SELECT ledger.create_task('k', task_id => $MB)"),
+            ("run_id", "SELECT count(*) FROM ledger.events_since($MB)"),
+            (
+                "after_event_id",
+                "SELECT count(*) FROM ledger.events_since('r', $MB)",
+            ),
+            ("artifact_id", "SELECT ledger.get_artifact($MB)"),
+            (
+                "tool_call_record_id",
+                "SELECT ledger.heartbeat_tool_call($MB, 1)",
+            ),
+            (
+                "lease_owner",
+                "SELECT count(*) FROM ledger.nack_outbox_events($MB, 'evt_1', 'e')",
+            ),
+            (
+                "event_id",
+                "SELECT count(*) FROM ledger.nack_outbox_events('w', $MB, 'e')",
+            ),
+            (
+                "lease_owner",
+                "SELECT count(*) FROM ledger.nack_outbox_events($MB, ARRAY['evt_1'], 'e')",
+            ),
+            (
+                "event_ids",
+                "SELECT count(*) FROM ledger.nack_outbox_events('w', ARRAY[$MB], 'e')",
+            ),
+            ("run_id", "SELECT ledger.put_artifact($MB, '\\x00')"),
+            (
+                "step_id",
+                "SELECT ledger.put_artifact('r', '\\x00', step_id => $MB)",
+            ),
+            ("run_id", "SELECT ledger.record_audit($MB, 'gw', 'allowed')"),
+            (
+                "step_id",
+                "SELECT ledger.record_audit('r', 'gw', 'allowed', step_id => $MB)",
+            ),
+            ("run_id", "SELECT ledger.record_citation($MB, '{}')"),
+            (
+                "step_id",
+                "SELECT ledger.record_citation('r', '{}', step_id => $MB)",
+            ),
             ("run_id", "SELECT ledger.record_cost($MB, 'tokens', 1)"),
             (
                 "step_id",
@@ -287,70 +397,306 @@ mod tests {
                 "source_ref",
                 "SELECT ledger.record_cost('r', 'tokens', 1, source_ref => $MB)",
             ),
-            ("run_id", "SELECT ledger.record_audit($MB, 'gw', 'allowed')"),
+            ("run_id", "SELECT ledger.record_feedback($MB, 1)"),
+            (
+                "run_id",
+                "SELECT ledger.record_response_event($MB, 'message')",
+            ),
             (
                 "step_id",
-                "SELECT ledger.record_audit('r', 'gw', 'allowed', step_id => $MB)",
+                "SELECT ledger.record_response_event('r', 'message', step_id => $MB)",
             ),
+            ("task_id", "SELECT ledger.record_task_event($MB, 'note')"),
+            (
+                "run_id",
+                "SELECT ledger.register_artifact($MB, 'k', 1, repeat('a', 64))",
+            ),
+            (
+                "storage_key",
+                "SELECT ledger.register_artifact('r', $MB, 1, repeat('a', 64))",
+            ),
+            (
+                "step_id",
+                "SELECT ledger.register_artifact('r', 'k', 1, repeat('a', 64), step_id => $MB)",
+            ),
+            ("run_id", "SELECT ledger.replay_bundle($MB)"),
+            ("event_id", "SELECT ledger.replay_outbox_event($MB)"),
+            ("run_id", "SELECT ledger.replay_ready($MB)"),
+            ("run_id", "SELECT ledger.replay_run($MB)"),
+            ("task_id", "SELECT ledger.replay_task($MB)"),
+            (
+                "run_id",
+                "SELECT ledger.request_tool_approval($MB, 'pay', '{}')",
+            ),
+            (
+                "tool_call_id",
+                "SELECT ledger.request_tool_approval('r', 'pay', '{}', tool_call_id => $MB)",
+            ),
+            (
+                "idempotency_key",
+                "SELECT ledger.request_tool_approval('r', 'pay', '{}', idempotency_key => $MB)",
+            ),
+            (
+                "approval_id",
+                "SELECT ledger.resolve_approval($MB, 'approved')",
+            ),
+            (
+                "tool_call_record_id",
+                "SELECT ledger.resolve_tool_call($MB, 'retry')",
+            ),
+            ("run_id", "SELECT ledger.retry_run($MB)"),
+            ("task_id", "SELECT ledger.retry_task($MB)"),
+            ("run_id", "SELECT ledger.run_channel($MB)"),
+            ("run_id", "SELECT ledger.run_evidence($MB)"),
+            ("run_id", "SELECT ledger.run_inputs($MB)"),
+            ("tenant_id", "SELECT ledger.set_scope($MB, 'w')"),
+            (
+                "workspace_id",
+                "SELECT ledger.set_scope('t-hostile-mb', $MB)",
+            ),
+            ("task_id", "SELECT ledger.set_task_snapshot($MB, '{}')"),
+            ("run_id", "SELECT ledger.transition_run($MB, 'paused')"),
+            (
+                "error_step_id",
+                "SELECT ledger.transition_run('r', 'paused', error_step_id => $MB)",
+            ),
+            ("step_id", "SELECT ledger.transition_step($MB, 'running')"),
+            ("task_id", "SELECT ledger.transition_task($MB, 'running')"),
         ] {
             let before = rows();
             let e = assert_error(&sql(call), "22023", "ID_INVALID");
             assert_eq!(e.detail["argument"], argument, "{call}");
             assert_eq!(e.detail["length"], MB_CHARS, "{call}");
             assert_eq!(rows(), before, "{call}");
+            covered.push(named(call, argument));
         }
-        // Closed vocabularies are refused with their own codes.
-        for (code, call) in [
+        // Labels: at most 256 bytes, refused past it.
+        for (argument, call) in [
+            ("tool_ref", "SELECT ledger.claim_tool_call('r', $MB)"),
             (
+                "user_id",
+                "SELECT ledger.create_run('chat', user_id => $MB)",
+            ),
+            (
+                "trace_id",
+                "SELECT ledger.create_run('chat', trace_id => $MB)",
+            ),
+            ("step_type", "SELECT ledger.create_step('r', $MB)"),
+            (
+                "node_id",
+                "SELECT ledger.create_step('r', 'llm', node_id => $MB)",
+            ),
+            ("task_type", "SELECT ledger.create_task($MB)"),
+            (
+                "mime",
+                "SELECT ledger.put_artifact('r', '\\x00', mime => $MB)",
+            ),
+            (
+                "gateway_type",
+                "SELECT ledger.record_audit('r', $MB, 'allowed')",
+            ),
+            ("outcome", "SELECT ledger.record_audit('r', 'gw', $MB)"),
+            (
+                "actor",
+                "SELECT ledger.record_audit('r', 'gw', 'allowed', actor => $MB)",
+            ),
+            ("billing_basis", "SELECT ledger.record_cost('r', $MB, 1)"),
+            (
+                "provider",
+                "SELECT ledger.record_cost('r', 'tokens', 1, provider => $MB)",
+            ),
+            (
+                "model_ref",
+                "SELECT ledger.record_cost('r', 'tokens', 1, model_ref => $MB)",
+            ),
+            (
+                "tool_ref",
+                "SELECT ledger.record_cost('r', 'tokens', 1, tool_ref => $MB)",
+            ),
+            (
+                "source_port",
+                "SELECT ledger.record_cost('r', 'tokens', 1, source_port => $MB)",
+            ),
+            (
+                "operation",
+                "SELECT ledger.record_cost('r', 'tokens', 1, operation => $MB)",
+            ),
+            ("category", "SELECT ledger.record_feedback('r', 1, $MB)"),
+            (
+                "user_id",
+                "SELECT ledger.record_feedback('r', 1, user_id => $MB)",
+            ),
+            (
+                "event_type",
+                "SELECT ledger.record_response_event('r', $MB)",
+            ),
+            ("event_type", "SELECT ledger.record_task_event('t', $MB)"),
+            (
+                "mime",
+                "SELECT ledger.register_artifact('r', 'k', 1, repeat('a', 64), mime => $MB)",
+            ),
+            (
+                "tool_ref",
+                "SELECT ledger.request_tool_approval('r', $MB, '{}')",
+            ),
+            (
+                "policy_ref",
+                "SELECT ledger.request_tool_approval('r', 'pay', '{}', policy_ref => $MB)",
+            ),
+            (
+                "actor",
+                "SELECT ledger.resolve_approval($APR, 'approved', actor => $MB)",
+            ),
+            (
+                "actor",
+                "SELECT ledger.resolve_tool_call($REC, 'retry', actor => $MB)",
+            ),
+            (
+                "error_code",
+                "SELECT ledger.transition_run('r', 'failed', error_code => $MB)",
+            ),
+            (
+                "error_code",
+                "SELECT ledger.transition_step('s', 'running', error_code => $MB)",
+            ),
+            (
+                "error_code",
+                "SELECT ledger.transition_task('t', 'running', error_code => $MB)",
+            ),
+        ] {
+            let before = rows();
+            let e = assert_error(&sql(call), "22023", "LABEL_INVALID");
+            assert_eq!(e.detail["argument"], argument, "{call}");
+            assert_eq!(e.detail["bytes"], MB_CHARS, "{call}");
+            assert_eq!(rows(), before, "{call}");
+            covered.push(named(call, argument));
+        }
+        // Closed vocabularies are refused with their own codes, echoing at most 256 characters.
+        for (argument, code, call) in [
+            (
+                "outcome",
+                "OUTCOME_UNKNOWN",
+                "SELECT ledger.complete_tool_call($REC, 1, $MB)",
+            ),
+            (
+                "status",
                 "STATUS_UNKNOWN",
                 "SELECT ledger.create_step('r', 'llm', status => $MB)",
             ),
-            ("STATUS_UNKNOWN", "SELECT ledger.transition_run('r', $MB)"),
             (
+                "artifact_type",
+                "ARTIFACT_TYPE_UNKNOWN",
+                "SELECT ledger.put_artifact('r', '\\x00', $MB)",
+            ),
+            (
+                "currency",
+                "CURRENCY_INVALID",
+                "SELECT ledger.record_cost('r', 'tokens', 1, 1, $MB)",
+            ),
+            (
+                "artifact_type",
+                "ARTIFACT_TYPE_UNKNOWN",
+                "SELECT ledger.register_artifact('r', 'k', 1, repeat('a', 64), $MB)",
+            ),
+            (
+                "sha256",
+                "SHA256_INVALID",
+                "SELECT ledger.register_artifact('r', 'k', 1, $MB)",
+            ),
+            (
+                "decision",
+                "DECISION_UNKNOWN",
+                "SELECT ledger.resolve_approval($APR, $MB)",
+            ),
+            (
+                "decision",
+                "DECISION_UNKNOWN",
+                "SELECT ledger.resolve_tool_call($REC, $MB)",
+            ),
+            (
+                "to_status",
+                "STATUS_UNKNOWN",
+                "SELECT ledger.transition_run('r', $MB)",
+            ),
+            (
+                "expected_status",
                 "STATUS_UNKNOWN",
                 "SELECT ledger.transition_run('r', 'paused', expected_status => $MB)",
             ),
             (
-                "CURRENCY_INVALID",
-                "SELECT ledger.record_cost('r', 'tokens', 1, 1, $MB)",
+                "to_status",
+                "STATUS_UNKNOWN",
+                "SELECT ledger.transition_step('s', $MB)",
+            ),
+            (
+                "expected_status",
+                "STATUS_UNKNOWN",
+                "SELECT ledger.transition_step('s', 'running', expected_status => $MB)",
+            ),
+            (
+                "to_status",
+                "STATUS_UNKNOWN",
+                "SELECT ledger.transition_task('t', $MB)",
+            ),
+            (
+                "expected_status",
+                "STATUS_UNKNOWN",
+                "SELECT ledger.transition_task('t', 'running', expected_status => $MB)",
             ),
         ] {
             let before = rows();
-            assert_error(&sql(call), "22023", code);
+            let e = assert_error(&sql(call), "22023", code);
+            assert!(e.detail.to_string().len() < 1024, "{call}: {}", e.detail);
             assert_eq!(rows(), before, "{call}");
+            covered.push(named(call, argument));
         }
 
-        // Free text is kept whole; summaries and messages are cut at 8192 characters. Each query
-        // reads the value back from the row the function returns.
+        // Free text is cut at 8192 characters: `call` writes it, `read` reads it back.
         let fresh = "(SELECT id FROM ledger.create_run('chat'))";
-        for (want, call) in [
-            (MB_CHARS, "SELECT char_length(user_id) FROM ledger.create_run('chat', user_id => $MB)"),
-            (MB_CHARS, "SELECT char_length(trace_id) FROM ledger.create_run('chat', trace_id => $MB)"),
-            (8192, "SELECT char_length(input_summary) FROM ledger.create_run('chat', input_summary => $MB)"),
-            (MB_CHARS, "SELECT char_length(step_type) FROM ledger.create_step('r', $MB)"),
-            (MB_CHARS, "SELECT char_length(step_key) FROM ledger.create_step('r', 'llm', step_key => $MB)"),
-            (MB_CHARS, "SELECT char_length(node_id) FROM ledger.create_step('r', 'llm', node_id => $MB)"),
-            (8192, "SELECT char_length(input_summary) FROM ledger.create_step('r', 'llm', input_summary => $MB)"),
-            (8192, "SELECT char_length(output_summary) FROM ledger.transition_run($FRESH, 'failed', output_summary => $MB)"),
+        for (argument, call, read) in [
+            ("input_summary", "SELECT ledger.create_run('chat', run_id => 'f1', input_summary => $MB)", "SELECT input_summary FROM ledger.runs WHERE id = 'f1'"),
+            ("input_summary", "SELECT ledger.create_step('r', 'llm', step_id => 'f2', input_summary => $MB)", "SELECT input_summary FROM ledger.run_steps WHERE id = 'f2'"),
+            ("output_summary", "SELECT ledger.transition_run($FRESH, 'failed', output_summary => $MB)", "SELECT output_summary FROM ledger.runs WHERE status = 'failed' ORDER BY id DESC LIMIT 1"),
             // Failing without a message copies the (cut) summary.
-            (8192, "SELECT char_length(error_message) FROM ledger.transition_run($FRESH, 'failed', output_summary => $MB)"),
-            (8192, "SELECT char_length(error_message) FROM ledger.transition_run($FRESH, 'failed', error_message => $MB)"),
-            (MB_CHARS, "SELECT char_length(error_code) FROM ledger.transition_run($FRESH, 'failed', error_code => $MB)"),
-            (MB_CHARS, "SELECT char_length(ledger.claim_tool_call('r', $MB, tool_call_id => 'c1')->'tool_call'->>'tool_ref')"),
-            (8192, "SELECT char_length(input_summary) FROM ledger.run_steps WHERE step_key = 'c1'"),
-            (MB_CHARS, "SELECT char_length(billing_basis) FROM ledger.record_cost('r', $MB, 1)"),
-            (MB_CHARS, "SELECT char_length(provider) FROM ledger.record_cost('r', 'tokens', 1, provider => $MB)"),
-            (MB_CHARS, "SELECT char_length(model_ref) FROM ledger.record_cost('r', 'tokens', 1, model_ref => $MB)"),
-            (MB_CHARS, "SELECT char_length(tool_ref) FROM ledger.record_cost('r', 'tokens', 1, tool_ref => $MB)"),
-            (MB_CHARS, "SELECT char_length(source_port) FROM ledger.record_cost('r', 'tokens', 1, source_port => $MB)"),
-            (MB_CHARS, "SELECT char_length(operation) FROM ledger.record_cost('r', 'tokens', 1, operation => $MB)"),
-            (MB_CHARS, "SELECT char_length(gateway_type) FROM ledger.record_audit('r', $MB, 'allowed')"),
-            (MB_CHARS, "SELECT char_length(outcome) FROM ledger.record_audit('r', 'gw', $MB)"),
-            (MB_CHARS, "SELECT char_length(actor) FROM ledger.record_audit('r', 'gw', 'allowed', actor => $MB)"),
+            ("output_summary", "SELECT ledger.transition_run($FRESH, 'failed', output_summary => $MB)", "SELECT error_message FROM ledger.runs WHERE status = 'failed' ORDER BY id DESC LIMIT 1"),
+            ("error_message", "SELECT ledger.transition_run($FRESH, 'failed', error_message => $MB)", "SELECT error_message FROM ledger.runs WHERE status = 'failed' ORDER BY id DESC LIMIT 1"),
+            ("output_summary", "SELECT ledger.transition_step('s', 'running', output_summary => $MB)", "SELECT output_summary FROM ledger.run_steps WHERE id = 's'"),
+            ("error_message", "SELECT ledger.transition_step('s', 'failed', error_message => $MB)", "SELECT error_message FROM ledger.run_steps WHERE id = 's'"),
+            ("error_message", "SELECT ledger.transition_task('t', 'running'); SELECT ledger.transition_task('t', 'failed', error_message => $MB)", "SELECT error_message FROM ledger.tasks WHERE id = 't'"),
+            ("error_message", "SELECT ledger.complete_tool_call($REC, 1, 'failed', error_message => $MB)", "SELECT error_message FROM ledger.run_step_tool_calls WHERE tool_call_id = 'c0'"),
+            ("error_message", "SELECT count(*) FROM ledger.nack_outbox_events('w', (SELECT min(id) FROM ledger.outbox WHERE status = 'processing'), $MB)", "SELECT error_message FROM ledger.outbox WHERE error_message IS NOT NULL ORDER BY id LIMIT 1"),
+            ("error_message", "SELECT count(*) FROM ledger.nack_outbox_events('w', ARRAY(SELECT id FROM ledger.outbox WHERE status = 'processing'), $MB)", "SELECT error_message FROM ledger.outbox WHERE error_message IS NOT NULL ORDER BY id DESC LIMIT 1"),
+            ("comment", "SELECT ledger.record_feedback('r', 1, comment => $MB)", "SELECT comment FROM ledger.run_feedback"),
+            ("title", "SELECT ledger.request_tool_approval('r', 'pay', '{}', tool_call_id => 'f3', title => $MB)", "SELECT title FROM ledger.approval_requests WHERE details->>'tool_call_id' = 'f3'"),
+            ("note", "SELECT ledger.resolve_approval($APR, 'approved', note => $MB)", "SELECT note FROM ledger.approval_requests WHERE status = 'approved'"),
         ] {
-            let query = sql(call).replace("$FRESH", fresh);
-            assert_eq!(one::<i32>(&query), want, "{call}");
+            Spi::run(&sql(call).replace("$FRESH", fresh)).unwrap_or_else(|e| panic!("{call}: {e}"));
+            assert_eq!(one::<i32>(&format!("SELECT char_length(({read}))")), 8192, "{call}");
+            covered.push(named(call, argument));
         }
+        // resolve_tool_call's note: an in-doubt call, resolved.
+        Spi::run(&sql(
+            "SELECT ledger.claim_tool_call('r', 'search', tool_call_id => 'f4'); \
+             SELECT ledger.complete_tool_call((SELECT id FROM ledger.run_step_tool_calls WHERE tool_call_id = 'f4'), 1, 'unknown'); \
+             SELECT ledger.resolve_tool_call((SELECT id FROM ledger.run_step_tool_calls WHERE tool_call_id = 'f4'), 'failed', note => $MB)",
+        ))
+        .unwrap();
+        assert_eq!(
+            one::<i32>("SELECT char_length(metadata->>'note') FROM ledger.run_step_tool_calls WHERE tool_call_id = 'f4'"),
+            8192
+        );
+        covered.push("resolve_tool_call.note".into());
+
+        // Every text argument of every function is in one of the lists above.
+        covered.sort();
+        covered.dedup();
+        let catalog = one::<String>(
+            "SELECT string_agg(DISTINCT (p.proname || '.' || u.n) COLLATE \"C\", ' ') \
+               FROM pg_proc p \
+              CROSS JOIN LATERAL unnest(p.proargnames[1:p.pronargs], p.proargtypes::oid[]) AS u(n, t) \
+              WHERE p.pronamespace = 'ledger'::regnamespace AND u.t IN ('text'::regtype, 'text[]'::regtype)",
+        );
+        assert_eq!(covered.join(" "), catalog);
         // Every run's feed is still gapless.
         assert!(one::<bool>(
             "SELECT bool_and(n = m) FROM (SELECT count(*) AS n, max(seq) AS m FROM ledger.run_events \
