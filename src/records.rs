@@ -95,7 +95,7 @@ fn record_audit(
     let gateway_type = required_label("gateway_type", gateway_type)?;
     let outcome = required_label("outcome", outcome)?;
     let actor = free_text(optional_label("actor", actor)?);
-    let payload = redacted_object("payload", payload)?;
+    let payload = Jsonb::from(&redacted_object("payload", payload)?);
     Ok(record(
         &scope,
         Kind::Audit,
@@ -107,7 +107,7 @@ fn record_audit(
             gateway_type.into(),
             outcome.into(),
             actor.as_deref().into(),
-            Jsonb::from(&payload).into(),
+            payload.into(),
         ],
     )?)
 }
@@ -124,18 +124,14 @@ fn record_response_event(
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let event_type = required_label("event_type", event_type)?;
-    let payload = redacted_object("payload", payload)?;
+    let payload = Jsonb::from(&redacted_object("payload", payload)?);
     Ok(record(
         &scope,
         Kind::ResponseEvent,
         run_id,
         step_id,
         &["step_id", "event_type", "payload"],
-        vec![
-            step_id.into(),
-            event_type.into(),
-            Jsonb::from(&payload).into(),
-        ],
+        vec![step_id.into(), event_type.into(), payload.into()],
     )?)
 }
 
@@ -149,17 +145,17 @@ fn record_citation(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.citations"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    let citation = redacted_object(
+    let citation = Jsonb::from(&redacted_object(
         "citation",
         Some(citation.ok_or_else(|| LedgerError::required("citation"))?),
-    )?;
+    )?);
     Ok(record(
         &scope,
         Kind::Citation,
         run_id,
         step_id,
         &["step_id", "citation"],
-        vec![step_id.into(), Jsonb::from(&citation).into()],
+        vec![step_id.into(), citation.into()],
     )?)
 }
 
@@ -179,7 +175,7 @@ fn record_feedback(
     let rating = rating.ok_or_else(|| LedgerError::required("rating"))?;
     let category = required_label("category", category)?;
     let user_id = optional_label("user_id", user_id)?;
-    let metadata = redacted_object("metadata", metadata)?;
+    let metadata = Jsonb::from(&redacted_object("metadata", metadata)?);
     Ok(record(
         &scope,
         Kind::Feedback,
@@ -191,7 +187,7 @@ fn record_feedback(
             category.into(),
             free_text(comment).into(),
             user_id.into(),
-            Jsonb::from(&metadata).into(),
+            metadata.into(),
         ],
     )?)
 }

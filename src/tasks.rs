@@ -70,7 +70,7 @@ fn create_task(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.tasks"), SqlError> {
     let scope = scope::current()?;
     let task_type = required_label("task_type", task_type)?;
-    let input = redacted_object("input", input)?;
+    let input = Jsonb::from(&redacted_object("input", input)?);
     let id = match optional_id("task_id", task_id)? {
         Some(id) => id.to_owned(),
         None => ids::new_id("task"),
@@ -85,7 +85,7 @@ fn create_task(
             id.as_str().into(),
             run_id.into(),
             task_type.into(),
-            Jsonb::from(&input).into(),
+            input.into(),
         ]),
         |r| db::req::<String>(r, 1),
     )?;
@@ -224,10 +224,10 @@ fn add_task_checkpoint(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.task_checkpoints"), SqlError> {
     let scope = scope::current()?;
     let task_id = required_id("task_id", task_id)?;
-    let payload = redacted_object(
+    let payload = Jsonb::from(&redacted_object(
         "payload",
         Some(payload.ok_or_else(|| LedgerError::required("payload"))?),
-    )?;
+    )?);
     rows::lock_task(&scope, task_id)?.ensure_live("checkpoints")?;
     // Allocated under the row lock taken above: a number is never skipped or reused.
     let checkpoint_no = db::write_one(
@@ -246,7 +246,7 @@ fn add_task_checkpoint(
             id.as_str().into(),
             task_id.into(),
             checkpoint_no.into(),
-            Jsonb::from(&payload).into(),
+            payload.into(),
         ]),
         |r| db::req(r, 1),
     )?

@@ -15,22 +15,46 @@ use sha2::{Digest, Sha256};
 /// through `parse`, so other modules may recurse over values without risking the stack.
 pub const MAX_DEPTH: usize = 100;
 
+/// The largest JSON argument, in bytes of its text as PostgreSQL prints it.
+pub const MAX_BYTES: usize = 16 * 1024 * 1024;
+
+/// The most values (array elements, object members, arrays and objects) a JSON argument may
+/// hold. A parsed value takes a few hundred bytes of memory however short its text, so this
+/// bounds a backend's memory where `MAX_BYTES` cannot (two bytes of text, `1,`, are one value).
+pub const MAX_VALUES: usize = 200_000;
+
 /// Parses JSON text (as PostgreSQL's `jsonb_out` prints it). Nesting deeper than `MAX_DEPTH`
-/// fails with `INPUT_TOO_DEEP`, anything else that is not JSON with `JSON_INVALID`.
+/// fails with `INPUT_TOO_DEEP`, more than `MAX_BYTES` or `MAX_VALUES` with `INPUT_TOO_LARGE`,
+/// anything else that is not JSON with `JSON_INVALID`; all of them before anything is built.
 pub fn parse(text: &str) -> Result<Value> {
-    check_depth(text)?;
+    if text.len() > MAX_BYTES {
+        return Err(too_large(format!(
+            "JSON is larger than {} MiB",
+            MAX_BYTES / 1024 / 1024
+        ))
+        .with("bytes", text.len()));
+    }
+    check_shape(text)?;
     // FromStr, not from_str::<Value>: its code is serde_json's own (optimised even in test
     // builds, see the workspace Cargo.toml), not a copy instantiated in this crate.
     text.parse::<Value>()
         .map_err(|e| LedgerError::invalid("JSON_INVALID", format!("invalid JSON: {e}")))
 }
 
-/// Counts nesting without recursion, before serde_json builds anything. On any valid prefix
-/// the count equals the parser's nesting, so serde_json (limit 128) never reaches its own limit.
-/// Checks for interrupts as it goes: serde_json's own parse cannot be interrupted.
-fn check_depth(text: &str) -> Result<()> {
+fn too_large(message: String) -> LedgerError {
+    LedgerError::invalid("INPUT_TOO_LARGE", message)
+        .with("max_bytes", MAX_BYTES)
+        .with("max_values", MAX_VALUES)
+}
+
+/// Counts nesting and values without recursion, before serde_json builds anything. On any
+/// valid prefix the depth equals the parser's nesting, so serde_json (limit 128) never reaches
+/// its own limit; values are counted as commas and openers, plus one (an upper bound: `[]`
+/// counts two). Checks for interrupts as it goes: serde_json's own parse cannot be interrupted.
+fn check_shape(text: &str) -> Result<()> {
     let bytes = text.as_bytes();
     let (mut depth, mut i, mut next_check) = (0usize, 0usize, 0usize);
+    let mut values = 1usize;
     while i < bytes.len() {
         if i >= next_check {
             interrupt::check();
@@ -49,7 +73,9 @@ fn check_depth(text: &str) -> Result<()> {
                     }
                 }
             }
+            b',' => values += 1,
             b'[' | b'{' => {
+                values += 1;
                 depth += 1;
                 if depth > MAX_DEPTH {
                     return Err(LedgerError::invalid(
@@ -64,6 +90,11 @@ fn check_depth(text: &str) -> Result<()> {
             _ => {}
         }
         i += 1;
+    }
+    if values > MAX_VALUES {
+        return Err(too_large(format!(
+            "JSON holds more than {MAX_VALUES} values"
+        )));
     }
     Ok(())
 }
@@ -248,6 +279,34 @@ mod tests {
         let text = r#"{"z":[1.0,-0,{"b":"\n","a":"😀"}],"a":1e2}"#;
         let once = canon(text);
         assert_eq!(canon(&once), once);
+    }
+
+    #[test]
+    fn size_and_value_count_are_bounded_before_parsing() {
+        let many = |n: usize| format!("[{}]", vec!["1"; n].join(","));
+        // The array and its elements.
+        assert!(parse(&many(MAX_VALUES - 1)).is_ok());
+        let e = parse(&many(MAX_VALUES)).unwrap_err();
+        assert_eq!(
+            (e.class, e.code),
+            (Class::InvalidParameter, "INPUT_TOO_LARGE")
+        );
+        assert_eq!(e.detail["max_values"], MAX_VALUES);
+        // Commas inside strings are not values.
+        assert!(parse(&format!("[\"{}\"]", ",".repeat(MAX_VALUES))).is_ok());
+        let members = format!(
+            "{{{}}}",
+            (0..MAX_VALUES - 1)
+                .map(|i| format!("\"k{i}\": {i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        assert!(parse(&members).is_ok(), "a member counts once");
+        let fits = format!("\"{}\"", "a".repeat(MAX_BYTES - 2));
+        assert!(parse(&fits).is_ok());
+        let e = parse(&format!("\"{}\"", "a".repeat(MAX_BYTES - 1))).unwrap_err();
+        assert_eq!(e.code, "INPUT_TOO_LARGE");
+        assert_eq!(e.detail["bytes"], MAX_BYTES + 1);
     }
 
     #[test]
