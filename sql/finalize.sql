@@ -48,11 +48,11 @@ COMMENT ON FUNCTION ledger.set_scope(text, text, boolean) IS
 COMMENT ON FUNCTION ledger.status_transitions() IS
     'The status machine: every allowed (resource, from_status, to_status) for run, step and task. Statuses: queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired (+ skipped for steps). Terminal: succeeded, failed, canceled, expired, skipped.';
 COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text) IS
-    'Creates a queued run. request_id (or a caller run_id) makes it idempotent; source_run_id and parent_run_id must exist in scope; attempt_no defaults to source.attempt_no + 1 and root_run_id to the source''s root. inputs (a JSON object) are kept exactly: see ledger.run_inputs.';
+    'Creates a queued run. request_id (or a caller run_id) makes it idempotent; source_run_id and parent_run_id must exist in scope; attempt_no defaults to source.attempt_no + 1 and root_run_id to the source''s root. inputs (a JSON object) are redacted, then kept as stored: see ledger.run_inputs.';
 COMMENT ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text) IS
     'Moves a run to to_status if ledger.status_transitions() allows it (55000 TRANSITION_INVALID otherwise). With expected_status the move is conditional on it (40001 TRANSITION_CONFLICT). Moving to the current status returns the row unchanged.';
 COMMENT ON FUNCTION ledger.run_inputs(text) IS
-    'The exact inputs a run was created with, also when they were too large to keep inline.';
+    'The inputs a run was created with, as stored (redacted), also when they were too large to keep inline.';
 COMMENT ON FUNCTION ledger.create_step(text, text, text, text, text, text, text) IS
     'Adds a step to a run that exists in scope and is not terminal (55000 RUN_TERMINAL). A caller step_id is idempotent.';
 COMMENT ON FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb) IS
@@ -106,7 +106,7 @@ COMMENT ON FUNCTION ledger.run_evidence(text) IS
 COMMENT ON FUNCTION ledger.replay_ready(text) IS
     'Whether the ledger alone can replay the run: {"status": "pass"|"fail", "missing": [...]} over steps, response_events, costs, citations, tool_calls, audits (each where applicable) and inputs.';
 COMMENT ON FUNCTION ledger.retry_run(text, jsonb) IS
-    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, and the exact original inputs unless inputs overrides them. The caller executes it; its tool calls with unchanged keys replay from the ledger.';
+    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, and the original inputs as stored unless inputs overrides them. The caller executes it; its tool calls with unchanged keys replay from the ledger.';
 COMMENT ON FUNCTION ledger.replay_run(text, jsonb) IS
     'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
 COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS

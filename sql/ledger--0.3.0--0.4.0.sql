@@ -2,3 +2,11 @@
 -- arguments, one lock order for claims, scope names checked wherever they are read). The SQL
 -- API keeps its names and arguments; pgrx-tests/upgrade.sh checks that 0.3.0 (its own library,
 -- with rows written through it) updated with this script equals a fresh install.
+
+-- Run inputs are redacted like every JSON argument.
+COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text) IS
+    'Creates a queued run. request_id (or a caller run_id) makes it idempotent; source_run_id and parent_run_id must exist in scope; attempt_no defaults to source.attempt_no + 1 and root_run_id to the source''s root. inputs (a JSON object) are redacted, then kept as stored: see ledger.run_inputs.';
+COMMENT ON FUNCTION ledger.run_inputs(text) IS
+    'The inputs a run was created with, as stored (redacted), also when they were too large to keep inline.';
+COMMENT ON FUNCTION ledger.retry_run(text, jsonb) IS
+    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, and the original inputs as stored unless inputs overrides them. The caller executes it; its tool calls with unchanged keys replay from the ledger.';
