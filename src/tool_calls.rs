@@ -310,7 +310,7 @@ fn arguments(value: Option<Jsonb>) -> Result<Arguments> {
             "arguments must be a JSON object",
         ));
     }
-    let parsed = json::parse(value.as_str())?;
+    let parsed = json::parse_unsized(value.as_str())?;
     let hash = json::request_hash(&parsed);
     Ok(Arguments {
         summary: redact::summarize_arguments(&guc::redaction_rules(), parsed, &hash),

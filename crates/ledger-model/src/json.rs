@@ -34,6 +34,13 @@ pub fn parse(text: &str) -> Result<Value> {
         ))
         .with("bytes", text.len()));
     }
+    parse_unsized(text)
+}
+
+/// `parse` without `MAX_BYTES`, for tool-call arguments: they are hashed and summarised, never
+/// stored whole, so an upload tool may take large ones (PostgreSQL bounds a jsonb string at
+/// 256 MiB); depth and values stay bounded.
+pub fn parse_unsized(text: &str) -> Result<Value> {
     check_shape(text)?;
     // FromStr, not from_str::<Value>: its code is serde_json's own (optimised even in test
     // builds, see the workspace Cargo.toml), not a copy instantiated in this crate.
@@ -304,9 +311,18 @@ mod tests {
         assert!(parse(&members).is_ok(), "a member counts once");
         let fits = format!("\"{}\"", "a".repeat(MAX_BYTES - 2));
         assert!(parse(&fits).is_ok());
-        let e = parse(&format!("\"{}\"", "a".repeat(MAX_BYTES - 1))).unwrap_err();
+        let over = format!("\"{}\"", "a".repeat(MAX_BYTES - 1));
+        let e = parse(&over).unwrap_err();
         assert_eq!(e.code, "INPUT_TOO_LARGE");
         assert_eq!(e.detail["bytes"], MAX_BYTES + 1);
+        assert!(
+            parse_unsized(&over).is_ok(),
+            "tool-call arguments are not sized"
+        );
+        assert_eq!(
+            parse_unsized(&many(MAX_VALUES)).unwrap_err().code,
+            "INPUT_TOO_LARGE"
+        );
     }
 
     #[test]
