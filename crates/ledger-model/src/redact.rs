@@ -194,7 +194,7 @@ const QUALIFIED_WORDS: [&str; 2] = ["pass", "pat"];
 /// What makes a `key` (or a list of `tokens`) a secret: `api_key`, `secretAccessKey`,
 /// `access_tokens`. Any other key (`primary_key`, `public_key`, `cache_key`) or list of tokens
 /// (`max_tokens`, `input_tokens`) is not.
-const SECRET_QUALIFIERS: [&str; 27] = [
+const SECRET_QUALIFIERS: [&str; 29] = [
     "access",
     "account",
     "api",
@@ -212,6 +212,7 @@ const SECRET_QUALIFIERS: [&str; 27] = [
     "master",
     "private",
     "refresh",
+    "restricted",
     "role",
     "secret",
     "service",
@@ -221,6 +222,7 @@ const SECRET_QUALIFIERS: [&str; 27] = [
     "ssh",
     "storage",
     "subscription",
+    "tls",
     "webhook",
 ];
 
@@ -256,11 +258,13 @@ const PLAIN_TOKEN_QUALIFIERS: [&str; 23] = [
 /// `secret_value`, `password_b64`, `SECRET_KEY_BASE`, `private_key_pem`, `password_hash`,
 /// `password_confirmation`. Numbers too (`password_2`). `file`, `path`, `id`, `name` are not
 /// among them: those name where or which a secret is, not the secret.
-const TRAILING_WORDS: [&str; 23] = [
+const TRAILING_WORDS: [&str; 25] = [
     "again",
     "b64",
     "base",
     "base64",
+    "binary",
+    "bytes",
     "confirm",
     "confirmation",
     "data",
