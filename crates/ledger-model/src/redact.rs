@@ -779,6 +779,7 @@ mod tests {
             // Compatibility forms fold to ASCII; invisible format characters vanish.
             ("ＰＡＳＳＷＯＲＤ", "password"),
             ("ａｐｉＫｅｙ", "api_key"),
+            ("ＡＰＩ＿ＫＥＹ", "api_key"),
             ("\u{1d429}\u{1d41a}\u{1d42c}\u{1d42c}", "pass"),
             ("\u{1d7ce}\u{ff11}", "01"),
             ("pass\u{200b}word", "password"),
