@@ -97,5 +97,11 @@ mod tests {
             }) >= chunks
         );
         assert!(checks_during(|| drop(redact::redact(&Default::default(), big.clone()))) >= 20_000);
+        // A key or a text of megabytes is scanned with checks too.
+        assert!(checks_during(|| assert!(!redact::is_credential(&text))) >= chunks);
+        assert!(
+            checks_during(|| assert!(!redact::is_sensitive_key(&Default::default(), &text)))
+                >= chunks
+        );
     }
 }

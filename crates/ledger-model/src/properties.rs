@@ -6,6 +6,7 @@
 //! file runs in seconds in a debug build. Failures print the shrunk input and are not persisted
 //! to files (the tree stays clean; rerun with the printed input to reproduce).
 
+use std::borrow::Cow;
 use std::collections::hash_map::DefaultHasher;
 use std::fmt::Write;
 use std::hash::{Hash, Hasher};
@@ -90,16 +91,18 @@ fn arg_key() -> impl Strategy<Value = String> + Clone {
         3 => select(vec![
             "password", "apiKey", "X-API-Key", "APIKey", "access_token", "Authorization",
             "secret", "__token__", "Set-Cookie", "secret_id", "secret_id", "token_count",
-            "max_tokens", "idempotency_key", "user", "",
+            "max_tokens", "idempotency_key", "user", "", "passWord", "ＰＡＳＳＷＯＲＤ",
+            "db_password", "github_token", "next_page_token", "password_hint", "primary_key",
+            "AWS_SECRET_ACCESS_KEY", "auth",
         ])
         .prop_map(str::to_owned),
         2 => text(0..8),
     ]
 }
 
-/// Strings that carry (or nearly carry) a well-known credential, alone or inside other text.
-fn arg_string() -> impl Strategy<Value = String> {
-    let credential = select(vec![
+/// Well-known credentials and near misses.
+fn credential() -> impl Strategy<Value = &'static str> + Clone {
+    select(vec![
         "Bearer abcdefgh12345",
         "bearer\tabcdefgh",
         "AKIAIOSFODNN7EXAMPLE",
@@ -107,14 +110,42 @@ fn arg_string() -> impl Strategy<Value = String> {
         "ghp_aB3aB3aB3aB3aB3aB3aB3aB3aB3aB3aB3aB3",
         "xoxb-1234567890",
         "-----BEGIN RSA PRIVATE KEY-----",
+        "-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOY\n-----END PGP PRIVATE KEY BLOCK-----",
+        "Basic dXNlcjpwYXNz",
+        "postgres://app:s3cret@db/x",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJhIn0.c2ln",
+        "sk_live_51Hx2AbCdEfGhIjKlMn",
+        "glpat-z_sxgtrfAxKr8q1TPY8Y",
+        "github_pat_abcdefghijklmnopqrstuv",
+        "xapp-1-A0123-456",
         "Bearer short",
+        "Basic plan",
+        "https://example.com/a@b",
+        "eyJa.eyJb.",
         "task-12345678901234567890",
-    ]);
+    ])
+}
+
+/// Strings that carry (or nearly carry) a well-known credential, alone or inside other text.
+fn arg_string() -> impl Strategy<Value = String> {
+    let credential = credential();
     prop_oneof![
         3 => text(0..12),
         1 => credential.clone().prop_map(str::to_owned),
         1 => (text(0..6), credential, text(0..6)).prop_map(|(a, c, b)| format!("{a} {c} {b}")),
     ]
+}
+
+/// Free text: credentials, near misses, hostile text and the punctuation around credentials,
+/// run together with no space between, so one piece may end where the next begins.
+fn free_text() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        2 => credential().prop_map(str::to_owned),
+        2 => text(0..6),
+        1 => select(vec![" ", ":", "/", "@", "-", ".", "\n", "https://", "Bearer ", "Basic ", REDACTED])
+            .prop_map(str::to_owned),
+    ];
+    prop::collection::vec(piece, 0..8).prop_map(|pieces| pieces.concat())
 }
 
 fn args() -> impl Strategy<Value = Value> {
@@ -230,18 +261,28 @@ fn junk() -> impl Strategy<Value = String> {
     ]
 }
 
+/// A secret reference: an object whose `secret_id` is a string that is not blank.
+fn is_reference(v: &Value) -> bool {
+    v.get("secret_id")
+        .and_then(Value::as_str)
+        .is_some_and(|id| !id.trim().is_empty())
+}
+
+/// Whether `output` is what a secret reference becomes: `{"secret_id": <string>}` alone.
+fn is_reference_alone(output: &Value) -> bool {
+    output.as_object().is_some_and(|m| m.len() == 1) && output["secret_id"].is_string()
+}
+
 /// Whether every value under a sensitive key of `input` is "[REDACTED]" in `output`, except a
-/// secret reference (an object with a string `secret_id`), which stays an object whose
-/// `secret_id` is still a string and whose own sensitive keys are redacted in turn.
+/// secret reference, which becomes `{"secret_id": <string>}` alone.
 fn sensitive_values_redacted(rules: &Rules, input: &Value, output: &Value) -> bool {
     match (input, output) {
         (Value::Object(a), Value::Object(b)) => a.iter().all(|(k, v)| {
             let Some(out) = b.get(k) else { return false };
-            let is_ref = v.get("secret_id").is_some_and(Value::is_string);
             if !is_sensitive_key(rules, k) {
                 sensitive_values_redacted(rules, v, out)
-            } else if is_ref {
-                out["secret_id"].is_string() && sensitive_values_redacted(rules, v, out)
+            } else if is_reference(v) {
+                is_reference_alone(out)
             } else {
                 out == REDACTED
             }
@@ -255,18 +296,23 @@ fn sensitive_values_redacted(rules: &Rules, input: &Value, output: &Value) -> bo
 }
 
 /// Whether `output` has the shape of `input`: the same keys, the same array lengths, the same
-/// scalars, except where a whole value became "[REDACTED]".
-fn same_shape(input: &Value, output: &Value) -> bool {
+/// scalars, except where a whole value became "[REDACTED]" or a secret reference under a
+/// sensitive key its `secret_id` alone.
+fn same_shape(rules: &Rules, input: &Value, output: &Value) -> bool {
     match (input, output) {
         (_, out) if out == REDACTED => true,
         (Value::Object(a), Value::Object(b)) => {
             a.len() == b.len()
-                && a.iter()
-                    .zip(b)
-                    .all(|((ka, va), (kb, vb))| ka == kb && same_shape(va, vb))
+                && a.iter().zip(b).all(|((ka, va), (kb, vb))| {
+                    ka == kb
+                        && (same_shape(rules, va, vb)
+                            || (is_sensitive_key(rules, ka)
+                                && is_reference(va)
+                                && is_reference_alone(vb)))
+                })
         }
         (Value::Array(a), Value::Array(b)) => {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| same_shape(x, y))
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| same_shape(rules, x, y))
         }
         (a, b) => a == b,
     }
@@ -374,7 +420,7 @@ proptest! {
     #[test]
     fn redaction_is_idempotent_and_keeps_the_shape((rules, _) in rules(), v in args()) {
         let once = redact::redact(&rules, v.clone());
-        prop_assert!(same_shape(&v, &once), "{} -> {}", v, once);
+        prop_assert!(same_shape(&rules, &v, &once), "{} -> {}", v, once);
         prop_assert_eq!(redact::redact(&rules, once.clone()), once);
     }
 
@@ -388,6 +434,23 @@ proptest! {
     fn no_credential_survives_value_checking((rules, check) in rules(), v in args()) {
         let out = redact::redact(&rules, v.clone());
         prop_assert!(!check || !any_credential(&out), "{} -> {}", v, out);
+    }
+
+    #[test]
+    fn free_text_keeps_all_but_the_credentials(s in free_text()) {
+        let out = redact::redact_text(&Rules::default(), &s);
+        prop_assert_eq!(matches!(out, Cow::Borrowed(_)), !is_credential(&s), "{:?}", s);
+        prop_assert!(!is_credential(&out), "{:?} -> {:?}", s, out);
+        prop_assert_eq!(&redact::redact_text(&Rules::default(), &out), &out);
+        // What is left is the input's own text, in order: only the marker is added.
+        let mut rest = s.as_str();
+        for piece in out.split(REDACTED) {
+            let at = rest.find(piece);
+            prop_assert!(at.is_some(), "{:?} -> {:?}", s, out);
+            rest = &rest[at.unwrap_or(0) + piece.len()..];
+        }
+        let off = redact::redact_text(&Rules::new(None, false), &s);
+        prop_assert!(matches!(off, Cow::Borrowed(kept) if kept == s));
     }
 
     #[test]
@@ -458,7 +521,14 @@ proptest! {
                 prop_assert_eq!(normalize_key(&k), Some(k));
             }
             // Only keys with more letters and digits than the buffer holds overflow it.
-            None => prop_assert!(key.chars().filter(char::is_ascii_alphanumeric).count() > KEY_BYTES / 2),
+            None => prop_assert!(key.chars().filter(|c| redact::fold(*c).is_some()).count() > KEY_BYTES / 2),
+        }
+        // A key means what its normalised form means, in any case.
+        if let Some(k) = normalize_key(&key) {
+            let rules = Rules::default();
+            let sensitive = is_sensitive_key(&rules, &key);
+            prop_assert_eq!(is_sensitive_key(&rules, &k), sensitive, "{:?}", key);
+            prop_assert_eq!(is_sensitive_key(&rules, &k.to_uppercase()), sensitive, "{:?}", key);
         }
     }
 
