@@ -36,8 +36,8 @@ pub fn init() {
     );
     GucRegistry::define_bool_guc(
         c"ledger.redact_values",
-        c"Redact string values that carry a well-known credential, whatever their key.",
-        c"Bearer tokens, sk-... keys, AWS access key ids, GitHub and Slack tokens, PEM private keys.",
+        c"Redact string values that carry a well-known credential, whatever their key (superuser only).",
+        c"Bearer and Basic credentials, URLs with a password, JWTs, sk-... and Stripe keys, AWS key ids, GitHub, GitLab and Slack tokens, PEM and PGP private keys; in free text, each one found is replaced in place.",
         &REDACT_VALUES,
         // Superuser-only (or GRANT SET ON PARAMETER), like ledger.notify: the application whose
         // values are redacted must not be able to switch the redaction off.
