@@ -188,8 +188,8 @@ fn catalog(admin: &mut Client, kind: &str) -> Vec<String> {
 fn wal_between(admin: &mut Client, start: &str, end: &str) -> Vec<u8> {
     let rows = admin
         .query(
-            "WITH s AS (SELECT * FROM pg_walfile_name_offset($1::pg_lsn)), \
-                  e AS (SELECT * FROM pg_walfile_name_offset($2::pg_lsn)) \
+            "WITH s AS (SELECT * FROM pg_walfile_name_offset($1::text::pg_lsn)), \
+                  e AS (SELECT * FROM pg_walfile_name_offset($2::text::pg_lsn)) \
              SELECT pg_read_binary_file('pg_wal/' || w.name, \
                       CASE WHEN w.name = s.file_name THEN s.file_offset ELSE 0 END, \
                       CASE WHEN w.name = e.file_name THEN e.file_offset ELSE w.size END \
@@ -311,7 +311,10 @@ fn every_json_and_free_text_argument_is_redacted_before_any_table_or_the_wal() {
     );
     assert_eq!(audit["password"], "[REDACTED]");
     assert_eq!(audit["api_key"], "[REDACTED]");
-    let comment: String = one(&mut admin, "SELECT comment FROM ledger.run_feedback");
+    let comment: String = one(
+        &mut admin,
+        "SELECT comment FROM ledger.run_feedback WHERE comment IS NOT NULL",
+    );
     assert!(comment.starts_with("401 from https://"), "{comment}");
     assert!(comment.contains("[REDACTED]"), "{comment}");
 }
@@ -335,9 +338,9 @@ fn only_an_operator_may_switch_value_redaction_off() {
     }
     let stored = json(
         &mut app,
-        "SELECT payload::text FROM ledger.record_audit('r1', 'gw', 'allow', '{\"auth\": \"Bearer abcdefghijklmnop\"}')",
+        "SELECT payload::text FROM ledger.record_audit('r1', 'gw', 'allow', '{\"header\": \"Bearer abcdefghijklmnop\"}')",
     );
-    assert_eq!(stored["auth"], "[REDACTED]");
+    assert_eq!(stored["header"], "[REDACTED]");
     // An operator may, for the sessions of a role it chooses.
     exec(
         &mut admin,
@@ -346,9 +349,9 @@ fn only_an_operator_may_switch_value_redaction_off() {
     exec(&mut app, "SET ledger.redact_values = off");
     let stored = json(
         &mut app,
-        "SELECT payload::text FROM ledger.record_audit('r1', 'gw', 'allow', '{\"auth\": \"Bearer abcdefghijklmnop\"}')",
+        "SELECT payload::text FROM ledger.record_audit('r1', 'gw', 'allow', '{\"header\": \"Bearer abcdefghijklmnop\"}')",
     );
-    assert_eq!(stored["auth"], "Bearer abcdefghijklmnop");
+    assert_eq!(stored["header"], "Bearer abcdefghijklmnop");
     exec(
         &mut admin,
         &format!("REVOKE SET ON PARAMETER ledger.redact_values FROM {APP}"),
