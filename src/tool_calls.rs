@@ -1794,9 +1794,9 @@ mod tests {
         Spi::run("SET LOCAL ledger.redact_values = off").unwrap();
         assert_eq!(
             one::<String>(
-                r#"SELECT ledger.redact('{"customer_ssn": "1", "InternalNote": "2", "auth": "Bearer abcdefghijk"}')::text"#
+                r#"SELECT ledger.redact('{"customer_ssn": "1", "InternalNote": "2", "header": "Bearer abcdefghijk"}')::text"#
             ),
-            r#"{"auth": "Bearer abcdefghijk", "InternalNote": "[REDACTED]", "customer_ssn": "[REDACTED]"}"#
+            r#"{"header": "Bearer abcdefghijk", "InternalNote": "[REDACTED]", "customer_ssn": "[REDACTED]"}"#
         );
         assert_eq!(
             one::<String>(r#"SELECT ledger.canonical_json('{"b": [1.0, {}], "a": "é"}')"#),

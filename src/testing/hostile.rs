@@ -835,7 +835,7 @@ mod tests {
     }
 
     #[pg_test]
-    fn hostile_odd_keys_are_kept_exactly_and_redacted_by_their_normalised_form() {
+    fn hostile_odd_keys_are_kept_exactly_and_redacted_by_their_words() {
         running_run("t-hostile-odd-keys");
         let args = r#"{"\u200fpassword": "a", "api\u202ekey": "b", "🔑token": "c", "\u200bX-API-Key": "d",
                        "pass\u200dword": "e", "ｐａｓｓｗｏｒｄ": "f", "mot_de_passé": "g", "e\u0301": "h"}"#;
@@ -843,17 +843,17 @@ mod tests {
             "SELECT ledger.claim_tool_call('r', 'search', '{args}', tool_call_id => 'c')"
         ))
         .0;
-        // Marks and emoji around a name fold away ("\u200fpassword" is "password"); a joiner
-        // inside one splits it ("pass\u200dword" is "pass_word"), and non-ASCII letters are not
-        // letters to the normaliser ("ｐａｓｓｗｏｒｄ" is ""): those are not sensitive names.
+        // Invisible characters vanish and full-width letters fold to ASCII, so every spelling of
+        // a secret's name is one ("pass\u200dword" and "ｐａｓｓｗｏｒｄ" are "password");
+        // "mot_de_passé" ends in a word of "pass" after another word.
         let want = serde_json::json!({
             "\u{200f}password": "[REDACTED]",
             "api\u{202e}key": "[REDACTED]",
             "🔑token": "[REDACTED]",
             "\u{200b}X-API-Key": "[REDACTED]",
-            "pass\u{200d}word": "e",
-            "ｐａｓｓｗｏｒｄ": "f",
-            "mot_de_passé": "g",
+            "pass\u{200d}word": "[REDACTED]",
+            "ｐａｓｓｗｏｒｄ": "[REDACTED]",
+            "mot_de_passé": "[REDACTED]",
             "e\u{301}": "h",
         });
         assert_eq!(out["tool_call"]["arguments"], want);
