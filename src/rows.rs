@@ -321,6 +321,9 @@ pub struct ToolCall {
     pub status: CallStatus,
     pub attempt: i64,
     pub lease_seconds: i32,
+    /// The attempt holds a lease (it may have expired): false once a sweep, an in-doubt marking
+    /// or a `retry` resolution released it.
+    pub lease_held: bool,
     pub lease_live: bool,
     pub outbound_started: bool,
     pub result_artifact_id: Option<String>,
@@ -339,7 +342,7 @@ pub enum By<'a> {
 fn tool_call_by(scope: &Scope, by: By, lock: Lock) -> Result<Option<ToolCall>> {
     const SELECT: &str = "SELECT t.id, t.run_id, t.step_id, t.tool_call_id, t.tool_ref, \
             t.idempotency_key, t.request_hash, t.status, t.attempt, t.lease_seconds, \
-            coalesce(t.lease_expires_at > clock_timestamp(), false), \
+            t.lease_expires_at IS NOT NULL, coalesce(t.lease_expires_at > clock_timestamp(), false), \
             t.outbound_started_at IS NOT NULL, t.result_artifact_id, t.result_sha256, a.status \
        FROM ledger.run_step_tool_calls t \
        LEFT JOIN ledger.approval_requests a \
@@ -366,11 +369,12 @@ fn tool_call_by(scope: &Scope, by: By, lock: Lock) -> Result<Option<ToolCall>> {
             status: CallStatus::parse(&db::req::<String>(r, 8)?)?,
             attempt: db::req(r, 9)?,
             lease_seconds: db::req(r, 10)?,
-            lease_live: db::req(r, 11)?,
-            outbound_started: db::req(r, 12)?,
-            result_artifact_id: db::opt(r, 13)?,
-            result_sha256: db::opt(r, 14)?,
-            approval: db::opt::<String>(r, 15)?
+            lease_held: db::req(r, 11)?,
+            lease_live: db::req(r, 12)?,
+            outbound_started: db::req(r, 13)?,
+            result_artifact_id: db::opt(r, 14)?,
+            result_sha256: db::opt(r, 15)?,
+            approval: db::opt::<String>(r, 16)?
                 .as_deref()
                 .and_then(ApprovalStatus::parse),
         })

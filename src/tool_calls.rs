@@ -44,6 +44,11 @@ impl ToolCall {
         }
     }
 
+    /// Only the current attempt, holding its lease, may write (40001 `LEASE_STALE`).
+    fn fence(&self, attempt: i64) -> Result<()> {
+        check_fence(self.status, self.lease_held, self.attempt, attempt)
+    }
+
     /// The ids every event and outbox row about the call carries.
     fn ids(&self) -> ToolCallIds<'_> {
         ToolCallIds {
@@ -626,7 +631,7 @@ fn begin_tool_call(
         let id = required_id("tool_call_record_id", tool_call_record_id)?;
         let attempt = attempt_arg(attempt)?;
         let (run, mut rec) = rows::lock_tool_call_by_id(&scope, id)?;
-        check_fence(rec.attempt, attempt)?;
+        rec.fence(attempt)?;
         match rec.status {
             CallStatus::Running => {}
             CallStatus::Claimed => {
@@ -667,7 +672,7 @@ fn heartbeat_tool_call(
     let id = required_id("tool_call_record_id", tool_call_record_id)?;
     let attempt = attempt_arg(attempt)?;
     let (_, rec) = rows::lock_tool_call_by_id(&scope, id)?;
-    check_fence(rec.attempt, attempt)?;
+    rec.fence(attempt)?;
     if !matches!(rec.status, CallStatus::Claimed | CallStatus::Running) {
         raise(wrong_state("heartbeat", rec.status));
     }
@@ -714,7 +719,7 @@ fn complete_tool_call(
             }
             CallStatus::Claimed | CallStatus::Running | CallStatus::InDoubt => {}
         }
-        check_fence(rec.attempt, attempt)?;
+        rec.fence(attempt)?;
         match how {
             Outcome::Unknown if rec.status == CallStatus::InDoubt => {}
             Outcome::Unknown => mark_in_doubt(&scope, &run, &mut rec, error_message)?,
@@ -1587,6 +1592,69 @@ mod tests {
             one::<String>(&format!(
                 "{}->'tool_call'->>'attempt'",
                 claim("{}", "quiet")
+            )),
+            "2"
+        );
+    }
+
+    #[pg_test]
+    fn a_released_attempt_is_over_for_heartbeat_begin_and_complete() {
+        running_run("t-tc-released");
+        // Swept before begin: the lease is released and the call waits for its next claim.
+        outcome("{}", "swept");
+        expire("swept");
+        assert_eq!(one::<i32>("SELECT ledger.sweep_tool_calls()"), 1);
+        let id = record("swept");
+        for late in [
+            format!("SELECT ledger.heartbeat_tool_call('{id}', 1)"),
+            format!("SELECT ledger.heartbeat_tool_call('{id}', 1, 60)"),
+            format!("SELECT ledger.begin_tool_call('{id}', 1)"),
+            format!("SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{{}}')"),
+            format!("SELECT ledger.complete_tool_call('{id}', 1, 'unknown')"),
+        ] {
+            let e = assert_error(&late, "40001", "LEASE_STALE");
+            assert_eq!(e.detail["lease_released"], true, "{late}");
+        }
+        assert_eq!(
+            field("swept", "status")
+                + "|"
+                + &field("swept", "lease_owner")
+                + "|"
+                + &field("swept", "lease_expires_at"),
+            "claimed|(null)|(null)",
+            "nothing written"
+        );
+        // So the next claimer is not told `busy`: it gets the next attempt.
+        let out = one::<pgrx::JsonB>(&claim("{}", "swept")).0;
+        assert_eq!(
+            (
+                out["outcome"].as_str(),
+                out["tool_call"]["attempt"].as_i64()
+            ),
+            (Some("claimed"), Some(2))
+        );
+
+        // An in-doubt call resolved `retry`: its old attempt is over in the same way.
+        outcome("{\"x\": 1}", "doubt");
+        let id = record("doubt");
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, 'unknown')"
+        ))
+        .unwrap();
+        Spi::run(&format!("SELECT ledger.resolve_tool_call('{id}', 'retry')")).unwrap();
+        for late in [
+            format!("SELECT ledger.heartbeat_tool_call('{id}', 1)"),
+            format!("SELECT ledger.begin_tool_call('{id}', 1)"),
+            format!("SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{{}}')"),
+        ] {
+            assert_error(&late, "40001", "LEASE_STALE");
+        }
+        assert_eq!(field("doubt", "status"), "claimed");
+        assert_eq!(
+            one::<String>(&format!(
+                "{}->'tool_call'->>'attempt'",
+                claim("{\"x\": 1}", "doubt")
             )),
             "2"
         );
