@@ -3,9 +3,11 @@
 //!
 //! Locks are taken in one order: the run first, then the record (a tool call, an approval, a
 //! step), then the record's step. A record's lock takes the `LockedRun` of its run as proof that
-//! the run is held, so a function cannot lock a record of a run it has not locked, and two
-//! writers never wait for each other in a cycle. Tasks stand apart: a task's writes lock only the
-//! task.
+//! the run is held, so a function cannot lock a record of a run it has not locked. A function
+//! waits for one run only: a claim whose key belongs to another run takes that run only if no one
+//! holds it (else it reads the record unlocked), because its caller may already hold a second
+//! run in the same transaction and the other run's holder may be waiting for ours. Tasks stand
+//! apart: a task's writes lock only the task.
 
 use crate::db;
 use crate::error::{Class, LedgerError, Result};
@@ -26,6 +28,8 @@ enum Lock {
     NoKeyUpdate,
     /// `FOR NO KEY UPDATE SKIP LOCKED`: the row only if no one else holds it.
     NoKeyUpdateSkipLocked,
+    /// `FOR KEY SHARE SKIP LOCKED`: the row only if no one is deleting it (a purge).
+    KeyShareSkipLocked,
     /// `FOR UPDATE`.
     Update,
     /// `FOR UPDATE OF` the named table of a join only.
@@ -43,6 +47,7 @@ fn first<R>(
         Lock::No => return db::select_one(query, args, map),
         Lock::NoKeyUpdate => format!("{query} FOR NO KEY UPDATE"),
         Lock::NoKeyUpdateSkipLocked => format!("{query} FOR NO KEY UPDATE SKIP LOCKED"),
+        Lock::KeyShareSkipLocked => format!("{query} FOR KEY SHARE SKIP LOCKED"),
         Lock::Update => format!("{query} FOR UPDATE"),
         Lock::UpdateOf(table) => format!("{query} FOR UPDATE OF {table}"),
     };
@@ -182,6 +187,12 @@ pub fn lock_run(scope: &Scope, argument: &str, run_id: &str) -> Result<LockedRun
 /// Locks the run if no one else holds it; None when it is busy or gone.
 pub fn try_lock_run(scope: &Scope, run_id: &str) -> Result<Option<LockedRun>> {
     run_by(scope, "id", run_id, Lock::NoKeyUpdateSkipLocked)
+}
+
+/// Keeps the run from being purged until this transaction ends, without waiting and without
+/// blocking its writers (they take `FOR NO KEY UPDATE`); false when a purge holds it or it is gone.
+pub fn try_key_share_run(scope: &Scope, run_id: &str) -> Result<bool> {
+    Ok(run_by(scope, "id", run_id, Lock::KeyShareSkipLocked)?.is_some())
 }
 
 /// Locks the run a record is written for, and checks that the step it names, if any, is one of

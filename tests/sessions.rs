@@ -639,6 +639,159 @@ fn two_executors_claiming_one_key_one_wins_one_is_busy() {
     assert_eq!(n, 1);
 }
 
+/// A call of run `run` under `key`, with `args`: claimed, then (by `end`) begun and completed
+/// with `{"key": key}`, or left claimed or running with its lease expired.
+fn call_on(c: &mut Client, run: &str, key: &str, end: &str) {
+    let id: String = one(
+        c,
+        &format!("SELECT ledger.claim_tool_call('{run}', 'send', '{{\"k\": \"{key}\"}}', idempotency_key => '{key}')->'tool_call'->>'id'"),
+    );
+    if end != "claimed" {
+        exec(c, &format!("SELECT ledger.begin_tool_call('{id}', 1)"));
+    }
+    match end {
+        "succeeded" => exec(
+            c,
+            &format!("SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{{\"key\": \"{key}\"}}')"),
+        ),
+        _ => exec(
+            c,
+            &format!("UPDATE ledger.run_step_tool_calls SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE id = '{id}'"),
+        ),
+    }
+}
+
+fn claim_key(c: &mut Client, run: &str, key: &str) -> Result<serde_json::Value, postgres::Error> {
+    let text: String = c
+        .query_one(
+            &format!("SELECT ledger.claim_tool_call('{run}', 'send', '{{\"k\": \"{key}\"}}', idempotency_key => '{key}')::text"),
+            &[],
+        )?
+        .get(0);
+    Ok(serde_json::from_str(&text).unwrap())
+}
+
+/// The issue's case: key `ka` recorded on run A, `kb` on run B. S2 holds B (an audit in an open
+/// transaction); S1 claims on A with `kb`; S2 claims on B with `ka`. A claim never waits for a
+/// second run while it holds its own, so neither gets 40P01 and both replay. A call of the held
+/// run that needs writing (taken over, or marked in doubt) is answered without waiting: `busy`
+/// or `in_doubt`, and written by a claim once that run is free.
+#[test]
+#[ignore]
+fn claims_naming_each_others_keys_never_deadlock() {
+    let db = database("ledger_tc_cross");
+    let mut setup = session(&db);
+    for run in ["A", "B"] {
+        exec(
+            &mut setup,
+            &format!("SELECT ledger.create_run('agent', run_id => '{run}'); SELECT ledger.transition_run('{run}', 'running')"),
+        );
+    }
+    call_on(&mut setup, "A", "ka", "succeeded");
+    call_on(&mut setup, "B", "kb", "succeeded");
+    call_on(&mut setup, "B", "kc", "claimed");
+    call_on(&mut setup, "B", "kd", "running");
+
+    let mut s2 = session(&db);
+    exec(
+        &mut s2,
+        "BEGIN; SELECT ledger.record_audit('B', 'gw', 'allow')",
+    );
+    let (claimed_tx, claimed_rx) = mpsc::channel();
+    let (commit_tx, commit_rx) = mpsc::channel::<()>();
+    let db1 = db.clone();
+    let s1 = thread::spawn(move || -> Result<serde_json::Value, postgres::Error> {
+        let mut s1 = session(&db1);
+        let pid: i32 = one(&mut s1, "SELECT pg_backend_pid()");
+        claimed_tx.send(Some(pid)).unwrap();
+        s1.batch_execute("BEGIN")?;
+        let out = claim_key(&mut s1, "A", "kb");
+        let _ = claimed_tx.send(None);
+        let out = out?;
+        commit_rx.recv().unwrap();
+        s1.batch_execute("COMMIT")?;
+        Ok(out)
+    });
+    let s1_pid = claimed_rx.recv().unwrap().unwrap();
+    // S1's claim has answered (or, as before 0.4.0, waits for B).
+    let mut watch = session(&db);
+    let start = std::time::Instant::now();
+    while claimed_rx.try_recv().is_err() {
+        let blocked: bool = watch
+            .query_one("SELECT cardinality(pg_blocking_pids($1)) > 0", &[&s1_pid])
+            .unwrap()
+            .get(0);
+        if blocked {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "S1 neither answered nor blocked"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let s2_claim = claim_key(&mut s2, "B", "ka");
+    let s2_commit = s2.batch_execute("COMMIT");
+    // S1 has ended already if its claim failed.
+    let _ = commit_tx.send(());
+    let s1_claim = s1.join().unwrap();
+    let s1_out = s1_claim.unwrap_or_else(|e| panic!("S1: {:?} {e}", sqlstate(&e)));
+    let s2_out = s2_claim.unwrap_or_else(|e| panic!("S2: {:?} {e}", sqlstate(&e)));
+    s2_commit.unwrap();
+    for (out, key) in [(&s1_out, "kb"), (&s2_out, "ka")] {
+        assert_eq!(out["outcome"], "replayed", "{key}: {out}");
+        assert_eq!(out["response"]["result"]["key"], key);
+    }
+    // Each replay is evidence in the calling run's feed.
+    let replays: Vec<String> = watch
+        .query(
+            "SELECT run_id || ':' || (payload->>'idempotency_key') FROM ledger.run_events \
+              WHERE event_type = 'tool_call.replayed' ORDER BY run_id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(replays, ["A:kb", "B:ka"]);
+
+    // B held again: a call of B to take over, or to mark in doubt, is answered at once.
+    exec(
+        &mut s2,
+        "BEGIN; SELECT ledger.record_audit('B', 'gw', 'allow')",
+    );
+    let mut s1 = session(&db);
+    exec(&mut s1, "SET lock_timeout = '5s'");
+    let out = claim_key(&mut s1, "A", "kc").unwrap();
+    assert_eq!(
+        (
+            out["outcome"].as_str(),
+            out["tool_call"]["attempt"].as_i64()
+        ),
+        (Some("busy"), Some(1))
+    );
+    let out = claim_key(&mut s1, "A", "kd").unwrap();
+    assert_eq!(
+        (out["outcome"].as_str(), out["tool_call"]["status"].as_str()),
+        (Some("in_doubt"), Some("running"))
+    );
+    exec(&mut s2, "COMMIT");
+    let out = claim_key(&mut s1, "A", "kc").unwrap();
+    assert_eq!(
+        (
+            out["outcome"].as_str(),
+            out["tool_call"]["attempt"].as_i64()
+        ),
+        (Some("claimed"), Some(2))
+    );
+    let out = claim_key(&mut s1, "A", "kd").unwrap();
+    assert_eq!(
+        (out["outcome"].as_str(), out["tool_call"]["status"].as_str()),
+        (Some("in_doubt"), Some("in_doubt"))
+    );
+    assert!(broken_invariants(&mut watch).is_empty());
+}
+
 #[test]
 #[ignore]
 fn a_crash_after_begin_leaves_the_call_in_doubt_never_claimed() {
