@@ -56,12 +56,12 @@ fn purge(scope: &Scope, ids: Vec<String>) -> Result<()> {
     run("DELETE FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)")
 }
 
-/// Blobs no run input and no artifact refers to any more, swept under the exclusive blob lock.
+/// Blobs no run input and no artifact refers to any more, swept under the scope's blob lock; while
+/// a blob writer holds it, they stay for the next purge.
 fn sweep_blobs(scope: &Scope) -> Result<()> {
-    db::execute(
-        "SELECT pg_catalog.pg_advisory_xact_lock($1)",
-        &[blobs::gc_lock_key(scope).into()],
-    )?;
+    if !blobs::try_lock_for_sweep(scope)? {
+        return Ok(());
+    }
     db::execute(
         include_str!("../sql/queries/sweep_unreferenced_blobs.sql"),
         &scope.args([]),

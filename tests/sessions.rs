@@ -1017,3 +1017,112 @@ fn a_re_run_gets_every_tool_result_back_without_executing() {
     let records: i64 = one(&mut b, "SELECT count(*) FROM ledger.run_step_tool_calls");
     assert_eq!(records, 3, "no new record, no new attempt");
 }
+
+// ---- The blob store's lock ---------------------------------------------------------------
+
+/// The bytes every test artifact holds: stored once per scope, whoever references them.
+const BLOB: &str = "convert_to(repeat('blob-bytes ', 1000), 'UTF8')";
+
+/// A purge never sweeps a blob that a transaction still open is about to reference, and never
+/// waits for that transaction either: the blob stays for the next purge. The writer's artifact
+/// reads back whole after it commits.
+#[test]
+#[ignore]
+fn a_purge_leaves_alone_a_blob_an_open_transaction_references() {
+    let db = database("ledger_blob_gc");
+    let mut admin = session(&db);
+    exec(
+        &mut admin,
+        &format!(
+            "SELECT ledger.create_run('agent', run_id => 'old'); SELECT ledger.transition_run('old', 'running'); \
+             SELECT ledger.put_artifact('old', {BLOB}); SELECT ledger.transition_run('old', 'succeeded'); \
+             UPDATE ledger.runs SET ended_at = now() - interval '40 days' WHERE id = 'old'; \
+             SELECT ledger.create_run('agent', run_id => 'live'); SELECT ledger.transition_run('live', 'running')"
+        ),
+    );
+    // The writer stores the same bytes for its own run, and has not committed.
+    let mut writer = session(&db);
+    exec(&mut writer, "BEGIN");
+    let artifact: String = one(
+        &mut writer,
+        &format!("SELECT id FROM ledger.put_artifact('live', {BLOB})"),
+    );
+    let mut purger = session(&db);
+    exec(&mut purger, "SET statement_timeout = '10s'");
+    let purged: i32 = one(&mut purger, "SELECT ledger.purge_runs('1 day')");
+    assert_eq!(
+        purged, 1,
+        "the old run went, without waiting for the writer"
+    );
+    exec(&mut writer, "COMMIT");
+    let blobs: i64 = one(&mut admin, "SELECT count(*) FROM ledger.blobs");
+    assert_eq!(blobs, 1, "the blob the writer referenced stayed");
+    let same: bool = one(
+        &mut admin,
+        &format!("SELECT ledger.get_artifact('{artifact}') = {BLOB}"),
+    );
+    assert!(same);
+    // Unreferenced and unlocked, the next purge sweeps a blob.
+    exec(
+        &mut admin,
+        "SELECT ledger.transition_run('live', 'succeeded'); \
+         UPDATE ledger.runs SET ended_at = now() - interval '40 days' WHERE id = 'live'",
+    );
+    let purged: i32 = one(&mut purger, "SELECT ledger.purge_runs('1 day')");
+    assert_eq!(purged, 1);
+    let blobs: i64 = one(&mut admin, "SELECT count(*) FROM ledger.blobs");
+    assert_eq!(blobs, 0);
+}
+
+/// The blob lock is a row only the functions can lock: a role without any ledger grant (or with
+/// one) cannot read, lock or watch `ledger.blob_locks`, and the advisory lock key of 0.3.0, which
+/// anyone could compute and take, no longer blocks anything.
+#[test]
+#[ignore]
+fn no_other_role_can_block_a_scopes_blob_writers() {
+    let db = database("ledger_blob_lock_roles");
+    let mut su = connect_to(&db, "postgres");
+    exec(
+        &mut su,
+        "DROP ROLE IF EXISTS ledger_test_outsider; CREATE ROLE ledger_test_outsider LOGIN; \
+         DROP ROLE IF EXISTS ledger_test_app; CREATE ROLE ledger_test_app LOGIN IN ROLE ledger_writer",
+    );
+    let mut writer = session(&db);
+    exec(
+        &mut writer,
+        "SELECT ledger.create_run('agent', run_id => 'r'); SELECT ledger.transition_run('r', 'running')",
+    );
+    for role in ["ledger_test_outsider", "ledger_test_app"] {
+        let mut other = connect_to(&db, role);
+        exec(&mut other, "SELECT set_config('ledger.tenant_id', 'acme', false), set_config('ledger.workspace_id', 'support', false)");
+        for sql in [
+            "SELECT 1 FROM ledger.blob_locks FOR KEY SHARE",
+            "SELECT 1 FROM ledger.blob_locks FOR UPDATE",
+            "SELECT count(*) FROM ledger.blob_locks",
+            "BEGIN; LOCK TABLE ledger.blob_locks IN ACCESS SHARE MODE",
+            "BEGIN; LOCK TABLE ledger.blob_locks IN ACCESS EXCLUSIVE MODE",
+        ] {
+            let err = other.batch_execute(sql).unwrap_err();
+            assert_eq!(sqlstate(&err).as_deref(), Some("42501"), "{role}: {sql}");
+            exec(&mut other, "ROLLBACK");
+        }
+        // 0.3.0's key for this scope, held by the other role ...
+        exec(
+            &mut other,
+            "SELECT pg_advisory_lock(('x' || substr(encode(sha256('ledger.blobs'::bytea || '\\x00'::bytea || \
+                 convert_to('acme', 'UTF8') || '\\x00'::bytea || convert_to('support', 'UTF8')), 'hex'), 1, 15))::bit(60)::bigint)",
+        );
+        // ... blocks no writer of the scope.
+        exec(&mut writer, "SET statement_timeout = '10s'");
+        exec(
+            &mut writer,
+            &format!("SELECT ledger.put_artifact('r', {BLOB} || convert_to('{role}', 'UTF8'))"),
+        );
+    }
+    let locks: i64 = one(&mut su, "SELECT count(*) FROM ledger.blob_locks");
+    assert_eq!(locks, 1, "one row for the scope");
+    exec(
+        &mut su,
+        "DROP OWNED BY ledger_test_outsider, ledger_test_app; DROP ROLE ledger_test_outsider; DROP ROLE ledger_test_app",
+    );
+}
