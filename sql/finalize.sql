@@ -18,6 +18,9 @@ REVOKE ALL ON ALL TABLES IN SCHEMA ledger FROM PUBLIC;
 
 -- Readers: SELECT on the tables (rows filtered by scope) and the read functions.
 GRANT SELECT ON ALL TABLES IN SCHEMA ledger TO ledger_reader;
+-- Except the blob store's lock rows, which hold nothing to read: no role but the owner has any
+-- privilege on them, so no one else can lock them (that needs UPDATE) or see which scopes write.
+REVOKE SELECT ON ledger.blob_locks FROM ledger_reader;
 GRANT EXECUTE ON FUNCTION
     ledger.set_scope(text, text, boolean),
     ledger.scope_tenant(),

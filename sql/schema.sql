@@ -44,6 +44,13 @@ CREATE TABLE ledger.blobs (
 );
 COMMENT ON TABLE ledger.blobs IS 'Content-addressed bytes, one row per distinct content per scope (no cross-scope dedup: it would leak existence). Holds large run inputs and, later, artifacts.';
 
+CREATE TABLE ledger.blob_locks (
+    tenant_id    text NOT NULL,
+    workspace_id text NOT NULL,
+    PRIMARY KEY (tenant_id, workspace_id)
+);
+COMMENT ON TABLE ledger.blob_locks IS 'One row per scope that has blobs, locked by the functions alone: blob writers take it FOR KEY SHARE, the purge''s sweep of unreferenced blobs FOR UPDATE SKIP LOCKED, so a blob a transaction is about to reference is never swept. No role but ledger_owner has any privilege on it, so no one else can take or watch these locks.';
+
 CREATE TABLE ledger.runs (
     tenant_id          text NOT NULL,
     workspace_id       text NOT NULL,
@@ -396,7 +403,7 @@ COMMENT ON TABLE ledger.run_feedback IS 'Ratings and comments people gave a run.
 DO $rls$
 DECLARE t text;
 BEGIN
-    FOREACH t IN ARRAY ARRAY['blobs', 'runs', 'run_steps', 'run_events', 'outbox', 'run_artifacts',
+    FOREACH t IN ARRAY ARRAY['blobs', 'blob_locks', 'runs', 'run_steps', 'run_events', 'outbox', 'run_artifacts',
                              'approval_requests', 'run_step_tool_calls', 'audit_events', 'run_cost_entries',
                              'response_events', 'citations', 'run_feedback', 'tool_call_tombstones'] LOOP
         EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);

@@ -9,12 +9,7 @@ use crate::scope::Scope;
 /// Stores `bytes` in the scope's content-addressed blob store; returns their sha256.
 pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {
     let sha = hash::sha256_hex(bytes);
-    // Shared with other writers, exclusive for the purge's sweep of unreferenced blobs: a blob
-    // this transaction is about to reference cannot be swept before it commits.
-    db::execute(
-        "SELECT pg_catalog.pg_advisory_xact_lock_shared($1)",
-        &[gc_lock_key(scope).into()],
-    )?;
+    lock_for_writing(scope)?;
     db::execute(
         "INSERT INTO ledger.blobs (tenant_id, workspace_id, sha256, size_bytes, content) \
          VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
@@ -50,9 +45,32 @@ pub fn get(scope: &Scope, sha256: &str, mismatch_code: &'static str) -> Result<V
     Ok(content)
 }
 
-/// The advisory lock key that orders blob writers against the purge's sweep, per scope.
-pub fn gc_lock_key(scope: &Scope) -> i64 {
-    let digest =
-        hash::sha256_hex(format!("ledger.blobs\0{}\0{}", scope.tenant, scope.workspace).as_bytes());
-    i64::from_str_radix(&digest[..15], 16).unwrap_or(0)
+/// Takes the scope's blob lock as a writer: shared with other writers, exclusive of the purge's
+/// sweep, so a blob this transaction is about to reference cannot be swept before it commits. The
+/// lock is the scope's row of `ledger.blob_locks`, on which no role but the functions' owner has
+/// any privilege: no one else can take it to block the scope's writers, or see it.
+fn lock_for_writing(scope: &Scope) -> Result<()> {
+    db::execute(
+        "INSERT INTO ledger.blob_locks (tenant_id, workspace_id) VALUES ($1, $2) \
+         ON CONFLICT DO NOTHING",
+        &scope.args([]),
+    )?;
+    db::execute(
+        "SELECT 1 FROM ledger.blob_locks WHERE tenant_id = $1 AND workspace_id = $2 \
+            FOR KEY SHARE",
+        &scope.args([]),
+    )
+}
+
+/// Takes the scope's blob lock for the sweep, only if no writer holds it: false means a blob
+/// writer is in flight, and the sweep is left for the next purge rather than waited for. A scope
+/// without the row has no blobs (a writer commits it with its first blob).
+pub fn try_lock_for_sweep(scope: &Scope) -> Result<bool> {
+    Ok(db::write_one(
+        "SELECT 1 FROM ledger.blob_locks WHERE tenant_id = $1 AND workspace_id = $2 \
+            FOR UPDATE SKIP LOCKED",
+        &scope.args([]),
+        |_| Ok(()),
+    )?
+    .is_some())
 }

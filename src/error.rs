@@ -3,7 +3,8 @@
 //! turns it into a PostgreSQL error: SQLSTATE by class, `ledger: ` message, JSON DETAIL.
 
 use pgrx::pg_sys::panic::ErrorReport;
-use pgrx::{PgLogLevel, PgSqlErrorCode};
+use pgrx::{pg_sys, PgLogLevel, PgSqlErrorCode};
+use std::ffi::CString;
 
 pub use crate::model::error::{Class, LedgerError, Result};
 
@@ -15,6 +16,21 @@ pub fn raise(e: LedgerError) -> ! {
         .set_detail(e.wire_detail())
         .report(PgLogLevel::ERROR);
     unreachable!("an ERROR does not return")
+}
+
+/// Hands `e` to PostgreSQL as the refusal of a GUC check hook, which must not raise it itself:
+/// PostgreSQL reports it with the SQLSTATE, message and DETAIL given here.
+pub fn report_check_failure(e: &LedgerError) {
+    // Neither text can hold a NUL (they name the argument, not the refused value).
+    let message = CString::new(e.wire_message()).unwrap_or_default();
+    let detail = CString::new(e.wire_detail()).unwrap_or_default();
+    // SAFETY: these globals are how a check hook reports; PostgreSQL expects palloc'd strings
+    // and resets them before each hook call.
+    unsafe {
+        pg_sys::GUC_check_errcode(packed(e.class.sqlstate()));
+        pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(message.as_ptr());
+        pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
+    }
 }
 
 /// PostgreSQL's packed form of a five-character SQLSTATE (its `MAKE_SQLSTATE`), so that the

@@ -1,7 +1,9 @@
 //! Configuration parameters (GUCs) of the extension.
 
-use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
-use std::ffi::CString;
+use crate::error::{report_check_failure, LedgerError};
+use crate::model::ids;
+use pgrx::{pg_guard, pg_sys, GucContext, GucFlags, GucRegistry, GucSetting};
+use std::ffi::{c_char, c_void, CStr, CString};
 
 pub static TENANT_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static WORKSPACE_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
@@ -10,22 +12,32 @@ pub static REDACT_VALUES: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(true);
 
 pub fn init() {
-    GucRegistry::define_string_guc(
-        c"ledger.tenant_id",
-        c"Tenant of the current ledger scope.",
-        c"Set with ledger.set_scope(tenant_id, workspace_id). Every ledger function and row-level security policy uses it.",
-        &TENANT_ID,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_string_guc(
-        c"ledger.workspace_id",
-        c"Workspace of the current ledger scope.",
-        c"Set with ledger.set_scope(tenant_id, workspace_id). Every ledger function and row-level security policy uses it.",
-        &WORKSPACE_ID,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
+    // SAFETY: the check hooks keep PostgreSQL's contract: they only read the proposed value,
+    // never raise an ERROR, and report a refusal through GUC_check_* with palloc'd strings.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"ledger.tenant_id",
+            c"Tenant of the current ledger scope.",
+            c"Set with ledger.set_scope(tenant_id, workspace_id). Every ledger function and row-level security policy uses it.",
+            &TENANT_ID,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_tenant_id),
+            None,
+            None,
+        );
+        GucRegistry::define_string_guc_with_hooks(
+            c"ledger.workspace_id",
+            c"Workspace of the current ledger scope.",
+            c"Set with ledger.set_scope(tenant_id, workspace_id). Every ledger function and row-level security policy uses it.",
+            &WORKSPACE_ID,
+            GucContext::Userset,
+            GucFlags::default(),
+            Some(check_workspace_id),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_string_guc(
         c"ledger.redact_keys",
         c"Extra argument names whose values are redacted before they are stored.",
@@ -54,6 +66,59 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
+}
+
+/// The scope names are checked wherever they come from (`SET`, `set_config`, `ALTER ROLE ... SET`,
+/// `PGOPTIONS`, postgresql.conf), not only in `set_scope`: a name with an invisible character or
+/// a trailing space would be a tenant that looks like another one.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_tenant_id(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: PostgreSQL passes a valid pointer to the proposed value (NULL: unset).
+    unsafe { check_scope_name("tenant_id", newval) }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_workspace_id(
+    newval: *mut *mut c_char,
+    _extra: *mut *mut c_void,
+    _source: pg_sys::GucSource::Type,
+) -> bool {
+    // SAFETY: as above.
+    unsafe { check_scope_name("workspace_id", newval) }
+}
+
+/// Unset (NULL) and empty pass; anything else must be a valid id (22023 `ID_INVALID`, reported
+/// by PostgreSQL with the ledger's message and DETAIL). Placeholder values set before the library
+/// was loaded are checked when it loads, and a refused one is dropped with a WARNING.
+///
+/// # Safety
+/// `newval` points to a NULL or NUL-terminated string pointer.
+unsafe fn check_scope_name(argument: &str, newval: *mut *mut c_char) -> bool {
+    // SAFETY: the caller's contract.
+    let value = match unsafe { newval.as_ref() } {
+        Some(p) if !p.is_null() => unsafe { CStr::from_ptr(*p) },
+        _ => return true,
+    };
+    let checked = match value.to_str() {
+        Ok("") => return true,
+        Ok(name) => ids::validate(argument, name),
+        // Possible only in a SQL_ASCII database.
+        Err(_) => Err(
+            LedgerError::invalid("ID_INVALID", format!("{argument} is not valid UTF-8"))
+                .with("argument", argument),
+        ),
+    };
+    match checked {
+        Ok(()) => true,
+        Err(e) => {
+            report_check_failure(&e);
+            false
+        }
+    }
 }
 
 /// A string GUC's value; unset and empty are both `None`.

@@ -5,6 +5,7 @@
 use crate::blobs;
 use crate::db;
 use crate::error::{raise, LedgerError, Result, SqlError};
+use crate::model::retention::check_older_than;
 use crate::scope::{self, Scope};
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
@@ -55,12 +56,12 @@ fn purge(scope: &Scope, ids: Vec<String>) -> Result<()> {
     run("DELETE FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)")
 }
 
-/// Blobs no run input and no artifact refers to any more, swept under the exclusive blob lock.
+/// Blobs no run input and no artifact refers to any more, swept under the scope's blob lock; while
+/// a blob writer holds it, they stay for the next purge.
 fn sweep_blobs(scope: &Scope) -> Result<()> {
-    db::execute(
-        "SELECT pg_catalog.pg_advisory_xact_lock($1)",
-        &[blobs::gc_lock_key(scope).into()],
-    )?;
+    if !blobs::try_lock_for_sweep(scope)? {
+        return Ok(());
+    }
     db::execute(
         include_str!("../sql/queries/sweep_unreferenced_blobs.sql"),
         &scope.args([]),
@@ -84,15 +85,7 @@ fn purge_runs(
                 .with("batch", batch),
         );
     }
-    let negative = db::select_one("SELECT $1 < interval '0'", &[older_than.into()], |r| {
-        db::req::<bool>(r, 1)
-    })?;
-    if negative == Some(true) {
-        raise(LedgerError::invalid(
-            "INTERVAL_INVALID",
-            "older_than must not be negative",
-        ));
-    }
+    check_older_than(older_than.months(), older_than.days(), older_than.micros())?;
     let mut purged = 0;
     while purged < batch {
         let ids = candidates(&scope, &older_than, batch - purged)?;
@@ -249,6 +242,32 @@ mod tests {
             "SELECT ledger.purge_runs(interval '-1 day')",
             "22023",
             "INTERVAL_INVALID",
+        );
+        // Out of range: now() - older_than would not be a timestamp, however its parts add up.
+        for far in [
+            "interval '10000 years'",
+            "interval '1000 years 1 day'",
+            "interval '2147483647 days'",
+            "interval '9223372036854775807 microseconds'",
+            "interval '178000000 years' - interval '2000000000 days'",
+        ] {
+            let e = assert_error(
+                &format!("SELECT ledger.purge_runs({far})"),
+                "22023",
+                "INTERVAL_INVALID",
+            );
+            assert_eq!(
+                e.message,
+                "ledger: older_than is out of range (at most 1000 years)"
+            );
+        }
+        assert_eq!(
+            one::<i32>("SELECT ledger.purge_runs(interval '1000 years')"),
+            0
+        );
+        assert_eq!(
+            one::<i32>("SELECT ledger.purge_runs(interval '1 day -1 hour')"),
+            0
         );
         assert_error(
             "SELECT ledger.purge_runs(interval '1 day', 0)",

@@ -3,9 +3,11 @@
 //!
 //! Locks are taken in one order: the run first, then the record (a tool call, an approval, a
 //! step), then the record's step. A record's lock takes the `LockedRun` of its run as proof that
-//! the run is held, so a function cannot lock a record of a run it has not locked, and two
-//! writers never wait for each other in a cycle. Tasks stand apart: a task's writes lock only the
-//! task.
+//! the run is held, so a function cannot lock a record of a run it has not locked. A function
+//! waits for one run only: a claim whose key belongs to another run takes that run only if no one
+//! holds it (else it reads the record unlocked), because its caller may already hold a second
+//! run in the same transaction and the other run's holder may be waiting for ours. Tasks stand
+//! apart: a task's writes lock only the task.
 
 use crate::db;
 use crate::error::{Class, LedgerError, Result};
@@ -26,6 +28,8 @@ enum Lock {
     NoKeyUpdate,
     /// `FOR NO KEY UPDATE SKIP LOCKED`: the row only if no one else holds it.
     NoKeyUpdateSkipLocked,
+    /// `FOR KEY SHARE SKIP LOCKED`: the row only if no one is deleting it (a purge).
+    KeyShareSkipLocked,
     /// `FOR UPDATE`.
     Update,
     /// `FOR UPDATE OF` the named table of a join only.
@@ -43,6 +47,7 @@ fn first<R>(
         Lock::No => return db::select_one(query, args, map),
         Lock::NoKeyUpdate => format!("{query} FOR NO KEY UPDATE"),
         Lock::NoKeyUpdateSkipLocked => format!("{query} FOR NO KEY UPDATE SKIP LOCKED"),
+        Lock::KeyShareSkipLocked => format!("{query} FOR KEY SHARE SKIP LOCKED"),
         Lock::Update => format!("{query} FOR UPDATE"),
         Lock::UpdateOf(table) => format!("{query} FOR UPDATE OF {table}"),
     };
@@ -184,6 +189,12 @@ pub fn try_lock_run(scope: &Scope, run_id: &str) -> Result<Option<LockedRun>> {
     run_by(scope, "id", run_id, Lock::NoKeyUpdateSkipLocked)
 }
 
+/// Keeps the run from being purged until this transaction ends, without waiting and without
+/// blocking its writers (they take `FOR NO KEY UPDATE`); false when a purge holds it or it is gone.
+pub fn try_key_share_run(scope: &Scope, run_id: &str) -> Result<bool> {
+    Ok(run_by(scope, "id", run_id, Lock::KeyShareSkipLocked)?.is_some())
+}
+
 /// Locks the run a record is written for, and checks that the step it names, if any, is one of
 /// the run's.
 pub fn lock_owner(scope: &Scope, run_id: &str, step_id: Option<&str>) -> Result<LockedRun> {
@@ -321,6 +332,9 @@ pub struct ToolCall {
     pub status: CallStatus,
     pub attempt: i64,
     pub lease_seconds: i32,
+    /// The attempt holds a lease (it may have expired): false once a sweep, an in-doubt marking
+    /// or a `retry` resolution released it.
+    pub lease_held: bool,
     pub lease_live: bool,
     pub outbound_started: bool,
     pub result_artifact_id: Option<String>,
@@ -339,7 +353,7 @@ pub enum By<'a> {
 fn tool_call_by(scope: &Scope, by: By, lock: Lock) -> Result<Option<ToolCall>> {
     const SELECT: &str = "SELECT t.id, t.run_id, t.step_id, t.tool_call_id, t.tool_ref, \
             t.idempotency_key, t.request_hash, t.status, t.attempt, t.lease_seconds, \
-            coalesce(t.lease_expires_at > clock_timestamp(), false), \
+            t.lease_expires_at IS NOT NULL, coalesce(t.lease_expires_at > clock_timestamp(), false), \
             t.outbound_started_at IS NOT NULL, t.result_artifact_id, t.result_sha256, a.status \
        FROM ledger.run_step_tool_calls t \
        LEFT JOIN ledger.approval_requests a \
@@ -366,11 +380,12 @@ fn tool_call_by(scope: &Scope, by: By, lock: Lock) -> Result<Option<ToolCall>> {
             status: CallStatus::parse(&db::req::<String>(r, 8)?)?,
             attempt: db::req(r, 9)?,
             lease_seconds: db::req(r, 10)?,
-            lease_live: db::req(r, 11)?,
-            outbound_started: db::req(r, 12)?,
-            result_artifact_id: db::opt(r, 13)?,
-            result_sha256: db::opt(r, 14)?,
-            approval: db::opt::<String>(r, 15)?
+            lease_held: db::req(r, 11)?,
+            lease_live: db::req(r, 12)?,
+            outbound_started: db::req(r, 13)?,
+            result_artifact_id: db::opt(r, 14)?,
+            result_sha256: db::opt(r, 15)?,
+            approval: db::opt::<String>(r, 16)?
                 .as_deref()
                 .and_then(ApprovalStatus::parse),
         })

@@ -64,3 +64,69 @@ fn set_scope(
     )?;
     Ok(())
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, error_of, one, set_scope};
+    use pgrx::prelude::*;
+
+    /// `SET` and `set_config` go through the same check as `set_scope`: a name that would look
+    /// like another tenant's (an invisible character, a newline, a bidi override, a trailing
+    /// space) or does not fit an index row is refused, and the scope stays what it was.
+    #[pg_test]
+    fn scope_names_set_by_hand_are_checked_like_set_scope() {
+        set_scope("t-guc", "w");
+        for (statement, argument) in [
+            (r"SET ledger.tenant_id = E'acme\u200b'", "tenant_id"),
+            (r"SET LOCAL ledger.tenant_id = E'acme\n'", "tenant_id"),
+            (r"SET ledger.workspace_id = 'support '", "workspace_id"),
+            (
+                r"SELECT set_config('ledger.tenant_id', E'run\u202e1', false)",
+                "tenant_id",
+            ),
+            (
+                r"SELECT set_config('ledger.tenant_id', E'\ufeffacme', true)",
+                "tenant_id",
+            ),
+            (
+                r"SELECT set_config('ledger.workspace_id', repeat('x', 3200), true)",
+                "workspace_id",
+            ),
+        ] {
+            let e = error_of(statement);
+            assert_eq!(e.sqlstate, "22023", "{statement}: {e:?}");
+            assert!(
+                e.message.starts_with(&format!("ledger: {argument} ")),
+                "{statement}: {e:?}"
+            );
+            assert_eq!(e.detail["code"], "ID_INVALID", "{statement}: {e:?}");
+            assert_eq!(e.detail["argument"], argument, "{statement}: {e:?}");
+        }
+        assert_eq!(
+            one::<String>("SELECT ledger.scope_tenant() || '/' || ledger.scope_workspace()"),
+            "t-guc/w"
+        );
+        // set_scope keeps its own refusal.
+        assert_error(
+            r"SELECT ledger.set_scope(E'acme\u200b', 'w')",
+            "22023",
+            "ID_INVALID",
+        );
+        // Valid names, empty (unset) and RESET pass.
+        Spi::run(
+            "SET LOCAL ledger.tenant_id = 'acme-2'; SET LOCAL ledger.workspace_id = 'röm/7:α'",
+        )
+        .unwrap();
+        assert!(one::<bool>(
+            "SELECT ledger.create_run('chat', run_id => 'by-hand')::text LIKE '(acme-2,röm/7:α,by-hand,%'"
+        ));
+        Spi::run("SELECT set_config('ledger.tenant_id', '', true)").unwrap();
+        assert_error("SELECT ledger.create_run('chat')", "42501", "SCOPE_MISSING");
+        Spi::run("RESET ledger.tenant_id").unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.runs WHERE tenant_id NOT IN ('t-guc', 'acme-2') AND tenant_id LIKE '%acme%'"),
+            0
+        );
+    }
+}

@@ -2,7 +2,10 @@
 //! fencing, in-doubt, idempotent replay and approvals. Outcomes are returned as data, never raised, because state written before an
 //! ERROR would roll back (an in-doubt marking must stick).
 //!
-//! Lock order, as everywhere: the run first, then the record, then its step.
+//! Lock order, as everywhere: the run first, then the record, then its step. A claim (or an
+//! approval request) waits only for the calling run: a record of another run (a re-run passing
+//! its source's keys) is locked with its run only when no one holds that run, else read as it is
+//! (`Found::Unheld`), so two claims naming each other's keys never deadlock.
 
 use crate::artifacts;
 use crate::db;
@@ -42,6 +45,11 @@ impl ToolCall {
             outbound_started: self.outbound_started,
             approval: self.approval,
         }
+    }
+
+    /// Only the current attempt, holding its lease, may write (40001 `LEASE_STALE`).
+    fn fence(&self, attempt: i64) -> Result<()> {
+        check_fence(self.status, self.lease_held, self.attempt, attempt)
     }
 
     /// The ids every event and outbox row about the call carries.
@@ -351,33 +359,63 @@ fn identity<'a>(
     })
 }
 
-/// Finds the record an identity names (by idempotency key first, then by run and tool_call_id)
-/// and locks it after its run; returns the record's run (locked) and the record. `run`, the
-/// calling run, is already locked.
-fn find_locked(
-    scope: &Scope,
-    run: &LockedRun,
-    who: &Identity,
-) -> Result<Option<(LockedRun, ToolCall)>> {
+/// The record an identity names, and how far this transaction holds it.
+enum Found {
+    /// The record and its run are locked by this transaction.
+    Held(LockedRun, ToolCall),
+    /// Another run's record while a concurrent transaction holds that run: read, not locked.
+    /// Waiting for that run while holding the calling run could close a cycle (40P01), so the
+    /// claim answers from what it read and writes nothing to that run.
+    Unheld(ToolCall),
+    /// Another run's record while a purge is deleting its run: the tombstone answers once the
+    /// purge commits.
+    Purging(ToolCall),
+}
+
+impl Found {
+    fn record(&self) -> &ToolCall {
+        match self {
+            Found::Held(_, rec) | Found::Unheld(rec) | Found::Purging(rec) => rec,
+        }
+    }
+}
+
+/// Finds the record an identity names (by idempotency key first, then by run and tool_call_id).
+/// A record of `run`, the calling run (already locked), is locked; one of another run is locked
+/// with its run only if no one else holds that run, and never waited for.
+fn find_locked(scope: &Scope, run: &LockedRun, who: &Identity) -> Result<Option<Found>> {
     let found = match rows::find_tool_call(scope, By::Key(&who.idempotency_key))? {
         Some(r) => Some(r),
         None => rows::find_tool_call(scope, By::RunCall(who.run_id, &who.tool_call_id))?,
     };
     let Some(found) = found else { return Ok(None) };
     let record_run = if found.run_id == run.id {
-        run.clone()
+        Some(run.clone())
     } else {
-        rows::lock_run(scope, "run_id", &found.run_id)?
+        rows::try_lock_run(scope, &found.run_id)?
     };
     // A purge may have removed it meanwhile: then its tombstone answers.
-    let Some(rec) = rows::lock_tool_call(scope, &record_run, &found.id)? else {
-        return Ok(None);
+    let found = match record_run {
+        Some(record_run) => rows::lock_tool_call(scope, &record_run, &found.id)?
+            .map(|rec| Found::Held(record_run, rec)),
+        None => {
+            let stays = rows::try_key_share_run(scope, &found.run_id)?;
+            rows::find_tool_call(scope, By::Id(&found.id))?.map(|rec| {
+                if stays {
+                    Found::Unheld(rec)
+                } else {
+                    Found::Purging(rec)
+                }
+            })
+        }
     };
-    if rec.idempotency_key != who.idempotency_key {
-        // Found by (run_id, tool_call_id) under another key.
-        return Err(identity_reused().with("tool_call_id", who.tool_call_id.as_str()));
+    if let Some(rec) = found.as_ref().map(Found::record) {
+        if rec.idempotency_key != who.idempotency_key {
+            // Found by (run_id, tool_call_id) under another key.
+            return Err(identity_reused().with("tool_call_id", who.tool_call_id.as_str()));
+        }
     }
-    Ok(Some((record_run, rec)))
+    Ok(found)
 }
 
 /// The tombstone of a purged call with this key: `{"outcome": "purged", ...}`, never a new
@@ -511,11 +549,16 @@ fn claim_tool_call(
 
         // Twice at most: an insert that lost a race to a concurrent claim finds its record next time.
         for _ in 0..2 {
-            if let Some((record_run, mut rec)) = find_locked(&scope, &run, &who)? {
+            if let Some(found) = find_locked(&scope, &run, &who)? {
+                let (record_run, mut rec) = match found {
+                    Found::Held(record_run, rec) => (Some(record_run), rec),
+                    Found::Unheld(rec) => (None, rec),
+                    Found::Purging(rec) => return Ok(outcome(&scope, &rec.id, "busy", None)?),
+                };
                 return Ok(apply(
                     &scope,
                     &who,
-                    &record_run,
+                    record_run.as_ref(),
                     &mut rec,
                     &args,
                     &owner,
@@ -570,20 +613,25 @@ fn claim_tool_call(
     })
 }
 
-/// What a claim does with the record it found (`run`, the record's run, locked).
+/// What a claim does with the record it found. `run` is the record's run when this transaction
+/// holds it; without it nothing is written to that run: a call to take over answers `busy` and an
+/// expired call whose request left answers `in_doubt` unmarked (the next claim or sweep marks it).
 #[allow(clippy::too_many_arguments)]
 fn apply(
     scope: &Scope,
     who: &Identity,
-    run: &LockedRun,
+    run: Option<&LockedRun>,
     rec: &mut ToolCall,
     args: &Arguments,
     owner: &str,
     lease: i32,
     retry_failed: bool,
 ) -> Result<Jsonb> {
-    match decide(&rec.existing(), who.tool_ref, &args.hash, retry_failed)? {
-        Decision::Replay => {
+    match (
+        decide(&rec.existing(), who.tool_ref, &args.hash, retry_failed)?,
+        run,
+    ) {
+        (Decision::Replay, _) => {
             let response = replay_response(scope, rec)?;
             // The replay is evidence in the calling run's feed (a re-run's tool calls come from here).
             let replayed = Event::ToolCallReplayed(ToolCallReplayed {
@@ -593,16 +641,16 @@ fn apply(
             event(scope, who.run_id, rec, &replayed)?;
             outcome(scope, &rec.id, "replayed", Some(response))
         }
-        Decision::InDoubt { mark } => {
-            if mark {
+        (Decision::InDoubt { mark }, run) => {
+            if let (true, Some(run)) = (mark, run) {
                 mark_in_doubt(scope, run, rec, None)?;
             }
             outcome(scope, &rec.id, "in_doubt", None)
         }
-        Decision::Busy => outcome(scope, &rec.id, "busy", None),
-        Decision::WaitingApproval => outcome(scope, &rec.id, "waiting_approval", None),
-        Decision::Rejected => outcome(scope, &rec.id, "rejected", None),
-        Decision::Claim => {
+        (Decision::Busy, _) | (Decision::Claim, None) => outcome(scope, &rec.id, "busy", None),
+        (Decision::WaitingApproval, _) => outcome(scope, &rec.id, "waiting_approval", None),
+        (Decision::Rejected, _) => outcome(scope, &rec.id, "rejected", None),
+        (Decision::Claim, Some(run)) => {
             arm(scope, run, rec, owner, lease, &args.summary)?;
             outcome(scope, &rec.id, "claimed", None)
         }
@@ -625,7 +673,7 @@ fn begin_tool_call(
         let id = required_id("tool_call_record_id", tool_call_record_id)?;
         let attempt = attempt_arg(attempt)?;
         let (run, mut rec) = rows::lock_tool_call_by_id(&scope, id)?;
-        check_fence(rec.attempt, attempt)?;
+        rec.fence(attempt)?;
         match rec.status {
             CallStatus::Running => {}
             CallStatus::Claimed => {
@@ -666,7 +714,7 @@ fn heartbeat_tool_call(
     let id = required_id("tool_call_record_id", tool_call_record_id)?;
     let attempt = attempt_arg(attempt)?;
     let (_, rec) = rows::lock_tool_call_by_id(&scope, id)?;
-    check_fence(rec.attempt, attempt)?;
+    rec.fence(attempt)?;
     if !matches!(rec.status, CallStatus::Claimed | CallStatus::Running) {
         raise(wrong_state("heartbeat", rec.status));
     }
@@ -713,7 +761,7 @@ fn complete_tool_call(
             }
             CallStatus::Claimed | CallStatus::Running | CallStatus::InDoubt => {}
         }
-        check_fence(rec.attempt, attempt)?;
+        rec.fence(attempt)?;
         match how {
             Outcome::Unknown if rec.status == CallStatus::InDoubt => {}
             Outcome::Unknown => mark_in_doubt(&scope, &run, &mut rec, error_message)?,
@@ -906,7 +954,8 @@ fn request_tool_approval(
                 .with("idempotency_key", who.idempotency_key.as_str()),
             );
         }
-        if let Some((_, rec)) = find_locked(&scope, &run, &who)? {
+        if let Some(found) = find_locked(&scope, &run, &who)? {
+            let rec = found.record();
             if rec.tool_ref != who.tool_ref || rec.request_hash != args.hash {
                 raise(identity_reused());
             }
@@ -1595,6 +1644,69 @@ mod tests {
             one::<String>(&format!(
                 "{}->'tool_call'->>'attempt'",
                 claim("{}", "quiet")
+            )),
+            "2"
+        );
+    }
+
+    #[pg_test]
+    fn a_released_attempt_is_over_for_heartbeat_begin_and_complete() {
+        running_run("t-tc-released");
+        // Swept before begin: the lease is released and the call waits for its next claim.
+        outcome("{}", "swept");
+        expire("swept");
+        assert_eq!(one::<i32>("SELECT ledger.sweep_tool_calls()"), 1);
+        let id = record("swept");
+        for late in [
+            format!("SELECT ledger.heartbeat_tool_call('{id}', 1)"),
+            format!("SELECT ledger.heartbeat_tool_call('{id}', 1, 60)"),
+            format!("SELECT ledger.begin_tool_call('{id}', 1)"),
+            format!("SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{{}}')"),
+            format!("SELECT ledger.complete_tool_call('{id}', 1, 'unknown')"),
+        ] {
+            let e = assert_error(&late, "40001", "LEASE_STALE");
+            assert_eq!(e.detail["lease_released"], true, "{late}");
+        }
+        assert_eq!(
+            field("swept", "status")
+                + "|"
+                + &field("swept", "lease_owner")
+                + "|"
+                + &field("swept", "lease_expires_at"),
+            "claimed|(null)|(null)",
+            "nothing written"
+        );
+        // So the next claimer is not told `busy`: it gets the next attempt.
+        let out = one::<pgrx::JsonB>(&claim("{}", "swept")).0;
+        assert_eq!(
+            (
+                out["outcome"].as_str(),
+                out["tool_call"]["attempt"].as_i64()
+            ),
+            (Some("claimed"), Some(2))
+        );
+
+        // An in-doubt call resolved `retry`: its old attempt is over in the same way.
+        outcome("{\"x\": 1}", "doubt");
+        let id = record("doubt");
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, 'unknown')"
+        ))
+        .unwrap();
+        Spi::run(&format!("SELECT ledger.resolve_tool_call('{id}', 'retry')")).unwrap();
+        for late in [
+            format!("SELECT ledger.heartbeat_tool_call('{id}', 1)"),
+            format!("SELECT ledger.begin_tool_call('{id}', 1)"),
+            format!("SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{{}}')"),
+        ] {
+            assert_error(&late, "40001", "LEASE_STALE");
+        }
+        assert_eq!(field("doubt", "status"), "claimed");
+        assert_eq!(
+            one::<String>(&format!(
+                "{}->'tool_call'->>'attempt'",
+                claim("{\"x\": 1}", "doubt")
             )),
             "2"
         );

@@ -456,6 +456,16 @@ const VIEWS: [(&str, &str, &str); 4] = [
     ),
 ];
 
+/// The tables an application role may read: all but `blob_locks`, on which no role but the
+/// functions' owner has any privilege (`tests/sessions.rs` checks that no one else can lock it).
+fn readable(tables: &[String]) -> Vec<String> {
+    tables
+        .iter()
+        .filter(|t| *t != "blob_locks")
+        .cloned()
+        .collect()
+}
+
 /// What the app sees of every table and view, checked against the superuser's count of the scope.
 /// The empty scope ("", "") stands for "no scope set": no row has it.
 fn sees_exactly(app: &mut Client, su: &mut Client, tables: &[String], s: Scope) {
@@ -535,11 +545,18 @@ fn plain_sql_sees_only_its_scope_and_writes_nothing() {
         workspace: "",
         prefix: "",
     };
-    sees_exactly(&mut role.connect(), &mut su, &tables, unscoped);
+    let readable = readable(&tables);
+    sees_exactly(&mut role.connect(), &mut su, &readable, unscoped);
     for s in [A, B, G] {
         set_scope(&mut app, s);
-        sees_exactly(&mut app, &mut su, &tables, s);
+        sees_exactly(&mut app, &mut su, &readable, s);
     }
+    refused(
+        &mut app,
+        "SELECT count(*) FROM ledger.blob_locks",
+        "42501",
+        "",
+    );
 
     // No write privilege at all, even on the rows of the role's own scope.
     let names: Vec<&str> = tables.iter().map(String::as_str).collect();
@@ -683,7 +700,7 @@ fn the_scope_cannot_be_bypassed_from_the_session() {
         &mut su,
         &format!("GRANT CREATE ON DATABASE {db} TO {APP}; ANALYZE"),
     );
-    let tables = ledger_relations(&mut su, "r");
+    let tables = readable(&ledger_relations(&mut su, "r"));
     let victims = [victim(&mut su, B), victim(&mut su, G)];
     set_scope(&mut app, A);
     let baseline = fingerprint(&mut app, &tables);
@@ -763,4 +780,98 @@ fn the_scope_cannot_be_bypassed_from_the_session() {
     ] {
         refused(&mut app, sql, "42501", "");
     }
+}
+
+/// A scope name set by hand is checked like `set_scope`'s, wherever it comes from. Once the
+/// library is loaded, `SET`, `set_config` and `ALTER ROLE ... SET` refuse it (22023
+/// `ID_INVALID`). A value stored while it was not (a `SET` in a fresh session, `ALTER ROLE ...
+/// SET` from such a session, a connection's `PGOPTIONS`) is checked when the library loads, at
+/// the session's first ledger function, and dropped with a WARNING: the session has no scope. No
+/// row is ever written under such a tenant.
+#[test]
+#[ignore]
+fn scope_names_set_by_hand_are_checked_wherever_they_come_from() {
+    let db = database("ledger_iso_guc");
+    let role = AppRole::create(&db);
+    let bad = "acme\u{200b}";
+    let no_scope = |c: &mut Client| {
+        refused(
+            c,
+            "SELECT ledger.create_run('chat')",
+            "42501",
+            "SCOPE_MISSING",
+        );
+        let tenant: Option<String> = one(c, "SELECT ledger.scope_tenant()");
+        assert_eq!(tenant, None, "the refused value was dropped");
+    };
+
+    // A fresh session: the library is not loaded, so SET keeps a placeholder ...
+    let mut app = role.connect();
+    exec(
+        &mut app,
+        &format!("SET ledger.tenant_id = '{bad}'; SET ledger.workspace_id = 'A'"),
+    );
+    // ... which the first ledger function checks as the library loads.
+    no_scope(&mut app);
+    // Loaded: refused like set_scope's arguments, whatever the way in.
+    for sql in [
+        format!("SET ledger.tenant_id = '{bad}'"),
+        "SET ledger.tenant_id = E'acme\\n'".into(),
+        "SET ledger.workspace_id = 'A '".into(),
+        "SELECT set_config('ledger.tenant_id', repeat('x', 3200), false)".into(),
+        "SELECT set_config('ledger.workspace_id', E'A\\u202e', true)".into(),
+        format!("SET ledger.tenant_id = '{}'", "a".repeat(129)),
+    ] {
+        refused(&mut app, &sql, "22023", "ID_INVALID");
+    }
+    exec(
+        &mut app,
+        "SET ledger.tenant_id = 'acme'; SET ledger.workspace_id = 'A'",
+    );
+    exec(
+        &mut app,
+        "SELECT ledger.create_run('chat', run_id => 'fine')",
+    );
+
+    // ALTER ROLE ... SET: checked where the library is loaded ...
+    let mut su = connect_to(&db, "postgres");
+    exec(&mut su, "LOAD 'ledger'");
+    refused(
+        &mut su,
+        &format!("ALTER ROLE {APP} SET ledger.tenant_id = '{bad}'"),
+        "22023",
+        "ID_INVALID",
+    );
+    // ... and stored unchecked from a session where it is not; the role's next session gets it
+    // at login, and loses it when the library loads.
+    exec(
+        &mut connect_to(&db, "postgres"),
+        &format!(
+            "ALTER ROLE {APP} SET ledger.tenant_id = '{bad}'; ALTER ROLE {APP} SET ledger.workspace_id = 'A'"
+        ),
+    );
+    let mut app = role.connect();
+    let at_login: Option<String> = one(&mut app, "SELECT ledger.scope_tenant()");
+    assert_eq!(at_login.as_deref(), Some(bad));
+    let seen: i64 = one(&mut app, "SELECT count(*) FROM ledger.runs");
+    assert_eq!(seen, 0, "a plain read under the name finds nothing");
+    no_scope(&mut app);
+    exec(&mut su, &format!("ALTER ROLE {APP} RESET ALL"));
+
+    // PGOPTIONS (options in the startup packet): the same.
+    let options = format!(
+        "host={} port={} user={APP} dbname={db} options='-c ledger.tenant_id={bad} -c ledger.workspace_id=A'",
+        env("LEDGER_TEST_HOST"),
+        env("LEDGER_TEST_PORT")
+    );
+    let mut app = Client::connect(&options, postgres::NoTls).unwrap();
+    let at_login: Option<String> = one(&mut app, "SELECT ledger.scope_tenant()");
+    assert_eq!(at_login.as_deref(), Some(bad));
+    no_scope(&mut app);
+
+    let runs: Vec<String> = strings(
+        &mut su,
+        "SELECT tenant_id || '/' || workspace_id || '/' || id FROM ledger.runs",
+    );
+    assert_eq!(runs, ["acme/A/fine"]);
 }

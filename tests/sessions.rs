@@ -639,6 +639,159 @@ fn two_executors_claiming_one_key_one_wins_one_is_busy() {
     assert_eq!(n, 1);
 }
 
+/// A call of run `run` under `key`, with `args`: claimed, then (by `end`) begun and completed
+/// with `{"key": key}`, or left claimed or running with its lease expired.
+fn call_on(c: &mut Client, run: &str, key: &str, end: &str) {
+    let id: String = one(
+        c,
+        &format!("SELECT ledger.claim_tool_call('{run}', 'send', '{{\"k\": \"{key}\"}}', idempotency_key => '{key}')->'tool_call'->>'id'"),
+    );
+    if end != "claimed" {
+        exec(c, &format!("SELECT ledger.begin_tool_call('{id}', 1)"));
+    }
+    match end {
+        "succeeded" => exec(
+            c,
+            &format!("SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{{\"key\": \"{key}\"}}')"),
+        ),
+        _ => exec(
+            c,
+            &format!("UPDATE ledger.run_step_tool_calls SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE id = '{id}'"),
+        ),
+    }
+}
+
+fn claim_key(c: &mut Client, run: &str, key: &str) -> Result<serde_json::Value, postgres::Error> {
+    let text: String = c
+        .query_one(
+            &format!("SELECT ledger.claim_tool_call('{run}', 'send', '{{\"k\": \"{key}\"}}', idempotency_key => '{key}')::text"),
+            &[],
+        )?
+        .get(0);
+    Ok(serde_json::from_str(&text).unwrap())
+}
+
+/// The issue's case: key `ka` recorded on run A, `kb` on run B. S2 holds B (an audit in an open
+/// transaction); S1 claims on A with `kb`; S2 claims on B with `ka`. A claim never waits for a
+/// second run while it holds its own, so neither gets 40P01 and both replay. A call of the held
+/// run that needs writing (taken over, or marked in doubt) is answered without waiting: `busy`
+/// or `in_doubt`, and written by a claim once that run is free.
+#[test]
+#[ignore]
+fn claims_naming_each_others_keys_never_deadlock() {
+    let db = database("ledger_tc_cross");
+    let mut setup = session(&db);
+    for run in ["A", "B"] {
+        exec(
+            &mut setup,
+            &format!("SELECT ledger.create_run('agent', run_id => '{run}'); SELECT ledger.transition_run('{run}', 'running')"),
+        );
+    }
+    call_on(&mut setup, "A", "ka", "succeeded");
+    call_on(&mut setup, "B", "kb", "succeeded");
+    call_on(&mut setup, "B", "kc", "claimed");
+    call_on(&mut setup, "B", "kd", "running");
+
+    let mut s2 = session(&db);
+    exec(
+        &mut s2,
+        "BEGIN; SELECT ledger.record_audit('B', 'gw', 'allow')",
+    );
+    let (claimed_tx, claimed_rx) = mpsc::channel();
+    let (commit_tx, commit_rx) = mpsc::channel::<()>();
+    let db1 = db.clone();
+    let s1 = thread::spawn(move || -> Result<serde_json::Value, postgres::Error> {
+        let mut s1 = session(&db1);
+        let pid: i32 = one(&mut s1, "SELECT pg_backend_pid()");
+        claimed_tx.send(Some(pid)).unwrap();
+        s1.batch_execute("BEGIN")?;
+        let out = claim_key(&mut s1, "A", "kb");
+        let _ = claimed_tx.send(None);
+        let out = out?;
+        commit_rx.recv().unwrap();
+        s1.batch_execute("COMMIT")?;
+        Ok(out)
+    });
+    let s1_pid = claimed_rx.recv().unwrap().unwrap();
+    // S1's claim has answered (or, as before 0.4.0, waits for B).
+    let mut watch = session(&db);
+    let start = std::time::Instant::now();
+    while claimed_rx.try_recv().is_err() {
+        let blocked: bool = watch
+            .query_one("SELECT cardinality(pg_blocking_pids($1)) > 0", &[&s1_pid])
+            .unwrap()
+            .get(0);
+        if blocked {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "S1 neither answered nor blocked"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let s2_claim = claim_key(&mut s2, "B", "ka");
+    let s2_commit = s2.batch_execute("COMMIT");
+    // S1 has ended already if its claim failed.
+    let _ = commit_tx.send(());
+    let s1_claim = s1.join().unwrap();
+    let s1_out = s1_claim.unwrap_or_else(|e| panic!("S1: {:?} {e}", sqlstate(&e)));
+    let s2_out = s2_claim.unwrap_or_else(|e| panic!("S2: {:?} {e}", sqlstate(&e)));
+    s2_commit.unwrap();
+    for (out, key) in [(&s1_out, "kb"), (&s2_out, "ka")] {
+        assert_eq!(out["outcome"], "replayed", "{key}: {out}");
+        assert_eq!(out["response"]["result"]["key"], key);
+    }
+    // Each replay is evidence in the calling run's feed.
+    let replays: Vec<String> = watch
+        .query(
+            "SELECT run_id || ':' || (payload->>'idempotency_key') FROM ledger.run_events \
+              WHERE event_type = 'tool_call.replayed' ORDER BY run_id",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(replays, ["A:kb", "B:ka"]);
+
+    // B held again: a call of B to take over, or to mark in doubt, is answered at once.
+    exec(
+        &mut s2,
+        "BEGIN; SELECT ledger.record_audit('B', 'gw', 'allow')",
+    );
+    let mut s1 = session(&db);
+    exec(&mut s1, "SET lock_timeout = '5s'");
+    let out = claim_key(&mut s1, "A", "kc").unwrap();
+    assert_eq!(
+        (
+            out["outcome"].as_str(),
+            out["tool_call"]["attempt"].as_i64()
+        ),
+        (Some("busy"), Some(1))
+    );
+    let out = claim_key(&mut s1, "A", "kd").unwrap();
+    assert_eq!(
+        (out["outcome"].as_str(), out["tool_call"]["status"].as_str()),
+        (Some("in_doubt"), Some("running"))
+    );
+    exec(&mut s2, "COMMIT");
+    let out = claim_key(&mut s1, "A", "kc").unwrap();
+    assert_eq!(
+        (
+            out["outcome"].as_str(),
+            out["tool_call"]["attempt"].as_i64()
+        ),
+        (Some("claimed"), Some(2))
+    );
+    let out = claim_key(&mut s1, "A", "kd").unwrap();
+    assert_eq!(
+        (out["outcome"].as_str(), out["tool_call"]["status"].as_str()),
+        (Some("in_doubt"), Some("in_doubt"))
+    );
+    assert!(broken_invariants(&mut watch).is_empty());
+}
+
 #[test]
 #[ignore]
 fn a_crash_after_begin_leaves_the_call_in_doubt_never_claimed() {
@@ -863,4 +1016,113 @@ fn a_re_run_gets_every_tool_result_back_without_executing() {
     assert_eq!(replayed, 3);
     let records: i64 = one(&mut b, "SELECT count(*) FROM ledger.run_step_tool_calls");
     assert_eq!(records, 3, "no new record, no new attempt");
+}
+
+// ---- The blob store's lock ---------------------------------------------------------------
+
+/// The bytes every test artifact holds: stored once per scope, whoever references them.
+const BLOB: &str = "convert_to(repeat('blob-bytes ', 1000), 'UTF8')";
+
+/// A purge never sweeps a blob that a transaction still open is about to reference, and never
+/// waits for that transaction either: the blob stays for the next purge. The writer's artifact
+/// reads back whole after it commits.
+#[test]
+#[ignore]
+fn a_purge_leaves_alone_a_blob_an_open_transaction_references() {
+    let db = database("ledger_blob_gc");
+    let mut admin = session(&db);
+    exec(
+        &mut admin,
+        &format!(
+            "SELECT ledger.create_run('agent', run_id => 'old'); SELECT ledger.transition_run('old', 'running'); \
+             SELECT ledger.put_artifact('old', {BLOB}); SELECT ledger.transition_run('old', 'succeeded'); \
+             UPDATE ledger.runs SET ended_at = now() - interval '40 days' WHERE id = 'old'; \
+             SELECT ledger.create_run('agent', run_id => 'live'); SELECT ledger.transition_run('live', 'running')"
+        ),
+    );
+    // The writer stores the same bytes for its own run, and has not committed.
+    let mut writer = session(&db);
+    exec(&mut writer, "BEGIN");
+    let artifact: String = one(
+        &mut writer,
+        &format!("SELECT id FROM ledger.put_artifact('live', {BLOB})"),
+    );
+    let mut purger = session(&db);
+    exec(&mut purger, "SET statement_timeout = '10s'");
+    let purged: i32 = one(&mut purger, "SELECT ledger.purge_runs('1 day')");
+    assert_eq!(
+        purged, 1,
+        "the old run went, without waiting for the writer"
+    );
+    exec(&mut writer, "COMMIT");
+    let blobs: i64 = one(&mut admin, "SELECT count(*) FROM ledger.blobs");
+    assert_eq!(blobs, 1, "the blob the writer referenced stayed");
+    let same: bool = one(
+        &mut admin,
+        &format!("SELECT ledger.get_artifact('{artifact}') = {BLOB}"),
+    );
+    assert!(same);
+    // Unreferenced and unlocked, the next purge sweeps a blob.
+    exec(
+        &mut admin,
+        "SELECT ledger.transition_run('live', 'succeeded'); \
+         UPDATE ledger.runs SET ended_at = now() - interval '40 days' WHERE id = 'live'",
+    );
+    let purged: i32 = one(&mut purger, "SELECT ledger.purge_runs('1 day')");
+    assert_eq!(purged, 1);
+    let blobs: i64 = one(&mut admin, "SELECT count(*) FROM ledger.blobs");
+    assert_eq!(blobs, 0);
+}
+
+/// The blob lock is a row only the functions can lock: a role without any ledger grant (or with
+/// one) cannot read, lock or watch `ledger.blob_locks`, and the advisory lock key of 0.3.0, which
+/// anyone could compute and take, no longer blocks anything.
+#[test]
+#[ignore]
+fn no_other_role_can_block_a_scopes_blob_writers() {
+    let db = database("ledger_blob_lock_roles");
+    let mut su = connect_to(&db, "postgres");
+    exec(
+        &mut su,
+        "DROP ROLE IF EXISTS ledger_test_outsider; CREATE ROLE ledger_test_outsider LOGIN; \
+         DROP ROLE IF EXISTS ledger_test_app; CREATE ROLE ledger_test_app LOGIN IN ROLE ledger_writer",
+    );
+    let mut writer = session(&db);
+    exec(
+        &mut writer,
+        "SELECT ledger.create_run('agent', run_id => 'r'); SELECT ledger.transition_run('r', 'running')",
+    );
+    for role in ["ledger_test_outsider", "ledger_test_app"] {
+        let mut other = connect_to(&db, role);
+        exec(&mut other, "SELECT set_config('ledger.tenant_id', 'acme', false), set_config('ledger.workspace_id', 'support', false)");
+        for sql in [
+            "SELECT 1 FROM ledger.blob_locks FOR KEY SHARE",
+            "SELECT 1 FROM ledger.blob_locks FOR UPDATE",
+            "SELECT count(*) FROM ledger.blob_locks",
+            "BEGIN; LOCK TABLE ledger.blob_locks IN ACCESS SHARE MODE",
+            "BEGIN; LOCK TABLE ledger.blob_locks IN ACCESS EXCLUSIVE MODE",
+        ] {
+            let err = other.batch_execute(sql).unwrap_err();
+            assert_eq!(sqlstate(&err).as_deref(), Some("42501"), "{role}: {sql}");
+            exec(&mut other, "ROLLBACK");
+        }
+        // 0.3.0's key for this scope, held by the other role ...
+        exec(
+            &mut other,
+            "SELECT pg_advisory_lock(('x' || substr(encode(sha256('ledger.blobs'::bytea || '\\x00'::bytea || \
+                 convert_to('acme', 'UTF8') || '\\x00'::bytea || convert_to('support', 'UTF8')), 'hex'), 1, 15))::bit(60)::bigint)",
+        );
+        // ... blocks no writer of the scope.
+        exec(&mut writer, "SET statement_timeout = '10s'");
+        exec(
+            &mut writer,
+            &format!("SELECT ledger.put_artifact('r', {BLOB} || convert_to('{role}', 'UTF8'))"),
+        );
+    }
+    let locks: i64 = one(&mut su, "SELECT count(*) FROM ledger.blob_locks");
+    assert_eq!(locks, 1, "one row for the scope");
+    exec(
+        &mut su,
+        "DROP OWNED BY ledger_test_outsider, ledger_test_app; DROP ROLE ledger_test_outsider; DROP ROLE ledger_test_app",
+    );
 }

@@ -16,6 +16,7 @@ pub mod outbox;
 #[cfg(test)]
 mod properties;
 pub mod redact;
+pub mod retention;
 pub mod status;
 pub mod text;
 pub mod tool_call;

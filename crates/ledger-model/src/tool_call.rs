@@ -180,17 +180,23 @@ pub fn extend_seconds(extend: i32) -> Result<i32> {
 }
 
 /// The attempt is the fencing token: only the current attempt may write (40001 `LEASE_STALE`).
-pub fn check_fence(current: i64, given: i64) -> Result<()> {
-    if current == given {
+/// A claimed call without a lease is between attempts (a sweep released it before `begin`, or a
+/// person resolved it `retry`): its attempt is over too, although no newer one exists yet, so
+/// that the old executor cannot revive it under the next claimer's feet.
+pub fn check_fence(status: CallStatus, lease_held: bool, current: i64, given: i64) -> Result<()> {
+    let released = status == CallStatus::Claimed && !lease_held;
+    if current == given && !released {
         return Ok(());
     }
-    Err(LedgerError::new(
-        Class::Conflict,
-        "LEASE_STALE",
-        format!("attempt {given} is no longer current (the current attempt is {current})"),
-    )
-    .with("attempt", given)
-    .with("current_attempt", current))
+    let message = if current == given {
+        format!("attempt {given} is over: its lease was released; claim the call again")
+    } else {
+        format!("attempt {given} is no longer current (the current attempt is {current})")
+    };
+    Err(LedgerError::new(Class::Conflict, "LEASE_STALE", message)
+        .with("attempt", given)
+        .with("current_attempt", current)
+        .with("lease_released", released))
 }
 
 /// How an executor reports a call.
@@ -388,11 +394,21 @@ mod tests {
 
     #[test]
     fn only_the_current_attempt_passes_the_fence() {
-        assert!(check_fence(2, 2).is_ok());
-        let e = check_fence(2, 1).unwrap_err();
+        let claimed = CallStatus::Claimed;
+        assert!(check_fence(claimed, true, 2, 2).is_ok());
+        let e = check_fence(claimed, true, 2, 1).unwrap_err();
         assert_eq!((e.class, e.code), (Class::Conflict, "LEASE_STALE"));
         assert_eq!(e.detail["current_attempt"], 2);
-        assert!(check_fence(2, 3).is_err());
+        assert!(check_fence(claimed, true, 2, 3).is_err());
+        // Released (swept or resolved `retry`): the current number no longer passes.
+        let e = check_fence(claimed, false, 2, 2).unwrap_err();
+        assert_eq!(
+            (e.code, &e.detail["lease_released"]),
+            ("LEASE_STALE", &true.into())
+        );
+        // An in-doubt call has no lease either, and its executor's late answer still counts.
+        assert!(check_fence(CallStatus::InDoubt, false, 2, 2).is_ok());
+        assert!(check_fence(CallStatus::Running, true, 2, 2).is_ok());
     }
 
     #[test]
