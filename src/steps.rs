@@ -94,9 +94,7 @@ fn create_step(
     let run_id = required_id("run_id", run_id)?;
     let new = NewStep {
         step_type: required_label("step_type", step_type)?,
-        step_key: step_key
-            .map(|k| ids::validate_key("step_key", k).map(|_| k))
-            .transpose()?,
+        step_key: optional_label("step_key", step_key)?,
         node_id: optional_label("node_id", node_id)?,
         input_summary,
         status: Status::parse(Resource::Step, required("status", status)?)?,

@@ -338,10 +338,6 @@ mod tests {
             ("run_id", "SELECT ledger.create_run('chat', run_id => $MB)"),
             ("run_id", "SELECT ledger.create_step($MB, 'llm')"),
             (
-                "step_key",
-                "SELECT ledger.create_step('r', 'llm', step_key => $MB)",
-            ),
-            (
                 "step_id",
                 "SELECT ledger.create_step('r', 'llm', step_id => $MB)",
             ),
@@ -482,6 +478,10 @@ mod tests {
                 "SELECT ledger.create_run('chat', trace_id => $MB)",
             ),
             ("step_type", "SELECT ledger.create_step('r', $MB)"),
+            (
+                "step_key",
+                "SELECT ledger.create_step('r', 'llm', step_key => $MB)",
+            ),
             (
                 "node_id",
                 "SELECT ledger.create_step('r', 'llm', node_id => $MB)",
