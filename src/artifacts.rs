@@ -269,7 +269,7 @@ fn register_artifact(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_artifacts"), SqlError> {
     let shared = Shared::new(run_id, artifact_type, mime, step_id, meta)?;
     let storage_key = required("storage_key", storage_key)?;
-    ids::validate_key("storage_key", storage_key)?;
+    ids::validate_storage_key("storage_key", storage_key)?;
     let size_bytes = size_bytes.ok_or_else(|| LedgerError::required("size_bytes"))?;
     if size_bytes < 0 {
         raise(

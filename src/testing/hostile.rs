@@ -408,10 +408,6 @@ mod tests {
                 "SELECT ledger.register_artifact($MB, 'k', 1, repeat('a', 64))",
             ),
             (
-                "storage_key",
-                "SELECT ledger.register_artifact('r', $MB, 1, repeat('a', 64))",
-            ),
-            (
                 "step_id",
                 "SELECT ledger.register_artifact('r', 'k', 1, repeat('a', 64), step_id => $MB)",
             ),
@@ -487,6 +483,10 @@ mod tests {
                 "SELECT ledger.create_step('r', 'llm', node_id => $MB)",
             ),
             ("task_type", "SELECT ledger.create_task($MB)"),
+            (
+                "storage_key",
+                "SELECT ledger.register_artifact('r', $MB, 1, repeat('a', 64))",
+            ),
             (
                 "mime",
                 "SELECT ledger.put_artifact('r', '\\x00', mime => $MB)",

@@ -90,8 +90,21 @@ pub const MAX_LABEL_BYTES: usize = 256;
 /// A label such as a run's mode or subject: free text (spaces allowed, emoji joiners too), no
 /// control characters or bidi controls, at most 256 bytes (22023 `LABEL_INVALID`).
 pub fn validate_label(argument: &str, value: &str) -> Result<()> {
-    let reason = if value.len() > MAX_LABEL_BYTES {
-        "is longer than 256 bytes"
+    check_label(argument, value, MAX_LABEL_BYTES)
+}
+
+/// The longest storage key of an external store (S3's own limit).
+pub const MAX_STORAGE_KEY_BYTES: usize = 1024;
+
+/// An external store's key (a path, an object key): a label of up to 1024 bytes.
+pub fn validate_storage_key(argument: &str, value: &str) -> Result<()> {
+    check_label(argument, value, MAX_STORAGE_KEY_BYTES)
+}
+
+fn check_label(argument: &str, value: &str, max_bytes: usize) -> Result<()> {
+    let too_long = format!("is longer than {max_bytes} bytes");
+    let reason = if value.len() > max_bytes {
+        too_long.as_str()
     } else if value.chars().any(|c| c.is_control() || is_bidi_control(c)) {
         "contains control or bidi control characters"
     } else {
@@ -171,6 +184,12 @@ mod tests {
         assert!(validate_key("k", &"k".repeat(513)).is_err());
         assert!(validate("id", &wide.repeat(128)).is_ok());
         assert!(validate_label("mode", "Support Bot v2").is_ok());
+        assert!(validate_storage_key("storage_key", &"k ".repeat(512)).is_ok());
+        let e = validate_storage_key("storage_key", &"k".repeat(1025)).unwrap_err();
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            ("LABEL_INVALID", "storage_key is longer than 1024 bytes")
+        );
         assert!(validate_label("mode", &"m".repeat(256)).is_ok());
         assert_eq!(
             validate_label("mode", &"m".repeat(257)).unwrap_err().code,
