@@ -142,6 +142,10 @@ fresh_db ledger_rows "$PREVIOUS_VERSION"
 # The walkthrough shows refused calls on purpose: run it to the end.
 cluster_psql "$major" "$data" "$port" -d ledger_rows -q -v ON_ERROR_STOP=0 \
   -f "$work/previous-walkthrough.sql" > /dev/null 2>&1
+# The walkthrough stores no blob: one, so that the update meets the blob store too.
+cluster_psql "$major" "$data" "$port" -d ledger_rows -q -c "SELECT ledger.set_scope('acme', 'support')" \
+  -c "SELECT ledger.create_run('chat', run_id => 'run-blob')" \
+  -c "SELECT ledger.put_artifact('run-blob', '\\x01'::bytea)" > /dev/null
 before=$(rows ledger_rows)
 cluster_psql "$major" "$data" "$port" -d ledger_rows -q -c "ALTER EXTENSION ledger UPDATE"
 rm -f "$extdir/ledger--$PREVIOUS_VERSION.sql"
@@ -169,11 +173,13 @@ checks=$(cluster_psql "$major" "$data" "$port" -d ledger_rows -qAt -c "
        FROM ledger.run_step_tool_calls),
     (SELECT count(*) FILTER (WHERE event_type = 'run.status.updated' AND payload ? 'from') >= 1
             AND count(*) = (SELECT count(*) FROM ledger.outbox WHERE status = 'pending')
-       FROM ledger.claim_outbox_events('upgrade-check', 1000)))" | tail -n 1)
-if [ "$checks" = "t t t t t t t" ]; then
+       FROM ledger.claim_outbox_events('upgrade-check', 1000)),
+    (SELECT count(*) FROM ledger.blob_locks) = 1,
+    (SELECT size_bytes FROM ledger.put_artifact('run-blob', '\\x0102'::bytea)) = 2)" | tail -n 1)
+if [ "$checks" = "t t t t t t t t t" ]; then
   echo "upgrade rows: $PREVIOUS_VERSION's rows kept through the update ($after); the current API reads and replays them"
 else
-  echo "upgrade rows: checks after the update failed: $checks (expected: t t t t t t t)"
+  echo "upgrade rows: checks after the update failed: $checks (expected: t t t t t t t t t)"
   status=1
 fi
 compare "$PREVIOUS_VERSION with rows updated to $current" ledger_rows
