@@ -120,7 +120,8 @@ impl<'a> Iterator for Words<'a> {
                 interrupt::check();
                 self.next_check = at + interrupt::EVERY_BYTES;
             }
-            if ids::is_format(c) {
+            // Invisible format characters are never ASCII: most keys skip the lookup.
+            if !c.is_ascii() && ids::is_format(c) {
                 continue;
             }
             let end = at + c.len_utf8();
@@ -286,9 +287,18 @@ const TRAILING_WORDS: [&str; 25] = [
     "values",
 ];
 
+/// Longer than every trailing word: a word that does not fit is one only if all digits.
+const TRAILING_BYTES: usize = 16;
+
 fn is_trailing(word: &str) -> bool {
-    folded(word).all(|b| b.is_ascii_digit())
-        || TRAILING_WORDS.iter().any(|t| folded(word).eq(t.bytes()))
+    // Folded once (every key's every word comes here), then compared with the list.
+    let mut buf = heapless::Vec::<u8, TRAILING_BYTES>::new();
+    for b in folded(word) {
+        if buf.push(b).is_err() {
+            return folded(word).all(|b| b.is_ascii_digit());
+        }
+    }
+    buf.iter().all(u8::is_ascii_digit) || TRAILING_WORDS.iter().any(|t| t.as_bytes() == &buf[..])
 }
 
 /// The longest folded tail of a word the rules look at: the longest qualifier and noun joined
