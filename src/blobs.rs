@@ -50,16 +50,19 @@ pub fn get(scope: &Scope, sha256: &str, mismatch_code: &'static str) -> Result<V
 /// lock is the scope's row of `ledger.blob_locks`, on which no role but the functions' owner has
 /// any privilege: no one else can take it to block the scope's writers, or see it.
 fn lock_for_writing(scope: &Scope) -> Result<()> {
+    const LOCK: &str =
+        "SELECT 1 FROM ledger.blob_locks WHERE tenant_id = $1 AND workspace_id = $2 \
+                        FOR KEY SHARE";
+    if db::write_one(LOCK, &scope.args([]), |_| Ok(()))?.is_some() {
+        return Ok(());
+    }
+    // The scope's first blob: its row, then the lock (a concurrent first writer may insert it).
     db::execute(
         "INSERT INTO ledger.blob_locks (tenant_id, workspace_id) VALUES ($1, $2) \
          ON CONFLICT DO NOTHING",
         &scope.args([]),
     )?;
-    db::execute(
-        "SELECT 1 FROM ledger.blob_locks WHERE tenant_id = $1 AND workspace_id = $2 \
-            FOR KEY SHARE",
-        &scope.args([]),
-    )
+    db::execute(LOCK, &scope.args([]))
 }
 
 /// Takes the scope's blob lock for the sweep, only if no writer holds it: false means a blob

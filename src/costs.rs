@@ -4,7 +4,7 @@ use crate::db;
 use crate::error::{raise, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, optional_label, required_id, required_label};
+use crate::model::args::{optional_label, required_id, required_label};
 use crate::model::events::{CostRecorded, Event};
 use crate::model::{cost, ids};
 use crate::redaction::redacted_object;
@@ -59,7 +59,6 @@ fn record_cost(
     ] {
         optional_label(argument, label)?;
     }
-    let step_id = optional_id("step_id", step_id)?;
     let quantity = billed_quantity.ok_or_else(|| LedgerError::required("billed_quantity"))?;
     cost::check_non_negative("billed_quantity", "QUANTITY_INVALID", &quantity.to_string())?;
     if let Some(a) = &amount {

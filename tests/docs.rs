@@ -29,14 +29,8 @@ fn sql_blocks(doc: &str) -> String {
 
 /// Runs `script` through psql in `db`; with `stop_on_error`, panics with psql's output on an error.
 fn psql(db: &str, script: &str, stop_on_error: bool) {
-    let mut child = pg_tool("psql")
+    let mut child = pg_client("psql")
         .args([
-            "-h",
-            &env("LEDGER_TEST_HOST"),
-            "-p",
-            &env("LEDGER_TEST_PORT"),
-            "-U",
-            "postgres",
             "-d",
             db,
             "-X",

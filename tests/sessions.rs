@@ -331,19 +331,7 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
         "tables left empty: {empty:?}"
     );
 
-    let dump = pg_tool("pg_dump")
-        .args([
-            "-h",
-            &env("LEDGER_TEST_HOST"),
-            "-p",
-            &env("LEDGER_TEST_PORT"),
-            "-U",
-            "postgres",
-            "-Fc",
-            &src,
-        ])
-        .output()
-        .unwrap();
+    let dump = pg_client("pg_dump").args(["-Fc", &src]).output().unwrap();
     assert!(
         dump.status.success(),
         "pg_dump: {}",
@@ -352,18 +340,8 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
     let mut admin = connect_to("postgres", "postgres");
     exec(&mut admin, "DROP DATABASE IF EXISTS ledger_dump_dst");
     exec(&mut admin, "CREATE DATABASE ledger_dump_dst");
-    let mut restore = pg_tool("pg_restore")
-        .args([
-            "-h",
-            &env("LEDGER_TEST_HOST"),
-            "-p",
-            &env("LEDGER_TEST_PORT"),
-            "-U",
-            "postgres",
-            "--exit-on-error",
-            "-d",
-            "ledger_dump_dst",
-        ])
+    let mut restore = pg_client("pg_restore")
+        .args(["--exit-on-error", "-d", "ledger_dump_dst"])
         .stdin(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -21,14 +21,8 @@ impl Standby {
         let port: u16 = env("LEDGER_TEST_PORT").parse::<u16>().expect("a port") + 100;
         let dir = format!("/tmp/ledger-standby-{port}");
         let _ = std::fs::remove_dir_all(&dir);
-        let made = pg_tool("pg_basebackup")
-            .args([
-                "-h",
-                &env("LEDGER_TEST_HOST"),
-                "-p",
-                &env("LEDGER_TEST_PORT"),
-            ])
-            .args(["-U", "postgres", "-D", &dir, "-X", "stream", "-c", "fast"])
+        let made = pg_client("pg_basebackup")
+            .args(["-D", &dir, "-X", "stream", "-c", "fast"])
             .status()
             .expect("pg_basebackup runs");
         assert!(made.success(), "pg_basebackup failed");

@@ -85,6 +85,20 @@ pub fn pg_tool(name: &str) -> Command {
     }
 }
 
+/// `name` (psql, pg_dump, pg_restore, pg_basebackup) connecting to the test cluster as postgres.
+pub fn pg_client(name: &str) -> Command {
+    let mut c = pg_tool(name);
+    c.args([
+        "-h",
+        &env("LEDGER_TEST_HOST"),
+        "-p",
+        &env("LEDGER_TEST_PORT"),
+        "-U",
+        "postgres",
+    ]);
+    c
+}
+
 pub fn restart_server() {
     restart_server_with("fast");
 }
