@@ -21,7 +21,7 @@ major=$1 data=$2 port=$3 work=$4
 # The released versions whose libraries the test builds, oldest first, each with the commit it
 # was released from; the last is the release before the current version (its rows are test 2's).
 # A release appends itself (and freezes its own install script in sql/install/).
-RELEASES="0.2.0=f514a6dc0129ce6761d7f5038c2a38de6950ba2b 0.3.0=cf4f73f4528fb0c0024955c3329bfbf221476097"
+RELEASES="0.2.0=f514a6dc0129ce6761d7f5038c2a38de6950ba2b 0.3.0=cf4f73f4528fb0c0024955c3329bfbf221476097 0.4.0=126578d5d2db545191b1df39c228ac1904527804"
 PREVIOUS_VERSION=${RELEASES##* } PREVIOUS_VERSION=${PREVIOUS_VERSION%%=*}
 PREVIOUS_COMMIT=${RELEASES##*=}
 

@@ -1,0 +1,4 @@
+-- ledger 0.4.0 -> 0.5.0: workers (run ownership with leases and fencing, resuming a crashed
+-- run, approvals and evidence that survive a resume). pgrx-tests/upgrade.sh checks that 0.4.0
+-- (its own library, with rows written through it) updated with this script equals a fresh
+-- install.
