@@ -19,6 +19,7 @@ mod feed;
 mod guc;
 mod jsonb;
 mod outbox;
+mod ownership;
 mod records;
 mod redaction;
 mod retention;
