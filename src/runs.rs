@@ -680,7 +680,8 @@ mod tests {
             assert_error(call, "42501", "SCOPE_MISSING");
         }
         // Only one half of the scope is not a scope either.
-        Spi::run("SELECT set_config('ledger.tenant_id', 't', true)").unwrap();
+        crate::testing::set_scope("t", "w");
+        Spi::run("SELECT set_config('ledger.workspace_id', '', true)").unwrap();
         assert_error("SELECT ledger.create_run('chat')", "42501", "SCOPE_MISSING");
         assert_error(
             "SELECT ledger.set_scope('t', NULL)",

@@ -191,7 +191,8 @@ mod tests {
 
     /// `SET` and `set_config` go through the same check as `set_scope`: a name that would look
     /// like another tenant's (an invisible character, a newline, a bidi override, a trailing
-    /// space) or does not fit an index row is refused, and the scope stays what it was.
+    /// space) or does not fit an index row is refused, and the scope stays what it was. A valid
+    /// one is refused as well: only `set_scope` states a scope.
     #[pg_test]
     fn scope_names_set_by_hand_are_checked_like_set_scope() {
         set_scope("t-guc", "w");
@@ -231,11 +232,15 @@ mod tests {
             "22023",
             "ID_INVALID",
         );
-        // Valid names, empty (unset) and RESET pass.
-        Spi::run(
-            "SET LOCAL ledger.tenant_id = 'acme-2'; SET LOCAL ledger.workspace_id = 'röm/7:α'",
-        )
-        .unwrap();
+        // A valid name is refused too, by SET and set_config: only set_scope states a scope.
+        for statement in [
+            "SET LOCAL ledger.tenant_id = 'acme-2'",
+            "SELECT set_config('ledger.workspace_id', 'röm/7:α', true)",
+        ] {
+            assert_error(statement, "42501", "SCOPE_SET_DIRECTLY");
+        }
+        // set_scope states it; empty (unset) and RESET pass.
+        set_scope("acme-2", "röm/7:α");
         assert!(one::<bool>(
             "SELECT ledger.create_run('chat', run_id => 'by-hand')::text LIKE '(acme-2,röm/7:α,by-hand,%'"
         ));

@@ -879,7 +879,9 @@ fn resolve_tool_call(
 /// (this function's SET clause takes the scope back at exit).
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn sweep_tool_calls(any_scope: default!(Option<bool>, false)) -> std::result::Result<i32, SqlError> {
+fn sweep_tool_calls(
+    any_scope: default!(Option<bool>, false),
+) -> std::result::Result<i32, SqlError> {
     if !any_scope.unwrap_or(false) {
         return Ok(sweep(&scope::current()?)?);
     }

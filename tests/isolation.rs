@@ -784,7 +784,7 @@ fn the_scope_cannot_be_bypassed_from_the_session() {
 
 /// A scope name set by hand is checked like `set_scope`'s, wherever it comes from. Once the
 /// library is loaded, `SET`, `set_config` and `ALTER ROLE ... SET` refuse it (22023
-/// `ID_INVALID`). A value stored while it was not (a `SET` in a fresh session, `ALTER ROLE ...
+/// `ID_INVALID`; a valid one 42501 `SCOPE_SET_DIRECTLY`). A value stored while it was not (a `SET` in a fresh session, `ALTER ROLE ...
 /// SET` from such a session, a connection's `PGOPTIONS`) is checked when the library loads, at
 /// the session's first ledger function, and dropped with a WARNING: the session has no scope. No
 /// row is ever written under such a tenant.
@@ -824,13 +824,16 @@ fn scope_names_set_by_hand_are_checked_wherever_they_come_from() {
     ] {
         refused(&mut app, &sql, "22023", "ID_INVALID");
     }
-    exec(
+    // A valid name is refused too: only set_scope states a scope (its grants are checked there).
+    refused(
         &mut app,
-        "SET ledger.tenant_id = 'acme'; SET ledger.workspace_id = 'A'",
+        "SET ledger.tenant_id = 'acme'",
+        "42501",
+        "SCOPE_SET_DIRECTLY",
     );
     exec(
         &mut app,
-        "SELECT ledger.create_run('chat', run_id => 'fine')",
+        "SELECT ledger.set_scope('acme', 'A'); SELECT ledger.create_run('chat', run_id => 'fine')",
     );
 
     // ALTER ROLE ... SET: checked where the library is loaded ...

@@ -81,6 +81,9 @@ mod tests {
         let e = check_any_scope(false, None).unwrap_err();
         assert_eq!((e.class, e.code), (Class::Privilege, "OPERATOR_REQUIRED"));
         let e = check_any_scope(true, Some("r")).unwrap_err();
-        assert_eq!((e.class, e.code), (Class::InvalidParameter, "ARGUMENT_CONFLICT"));
+        assert_eq!(
+            (e.class, e.code),
+            (Class::InvalidParameter, "ARGUMENT_CONFLICT")
+        );
     }
 }
