@@ -210,11 +210,10 @@ mod tests {
 
     /// run_id, run_token and takeover of one claim, or "none".
     fn claim(args: &str) -> String {
-        one::<Option<String>>(&format!(
+        one::<String>(&format!(
             "SELECT coalesce((SELECT concat_ws(':', run_id, run_token, takeover, previous_owner) \
                FROM ledger.claim_run({args})), 'none')"
         ))
-        .unwrap_or_default()
     }
 
     /// Lets the lease of run `id` run out.
@@ -256,13 +255,17 @@ mod tests {
         Spi::run("SELECT ledger.create_step('b', 'llm', step_key => 'plan', run_token => 1)")
             .unwrap();
         expire("b");
+        Spi::run("CREATE TEMP TABLE claimed AS SELECT * FROM ledger.claim_run('w3', 'b', lease_seconds => 30)")
+            .unwrap();
+        // The cursor is the feed's newest event: this claim's run.claimed.
         assert_eq!(
             one::<String>(
                 "SELECT concat_ws('|', tenant_id, workspace_id, run_id, run_token, lease_owner, status, mode, kind, \
                         steps->0->>'step_key', jsonb_array_length(tool_calls), jsonb_array_length(approvals), \
-                        last_event_id = (SELECT id FROM ledger.run_events WHERE run_id = 'b' ORDER BY seq DESC LIMIT 1), \
+                        last_event_id = (SELECT id FROM ledger.run_events WHERE run_id = 'b' AND event_type = 'run.claimed' \
+                                          ORDER BY seq DESC LIMIT 1), \
                         lease_expires_at > now() + interval '29 seconds' AND lease_expires_at < now() + interval '31 seconds') \
-                   FROM ledger.claim_run('w3', 'b', lease_seconds => 30)"
+                   FROM claimed"
             ),
             "t-claim|w|b|2|w3|queued|agent|triage|plan|0|0|t|t"
         );
