@@ -79,6 +79,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
 }
 
 /// Adds a step to a run that exists in scope and is not terminal (55000 `RUN_TERMINAL`).
+#[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn create_step(

@@ -883,7 +883,7 @@ fn sweep_tool_calls(
     any_scope: default!(Option<bool>, false),
 ) -> std::result::Result<i32, SqlError> {
     if !any_scope.unwrap_or(false) {
-        return Ok(sweep(&scope::current()?)?);
+        return Ok(sweep(scope::current()?)?);
     }
     run_lease::check_any_scope(scope::is_operator()?, None)?;
     let scopes = db::select(
@@ -899,12 +899,12 @@ fn sweep_tool_calls(
     let mut swept = 0;
     for scope in scopes {
         scope::enter(&scope)?;
-        swept += sweep(&scope)?;
+        swept += sweep(scope)?;
     }
     Ok(swept)
 }
 
-fn sweep(scope: &Scope) -> Result<i32> {
+fn sweep(scope: Scope) -> Result<i32> {
     feed::collected(|| {
         let candidates = db::select(
             "SELECT id, run_id FROM ledger.run_step_tool_calls \
