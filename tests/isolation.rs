@@ -98,15 +98,6 @@ fn in_scope(c: &mut Client, s: Scope, sql: &str) -> Vec<String> {
     column(c, sql, &[&s.tenant, &s.workspace])
 }
 
-/// `sql` must fail with SQLSTATE `state` and DETAIL code `code` ("" for PostgreSQL's own errors).
-fn refused(c: &mut Client, sql: &str, state: &str, code: &str) {
-    let err = c
-        .batch_execute(sql)
-        .err()
-        .unwrap_or_else(|| panic!("not refused: {sql}"));
-    assert_eq!(failure(&err), (state.into(), code.into()), "{sql}: {err}");
-}
-
 fn json(c: &mut Client, sql: &str) -> serde_json::Value {
     serde_json::from_str(&one::<String>(c, sql)).unwrap()
 }

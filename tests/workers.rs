@@ -11,14 +11,6 @@ use std::collections::HashSet;
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-fn refused(c: &mut Client, sql: &str, state: &str, code: &str) {
-    let err = c
-        .batch_execute(sql)
-        .err()
-        .unwrap_or_else(|| panic!("not refused: {sql}"));
-    assert_eq!(failure(&err), (state.into(), code.into()), "{sql}: {err}");
-}
-
 /// A login role for one test, dropped (with its grants) at the end.
 struct LoginRole {
     db: String,
