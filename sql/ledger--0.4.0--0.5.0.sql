@@ -314,7 +314,20 @@ ALTER FUNCTION ledger.heartbeat_run(text, bigint, integer) OWNER TO ledger_owner
 ALTER FUNCTION ledger.release_run(text, bigint) OWNER TO ledger_owner;
 ALTER FUNCTION ledger.grant_scope(text, text, text) OWNER TO ledger_owner;
 ALTER FUNCTION ledger.revoke_scope(text, text, text) OWNER TO ledger_owner;
-REVOKE ALL ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint), ledger.create_step(text, text, text, text, text, text, text, bigint), ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint), ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, bigint), ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint), ledger.claim_outbox_events(text, integer, integer, boolean), ledger.sweep_tool_calls(boolean), ledger.claim_run(text, text, text[], text[], integer, boolean), ledger.heartbeat_run(text, bigint, integer), ledger.release_run(text, bigint), ledger.grant_scope(text, text, text), ledger.revoke_scope(text, text, text) FROM PUBLIC;
+-- New and re-created functions: EXECUTE for writers (the grant functions: the owner only).
+REVOKE ALL ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint),
+    ledger.create_step(text, text, text, text, text, text, text, bigint),
+    ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint),
+    ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, bigint),
+    ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint),
+    ledger.claim_outbox_events(text, integer, integer, boolean),
+    ledger.sweep_tool_calls(boolean),
+    ledger.claim_run(text, text, text[], text[], integer, boolean),
+    ledger.heartbeat_run(text, bigint, integer),
+    ledger.release_run(text, bigint),
+    ledger.grant_scope(text, text, text),
+    ledger.revoke_scope(text, text, text)
+    FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint),
     ledger.create_step(text, text, text, text, text, text, text, bigint),
     ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint),
