@@ -148,6 +148,11 @@ cluster_psql "$major" "$data" "$port" -d ledger_rows -q -c "SELECT ledger.set_sc
   -c "SELECT ledger.put_artifact('run-blob', '\\x01'::bytea)" > /dev/null
 before=$(rows ledger_rows)
 cluster_psql "$major" "$data" "$port" -d ledger_rows -q -c "ALTER EXTENSION ledger UPDATE"
+# A real update replaces the library in place, under the same name. Here the functions the update
+# did not re-create are still bound to ledger-<previous>.so, and a session that loads both
+# libraries fails (both define the same GUCs): bind them to the current one, as the replacement
+# would.
+cluster_psql "$major" "$data" "$port" -d ledger_rows -q -c "UPDATE pg_catalog.pg_proc SET probin = '\$libdir/ledger' WHERE pronamespace = 'ledger'::regnamespace AND probin LIKE '\$libdir/ledger-%'"
 rm -f "$extdir/ledger--$PREVIOUS_VERSION.sql"
 # The previous release's tables: an update may add tables, never change those tables' rows.
 after=$(rows ledger_rows "$(printf '%s\n' $before | sed 's/=.*//' | paste -sd, -)")

@@ -48,27 +48,27 @@ GRANT ledger_reader TO ledger_writer;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ledger TO ledger_writer;
 
 COMMENT ON FUNCTION ledger.set_scope(text, text, boolean) IS
-    'Sets the caller''s scope (GUCs ledger.tenant_id, ledger.workspace_id) for the session, or with is_local => true for the current transaction only. Every other function refuses to run without it (42501 SCOPE_MISSING).';
+    'Sets the caller''s scope (GUCs ledger.tenant_id, ledger.workspace_id) for the session, or with is_local => true for the current transaction only. Every other function refuses to run without it (42501 SCOPE_MISSING). The only way to set a scope: SET, set_config, ALTER ROLE ... SET and PGOPTIONS are refused (42501 SCOPE_SET_DIRECTLY). A login role bound by ledger.grant_scope may state only its granted scopes (42501 SCOPE_NOT_GRANTED).';
 COMMENT ON FUNCTION ledger.scope_required() IS
     'true when a scope is set, else 42501 SCOPE_MISSING. The monitoring views filter on it, so that reading one without a scope fails instead of showing no rows.';
 COMMENT ON FUNCTION ledger.status_transitions() IS
     'The status machine: every allowed (resource, from_status, to_status) for run, step and task. Statuses: queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired (+ skipped for steps). Terminal: succeeded, failed, canceled, expired, skipped.';
 COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text) IS
     'Creates a queued run. request_id (or a caller run_id) makes it idempotent; source_run_id and parent_run_id must exist in scope; attempt_no defaults to source.attempt_no + 1 and root_run_id to the source''s root. inputs (a JSON object) are redacted, then kept as stored: see ledger.run_inputs.';
-COMMENT ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text) IS
-    'Moves a run to to_status if ledger.status_transitions() allows it (55000 TRANSITION_INVALID otherwise). With expected_status the move is conditional on it (40001 TRANSITION_CONFLICT). Moving to the current status returns the row unchanged.';
+COMMENT ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint) IS
+    'Moves a run to to_status if ledger.status_transitions() allows it (55000 TRANSITION_INVALID otherwise). With expected_status the move is conditional on it (40001 TRANSITION_CONFLICT). Moving to the current status returns the row unchanged. A terminal status ends the owner''s lease. run_token: the owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.run_inputs(text) IS
     'The inputs a run was created with, as stored (redacted), also when they were too large to keep inline.';
-COMMENT ON FUNCTION ledger.create_step(text, text, text, text, text, text, text) IS
-    'Adds a step to a run that exists in scope and is not terminal (55000 RUN_TERMINAL). A caller step_id is idempotent.';
-COMMENT ON FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb) IS
-    'Moves a step to to_status under the same rules as transition_run (steps also have skipped). metrics are merged into the existing object, top-level keys.';
+COMMENT ON FUNCTION ledger.create_step(text, text, text, text, text, text, text, bigint) IS
+    'Adds a step to a run that exists in scope and is not terminal (55000 RUN_TERMINAL). A caller step_id is idempotent. run_token: the owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint) IS
+    'Moves a step to to_status under the same rules as transition_run (steps also have skipped). metrics are merged into the existing object, top-level keys. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.events_since(text, text, integer) IS
     'The run''s events after after_event_id (from the start when NULL), ordered by their gapless seq. ends_run marks the event that moved the run to a terminal status: a follower may stop after it. An unknown after_event_id fails P0002 EVENT_NOT_FOUND. Client contract: LISTEN on ledger.run_channel(run_id) first, then call this with your cursor, and again on each notification.';
 COMMENT ON FUNCTION ledger.run_channel(text) IS
     'The LISTEN/NOTIFY channel of a run. Each event appended to the run notifies it at commit with {"run_id","seq","event_id","event_type"}.';
-COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean) IS
-    'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH.';
+COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, bigint) IS
+    'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.begin_tool_call(text, bigint) IS
     'Marks the outbound boundary of the claimed attempt (status running, outbound_started_at). COMMIT it before the request leaves the process. A stale attempt fails 40001 LEASE_STALE.';
 COMMENT ON FUNCTION ledger.heartbeat_tool_call(text, bigint, integer) IS
@@ -77,10 +77,10 @@ COMMENT ON FUNCTION ledger.complete_tool_call(text, bigint, text, jsonb, text, j
     'Records the end of the current attempt: outcome succeeded, failed, or unknown (sent, no answer: in_doubt). Fenced by attempt, not by the clock: accepted after the lease expired and from in_doubt. Results over 8192 bytes of canonical JSON are stored as a json artifact.';
 COMMENT ON FUNCTION ledger.resolve_tool_call(text, text, jsonb, text, text) IS
     'Resolves an in_doubt tool call with a person''s decision: succeeded or failed (with the evidence as result), or retry (the next claim executes again with attempt + 1). actor and note are recorded with an audit event.';
-COMMENT ON FUNCTION ledger.sweep_tool_calls() IS
-    'Moves every expired lease in the scope to in_doubt (the request left) or back to claimable (it did not); returns how many. For pg_cron or a worker; never waits on busy rows.';
-COMMENT ON FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb) IS
-    'Creates a tool call in waiting_approval and its approval request (outbox approval.requested). Claims of the same identity return waiting_approval while pending, claimed once approved, rejected once rejected.';
+COMMENT ON FUNCTION ledger.sweep_tool_calls(boolean) IS
+    'Moves every expired lease in the scope to in_doubt (the request left) or back to claimable (it did not); returns how many. For pg_cron or a worker; never waits on busy rows. With any_scope => true (members of ledger_operator only), every scope''s.';
+COMMENT ON FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint) IS
+    'Creates a tool call in waiting_approval and its approval request (outbox approval.requested). Claims of the same identity return waiting_approval while pending, claimed once approved, rejected once rejected. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.resolve_approval(text, text, text, text) IS
     'Decides a pending approval: approved or rejected, with the actor and a note. Repeating the same decision is a no-op; a different one fails 55000 APPROVAL_RESOLVED.';
 COMMENT ON FUNCTION ledger.put_artifact(text, bytea, text, text, text, jsonb) IS
@@ -119,8 +119,8 @@ COMMENT ON FUNCTION ledger.replay_run(text, jsonb) IS
     'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
 COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
     'Deletes up to batch terminal runs of the scope that ended more than older_than ago, with all their rows and the blobs nothing else refers to, keeping each tool call''s idempotency key as a tombstone. Skips runs with open tool calls or that other runs or tasks refer to (leaf first). Returns how many runs went.';
-COMMENT ON FUNCTION ledger.claim_outbox_events(text, integer, integer) IS
-    'Claims up to max_events (1 to 1000) due outbox events of the scope for lease_owner, oldest first: pending ones whose available_at has come and processing ones whose lease expired. Each becomes processing under a lease of lease_seconds (1 to 86400) and counts an attempt. FOR UPDATE SKIP LOCKED: never waits for another claimer. An expired lease on an event''s 64th attempt since its last replay fails it instead. Delivery is at least once: deduplicate on id.';
+COMMENT ON FUNCTION ledger.claim_outbox_events(text, integer, integer, boolean) IS
+    'Claims up to max_events (1 to 1000) due outbox events of the scope for lease_owner, oldest first: pending ones whose available_at has come and processing ones whose lease expired. Each becomes processing under a lease of lease_seconds (1 to 86400) and counts an attempt. FOR UPDATE SKIP LOCKED: never waits for another claimer. An expired lease on an event''s 64th attempt since its last replay fails it instead. Delivery is at least once: deduplicate on id. With any_scope => true (members of ledger_operator only), the oldest due events of every scope, each with its tenant_id and workspace_id.';
 COMMENT ON FUNCTION ledger.ack_outbox_events(text, text[]) IS
     'Marks the listed events lease_owner holds as done and returns how many. Ids it does not hold (a lease re-taken by another claimer, an event already done) are ignored.';
 COMMENT ON FUNCTION ledger.ack_outbox_events(text, text) IS
@@ -145,3 +145,45 @@ COMMENT ON FUNCTION ledger.retry_task(text) IS
     'Retries a failed, canceled or expired task in place (55000 TRANSITION_INVALID otherwise; TASK_REPLAYED if it was replayed): retrying, then queued, as attempt_count + 1 with errors, output and times cleared and progress {"action": "requeued"}. Writes outbox task.retried.';
 COMMENT ON FUNCTION ledger.replay_task(text) IS
     'Replays a task from its snapshot in one transaction and returns the NEW task: queued, same type and input, no run, replayed_from_task_id set, snapshot without task_id and run_id (top level and in payload). The old task goes to canceled (through retrying when terminal; succeeded fails 55000 TRANSITION_INVALID) with retried_as_task_id. No snapshot: 55000 TASK_RETRY_SNAPSHOT_MISSING, nothing changed. A task already replayed returns its replacement.';
+
+-- Run ownership, the operator role and scope grants (0.5.0).
+COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
+    'Claims a run for lease_owner: run_id, or the oldest claimable run of the scope (filtered by modes and kinds), FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, and queued or retrying or claimed before (a run nobody ever claimed stays with its caller). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
+COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
+    'Extends the owner''s lease by extend_seconds (default: the claim''s lease_seconds) from now and returns when it ends. Fenced by run_token (40001 LEASE_STALE), not by the clock: accepted after expiry until another worker takes the run over. A terminal run: 55000 RUN_TERMINAL.';
+COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
+    'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
+COMMENT ON FUNCTION ledger.grant_scope(text, text, text) IS
+    'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. A role with at least one grant is bound: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED). Returns false when the grant existed. For the extension''s owner and superusers only.';
+COMMENT ON FUNCTION ledger.revoke_scope(text, text, text) IS
+    'Removes the grant of exactly this tenant and workspace (NULL: the every-workspace grant) from role_name; returns whether it existed. A role left with no grant is unbound again. For the extension''s owner and superusers only.';
+
+-- Grants decide who may state which scope: no application role may read or change them.
+REVOKE SELECT ON ledger.scope_grants FROM ledger_reader;
+REVOKE EXECUTE ON FUNCTION ledger.grant_scope(text, text, text), ledger.revoke_scope(text, text, text)
+    FROM ledger_writer;
+
+-- ledger_dispatcher: owns the functions that find work across scopes (see schema.sql).
+ALTER FUNCTION ledger_dispatch.next_run(text[], text[]) OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.due_outbox_events(integer) OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
+GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
+GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace() TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token),
+      UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
+      UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, lease_expires_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;
+GRANT USAGE ON SCHEMA ledger_dispatch TO ledger_owner, ledger_reader;
+GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),
+    ledger_dispatch.due_outbox_events(integer),
+    ledger_dispatch.expired_tool_call_scopes(),
+    ledger_dispatch.scope_granted(text, text) TO ledger_owner;
+-- set_scope runs as its caller.
+GRANT EXECUTE ON FUNCTION ledger_dispatch.scope_granted(text, text) TO ledger_reader;
+
+-- An operator is a writer that may also claim runs and outbox events and sweep leases across
+-- scopes (any_scope => true).
+GRANT ledger_writer TO ledger_operator;

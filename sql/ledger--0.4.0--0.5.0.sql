@@ -3,6 +3,400 @@
 -- (its own library, with rows written through it) updated with this script equals a fresh
 -- install.
 
+-- Run ownership: the owner's lease and the fencing token.
+ALTER TABLE ledger.runs
+    ADD COLUMN lease_owner text,
+    ADD COLUMN lease_expires_at timestamptz,
+    ADD COLUMN lease_seconds integer CHECK (lease_seconds BETWEEN 1 AND 86400),
+    ADD COLUMN run_token bigint NOT NULL DEFAULT 0 CHECK (run_token >= 0);
+-- Claiming a run (ledger.claim_run) scans the scope's live runs oldest first; the operator's
+-- claim across scopes scans them all.
+CREATE INDEX runs_live_idx ON ledger.runs (tenant_id, workspace_id, queued_at, id)
+    WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
+CREATE INDEX runs_live_dispatch_idx ON ledger.runs (queued_at, id)
+    WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
+COMMENT ON COLUMN ledger.runs.lease_owner IS 'The worker that claimed the run (ledger.claim_run); NULL when no one ever did or the owner released it.';
+COMMENT ON COLUMN ledger.runs.lease_expires_at IS 'When the owner''s lease ends unless ledger.heartbeat_run extends it; NULL when released or the run is terminal. An expired lease lets another worker take the run over.';
+COMMENT ON COLUMN ledger.runs.run_token IS 'The fencing token: + 1 on every claim. Writes that carry a run_token must carry this one while the owner holds the run (40001 LEASE_STALE otherwise).';
+
+DO $roles$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'ledger_operator') THEN
+        CREATE ROLE ledger_operator NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'ledger_dispatcher') THEN
+        CREATE ROLE ledger_dispatcher NOLOGIN;
+    END IF;
+END
+$roles$;
+
+-- What ledger.claim_run returns: the claimed run with its scope, its token and what a worker
+-- resuming it needs.
+CREATE TYPE ledger.claimed_run AS (
+    tenant_id        text,
+    workspace_id     text,
+    run_id           text,
+    run_token        bigint,
+    lease_owner      text,
+    lease_expires_at timestamptz,
+    takeover         boolean,
+    previous_owner   text,
+    status           text,
+    mode             text,
+    kind             text,
+    attempt_no       integer,
+    source_run_id    text,
+    inputs           jsonb,
+    steps            jsonb,
+    tool_calls       jsonb,
+    approvals        jsonb,
+    last_event_id    text
+);
+COMMENT ON TYPE ledger.claimed_run IS 'A run as ledger.claim_run hands it to a worker: its scope, run_token (the fencing token to pass to the writes), the lease, whether it was taken over from previous_owner, the run''s status and labels, its inputs (ledger.run_inputs), its steps [{id, step_key, step_type, status}], tool calls [{id, tool_call_id, idempotency_key, tool_ref, status, attempt}] and pending approvals [{id, tool_call_record_id}] in creation order, and last_event_id (the cursor for ledger.events_since).';
+ALTER TYPE ledger.claimed_run OWNER TO ledger_owner;
+
+-- Work across scopes, for members of ledger_operator. Row-level security stays as it is for
+-- every role; the one exception is ledger_dispatcher, a NOLOGIN role that owns the three
+-- functions below and whose policies (a policy for one role is not evaluated for any other)
+-- let it see and lock the rows a claim or a sweep needs, in every scope. It has SELECT on
+-- those columns and UPDATE on lease_owner only (FOR NO KEY UPDATE needs UPDATE on a column);
+-- its policies' WITH CHECK (false) refuses any write anyway. Only ledger_owner may call the
+-- functions: claim_run, claim_outbox_events and sweep_tool_calls do, for operators, then
+-- switch to each row's scope for the ordinary scoped claim.
+CREATE SCHEMA ledger_dispatch;
+COMMENT ON SCHEMA ledger_dispatch IS 'Internal: the functions the ledger''s own functions use to find work across scopes for members of ledger_operator. Only ledger_owner may use it.';
+CREATE POLICY dispatch_read ON ledger.runs FOR SELECT TO ledger_dispatcher USING (true);
+CREATE POLICY dispatch_lock ON ledger.runs FOR UPDATE TO ledger_dispatcher USING (true) WITH CHECK (false);
+CREATE POLICY dispatch_read ON ledger.outbox FOR SELECT TO ledger_dispatcher USING (true);
+CREATE POLICY dispatch_lock ON ledger.outbox FOR UPDATE TO ledger_dispatcher USING (true) WITH CHECK (false);
+CREATE POLICY dispatch_read ON ledger.run_step_tool_calls FOR SELECT TO ledger_dispatcher USING (true);
+CREATE INDEX outbox_dispatch_idx ON ledger.outbox (available_at, id) WHERE status IN ('pending', 'processing');
+
+CREATE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
+    RETURNS TABLE (tenant_id text, workspace_id text, id text)
+    LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.tenant_id, r.workspace_id, r.id FROM ledger.runs r
+     WHERE r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
+       AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= clock_timestamp())
+       AND (r.status IN ('queued', 'retrying') OR r.run_token > 0)
+       AND (modes IS NULL OR r.mode = ANY (modes)) AND (kinds IS NULL OR r.kind = ANY (kinds))
+     ORDER BY r.queued_at, r.id LIMIT 1
+       FOR NO KEY UPDATE SKIP LOCKED
+$$;
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope (see ledger.claim_run), locked; skips runs another transaction holds.';
+
+CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
+    RETURNS TABLE (tenant_id text, workspace_id text, id text)
+    LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT o.tenant_id, o.workspace_id, o.id FROM ledger.outbox o
+     WHERE o.status IN ('pending', 'processing') AND o.available_at <= clock_timestamp()
+       AND (o.status = 'pending' OR o.lease_expires_at <= clock_timestamp())
+     ORDER BY o.available_at, o.id LIMIT max_events
+       FOR NO KEY UPDATE SKIP LOCKED
+$$;
+COMMENT ON FUNCTION ledger_dispatch.due_outbox_events(integer) IS 'Up to max_events due outbox events of any scope (see ledger.claim_outbox_events), oldest first, locked; skips events another transaction holds.';
+
+CREATE FUNCTION ledger_dispatch.expired_tool_call_scopes()
+    RETURNS TABLE (tenant_id text, workspace_id text)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT DISTINCT t.tenant_id, t.workspace_id FROM ledger.run_step_tool_calls t
+     WHERE t.lease_expires_at <= clock_timestamp()
+$$;
+COMMENT ON FUNCTION ledger_dispatch.expired_tool_call_scopes() IS 'The scopes that have a tool call whose lease expired (see ledger.sweep_tool_calls).';
+
+-- Scope grants: which scopes a login role may state with ledger.set_scope. A role with no
+-- grant is unbound (any scope, as before 0.5.0). Only ledger_owner's functions read the table.
+CREATE TABLE ledger.scope_grants (
+    grantee      regrole NOT NULL,
+    tenant_id    text NOT NULL,
+    workspace_id text,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX scope_grants_key ON ledger.scope_grants (grantee, tenant_id, workspace_id) NULLS NOT DISTINCT;
+COMMENT ON TABLE ledger.scope_grants IS 'The scopes a login role may state with ledger.set_scope (workspace_id NULL: every workspace of the tenant). A role with at least one grant is bound: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED). Written by ledger.grant_scope and ledger.revoke_scope; no role but ledger_owner has any privilege on it.';
+ALTER TABLE ledger.scope_grants ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ledger.scope_grants FORCE ROW LEVEL SECURITY;
+CREATE POLICY owner_only ON ledger.scope_grants TO ledger_owner USING (true) WITH CHECK (true);
+ALTER TABLE ledger.scope_grants OWNER TO ledger_owner;
+SELECT pg_catalog.pg_extension_config_dump('ledger.scope_grants', '');
+
+-- set_scope runs as its caller, who cannot read the grants: it asks this function, which
+-- answers for the session's login role only.
+CREATE FUNCTION ledger_dispatch.scope_granted(tenant_id text, workspace_id text) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM ledger.scope_grants g
+                        WHERE g.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user))
+        OR EXISTS (SELECT 1 FROM ledger.scope_grants g
+                    WHERE g.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user)
+                      AND g.tenant_id = $1 AND (g.workspace_id IS NULL OR g.workspace_id = $2))
+$$;
+COMMENT ON FUNCTION ledger_dispatch.scope_granted(text, text) IS 'Whether the session''s login role (session_user, which SET ROLE does not change) may state this scope: it has no grant at all (unbound), or one for the tenant and this workspace or every workspace.';
+
+-- The run's writes take the owner's run_token (last argument); the outbox claim and the sweep
+-- take any_scope. Old signatures go, the new ones are created as the install script does.
+DROP FUNCTION ledger.transition_run(text, text, text, text, text, text, text);
+DROP FUNCTION ledger.create_step(text, text, text, text, text, text, text);
+DROP FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb);
+DROP FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean);
+DROP FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb);
+DROP FUNCTION ledger.claim_outbox_events(text, integer, integer);
+DROP FUNCTION ledger.sweep_tool_calls();
+
+-- This version's functions, as the generated install script creates them.
+CREATE  FUNCTION "claim_outbox_events"(
+	"lease_owner" TEXT, /* Option < & str > */
+	"max_events" INT DEFAULT 50, /* Option < i32 > */
+	"lease_seconds" INT DEFAULT 60, /* Option < i32 > */
+	"any_scope" bool DEFAULT false /* Option < bool > */
+) RETURNS SETOF ledger.outbox_event /* :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx :: pgbox :: AllocatedByRust
+> */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'claim_outbox_events_wrapper';
+
+CREATE  FUNCTION "claim_run"(
+	"lease_owner" TEXT, /* Option < & str > */
+	"run_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"modes" TEXT[] DEFAULT NULL, /* :: std :: option :: Option < Vec < Option < String > > > */
+	"kinds" TEXT[] DEFAULT NULL, /* :: std :: option :: Option < Vec < Option < String > > > */
+	"lease_seconds" INT DEFAULT 60, /* Option < i32 > */
+	"any_scope" bool DEFAULT false /* Option < bool > */
+) RETURNS SETOF ledger.claimed_run /* :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx :: pgbox :: AllocatedByRust
+> */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'claim_run_wrapper';
+
+CREATE  FUNCTION "claim_tool_call"(
+	"run_id" TEXT, /* Option < & str > */
+	"tool_ref" TEXT, /* Option < & str > */
+	"arguments" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"tool_call_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"idempotency_key" TEXT DEFAULT NULL, /* Option < & str > */
+	"step_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"lease_owner" TEXT DEFAULT NULL, /* Option < & str > */
+	"timeout_seconds" INT DEFAULT 30, /* Option < i32 > */
+	"retry_failed" bool DEFAULT false, /* Option < bool > */
+	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'claim_tool_call_wrapper';
+
+CREATE  FUNCTION "create_step"(
+	"run_id" TEXT, /* Option < & str > */
+	"step_type" TEXT, /* Option < & str > */
+	"step_key" TEXT DEFAULT NULL, /* Option < & str > */
+	"node_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"input_summary" TEXT DEFAULT NULL, /* Option < & str > */
+	"status" TEXT DEFAULT 'queued', /* Option < & str > */
+	"step_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS ledger.run_steps /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'create_step_wrapper';
+
+CREATE  FUNCTION "grant_scope"(
+	"role_name" TEXT, /* Option < & str > */
+	"tenant_id" TEXT, /* Option < & str > */
+	"workspace_id" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS bool /* std :: result :: Result < bool, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'grant_scope_wrapper';
+
+CREATE  FUNCTION "heartbeat_run"(
+	"run_id" TEXT, /* Option < & str > */
+	"run_token" bigint, /* Option < i64 > */
+	"extend_seconds" INT DEFAULT NULL /* Option < i32 > */
+) RETURNS timestamp with time zone /* std :: result :: Result < TimestampWithTimeZone, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'heartbeat_run_wrapper';
+
+CREATE  FUNCTION "release_run"(
+	"run_id" TEXT, /* Option < & str > */
+	"run_token" bigint /* Option < i64 > */
+) RETURNS VOID /* std :: result :: Result < (), SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'release_run_wrapper';
+
+CREATE  FUNCTION "request_tool_approval"(
+	"run_id" TEXT, /* Option < & str > */
+	"tool_ref" TEXT, /* Option < & str > */
+	"arguments" jsonb, /* Option < Jsonb > */
+	"tool_call_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"idempotency_key" TEXT DEFAULT NULL, /* Option < & str > */
+	"title" TEXT DEFAULT NULL, /* Option < & str > */
+	"policy_ref" TEXT DEFAULT NULL, /* Option < & str > */
+	"details" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'request_tool_approval_wrapper';
+
+CREATE  FUNCTION "revoke_scope"(
+	"role_name" TEXT, /* Option < & str > */
+	"tenant_id" TEXT, /* Option < & str > */
+	"workspace_id" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS bool /* std :: result :: Result < bool, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'revoke_scope_wrapper';
+
+CREATE  FUNCTION "sweep_tool_calls"(
+	"any_scope" bool DEFAULT false /* Option < bool > */
+) RETURNS INT /* std :: result :: Result < i32, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'sweep_tool_calls_wrapper';
+
+CREATE  FUNCTION "transition_run"(
+	"run_id" TEXT, /* Option < & str > */
+	"to_status" TEXT, /* Option < & str > */
+	"expected_status" TEXT DEFAULT NULL, /* Option < & str > */
+	"output_summary" TEXT DEFAULT NULL, /* Option < & str > */
+	"error_code" TEXT DEFAULT NULL, /* Option < & str > */
+	"error_message" TEXT DEFAULT NULL, /* Option < & str > */
+	"error_step_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS ledger.runs /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'transition_run_wrapper';
+
+CREATE  FUNCTION "transition_step"(
+	"step_id" TEXT, /* Option < & str > */
+	"to_status" TEXT, /* Option < & str > */
+	"expected_status" TEXT DEFAULT NULL, /* Option < & str > */
+	"output_summary" TEXT DEFAULT NULL, /* Option < & str > */
+	"metrics" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"error_code" TEXT DEFAULT NULL, /* Option < & str > */
+	"error_message" TEXT DEFAULT NULL, /* Option < & str > */
+	"error_details" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS ledger.run_steps /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'transition_step_wrapper';
+
+ALTER FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint) OWNER TO ledger_owner;
+ALTER FUNCTION ledger.create_step(text, text, text, text, text, text, text, bigint) OWNER TO ledger_owner;
+ALTER FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint) OWNER TO ledger_owner;
+ALTER FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, bigint) OWNER TO ledger_owner;
+ALTER FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint) OWNER TO ledger_owner;
+ALTER FUNCTION ledger.claim_outbox_events(text, integer, integer, boolean) OWNER TO ledger_owner;
+ALTER FUNCTION ledger.sweep_tool_calls(boolean) OWNER TO ledger_owner;
+ALTER FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) OWNER TO ledger_owner;
+ALTER FUNCTION ledger.heartbeat_run(text, bigint, integer) OWNER TO ledger_owner;
+ALTER FUNCTION ledger.release_run(text, bigint) OWNER TO ledger_owner;
+ALTER FUNCTION ledger.grant_scope(text, text, text) OWNER TO ledger_owner;
+ALTER FUNCTION ledger.revoke_scope(text, text, text) OWNER TO ledger_owner;
+-- New and re-created functions: EXECUTE for writers (the grant functions: the owner only).
+REVOKE ALL ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint),
+    ledger.create_step(text, text, text, text, text, text, text, bigint),
+    ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint),
+    ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, bigint),
+    ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint),
+    ledger.claim_outbox_events(text, integer, integer, boolean),
+    ledger.sweep_tool_calls(boolean),
+    ledger.claim_run(text, text, text[], text[], integer, boolean),
+    ledger.heartbeat_run(text, bigint, integer),
+    ledger.release_run(text, bigint),
+    ledger.grant_scope(text, text, text),
+    ledger.revoke_scope(text, text, text)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint),
+    ledger.create_step(text, text, text, text, text, text, text, bigint),
+    ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint),
+    ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, bigint),
+    ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint),
+    ledger.claim_outbox_events(text, integer, integer, boolean),
+    ledger.sweep_tool_calls(boolean),
+    ledger.claim_run(text, text, text[], text[], integer, boolean),
+    ledger.heartbeat_run(text, bigint, integer),
+    ledger.release_run(text, bigint) TO ledger_writer;
+
+COMMENT ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint) IS
+    'Moves a run to to_status if ledger.status_transitions() allows it (55000 TRANSITION_INVALID otherwise). With expected_status the move is conditional on it (40001 TRANSITION_CONFLICT). Moving to the current status returns the row unchanged. A terminal status ends the owner''s lease. run_token: the owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.create_step(text, text, text, text, text, text, text, bigint) IS
+    'Adds a step to a run that exists in scope and is not terminal (55000 RUN_TERMINAL). A caller step_id is idempotent. run_token: the owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint) IS
+    'Moves a step to to_status under the same rules as transition_run (steps also have skipped). metrics are merged into the existing object, top-level keys. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, bigint) IS
+    'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint) IS
+    'Creates a tool call in waiting_approval and its approval request (outbox approval.requested). Claims of the same identity return waiting_approval while pending, claimed once approved, rejected once rejected. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.claim_outbox_events(text, integer, integer, boolean) IS
+    'Claims up to max_events (1 to 1000) due outbox events of the scope for lease_owner, oldest first: pending ones whose available_at has come and processing ones whose lease expired. Each becomes processing under a lease of lease_seconds (1 to 86400) and counts an attempt. FOR UPDATE SKIP LOCKED: never waits for another claimer. An expired lease on an event''s 64th attempt since its last replay fails it instead. Delivery is at least once: deduplicate on id. With any_scope => true (members of ledger_operator only), the oldest due events of every scope, each with its tenant_id and workspace_id.';
+COMMENT ON FUNCTION ledger.sweep_tool_calls(boolean) IS
+    'Moves every expired lease in the scope to in_doubt (the request left) or back to claimable (it did not); returns how many. For pg_cron or a worker; never waits on busy rows. With any_scope => true (members of ledger_operator only), every scope''s.';
+COMMENT ON FUNCTION ledger.set_scope(text, text, boolean) IS
+    'Sets the caller''s scope (GUCs ledger.tenant_id, ledger.workspace_id) for the session, or with is_local => true for the current transaction only. Every other function refuses to run without it (42501 SCOPE_MISSING). The only way to set a scope: SET, set_config, ALTER ROLE ... SET and PGOPTIONS are refused (42501 SCOPE_SET_DIRECTLY). A login role bound by ledger.grant_scope may state only its granted scopes (42501 SCOPE_NOT_GRANTED).';
+
+-- Run ownership, the operator role and scope grants (0.5.0).
+COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
+    'Claims a run for lease_owner: run_id, or the oldest claimable run of the scope (filtered by modes and kinds), FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, and queued or retrying or claimed before (a run nobody ever claimed stays with its caller). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
+COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
+    'Extends the owner''s lease by extend_seconds (default: the claim''s lease_seconds) from now and returns when it ends. Fenced by run_token (40001 LEASE_STALE), not by the clock: accepted after expiry until another worker takes the run over. A terminal run: 55000 RUN_TERMINAL.';
+COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
+    'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
+COMMENT ON FUNCTION ledger.grant_scope(text, text, text) IS
+    'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. A role with at least one grant is bound: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED). Returns false when the grant existed. For the extension''s owner and superusers only.';
+COMMENT ON FUNCTION ledger.revoke_scope(text, text, text) IS
+    'Removes the grant of exactly this tenant and workspace (NULL: the every-workspace grant) from role_name; returns whether it existed. A role left with no grant is unbound again. For the extension''s owner and superusers only.';
+
+-- Grants decide who may state which scope: no application role may read or change them.
+REVOKE SELECT ON ledger.scope_grants FROM ledger_reader;
+REVOKE EXECUTE ON FUNCTION ledger.grant_scope(text, text, text), ledger.revoke_scope(text, text, text)
+    FROM ledger_writer;
+
+-- ledger_dispatcher: owns the functions that find work across scopes (see schema.sql).
+ALTER FUNCTION ledger_dispatch.next_run(text[], text[]) OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.due_outbox_events(integer) OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
+GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
+GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace() TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token),
+      UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
+      UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, lease_expires_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;
+GRANT USAGE ON SCHEMA ledger_dispatch TO ledger_owner, ledger_reader;
+GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),
+    ledger_dispatch.due_outbox_events(integer),
+    ledger_dispatch.expired_tool_call_scopes(),
+    ledger_dispatch.scope_granted(text, text) TO ledger_owner;
+-- set_scope runs as its caller.
+GRANT EXECUTE ON FUNCTION ledger_dispatch.scope_granted(text, text) TO ledger_reader;
+
+-- An operator is a writer that may also claim runs and outbox events and sweep leases across
+-- scopes (any_scope => true).
+GRANT ledger_writer TO ledger_operator;
 -- Monitoring views fail without a scope (ledger.scope_required), run_overview gains created_at,
 -- request_id, user_id and tool_calls_replayed; the in-doubt view keeps the worker that held the
 -- attempt (the query that marks a call in doubt no longer clears lease_owner).

@@ -18,6 +18,12 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'ledger_writer') THEN
         CREATE ROLE ledger_writer NOLOGIN;
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'ledger_operator') THEN
+        CREATE ROLE ledger_operator NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'ledger_dispatcher') THEN
+        CREATE ROLE ledger_dispatcher NOLOGIN;
+    END IF;
 END
 $roles$;
 
@@ -86,6 +92,10 @@ CREATE TABLE ledger.runs (
     duration_ms        bigint,
     created_at         timestamptz NOT NULL DEFAULT now(),
     updated_at         timestamptz NOT NULL DEFAULT now(),
+    lease_owner        text,
+    lease_expires_at   timestamptz,
+    lease_seconds      integer CHECK (lease_seconds BETWEEN 1 AND 86400),
+    run_token          bigint NOT NULL DEFAULT 0 CHECK (run_token >= 0),
     PRIMARY KEY (tenant_id, workspace_id, id),
     FOREIGN KEY (tenant_id, workspace_id, parent_run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
     FOREIGN KEY (tenant_id, workspace_id, source_run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
@@ -104,6 +114,15 @@ COMMENT ON TABLE ledger.runs IS 'One row per run. status is one of queued, prepa
 COMMENT ON COLUMN ledger.runs.inputs IS 'The exact inputs when their JSON text is at most 8192 bytes; larger inputs live in ledger.blobs (inputs_sha256). Read them with ledger.run_inputs(run_id).';
 COMMENT ON COLUMN ledger.runs.last_seq IS 'The seq of the newest event in ledger.run_events; bumping it under the row lock makes seq gapless and commit-ordered.';
 COMMENT ON COLUMN ledger.runs.root_run_id IS 'The first run of a retry/replay chain (itself when the run has no source).';
+-- Claiming a run (ledger.claim_run) scans the scope's live runs oldest first; the operator's
+-- claim across scopes scans them all.
+CREATE INDEX runs_live_idx ON ledger.runs (tenant_id, workspace_id, queued_at, id)
+    WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
+CREATE INDEX runs_live_dispatch_idx ON ledger.runs (queued_at, id)
+    WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
+COMMENT ON COLUMN ledger.runs.lease_owner IS 'The worker that claimed the run (ledger.claim_run); NULL when no one ever did or the owner released it.';
+COMMENT ON COLUMN ledger.runs.lease_expires_at IS 'When the owner''s lease ends unless ledger.heartbeat_run extends it; NULL when released or the run is terminal. An expired lease lets another worker take the run over.';
+COMMENT ON COLUMN ledger.runs.run_token IS 'The fencing token: + 1 on every claim. Writes that carry a run_token must carry this one while the owner holds the run (40001 LEASE_STALE otherwise).';
 
 CREATE TABLE ledger.run_steps (
     tenant_id      text NOT NULL,
@@ -202,6 +221,31 @@ CREATE TYPE ledger.outbox_event AS (
 );
 COMMENT ON TYPE ledger.outbox_event IS 'An outbox event as ledger.claim_outbox_events, nack_outbox_events and replay_outbox_event return it: the ledger.outbox row without its lease holder. lease_expires_at is when a claim''s lease ends; error_message is the last failed delivery''s.';
 ALTER TYPE ledger.outbox_event OWNER TO ledger_owner;
+
+-- What ledger.claim_run returns: the claimed run with its scope, its token and what a worker
+-- resuming it needs.
+CREATE TYPE ledger.claimed_run AS (
+    tenant_id        text,
+    workspace_id     text,
+    run_id           text,
+    run_token        bigint,
+    lease_owner      text,
+    lease_expires_at timestamptz,
+    takeover         boolean,
+    previous_owner   text,
+    status           text,
+    mode             text,
+    kind             text,
+    attempt_no       integer,
+    source_run_id    text,
+    inputs           jsonb,
+    steps            jsonb,
+    tool_calls       jsonb,
+    approvals        jsonb,
+    last_event_id    text
+);
+COMMENT ON TYPE ledger.claimed_run IS 'A run as ledger.claim_run hands it to a worker: its scope, run_token (the fencing token to pass to the writes), the lease, whether it was taken over from previous_owner, the run''s status and labels, its inputs (ledger.run_inputs), its steps [{id, step_key, step_type, status}], tool calls [{id, tool_call_id, idempotency_key, tool_ref, status, attempt}] and pending approvals [{id, tool_call_record_id}] in creation order, and last_event_id (the cursor for ledger.events_since).';
+ALTER TYPE ledger.claimed_run OWNER TO ledger_owner;
 
 CREATE TABLE ledger.run_artifacts (
     tenant_id     text NOT NULL,
@@ -416,3 +460,84 @@ BEGIN
     END LOOP;
 END
 $rls$;
+
+-- Work across scopes, for members of ledger_operator. Row-level security stays as it is for
+-- every role; the one exception is ledger_dispatcher, a NOLOGIN role that owns the three
+-- functions below and whose policies (a policy for one role is not evaluated for any other)
+-- let it see and lock the rows a claim or a sweep needs, in every scope. It has SELECT on
+-- those columns and UPDATE on lease_owner only (FOR NO KEY UPDATE needs UPDATE on a column);
+-- its policies' WITH CHECK (false) refuses any write anyway. Only ledger_owner may call the
+-- functions: claim_run, claim_outbox_events and sweep_tool_calls do, for operators, then
+-- switch to each row's scope for the ordinary scoped claim.
+CREATE SCHEMA ledger_dispatch;
+COMMENT ON SCHEMA ledger_dispatch IS 'Internal: the functions the ledger''s own functions use to find work across scopes for members of ledger_operator. Only ledger_owner may use it.';
+CREATE POLICY dispatch_read ON ledger.runs FOR SELECT TO ledger_dispatcher USING (true);
+CREATE POLICY dispatch_lock ON ledger.runs FOR UPDATE TO ledger_dispatcher USING (true) WITH CHECK (false);
+CREATE POLICY dispatch_read ON ledger.outbox FOR SELECT TO ledger_dispatcher USING (true);
+CREATE POLICY dispatch_lock ON ledger.outbox FOR UPDATE TO ledger_dispatcher USING (true) WITH CHECK (false);
+CREATE POLICY dispatch_read ON ledger.run_step_tool_calls FOR SELECT TO ledger_dispatcher USING (true);
+CREATE INDEX outbox_dispatch_idx ON ledger.outbox (available_at, id) WHERE status IN ('pending', 'processing');
+
+CREATE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
+    RETURNS TABLE (tenant_id text, workspace_id text, id text)
+    LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT r.tenant_id, r.workspace_id, r.id FROM ledger.runs r
+     WHERE r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
+       AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= clock_timestamp())
+       AND (r.status IN ('queued', 'retrying') OR r.run_token > 0)
+       AND (modes IS NULL OR r.mode = ANY (modes)) AND (kinds IS NULL OR r.kind = ANY (kinds))
+     ORDER BY r.queued_at, r.id LIMIT 1
+       FOR NO KEY UPDATE SKIP LOCKED
+$$;
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope (see ledger.claim_run), locked; skips runs another transaction holds.';
+
+CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
+    RETURNS TABLE (tenant_id text, workspace_id text, id text)
+    LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT o.tenant_id, o.workspace_id, o.id FROM ledger.outbox o
+     WHERE o.status IN ('pending', 'processing') AND o.available_at <= clock_timestamp()
+       AND (o.status = 'pending' OR o.lease_expires_at <= clock_timestamp())
+     ORDER BY o.available_at, o.id LIMIT max_events
+       FOR NO KEY UPDATE SKIP LOCKED
+$$;
+COMMENT ON FUNCTION ledger_dispatch.due_outbox_events(integer) IS 'Up to max_events due outbox events of any scope (see ledger.claim_outbox_events), oldest first, locked; skips events another transaction holds.';
+
+CREATE FUNCTION ledger_dispatch.expired_tool_call_scopes()
+    RETURNS TABLE (tenant_id text, workspace_id text)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT DISTINCT t.tenant_id, t.workspace_id FROM ledger.run_step_tool_calls t
+     WHERE t.lease_expires_at <= clock_timestamp()
+$$;
+COMMENT ON FUNCTION ledger_dispatch.expired_tool_call_scopes() IS 'The scopes that have a tool call whose lease expired (see ledger.sweep_tool_calls).';
+
+-- Scope grants: which scopes a login role may state with ledger.set_scope. A role with no
+-- grant is unbound (any scope, as before 0.5.0). Only ledger_owner's functions read the table.
+CREATE TABLE ledger.scope_grants (
+    grantee      regrole NOT NULL,
+    tenant_id    text NOT NULL,
+    workspace_id text,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX scope_grants_key ON ledger.scope_grants (grantee, tenant_id, workspace_id) NULLS NOT DISTINCT;
+COMMENT ON TABLE ledger.scope_grants IS 'The scopes a login role may state with ledger.set_scope (workspace_id NULL: every workspace of the tenant). A role with at least one grant is bound: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED). Written by ledger.grant_scope and ledger.revoke_scope; no role but ledger_owner has any privilege on it.';
+ALTER TABLE ledger.scope_grants ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ledger.scope_grants FORCE ROW LEVEL SECURITY;
+CREATE POLICY owner_only ON ledger.scope_grants TO ledger_owner USING (true) WITH CHECK (true);
+ALTER TABLE ledger.scope_grants OWNER TO ledger_owner;
+SELECT pg_catalog.pg_extension_config_dump('ledger.scope_grants', '');
+
+-- set_scope runs as its caller, who cannot read the grants: it asks this function, which
+-- answers for the session's login role only.
+CREATE FUNCTION ledger_dispatch.scope_granted(tenant_id text, workspace_id text) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM ledger.scope_grants g
+                        WHERE g.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user))
+        OR EXISTS (SELECT 1 FROM ledger.scope_grants g
+                    WHERE g.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user)
+                      AND g.tenant_id = $1 AND (g.workspace_id IS NULL OR g.workspace_id = $2))
+$$;
+COMMENT ON FUNCTION ledger_dispatch.scope_granted(text, text) IS 'Whether the session''s login role (session_user, which SET ROLE does not change) may state this scope: it has no grant at all (unbound), or one for the tenant and this workspace or every workspace.';

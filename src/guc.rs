@@ -1,9 +1,30 @@
 //! Configuration parameters (GUCs) of the extension.
 
-use crate::error::{report_check_failure, LedgerError};
+use crate::error::{report_check_failure, Class, LedgerError};
 use crate::model::ids;
 use pgrx::{pg_guard, pg_sys, GucContext, GucFlags, GucRegistry, GucSetting};
+use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr, CString};
+
+thread_local! {
+    /// Set while `ledger.set_scope` (or a function switching to a row's scope) sets the scope
+    /// GUCs: the only time the check hooks accept a scope.
+    static STATING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` (which sets the scope GUCs) with the check hooks accepting a scope. The flag is
+/// cleared on the way out, also when `f` fails.
+pub fn stating<R>(f: impl FnOnce() -> R) -> R {
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            STATING.with(|s| s.set(false));
+        }
+    }
+    STATING.with(|s| s.set(true));
+    let _reset = Reset;
+    f()
+}
 
 pub static TENANT_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static WORKSPACE_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
@@ -92,8 +113,11 @@ unsafe extern "C-unwind" fn check_workspace_id(
 }
 
 /// Unset (NULL) and empty pass; anything else must be a valid id (22023 `ID_INVALID`, reported
-/// by PostgreSQL with the ledger's message and DETAIL). Placeholder values set before the library
-/// was loaded are checked when it loads, and a refused one is dropped with a WARNING.
+/// by PostgreSQL with the ledger's message and DETAIL), stated by `ledger.set_scope` (42501
+/// `SCOPE_SET_DIRECTLY` otherwise: `SET`, `set_config`, `ALTER ROLE ... SET` and `PGOPTIONS`
+/// would bypass its scope grants) or restored in a parallel worker from its leader. Placeholder
+/// values set before the library was loaded are checked when it loads, and a refused one is
+/// dropped with a WARNING.
 ///
 /// # Safety
 /// `newval` points to a NULL or NUL-terminated string pointer.
@@ -105,7 +129,7 @@ unsafe fn check_scope_name(argument: &str, newval: *mut *mut c_char) -> bool {
     };
     let checked = match value.to_str() {
         Ok("") => return true,
-        Ok(name) => ids::validate(argument, name),
+        Ok(name) => ids::validate(argument, name).and_then(|()| stated_by_set_scope(argument)),
         // Possible only in a SQL_ASCII database.
         Err(_) => Err(
             LedgerError::invalid("ID_INVALID", format!("{argument} is not valid UTF-8"))
@@ -119,6 +143,21 @@ unsafe fn check_scope_name(argument: &str, newval: *mut *mut c_char) -> bool {
             false
         }
     }
+}
+
+/// Refuses a scope set by any other means than `ledger.set_scope`.
+fn stated_by_set_scope(argument: &str) -> Result<(), LedgerError> {
+    // SAFETY: a backend-global flag PostgreSQL sets while a parallel worker restores its
+    // leader's settings (which set_scope made).
+    if STATING.with(Cell::get) || unsafe { pg_sys::InitializingParallelWorker } {
+        return Ok(());
+    }
+    Err(LedgerError::new(
+        Class::Privilege,
+        "SCOPE_SET_DIRECTLY",
+        format!("ledger.{argument} is set only by ledger.set_scope(tenant_id, workspace_id)"),
+    )
+    .with("argument", argument))
 }
 
 /// A string GUC's value; unset and empty are both `None`.

@@ -19,6 +19,7 @@ mod feed;
 mod guc;
 mod jsonb;
 mod outbox;
+mod ownership;
 mod records;
 mod redaction;
 mod retention;
@@ -158,7 +159,7 @@ mod tests {
             client
                 .select(
                     "SELECT format('### ledger.%s(%s) → %s', p.proname, \
-                                   regexp_replace(pg_get_function_arguments(p.oid), '::[a-z ]+', '', 'g'), \
+                                   regexp_replace(pg_get_function_arguments(p.oid), '::[a-z ]+(\\[\\])?', '', 'g'), \
                                    pg_get_function_result(p.oid)), \
                             '> ' || obj_description(p.oid, 'pg_proc') \
                        FROM pg_proc p WHERE p.pronamespace = 'ledger'::regnamespace ORDER BY 1",

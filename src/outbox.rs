@@ -9,6 +9,7 @@ use crate::error::{LedgerError, Result, SqlError};
 use crate::model::args::required_id;
 use crate::model::ids;
 use crate::model::outbox::{self as rules, AfterNack};
+use crate::model::run_lease;
 use crate::redaction::free_text;
 use crate::scope::{self, Scope};
 use pgrx::prelude::*;
@@ -106,39 +107,101 @@ fn event_ids_arg(event_ids: Option<Vec<Option<String>>>) -> Result<Vec<String>> 
 /// `available_at` has come and processing ones whose lease expired, oldest first. Each becomes
 /// processing under a lease of `lease_seconds` and counts an attempt. Rows another claimer holds
 /// are skipped, never waited for. An expired lease on an event's last attempt fails the event
-/// instead of delivering it again, so a consumer that crashes on it cannot loop forever.
+/// instead of delivering it again, so a consumer that crashes on it cannot loop forever. With
+/// `any_scope` (members of ledger_operator only), the oldest due events of every scope.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn claim_outbox_events(
     lease_owner: Option<&str>,
     max_events: default!(Option<i32>, 50),
     lease_seconds: default!(Option<i32>, 60),
+    any_scope: default!(Option<bool>, false),
 ) -> std::result::Result<
     SetOfIterator<'static, pgrx::composite_type!('static, "ledger.outbox_event")>,
     SqlError,
 > {
-    let scope = scope::current()?;
     let lease_owner = lease_owner_arg(lease_owner)?;
     let limit =
         rules::claim_events(max_events.ok_or_else(|| LedgerError::required("max_events"))?)?;
     let lease =
         rules::lease_seconds(lease_seconds.ok_or_else(|| LedgerError::required("lease_seconds"))?)?;
-
-    // Locks the batch; the updates below then never wait. A processing event was due when it
-    // was claimed, so `available_at <= now` holds for both kinds: outbox_claim_idx is scanned in
-    // claim order up to now and stops at the limit.
-    let (due, attempts, replays) = db::write_one(
-        include_str!("../sql/queries/claim_due_outbox_events.sql"),
-        &scope.args([i64::from(limit).into()]),
+    if !any_scope.unwrap_or(false) {
+        let scope = scope::current()?;
+        // Locks the batch; the updates below then never wait. A processing event was due when
+        // it was claimed, so `available_at <= now` holds for both kinds: outbox_claim_idx is
+        // scanned in claim order up to now and stops at the limit.
+        let due = db::write_one(
+            include_str!("../sql/queries/claim_due_outbox_events.sql"),
+            &scope.args([i64::from(limit).into()]),
+            batch,
+        )?;
+        return Ok(SetOfIterator::new(lease_batch(
+            &scope,
+            due,
+            lease_owner,
+            lease,
+        )?));
+    }
+    run_lease::check_any_scope(scope::is_operator()?, None)?;
+    // Found and locked across scopes, then leased in each one's scope (this function's SET
+    // clause takes the scope back at exit).
+    let (tenants, workspaces, ids) = db::write_one(
+        "SELECT array_agg(tenant_id), array_agg(workspace_id), array_agg(id) \
+           FROM ledger_dispatch.due_outbox_events($1)",
+        &[limit.into()],
         |r| {
             Ok((
                 db::opt::<Vec<String>>(r, 1)?.unwrap_or_default(),
-                db::opt::<Vec<i32>>(r, 2)?.unwrap_or_default(),
-                db::opt::<Vec<i32>>(r, 3)?.unwrap_or_default(),
+                db::opt::<Vec<String>>(r, 2)?.unwrap_or_default(),
+                db::opt::<Vec<String>>(r, 3)?.unwrap_or_default(),
             ))
         },
     )?
     .ok_or_else(|| LedgerError::internal("an aggregate returned no row"))?;
+    let mut by_scope: Vec<(Scope, Vec<String>)> = Vec::new();
+    for ((tenant, workspace), id) in tenants.into_iter().zip(workspaces).zip(ids) {
+        match by_scope
+            .iter_mut()
+            .find(|(s, _)| s.tenant == tenant && s.workspace == workspace)
+        {
+            Some((_, listed)) => listed.push(id),
+            None => by_scope.push((Scope { tenant, workspace }, vec![id])),
+        }
+    }
+    let mut claimed = Vec::new();
+    for (scope, listed) in by_scope {
+        scope::enter(&scope)?;
+        let due = db::select_one(
+            "SELECT array_agg(id), array_agg(attempt_count), array_agg(replay_count) \
+               FROM ledger.outbox WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
+            &scope.args([listed.into()]),
+            batch,
+        )?;
+        claimed.extend(lease_batch(&scope, due, lease_owner, lease)?);
+    }
+    Ok(SetOfIterator::new(claimed))
+}
+
+/// A locked batch of due events: their ids, attempts and replays.
+type Batch = (Vec<String>, Vec<i32>, Vec<i32>);
+
+fn batch(r: &db::Row) -> Result<Batch> {
+    Ok((
+        db::opt::<Vec<String>>(r, 1)?.unwrap_or_default(),
+        db::opt::<Vec<i32>>(r, 2)?.unwrap_or_default(),
+        db::opt::<Vec<i32>>(r, 3)?.unwrap_or_default(),
+    ))
+}
+
+/// Fails the batch's exhausted events and leases the others to `lease_owner`; returns those.
+fn lease_batch(
+    scope: &Scope,
+    due: Option<Batch>,
+    lease_owner: &str,
+    lease: i32,
+) -> Result<Vec<Event>> {
+    let (due, attempts, replays) =
+        due.ok_or_else(|| LedgerError::internal("an aggregate returned no row"))?;
     let (mut spent, mut fresh) = (Vec::new(), Vec::new());
     for (id, (attempt, replay)) in due.into_iter().zip(attempts.into_iter().zip(replays)) {
         if rules::exhausted(attempt, replay) {
@@ -155,13 +218,13 @@ fn claim_outbox_events(
         )?;
     }
     if fresh.is_empty() {
-        return Ok(SetOfIterator::new(Vec::new()));
+        return Ok(Vec::new());
     }
     db::execute(
         include_str!("../sql/queries/lease_outbox_events.sql"),
         &scope.args([fresh.clone().into(), lease_owner.into(), lease.into()]),
     )?;
-    Ok(SetOfIterator::new(events(&scope, fresh)?))
+    events(scope, fresh)
 }
 
 /// Marks the events `lease_owner` holds as done; returns how many. Ids it does not hold (an

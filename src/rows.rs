@@ -12,6 +12,7 @@
 use crate::db;
 use crate::error::{Class, LedgerError, Result};
 use crate::model::ids;
+use crate::model::run_lease;
 use crate::model::status::{Resource, Status};
 use crate::model::tool_call::{ApprovalStatus, CallStatus};
 use crate::scope::Scope;
@@ -106,11 +107,24 @@ impl RunHead {
     }
 }
 
-/// A run whose row this transaction holds locked, with its `last_seq` as read under the lock.
+/// A run whose row this transaction holds locked, with its `last_seq` and its owner's fencing
+/// token as read under the lock.
 #[derive(Clone)]
 pub struct LockedRun {
     pub head: RunHead,
     pub last_seq: i64,
+    pub run_token: i64,
+    /// An owner holds the run: claimed, and neither released nor taken over since.
+    pub lease_held: bool,
+}
+
+impl LockedRun {
+    /// The fence of every write about a run that may carry the owner's `run_token`: none given
+    /// passes, else it must be the current token of a held run (40001 `LEASE_STALE`). Read
+    /// under the run's lock, so no claim can take the run over before the write commits.
+    pub fn fence(&self, run_token: Option<i64>) -> Result<()> {
+        run_lease::check_token(&self.id, run_token, self.run_token, self.lease_held)
+    }
 }
 
 impl std::ops::Deref for LockedRun {
@@ -122,7 +136,7 @@ impl std::ops::Deref for LockedRun {
 }
 
 const RUN: &str = "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id, \
-                          last_seq \
+                          last_seq, run_token, lease_owner IS NOT NULL \
                      FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2";
 
 /// The run whose `column` (`id` or `request_id`) is `key`, read under `lock`.
@@ -143,6 +157,8 @@ fn run_by(scope: &Scope, column: &str, key: &str, lock: Lock) -> Result<Option<L
                     root_run_id: db::req(r, 7)?,
                 },
                 last_seq: db::req(r, 8)?,
+                run_token: db::req(r, 9)?,
+                lease_held: db::req(r, 10)?,
             })
         },
     )

@@ -348,14 +348,16 @@ fn replay_run(
     Ok(rerun(run_id, inputs, "replay", Status::is_terminal)?)
 }
 
-/// What a run's transition writes: its summary and error.
+/// What a run's transition writes: its summary and error, and the end of the owner's lease
+/// when the run ends (`$9`: the new status is terminal).
 const TRANSITION: transition::Columns = transition::Columns {
     resource: Resource::Run,
     table: "ledger.runs",
     set: "output_summary = coalesce($5, output_summary), \
           error_code = coalesce($6, error_code), \
           error_message = coalesce($7, error_message), \
-          error_step_id = coalesce($8, error_step_id)",
+          error_step_id = coalesce($8, error_step_id), \
+          lease_expires_at = CASE WHEN $9 THEN NULL ELSE lease_expires_at END",
     restart: None,
     duration_from: Some("queued_at"),
 };
@@ -372,6 +374,7 @@ fn transition_run(
     error_code: default!(Option<&str>, "NULL"),
     error_message: default!(Option<&str>, "NULL"),
     error_step_id: default!(Option<&str>, "NULL"),
+    run_token: default!(Option<i64>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
@@ -381,6 +384,7 @@ fn transition_run(
         .map(|s| Status::parse(Resource::Run, s))
         .transpose()?;
     let current = rows::lock_run(&scope, "run_id", run_id)?;
+    current.fence(run_token)?;
 
     let from = check_transition(Resource::Run, run_id, current.status, expected, to)?;
     let Some(from) = from else {
@@ -417,6 +421,7 @@ fn transition_run(
             error_code.into(),
             error_message.into(),
             error_step_id.into(),
+            to.is_terminal().into(),
         ],
     )?;
     if to.is_terminal() {
@@ -752,7 +757,8 @@ mod tests {
             assert_error(call, "42501", "SCOPE_MISSING");
         }
         // Only one half of the scope is not a scope either.
-        Spi::run("SELECT set_config('ledger.tenant_id', 't', true)").unwrap();
+        crate::testing::set_scope("t", "w");
+        Spi::run("SELECT set_config('ledger.workspace_id', '', true)").unwrap();
         assert_error("SELECT ledger.create_run('chat')", "42501", "SCOPE_MISSING");
         assert_error(
             "SELECT ledger.set_scope('t', NULL)",

@@ -1,9 +1,11 @@
-//! The caller's scope (tenant, workspace): stated with `ledger.set_scope` or the GUCs, required
-//! by every function that touches ledger rows.
+//! The caller's scope (tenant, workspace): stated with `ledger.set_scope` (which keeps the GUCs
+//! it sets to itself and to the scopes granted to the session's login role), required by every
+//! function that touches ledger rows.
 
-use crate::error::{LedgerError, Result, SqlError};
+use crate::db;
+use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::guc;
-use crate::model::args::required_id;
+use crate::model::args::{optional_id, required_id, required_label};
 use crate::model::ids;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -47,8 +49,46 @@ pub fn scope_required() -> std::result::Result<bool, SqlError> {
     Ok(true)
 }
 
+/// Sets the scope GUCs, for the transaction or the session.
+fn state(scope: &Scope, local: bool) -> Result<()> {
+    // A read-only statement (set_config writes no row), so the scope can be set on a hot standby.
+    guc::stating(|| {
+        db::select_one(
+            "SELECT pg_catalog.set_config('ledger.tenant_id', $1, $3), \
+                    pg_catalog.set_config('ledger.workspace_id', $2, $3)",
+            &[
+                scope.tenant.as_str().into(),
+                scope.workspace.as_str().into(),
+                local.into(),
+            ],
+            |_| Ok(()),
+        )
+    })?;
+    Ok(())
+}
+
+/// Switches an operator's work to a row's scope, until the calling function returns: only for
+/// functions with a SET clause (every SECURITY DEFINER one), whose exit restores the GUCs.
+pub fn enter(scope: &Scope) -> Result<()> {
+    state(scope, true)
+}
+
+/// Whether the caller (the role in force outside this SECURITY DEFINER function, so `SET ROLE`
+/// counts) is a member of `ledger_operator`.
+pub fn is_operator() -> Result<bool> {
+    // SAFETY: reads the backend's outer user id, which a SECURITY DEFINER call does not change.
+    let caller = unsafe { pgrx::pg_sys::GetOuterUserId() };
+    Ok(db::select_one(
+        "SELECT pg_catalog.pg_has_role($1, 'ledger_operator', 'MEMBER')",
+        &[caller.into()],
+        |r| db::req::<bool>(r, 1),
+    )?
+    .unwrap_or(false))
+}
+
 /// Sets the scope for the session, or with `is_local` for the current transaction only (use
-/// that behind a transaction-pooling proxy).
+/// that behind a transaction-pooling proxy). A login role bound by scope grants may state only
+/// a scope granted to it (42501 `SCOPE_NOT_GRANTED`).
 ///
 /// This is the one ledger function without a pinned `search_path`: a `SET` clause on a function
 /// restores every `SET LOCAL` made inside it at function exit, which would undo `is_local`. It
@@ -63,15 +103,93 @@ fn set_scope(
     let workspace = required_id("workspace_id", workspace_id)?;
     ids::validate("tenant_id", tenant)?;
     ids::validate("workspace_id", workspace)?;
-    let local = is_local.unwrap_or(false);
-    // A read-only statement (set_config writes no row), so the scope can be set on a hot standby.
-    crate::db::select_one(
-        "SELECT pg_catalog.set_config('ledger.tenant_id', $1, $3), \
-                pg_catalog.set_config('ledger.workspace_id', $2, $3)",
-        &[tenant.into(), workspace.into(), local.into()],
-        |_| Ok(()),
+    let granted = db::select_one(
+        "SELECT ledger_dispatch.scope_granted($1, $2)",
+        &[tenant.into(), workspace.into()],
+        |r| db::req::<bool>(r, 1),
     )?;
-    Ok(())
+    if granted != Some(true) {
+        raise(
+            LedgerError::new(
+                Class::Privilege,
+                "SCOPE_NOT_GRANTED",
+                "this login role is bound to other scopes (ledger.scope_grants)",
+            )
+            .with("tenant_id", tenant)
+            .with("workspace_id", workspace),
+        );
+    }
+    let scope = Scope {
+        tenant: tenant.to_owned(),
+        workspace: workspace.to_owned(),
+    };
+    Ok(state(&scope, is_local.unwrap_or(false))?)
+}
+
+/// The role a grant names (P0002 `ROLE_NOT_FOUND`).
+fn role_oid(role_name: Option<&str>) -> Result<pgrx::pg_sys::Oid> {
+    let name = required_label("role_name", role_name)?;
+    db::select_one(
+        "SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $1",
+        &[name.into()],
+        |r| db::req::<pgrx::pg_sys::Oid>(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::not_found("ROLE_NOT_FOUND", "role", name))
+}
+
+/// The tenant and optional workspace of a grant.
+fn grant_scope_args<'a>(
+    tenant_id: Option<&'a str>,
+    workspace_id: Option<&'a str>,
+) -> Result<(&'a str, Option<&'a str>)> {
+    let tenant = required_id("tenant_id", tenant_id)?;
+    ids::validate("tenant_id", tenant)?;
+    let workspace = optional_id("workspace_id", workspace_id)?;
+    if let Some(w) = workspace {
+        ids::validate("workspace_id", w)?;
+    }
+    Ok((tenant, workspace))
+}
+
+/// Lets login role `role_name` state the tenant's workspace (NULL: every workspace of it) with
+/// set_scope; its first grant binds it to its grants. Returns false when it had this grant.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn grant_scope(
+    role_name: Option<&str>,
+    tenant_id: Option<&str>,
+    workspace_id: default!(Option<&str>, "NULL"),
+) -> std::result::Result<bool, SqlError> {
+    let role = role_oid(role_name)?;
+    let (tenant, workspace) = grant_scope_args(tenant_id, workspace_id)?;
+    Ok(db::write_one(
+        "INSERT INTO ledger.scope_grants (grantee, tenant_id, workspace_id) \
+         VALUES ($1::oid::regrole, $2, $3) ON CONFLICT DO NOTHING RETURNING true",
+        &[role.into(), tenant.into(), workspace.into()],
+        |r| db::req::<bool>(r, 1),
+    )?
+    .unwrap_or(false))
+}
+
+/// Removes one grant (exactly this tenant and workspace, NULL matching the every-workspace
+/// grant); returns whether it existed. A role whose last grant goes is unbound again.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn revoke_scope(
+    role_name: Option<&str>,
+    tenant_id: Option<&str>,
+    workspace_id: default!(Option<&str>, "NULL"),
+) -> std::result::Result<bool, SqlError> {
+    let role = role_oid(role_name)?;
+    let (tenant, workspace) = grant_scope_args(tenant_id, workspace_id)?;
+    Ok(db::write_one(
+        "DELETE FROM ledger.scope_grants \
+          WHERE grantee = $1::oid::regrole AND tenant_id = $2 \
+            AND workspace_id IS NOT DISTINCT FROM $3 RETURNING true",
+        &[role.into(), tenant.into(), workspace.into()],
+        |r| db::req::<bool>(r, 1),
+    )?
+    .unwrap_or(false))
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -82,7 +200,8 @@ mod tests {
 
     /// `SET` and `set_config` go through the same check as `set_scope`: a name that would look
     /// like another tenant's (an invisible character, a newline, a bidi override, a trailing
-    /// space) or does not fit an index row is refused, and the scope stays what it was.
+    /// space) or does not fit an index row is refused, and the scope stays what it was. A valid
+    /// one is refused as well: only `set_scope` states a scope.
     #[pg_test]
     fn scope_names_set_by_hand_are_checked_like_set_scope() {
         set_scope("t-guc", "w");
@@ -122,11 +241,15 @@ mod tests {
             "22023",
             "ID_INVALID",
         );
-        // Valid names, empty (unset) and RESET pass.
-        Spi::run(
-            "SET LOCAL ledger.tenant_id = 'acme-2'; SET LOCAL ledger.workspace_id = 'röm/7:α'",
-        )
-        .unwrap();
+        // A valid name is refused too, by SET and set_config: only set_scope states a scope.
+        for statement in [
+            "SET LOCAL ledger.tenant_id = 'acme-2'",
+            "SELECT set_config('ledger.workspace_id', 'röm/7:α', true)",
+        ] {
+            assert_error(statement, "42501", "SCOPE_SET_DIRECTLY");
+        }
+        // set_scope states it; empty (unset) and RESET pass.
+        set_scope("acme-2", "röm/7:α");
         assert!(one::<bool>(
             "SELECT ledger.create_run('chat', run_id => 'by-hand')::text LIKE '(acme-2,röm/7:α,by-hand,%'"
         ));

@@ -79,6 +79,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
 }
 
 /// Adds a step to a run that exists in scope and is not terminal (55000 `RUN_TERMINAL`).
+#[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn create_step(
@@ -89,6 +90,7 @@ fn create_step(
     input_summary: default!(Option<&str>, "NULL"),
     status: default!(Option<&str>, "'queued'"),
     step_id: default!(Option<&str>, "NULL"),
+    run_token: default!(Option<i64>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
@@ -101,6 +103,7 @@ fn create_step(
         step_id: optional_id("step_id", step_id)?,
     };
     let run = rows::lock_run(&scope, "run_id", run_id)?;
+    run.fence(run_token)?;
     let id = create(&scope, &run, &new)?;
     Ok(row(&scope, &id)?)
 }
@@ -115,17 +118,20 @@ pub struct StepChange<'a> {
     pub error_details: Option<Jsonb>,
 }
 
-/// Moves a step under the status machine; returns false when it already was at `to` (nothing written).
+/// Moves a step under the status machine, fenced by the run's `run_token` when given; returns
+/// false when it already was at `to` (nothing written).
 pub fn transition(
     scope: &Scope,
     step_id: &str,
     to: Status,
     expected: Option<Status>,
     change: StepChange,
+    run_token: Option<i64>,
 ) -> Result<bool> {
     let Some((run, step)) = rows::lock_step_by_id(scope, step_id)? else {
         return Err(LedgerError::not_found("STEP_NOT_FOUND", "step", step_id));
     };
+    run.fence(run_token)?;
     let Some(from) = check_transition(Resource::Step, step_id, step.status, expected, to)? else {
         return Ok(false);
     };
@@ -218,6 +224,7 @@ fn transition_step(
     error_code: default!(Option<&str>, "NULL"),
     error_message: default!(Option<&str>, "NULL"),
     error_details: default!(Option<Jsonb>, "NULL"),
+    run_token: default!(Option<i64>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_steps"), SqlError> {
     let scope = scope::current()?;
     let step_id = required_id("step_id", step_id)?;
@@ -245,7 +252,7 @@ fn transition_step(
         error_message,
         error_details,
     };
-    transition(&scope, step_id, to, expected, change)?;
+    transition(&scope, step_id, to, expected, change, run_token)?;
     Ok(row(&scope, step_id)?)
 }
 

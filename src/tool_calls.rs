@@ -23,7 +23,7 @@ use crate::model::tool_call::{
     check_fence, decide, extend_seconds, identity_reused, lease_seconds, wrong_state,
     ApprovalStatus, CallStatus, Decision, Existing, Outcome, Resolution,
 };
-use crate::model::{ids, json, redact};
+use crate::model::{ids, json, redact, run_lease};
 use crate::redaction::{free_text, redacted_json, redacted_object};
 use crate::rows::{self, By, LockedRun, ToolCall};
 use crate::scope::{self, Scope};
@@ -534,6 +534,7 @@ fn claim_tool_call(
     lease_owner: default!(Option<&str>, "NULL"),
     timeout_seconds: default!(Option<i32>, 30),
     retry_failed: default!(Option<bool>, false),
+    run_token: default!(Option<i64>, "NULL"),
 ) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
@@ -546,6 +547,7 @@ fn claim_tool_call(
             .map_or_else(|| format!("tool:{}", who.run_id), str::to_owned);
         let retry_failed = retry_failed.unwrap_or(false);
         let run = rows::lock_run(&scope, "run_id", who.run_id)?;
+        run.fence(run_token)?;
 
         // Twice at most: an insert that lost a race to a concurrent claim finds its record next time.
         for _ in 0..2 {
@@ -873,11 +875,37 @@ fn resolve_tool_call(
 
 /// Moves every expired lease in the scope to in_doubt (the request left) or back to claimable
 /// (it did not); returns how many. Never waits: rows and runs that are busy are left for the next sweep.
+/// With `any_scope` (members of ledger_operator only), every scope's, each in its own scope
+/// (this function's SET clause takes the scope back at exit).
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn sweep_tool_calls() -> std::result::Result<i32, SqlError> {
+fn sweep_tool_calls(
+    any_scope: default!(Option<bool>, false),
+) -> std::result::Result<i32, SqlError> {
+    if !any_scope.unwrap_or(false) {
+        return Ok(sweep(scope::current()?)?);
+    }
+    run_lease::check_any_scope(scope::is_operator()?, None)?;
+    let scopes = db::select(
+        "SELECT tenant_id, workspace_id FROM ledger_dispatch.expired_tool_call_scopes()",
+        &[],
+        |r| {
+            Ok(Scope {
+                tenant: db::req(r, 1)?,
+                workspace: db::req(r, 2)?,
+            })
+        },
+    )?;
+    let mut swept = 0;
+    for scope in scopes {
+        scope::enter(&scope)?;
+        swept += sweep(scope)?;
+    }
+    Ok(swept)
+}
+
+fn sweep(scope: Scope) -> Result<i32> {
     feed::collected(|| {
-        let scope = scope::current()?;
         let candidates = db::select(
             "SELECT id, run_id FROM ledger.run_step_tool_calls \
               WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('claimed', 'running') \
@@ -934,6 +962,7 @@ fn request_tool_approval(
     title: default!(Option<&str>, "NULL"),
     policy_ref: default!(Option<&str>, "NULL"),
     details: default!(Option<Jsonb>, "NULL"),
+    run_token: default!(Option<i64>, "NULL"),
 ) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
@@ -944,6 +973,7 @@ fn request_tool_approval(
         let title = title.as_deref();
         let policy_ref = optional_label("policy_ref", policy_ref)?;
         let run = rows::lock_run(&scope, "run_id", who.run_id)?;
+        run.fence(run_token)?;
         if tombstone(&scope, &who, &args)?.is_some() {
             raise(
                 LedgerError::new(

@@ -98,15 +98,6 @@ fn in_scope(c: &mut Client, s: Scope, sql: &str) -> Vec<String> {
     column(c, sql, &[&s.tenant, &s.workspace])
 }
 
-/// `sql` must fail with SQLSTATE `state` and DETAIL code `code` ("" for PostgreSQL's own errors).
-fn refused(c: &mut Client, sql: &str, state: &str, code: &str) {
-    let err = c
-        .batch_execute(sql)
-        .err()
-        .unwrap_or_else(|| panic!("not refused: {sql}"));
-    assert_eq!(failure(&err), (state.into(), code.into()), "{sql}: {err}");
-}
-
 fn json(c: &mut Client, sql: &str) -> serde_json::Value {
     serde_json::from_str(&one::<String>(c, sql)).unwrap()
 }
@@ -326,7 +317,7 @@ fn another_scopes_objects_are_not_found_through_any_function() {
     let mut app = role.connect();
     let mut su = connect_to(&db, "postgres");
     populate_all(&mut app, &mut su);
-    let tables = ledger_relations(&mut su, "r");
+    let tables = scoped(&ledger_relations(&mut su, "r"));
     let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
     let before = digests_outside_scope(&mut su, &tables, A.tenant, A.workspace);
     assert!(
@@ -457,11 +448,21 @@ const VIEWS: [(&str, &str, &str); 4] = [
 ];
 
 /// The tables an application role may read: all but `blob_locks`, on which no role but the
-/// functions' owner has any privilege (`tests/sessions.rs` checks that no one else can lock it).
+/// functions' owner has any privilege (`tests/sessions.rs` checks that no one else can lock it),
+/// and `scope_grants` (likewise; see `scoped`).
 fn readable(tables: &[String]) -> Vec<String> {
+    scoped(tables)
+        .into_iter()
+        .filter(|t| t != "blob_locks")
+        .collect()
+}
+
+/// The tables whose rows belong to a scope: all but `scope_grants`, which says which login role
+/// may state which scope (tests/workers.rs checks that no application role can read or write it).
+fn scoped(tables: &[String]) -> Vec<String> {
     tables
         .iter()
-        .filter(|t| *t != "blob_locks")
+        .filter(|t| *t != "scope_grants")
         .cloned()
         .collect()
 }
@@ -563,12 +564,14 @@ fn plain_sql_sees_only_its_scope_and_writes_nothing() {
         set_scope(&mut app, s);
         sees_exactly(&mut app, &mut su, &readable, s);
     }
-    refused(
-        &mut app,
-        "SELECT count(*) FROM ledger.blob_locks",
-        "42501",
-        "",
-    );
+    for t in ["blob_locks", "scope_grants"] {
+        refused(
+            &mut app,
+            &format!("SELECT count(*) FROM ledger.{t}"),
+            "42501",
+            "",
+        );
+    }
 
     // No write privilege at all, even on the rows of the role's own scope.
     let names: Vec<&str> = tables.iter().map(String::as_str).collect();
@@ -796,7 +799,7 @@ fn the_scope_cannot_be_bypassed_from_the_session() {
 
 /// A scope name set by hand is checked like `set_scope`'s, wherever it comes from. Once the
 /// library is loaded, `SET`, `set_config` and `ALTER ROLE ... SET` refuse it (22023
-/// `ID_INVALID`). A value stored while it was not (a `SET` in a fresh session, `ALTER ROLE ...
+/// `ID_INVALID`; a valid one 42501 `SCOPE_SET_DIRECTLY`). A value stored while it was not (a `SET` in a fresh session, `ALTER ROLE ...
 /// SET` from such a session, a connection's `PGOPTIONS`) is checked when the library loads, at
 /// the session's first ledger function, and dropped with a WARNING: the session has no scope. No
 /// row is ever written under such a tenant.
@@ -836,13 +839,16 @@ fn scope_names_set_by_hand_are_checked_wherever_they_come_from() {
     ] {
         refused(&mut app, &sql, "22023", "ID_INVALID");
     }
-    exec(
+    // A valid name is refused too: only set_scope states a scope (its grants are checked there).
+    refused(
         &mut app,
-        "SET ledger.tenant_id = 'acme'; SET ledger.workspace_id = 'A'",
+        "SET ledger.tenant_id = 'acme'",
+        "42501",
+        "SCOPE_SET_DIRECTLY",
     );
     exec(
         &mut app,
-        "SELECT ledger.create_run('chat', run_id => 'fine')",
+        "SELECT ledger.set_scope('acme', 'A'); SELECT ledger.create_run('chat', run_id => 'fine')",
     );
 
     // ALTER ROLE ... SET: checked where the library is loaded ...

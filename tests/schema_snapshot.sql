@@ -4,7 +4,7 @@
 \pset tuples_only on
 \pset format unaligned
 WITH ext AS (SELECT oid FROM pg_extension WHERE extname = 'ledger'),
-ns AS (SELECT 'ledger'::regnamespace AS oid)
+ns AS (SELECT oid FROM pg_namespace WHERE nspname IN ('ledger', 'ledger_dispatch'))
 SELECT line FROM (
   SELECT 'member ' || pg_describe_object(d.classid, d.objid, 0) AS line
     FROM pg_depend d, ext
@@ -38,7 +38,7 @@ SELECT line FROM (
   SELECT 'index ' || regexp_replace(pg_get_indexdef(i.indexrelid), 'INDEX \S+ ON', 'INDEX ON')
     FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid, ns WHERE c.relnamespace = ns.oid
   UNION ALL
-  SELECT 'policy ' || pol.polrelid::regclass || ' ' || pol.polname || ' ' || pol.polcmd::text || ' '
+  SELECT 'policy ' || pol.polrelid::regclass || ' ' || pol.polname || ' ' || pol.polcmd::text || ' ' || pol.polroles::regrole[]::text || ' '
          || coalesce(pg_get_expr(pol.polqual, pol.polrelid), '') || ' / '
          || coalesce(pg_get_expr(pol.polwithcheck, pol.polrelid), '')
     FROM pg_policy pol JOIN pg_class c ON c.oid = pol.polrelid, ns WHERE c.relnamespace = ns.oid

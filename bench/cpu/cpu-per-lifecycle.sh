@@ -15,9 +15,8 @@ label=${2:-lifecycle}
 here=$(cd "$(dirname "$0")" && pwd)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-export PGOPTIONS="-c ledger.tenant_id=bench -c ledger.workspace_id=cpu"
 run="cpu-$(date +%s)-$$"
-psql -qAt -c "SELECT ledger.create_run('agent', run_id => '$run')" \
+psql -qAt -c "SELECT ledger.set_scope('bench', 'cpu')" -c "SELECT ledger.create_run('agent', run_id => '$run')" \
   -c "SELECT ledger.transition_run('$run', 'running')" >/dev/null
 pgbench -n -M prepared -c 1 -t "$n" -D started=0 -D run="$run" -f "$here/lifecycle.pgbench" \
   >"$out/pgbench" 2>&1 &

@@ -441,6 +441,26 @@ mod tests {
             ("run_id", "SELECT ledger.run_channel($MB)"),
             ("run_id", "SELECT ledger.run_evidence($MB)"),
             ("run_id", "SELECT ledger.run_inputs($MB)"),
+            ("lease_owner", "SELECT * FROM ledger.claim_run($MB)"),
+            ("run_id", "SELECT * FROM ledger.claim_run('w', $MB)"),
+            ("run_id", "SELECT ledger.heartbeat_run($MB, 1)"),
+            ("run_id", "SELECT ledger.release_run($MB, 1)"),
+            (
+                "tenant_id",
+                "SELECT ledger.grant_scope('ledger_reader', $MB)",
+            ),
+            (
+                "workspace_id",
+                "SELECT ledger.grant_scope('ledger_reader', 't', $MB)",
+            ),
+            (
+                "tenant_id",
+                "SELECT ledger.revoke_scope('ledger_reader', $MB)",
+            ),
+            (
+                "workspace_id",
+                "SELECT ledger.revoke_scope('ledger_reader', 't', $MB)",
+            ),
             ("tenant_id", "SELECT ledger.set_scope($MB, 'w')"),
             (
                 "workspace_id",
@@ -465,6 +485,16 @@ mod tests {
         // Labels: at most 256 bytes, refused past it.
         for (argument, call) in [
             ("tool_ref", "SELECT ledger.claim_tool_call('r', $MB)"),
+            (
+                "modes",
+                "SELECT * FROM ledger.claim_run('w', modes => ARRAY[$MB])",
+            ),
+            (
+                "kinds",
+                "SELECT * FROM ledger.claim_run('w', kinds => ARRAY[$MB])",
+            ),
+            ("role_name", "SELECT ledger.grant_scope($MB, 't')"),
+            ("role_name", "SELECT ledger.revoke_scope($MB, 't')"),
             (
                 "user_id",
                 "SELECT ledger.create_run('chat', user_id => $MB)",

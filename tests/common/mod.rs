@@ -47,6 +47,15 @@ pub fn one<T: postgres::types::FromSqlOwned>(c: &mut Client, sql: &str) -> T {
         .get(0)
 }
 
+/// `sql` must fail with SQLSTATE `state` and DETAIL code `code` ("" for PostgreSQL's own errors).
+pub fn refused(c: &mut Client, sql: &str, state: &str, code: &str) {
+    let err = c
+        .batch_execute(sql)
+        .err()
+        .unwrap_or_else(|| panic!("not refused: {sql}"));
+    assert_eq!(failure(&err), (state.into(), code.into()), "{sql}: {err}");
+}
+
 /// (SQLSTATE, DETAIL code) of a failed statement.
 pub fn failure(e: &postgres::Error) -> (String, String) {
     let db = e

@@ -23,6 +23,7 @@ pub const EVENT_TYPES: &[(&str, &[Stream])] = &[
     ("run.created", &[Stream::Feed, Stream::Outbox]),
     ("run.status", &[Stream::Feed]),
     ("run.status.updated", &[Stream::Outbox]),
+    ("run.claimed", &[Stream::Feed]),
     ("step.created", &[Stream::Feed]),
     ("step.status", &[Stream::Feed]),
     ("tool_call.claimed", &[Stream::Feed]),
@@ -86,6 +87,16 @@ pub struct RunStatus<'a> {
     pub to: &'a str,
     pub error_code: Option<&'a str>,
     pub error_step_id: Option<&'a str>,
+}
+
+/// A worker took a run (`ledger.claim_run`): its fencing token, and whom it took it from.
+#[derive(Serialize, Debug)]
+pub struct RunClaimed<'a> {
+    pub run_id: &'a str,
+    pub run_token: i64,
+    pub lease_owner: &'a str,
+    pub previous_owner: Option<&'a str>,
+    pub takeover: bool,
 }
 
 #[derive(Serialize, Debug)]
@@ -231,6 +242,7 @@ pub enum Event<'a> {
     RunCreated(RunCreated<'a>),
     RunStatus(RunStatus<'a>),
     RunStatusUpdated(RunStatus<'a>),
+    RunClaimed(RunClaimed<'a>),
     StepCreated(StepCreated<'a>),
     StepStatus(StepStatus<'a>),
     ToolCallClaimed(ToolCallClaimed<'a>),
@@ -262,6 +274,7 @@ impl Event<'_> {
             Event::RunCreated(_) => "run.created",
             Event::RunStatus(_) => "run.status",
             Event::RunStatusUpdated(_) => "run.status.updated",
+            Event::RunClaimed(_) => "run.claimed",
             Event::StepCreated(_) => "step.created",
             Event::StepStatus(_) => "step.status",
             Event::ToolCallClaimed(_) => "tool_call.claimed",

@@ -17,6 +17,7 @@ pub mod outbox;
 mod properties;
 pub mod redact;
 pub mod retention;
+pub mod run_lease;
 pub mod status;
 pub mod text;
 pub mod tool_call;

@@ -27,6 +27,9 @@ INSERT INTO audit VALUES
 -- only write path, so the rules (status machine, seq, redaction, fencing) cannot be skipped.
   ('create_run',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('transition_run',      'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('claim_run',           'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('heartbeat_run',       'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('release_run',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('retry_run',           'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('replay_run',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('create_step',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
@@ -36,7 +39,7 @@ INSERT INTO audit VALUES
   ('heartbeat_tool_call', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('complete_tool_call',  'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('resolve_tool_call',   'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
-  ('sweep_tool_calls',    'volatile', true,  'unsafe', 'definer', 'writer: the only write path'),
+  ('sweep_tool_calls',    'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('request_tool_approval', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('resolve_approval',    'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('put_artifact',        'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
@@ -57,7 +60,11 @@ INSERT INTO audit VALUES
   ('ack_outbox_events',   'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('nack_outbox_events',  'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('replay_outbox_event', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
-  ('purge_runs',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path');
+  ('purge_runs',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+-- Scope grants: only ledger_owner may write ledger.scope_grants; EXECUTE for the owner and
+-- superusers only.
+  ('grant_scope',         'volatile', false, 'unsafe', 'definer', 'owner only: writes the scope grants'),
+  ('revoke_scope',        'volatile', false, 'unsafe', 'definer', 'owner only: writes the scope grants');
 
 CREATE TEMP VIEW actual AS
 SELECT p.proname::text AS name,

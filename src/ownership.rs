@@ -1,0 +1,476 @@
+//! Run ownership: a worker claims a run (a given one, or the oldest claimable one) with a lease
+//! and a fencing token, keeps it with heartbeats and gives it back with a release. The token
+//! fences the run's writes that carry it (`rows::LockedRun::fence`). Claiming does not change
+//! the run's status: the worker moves it (queued -> running) with `transition_run`.
+
+use crate::db;
+use crate::error::{LedgerError, Result, SqlError};
+use crate::feed;
+use crate::model::args::{optional_id, required_id, required_label};
+use crate::model::events::{Event, RunClaimed};
+use crate::model::outbox as rules;
+use crate::model::run_lease;
+use crate::model::tool_call::extend_seconds;
+use crate::rows;
+use crate::runs;
+use crate::scope::{self, Scope};
+use pgrx::prelude::*;
+
+type Claimed = pgrx::composite_type!('static, "ledger.claimed_run");
+
+/// The runs a claim may take: not terminal, no live lease, and either waiting to start (queued,
+/// retrying) or owned before (a run driven by a caller that never claims it stays its own).
+const CLAIMABLE: &str = "SELECT id, lease_owner FROM ledger.runs \
+     WHERE tenant_id = $1 AND workspace_id = $2 \
+       AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired') \
+       AND (lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp()) \
+       AND (status IN ('queued', 'retrying') OR run_token > 0)";
+
+/// The filters of a claim: the labels each list may hold (NULL: any).
+fn labels(argument: &str, list: Option<Vec<Option<String>>>) -> Result<Option<Vec<String>>> {
+    list.map(|items| {
+        items
+            .into_iter()
+            .map(|item| required_label(argument, item.as_deref()).map(str::to_owned))
+            .collect()
+    })
+    .transpose()
+}
+
+/// Takes run `run_id`, or the oldest claimable run of the scope matching `modes` and `kinds`,
+/// without waiting for a run another transaction holds; None when there is none.
+fn claim(
+    scope: &Scope,
+    run_id: Option<&str>,
+    modes: Option<Vec<String>>,
+    kinds: Option<Vec<String>>,
+    owner: &str,
+    lease: i32,
+) -> Result<Option<Claimed>> {
+    let pick = |r: &db::Row| Ok((db::req::<String>(r, 1)?, db::opt::<String>(r, 2)?));
+    let found = match run_id {
+        Some(id) => db::write_one(
+            &format!("{CLAIMABLE} AND id = $3 FOR NO KEY UPDATE SKIP LOCKED"),
+            &scope.args([id.into()]),
+            pick,
+        )?,
+        None => db::write_one(
+            &format!(
+                "{CLAIMABLE} AND ($3::text[] IS NULL OR mode = ANY ($3)) \
+                   AND ($4::text[] IS NULL OR kind = ANY ($4)) \
+                 ORDER BY queued_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
+            ),
+            &scope.args([modes.into(), kinds.into()]),
+            pick,
+        )?,
+    };
+    let Some((id, previous_owner)) = found else {
+        return Ok(None);
+    };
+    let run_token = db::write_one(
+        "UPDATE ledger.runs SET lease_owner = $4, lease_seconds = $5, \
+                lease_expires_at = clock_timestamp() + make_interval(secs => $5), \
+                run_token = run_token + 1 \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING run_token",
+        &scope.args([id.as_str().into(), owner.into(), lease.into()]),
+        |r| db::req::<i64>(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::internal("a locked run was not updated"))?;
+    let takeover = previous_owner.is_some();
+    feed::append(
+        scope,
+        &id,
+        None,
+        &Event::RunClaimed(RunClaimed {
+            run_id: &id,
+            run_token,
+            lease_owner: owner,
+            previous_owner: previous_owner.as_deref(),
+            takeover,
+        }),
+    )?;
+    let inputs = runs::load_inputs(scope, &id)?;
+    db::select_one(
+        include_str!("../sql/queries/claimed_run.sql"),
+        &scope.args([
+            id.as_str().into(),
+            takeover.into(),
+            previous_owner.into(),
+            inputs.into(),
+        ]),
+        |r| db::req::<Claimed>(r, 1),
+    )
+}
+
+/// Claims a run for `lease_owner`: run `run_id`, or the oldest claimable run of the scope
+/// (with `any_scope`, of every scope: members of ledger_operator only).
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn claim_run(
+    lease_owner: Option<&str>,
+    run_id: default!(Option<&str>, "NULL"),
+    modes: default!(Option<Vec<Option<String>>>, "NULL"),
+    kinds: default!(Option<Vec<Option<String>>>, "NULL"),
+    lease_seconds: default!(Option<i32>, 60),
+    any_scope: default!(Option<bool>, false),
+) -> std::result::Result<
+    SetOfIterator<'static, pgrx::composite_type!('static, "ledger.claimed_run")>,
+    SqlError,
+> {
+    let owner = required_id("lease_owner", lease_owner)?;
+    let run_id = optional_id("run_id", run_id)?;
+    let modes = labels("modes", modes)?;
+    let kinds = labels("kinds", kinds)?;
+    let lease =
+        rules::lease_seconds(lease_seconds.ok_or_else(|| LedgerError::required("lease_seconds"))?)?;
+    let claimed = if any_scope.unwrap_or(false) {
+        run_lease::check_any_scope(scope::is_operator()?, run_id)?;
+        // The candidate is found and locked across scopes, then claimed in its own scope, which
+        // this function's SET clause takes back at exit.
+        let next = db::write_one(
+            "SELECT tenant_id, workspace_id, id FROM ledger_dispatch.next_run($1, $2)",
+            &[modes.into(), kinds.into()],
+            |r| {
+                Ok((
+                    Scope {
+                        tenant: db::req(r, 1)?,
+                        workspace: db::req(r, 2)?,
+                    },
+                    db::req::<String>(r, 3)?,
+                ))
+            },
+        )?;
+        match next {
+            Some((scope, id)) => {
+                scope::enter(&scope)?;
+                claim(&scope, Some(&id), None, None, owner, lease)?
+            }
+            None => None,
+        }
+    } else {
+        let scope = scope::current()?;
+        if let Some(id) = run_id {
+            rows::run(&scope, "run_id", id)?;
+        }
+        claim(&scope, run_id, modes, kinds, owner, lease)?
+    };
+    Ok(SetOfIterator::new(claimed))
+}
+
+/// Locks the run and checks the owner's token (40001 `LEASE_STALE`).
+fn owned(scope: &Scope, run_id: Option<&str>, run_token: Option<i64>) -> Result<rows::LockedRun> {
+    let run_id = required_id("run_id", run_id)?;
+    let token = run_token.ok_or_else(|| LedgerError::required("run_token"))?;
+    let run = rows::lock_run(scope, "run_id", run_id)?;
+    run.fence(Some(token))?;
+    Ok(run)
+}
+
+/// Extends the owner's lease by `extend_seconds` (default: the claim's lease) from now.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn heartbeat_run(
+    run_id: Option<&str>,
+    run_token: Option<i64>,
+    extend_seconds: default!(Option<i32>, "NULL"),
+) -> std::result::Result<TimestampWithTimeZone, SqlError> {
+    let scope = scope::current()?;
+    let extend = extend_seconds.map(self::extend_seconds).transpose()?;
+    let run = owned(&scope, run_id, run_token)?;
+    run.ensure_live("heartbeats")?;
+    Ok(db::write_one(
+        "UPDATE ledger.runs \
+            SET lease_expires_at = clock_timestamp() + make_interval(secs => coalesce($4, lease_seconds)) \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING lease_expires_at",
+        &scope.args([run.id.as_str().into(), extend.into()]),
+        |r| db::req::<TimestampWithTimeZone>(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::internal("a locked run was not updated"))?)
+}
+
+/// Gives the run up: it is claimable at once (unless terminal) and the token is over.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn release_run(run_id: Option<&str>, run_token: Option<i64>) -> std::result::Result<(), SqlError> {
+    let scope = scope::current()?;
+    let run = owned(&scope, run_id, run_token)?;
+    db::execute(
+        "UPDATE ledger.runs SET lease_owner = NULL, lease_expires_at = NULL \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &scope.args([run.id.as_str().into()]),
+    )?;
+    Ok(())
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, one, set_scope};
+    use pgrx::prelude::*;
+
+    /// run_id, run_token and takeover of one claim, or "none".
+    fn claim(args: &str) -> String {
+        one::<String>(&format!(
+            "SELECT coalesce((SELECT concat_ws(':', run_id, run_token, takeover, previous_owner) \
+               FROM ledger.claim_run({args})), 'none')"
+        ))
+    }
+
+    /// Lets the lease of run `id` run out.
+    fn expire(id: &str) {
+        Spi::run(&format!(
+            "UPDATE ledger.runs SET lease_expires_at = clock_timestamp() - interval '1 second' WHERE id = '{id}'"
+        ))
+        .unwrap();
+    }
+
+    #[pg_test]
+    fn claims_take_the_oldest_claimable_run_of_the_scope() {
+        set_scope("t-claim", "w");
+        Spi::run(
+            "SELECT ledger.create_run('chat', run_id => 'a'); \
+             SELECT ledger.create_run('agent', kind => 'triage', run_id => 'b'); \
+             SELECT ledger.create_run('chat', run_id => 'legacy'); \
+             SELECT ledger.transition_run('legacy', 'running')",
+        )
+        .unwrap();
+        assert_eq!(claim("'w1', modes => ARRAY['agent']"), "b:1:f");
+        // A run driven by a caller that never claims it is not taken from them.
+        assert_eq!(claim("'w1'"), "a:1:f");
+        assert_eq!(claim("'w2'"), "none");
+        assert_eq!(claim("'w2', 'legacy'"), "none");
+        assert_eq!(claim("'w2', kinds => ARRAY['triage']"), "none");
+        // Claiming leaves the status alone and writes run.claimed with the token.
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(r.status || ':' || e.payload::text, ' ' ORDER BY r.id) FROM ledger.runs r \
+                   JOIN ledger.run_events e ON e.run_id = r.id AND e.event_type = 'run.claimed'"
+            ),
+            r#"queued:{"run_id": "a", "takeover": false, "run_token": 1, "lease_owner": "w1", "previous_owner": null} queued:{"run_id": "b", "takeover": false, "run_token": 1, "lease_owner": "w1", "previous_owner": null}"#
+        );
+        // An expired lease is taken over, with a new token, from its owner.
+        expire("a");
+        assert_eq!(claim("'w2'"), "a:2:t:w1");
+        // The claim returns what a resuming worker needs.
+        Spi::run("SELECT ledger.create_step('b', 'llm', step_key => 'plan', run_token => 1)")
+            .unwrap();
+        expire("b");
+        Spi::run("CREATE TEMP TABLE claimed AS SELECT * FROM ledger.claim_run('w3', 'b', lease_seconds => 30)")
+            .unwrap();
+        // The cursor is the feed's newest event: this claim's run.claimed.
+        assert_eq!(
+            one::<String>(
+                "SELECT concat_ws('|', tenant_id, workspace_id, run_id, run_token, lease_owner, status, mode, kind, \
+                        steps->0->>'step_key', jsonb_array_length(tool_calls), jsonb_array_length(approvals), \
+                        last_event_id = (SELECT id FROM ledger.run_events WHERE run_id = 'b' AND event_type = 'run.claimed' \
+                                          ORDER BY seq DESC LIMIT 1), \
+                        lease_expires_at > now() + interval '29 seconds' AND lease_expires_at < now() + interval '31 seconds') \
+                   FROM claimed"
+            ),
+            "t-claim|w|b|2|w3|queued|agent|triage|plan|0|0|t|t"
+        );
+        assert_error(
+            "SELECT * FROM ledger.claim_run('w', 'nope')",
+            "P0002",
+            "RUN_NOT_FOUND",
+        );
+        // A terminal run is not claimable, and its owner's lease ended.
+        Spi::run("SELECT ledger.transition_run('b', 'canceled', run_token => 2)").unwrap();
+        assert!(one::<bool>(
+            "SELECT lease_expires_at IS NULL FROM ledger.runs WHERE id = 'b'"
+        ));
+        expire("b");
+        assert_eq!(claim("'w4', 'b'"), "none");
+    }
+
+    #[pg_test]
+    fn a_stale_token_writes_nothing_and_no_token_works_as_before() {
+        set_scope("t-fence", "w");
+        Spi::run("SELECT ledger.create_run('agent', run_id => 'r')").unwrap();
+        assert_eq!(claim("'w1'"), "r:1:f");
+        Spi::run(
+            "SELECT ledger.transition_run('r', 'running', run_token => 1); \
+             SELECT ledger.create_step('r', 'llm', step_id => 's', run_token => 1)",
+        )
+        .unwrap();
+        expire("r");
+        // Fenced by the token, not the clock: the expired owner still writes ...
+        Spi::run("SELECT ledger.transition_step('s', 'running', run_token => 1)").unwrap();
+        // ... until someone takes the run over.
+        assert_eq!(claim("'w2'"), "r:2:t:w1");
+        let events = || one::<i64>("SELECT count(*) FROM ledger.run_events");
+        let before = events();
+        for call in [
+            "SELECT ledger.transition_run('r', 'succeeded', run_token => 1)",
+            "SELECT ledger.create_step('r', 'llm', run_token => 1)",
+            "SELECT ledger.transition_step('s', 'succeeded', run_token => 1)",
+            "SELECT ledger.claim_tool_call('r', 'search', run_token => 1)",
+            "SELECT ledger.request_tool_approval('r', 'pay', '{}', run_token => 1)",
+            "SELECT ledger.heartbeat_run('r', 1)",
+            "SELECT ledger.release_run('r', 1)",
+        ] {
+            let e = assert_error(call, "40001", "LEASE_STALE");
+            assert_eq!(
+                (
+                    e.detail["run_token"].as_i64(),
+                    e.detail["current_run_token"].as_i64()
+                ),
+                (Some(1), Some(2)),
+                "{call}"
+            );
+        }
+        assert_eq!(events(), before);
+        assert_eq!(
+            one::<String>("SELECT status FROM ledger.run_steps WHERE id = 's'"),
+            "running"
+        );
+        // Callers without a token are not fenced.
+        Spi::run("SELECT ledger.create_step('r', 'llm')").unwrap();
+        // A heartbeat extends the lease; a release ends the token and frees the run at once.
+        assert!(one::<bool>(
+            "SELECT ledger.heartbeat_run('r', 2, 600) > now() + interval '599 seconds'"
+        ));
+        Spi::run("SELECT ledger.release_run('r', 2)").unwrap();
+        let e = assert_error(
+            "SELECT ledger.create_step('r', 'llm', run_token => 2)",
+            "40001",
+            "LEASE_STALE",
+        );
+        assert_eq!(e.detail["lease_released"], true);
+        assert_eq!(claim("'w3'"), "r:3:f");
+    }
+
+    #[pg_test]
+    fn claim_arguments_are_checked() {
+        set_scope("t-claim-args", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+        for (call, sqlstate, code) in [
+            (
+                "SELECT * FROM ledger.claim_run(NULL)",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT * FROM ledger.claim_run('w', lease_seconds => 0)",
+                "22023",
+                "TIMEOUT_INVALID",
+            ),
+            (
+                "SELECT * FROM ledger.claim_run('w', lease_seconds => 86401)",
+                "22023",
+                "TIMEOUT_INVALID",
+            ),
+            (
+                "SELECT * FROM ledger.claim_run('w', lease_seconds => NULL)",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT * FROM ledger.claim_run('w', modes => ARRAY[NULL])",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT * FROM ledger.claim_run('w', 'r', any_scope => true)",
+                "22023",
+                "ARGUMENT_CONFLICT",
+            ),
+            (
+                "SELECT ledger.heartbeat_run('r', NULL)",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.heartbeat_run(NULL, 1)",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            (
+                "SELECT ledger.heartbeat_run('r', 1, 0)",
+                "22023",
+                "TIMEOUT_INVALID",
+            ),
+            (
+                "SELECT ledger.heartbeat_run('nope', 1)",
+                "P0002",
+                "RUN_NOT_FOUND",
+            ),
+            (
+                "SELECT ledger.release_run('r', NULL)",
+                "22023",
+                "ARGUMENT_REQUIRED",
+            ),
+            // A run nobody claimed has no valid token.
+            ("SELECT ledger.release_run('r', 0)", "40001", "LEASE_STALE"),
+        ] {
+            assert_error(call, sqlstate, code);
+        }
+        assert_eq!(claim("'w'"), "r:1:f");
+        Spi::run("SELECT ledger.transition_run('r', 'canceled')").unwrap();
+        assert_error(
+            "SELECT ledger.heartbeat_run('r', 1)",
+            "55000",
+            "RUN_TERMINAL",
+        );
+        // Across scopes: for members of ledger_operator only.
+        Spi::run("SET LOCAL ROLE ledger_writer").unwrap();
+        for call in [
+            "SELECT * FROM ledger.claim_run('w', any_scope => true)",
+            "SELECT * FROM ledger.claim_outbox_events('w', any_scope => true)",
+            "SELECT ledger.sweep_tool_calls(any_scope => true)",
+        ] {
+            assert_error(call, "42501", "OPERATOR_REQUIRED");
+        }
+    }
+
+    #[pg_test]
+    fn scope_grants_bind_a_login_role() {
+        assert!(one::<bool>(
+            "SELECT ledger.grant_scope(session_user, 't-bound')"
+        ));
+        assert!(!one::<bool>(
+            "SELECT ledger.grant_scope(session_user, 't-bound')"
+        ));
+        assert!(one::<bool>(
+            "SELECT ledger.grant_scope(session_user, 't-other', 'w1')"
+        ));
+        set_scope("t-bound", "any");
+        set_scope("t-other", "w1");
+        for (tenant, workspace) in [("t-other", "w2"), ("t-third", "w")] {
+            let e = assert_error(
+                &format!("SELECT ledger.set_scope('{tenant}', '{workspace}')"),
+                "42501",
+                "SCOPE_NOT_GRANTED",
+            );
+            assert_eq!(e.detail["tenant_id"], tenant);
+        }
+        // The refused call left the scope as it was.
+        assert_eq!(one::<String>("SELECT ledger.scope_tenant()"), "t-other");
+        // Revoking is exact: the every-workspace grant is the NULL one.
+        assert!(!one::<bool>(
+            "SELECT ledger.revoke_scope(session_user, 't-bound', 'any')"
+        ));
+        assert!(one::<bool>(
+            "SELECT ledger.revoke_scope(session_user, 't-bound')"
+        ));
+        assert!(one::<bool>(
+            "SELECT ledger.revoke_scope(session_user, 't-other', 'w1')"
+        ));
+        // No grant left: unbound again.
+        set_scope("t-third", "w");
+        assert_error(
+            "SELECT ledger.grant_scope('no_such_role', 't')",
+            "P0002",
+            "ROLE_NOT_FOUND",
+        );
+        // Application roles may neither call the grant functions nor read the grants.
+        Spi::run("SET LOCAL ROLE ledger_writer").unwrap();
+        for call in [
+            "SELECT ledger.grant_scope('ledger_writer', 't')",
+            "SELECT ledger.revoke_scope('ledger_writer', 't')",
+            "SELECT count(*) FROM ledger.scope_grants",
+        ] {
+            assert_eq!(crate::testing::error_of(call).sqlstate, "42501", "{call}");
+        }
+    }
+}
