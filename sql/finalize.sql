@@ -148,7 +148,7 @@ COMMENT ON FUNCTION ledger.replay_task(text) IS
 
 -- Run ownership, the operator role and scope grants (0.5.0).
 COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
-    'Claims a run for lease_owner: run_id, or the oldest claimable run of the scope (filtered by modes and kinds), FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, and queued or retrying or claimed before (a run nobody ever claimed stays with its caller). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
+    'Claims a run for lease_owner: run_id, or the oldest claimable run of the scope (filtered by modes and kinds), FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, and queued or retrying or claimed before (a run nobody ever claimed stays with its caller); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
 COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
     'Extends the owner''s lease by extend_seconds (default: the claim''s lease_seconds) from now and returns when it ends. Fenced by run_token (40001 LEASE_STALE), not by the clock: accepted after expiry until another worker takes the run over. A terminal run: 55000 RUN_TERMINAL.';
 COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
@@ -174,7 +174,8 @@ GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_
       UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, lease_expires_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, run_id, status) ON ledger.approval_requests TO ledger_dispatcher;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;
 GRANT USAGE ON SCHEMA ledger_dispatch TO ledger_owner, ledger_reader;
 GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),

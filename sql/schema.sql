@@ -476,6 +476,7 @@ CREATE POLICY dispatch_lock ON ledger.runs FOR UPDATE TO ledger_dispatcher USING
 CREATE POLICY dispatch_read ON ledger.outbox FOR SELECT TO ledger_dispatcher USING (true);
 CREATE POLICY dispatch_lock ON ledger.outbox FOR UPDATE TO ledger_dispatcher USING (true) WITH CHECK (false);
 CREATE POLICY dispatch_read ON ledger.run_step_tool_calls FOR SELECT TO ledger_dispatcher USING (true);
+CREATE POLICY dispatch_read ON ledger.approval_requests FOR SELECT TO ledger_dispatcher USING (true);
 CREATE INDEX outbox_dispatch_idx ON ledger.outbox (available_at, id) WHERE status IN ('pending', 'processing');
 
 CREATE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
@@ -487,10 +488,16 @@ AS $$
        AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= clock_timestamp())
        AND (r.status IN ('queued', 'retrying') OR r.run_token > 0)
        AND (modes IS NULL OR r.mode = ANY (modes)) AND (kinds IS NULL OR r.kind = ANY (kinds))
+       AND NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t
+                        WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
+                          AND t.run_id = r.id AND t.status = 'in_doubt')
+       AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
+                        WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
+                          AND a.run_id = r.id AND a.status = 'pending')
      ORDER BY r.queued_at, r.id LIMIT 1
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope (see ledger.claim_run), locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope (see ledger.claim_run) that waits for no person, locked; skips runs another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
     RETURNS TABLE (tenant_id text, workspace_id text, id text)

@@ -20,11 +20,21 @@ type Claimed = pgrx::composite_type!('static, "ledger.claimed_run");
 
 /// The runs a claim may take: not terminal, no live lease, and either waiting to start (queued,
 /// retrying) or owned before (a run driven by a caller that never claims it stays its own).
-const CLAIMABLE: &str = "SELECT id, lease_owner FROM ledger.runs \
+const CLAIMABLE: &str = "SELECT id, lease_owner FROM ledger.runs r \
      WHERE tenant_id = $1 AND workspace_id = $2 \
        AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired') \
        AND (lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp()) \
        AND (status IN ('queued', 'retrying') OR run_token > 0)";
+
+/// Of the claimable runs, those the oldest-first claim hands out: none of its calls waits for a
+/// person (in doubt, or for an approval). A worker parks such a run (releases it) and the
+/// decision makes it claimable again, so no worker spins on it; `run_id` still takes it.
+const WAITS_FOR_NOBODY: &str = "NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t \
+     WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id AND t.run_id = r.id \
+       AND t.status = 'in_doubt') \
+     AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a \
+     WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id AND a.run_id = r.id \
+       AND a.status = 'pending')";
 
 /// The filters of a claim: the labels each list may hold (NULL: any).
 fn labels(argument: &str, list: Option<Vec<Option<String>>>) -> Result<Option<Vec<String>>> {
@@ -57,7 +67,7 @@ fn claim(
         None => db::write_one(
             &format!(
                 "{CLAIMABLE} AND ($3::text[] IS NULL OR mode = ANY ($3)) \
-                   AND ($4::text[] IS NULL OR kind = ANY ($4)) \
+                   AND ($4::text[] IS NULL OR kind = ANY ($4)) AND {WAITS_FOR_NOBODY} \
                  ORDER BY queued_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
             ),
             &scope.args([modes.into(), kinds.into()]),
@@ -281,6 +291,49 @@ mod tests {
         ));
         expire("b");
         assert_eq!(claim("'w4', 'b'"), "none");
+    }
+
+    /// A run parked for a person (a call in doubt or waiting for approval) is not handed out by
+    /// the oldest-first claim, so released workers do not spin on it; the decision makes it
+    /// claimable again. Its id still takes it.
+    #[pg_test]
+    fn a_run_waiting_for_a_person_is_handed_out_after_the_decision() {
+        set_scope("t-claim-park", "w");
+        Spi::run(
+            "SELECT ledger.create_run('agent', run_id => 'p'); \
+             SELECT ledger.create_run('agent', run_id => 'q')",
+        )
+        .unwrap();
+        assert_eq!(claim("'w1'"), "p:1:f");
+        let approval = one::<String>(
+            "SELECT ledger.request_tool_approval('p', 'payments.refund', '{\"order\": 7}', tool_call_id => 'refund', run_token => 1)->'approval'->>'id'",
+        );
+        Spi::run("SELECT ledger.release_run('p', 1)").unwrap();
+        assert_eq!(claim("'w2'"), "q:1:f");
+        assert_eq!(claim("'w2'"), "none");
+        Spi::run(&format!(
+            "SELECT ledger.resolve_approval('{approval}', 'approved', actor => 'lead')"
+        ))
+        .unwrap();
+        assert_eq!(claim("'w2'"), "p:2:f");
+        // In doubt: parked the same way until a person resolves the call.
+        let call = one::<String>(
+            "SELECT ledger.claim_tool_call('p', 'payments.refund', '{\"order\": 7}', tool_call_id => 'refund', run_token => 2)->'tool_call'->>'id'",
+        );
+        Spi::run(&format!(
+            "SELECT ledger.begin_tool_call('{call}', 1); \
+             SELECT ledger.complete_tool_call('{call}', 1, 'unknown'); \
+             SELECT ledger.release_run('p', 2)"
+        ))
+        .unwrap();
+        assert_eq!(claim("'w3'"), "none");
+        assert_eq!(claim("'w3', 'p'"), "p:3:f");
+        Spi::run(&format!(
+            "SELECT ledger.release_run('p', 3); \
+             SELECT ledger.resolve_tool_call('{call}', 'failed', actor => 'ops')"
+        ))
+        .unwrap();
+        assert_eq!(claim("'w3'"), "p:4:f");
     }
 
     #[pg_test]

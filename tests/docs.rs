@@ -93,18 +93,16 @@ fn every_example_of_the_readme_runs_after_the_walkthrough() {
     psql(&db, &examples, true);
 }
 
-/// The README's Python follower, run as written (tests/readme_follower.py) with psycopg 3.
-#[test]
-#[ignore]
-fn the_readme_python_follower_gets_every_event_once() {
-    let db = database("ledger_docs_python");
+/// Runs a Python script of tests/ that takes the README and a connection string.
+fn readme_python(script: &str, db: &str) {
+    let db = database(db);
     let dsn = format!(
         "host={} port={} dbname={db} user=postgres",
         env("LEDGER_TEST_HOST"),
         env("LEDGER_TEST_PORT")
     );
     let out = std::process::Command::new("python3")
-        .args(["tests/readme_follower.py", "README.md", &dsn])
+        .args([script, "README.md", &dsn])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("python3 runs");
@@ -114,4 +112,19 @@ fn the_readme_python_follower_gets_every_event_once() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The README's Python follower, run as written (tests/readme_follower.py) with psycopg 3.
+#[test]
+#[ignore]
+fn the_readme_python_follower_gets_every_event_once() {
+    readme_python("tests/readme_follower.py", "ledger_docs_python");
+}
+
+/// The README's Python worker, run as written (tests/readme_worker.py): a worker process killed
+/// mid-call, a takeover, a person's two decisions, and each side effect exactly once.
+#[test]
+#[ignore]
+fn the_readme_python_worker_survives_a_killed_worker() {
+    readme_python("tests/readme_worker.py", "ledger_docs_worker");
 }
