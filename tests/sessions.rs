@@ -146,6 +146,14 @@ fn concurrent_writers_produce_a_gapless_feed() {
         w.join().unwrap();
     }
     assert_eq!(seen, (1..=101).collect::<Vec<i64>>());
+    // The steps count 1..100 in the order they were created, whichever writer made them.
+    let numbered: bool = one(
+        &mut reader,
+        "SELECT array_agg(s.step_no ORDER BY e.seq) = array(SELECT generate_series(1, 100)::bigint) \
+           FROM ledger.run_steps s JOIN ledger.run_events e \
+             ON e.run_id = s.run_id AND e.step_id = s.id AND e.event_type = 'step.created'",
+    );
+    assert!(numbered);
 }
 
 /// The client contract: LISTEN, then events_since(cursor), then again on each notification.
