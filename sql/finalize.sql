@@ -24,6 +24,7 @@ REVOKE SELECT ON ledger.blob_locks FROM ledger_reader;
 GRANT EXECUTE ON FUNCTION
     ledger.set_scope(text, text, boolean),
     ledger.scope_tenant(),
+    ledger.scope_required(),
     ledger.scope_workspace(),
     ledger.status_transitions(),
     ledger.events_since(text, text, integer),
@@ -48,6 +49,8 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ledger TO ledger_writer;
 
 COMMENT ON FUNCTION ledger.set_scope(text, text, boolean) IS
     'Sets the caller''s scope (GUCs ledger.tenant_id, ledger.workspace_id) for the session, or with is_local => true for the current transaction only. Every other function refuses to run without it (42501 SCOPE_MISSING).';
+COMMENT ON FUNCTION ledger.scope_required() IS
+    'true when a scope is set, else 42501 SCOPE_MISSING. The monitoring views filter on it, so that reading one without a scope fails instead of showing no rows.';
 COMMENT ON FUNCTION ledger.status_transitions() IS
     'The status machine: every allowed (resource, from_status, to_status) for run, step and task. Statuses: queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired (+ skipped for steps). Terminal: succeeded, failed, canceled, expired, skipped.';
 COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text) IS
@@ -61,7 +64,7 @@ COMMENT ON FUNCTION ledger.create_step(text, text, text, text, text, text, text)
 COMMENT ON FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb) IS
     'Moves a step to to_status under the same rules as transition_run (steps also have skipped). metrics are merged into the existing object, top-level keys.';
 COMMENT ON FUNCTION ledger.events_since(text, text, integer) IS
-    'The run''s events after after_event_id (from the start when NULL), ordered by their gapless seq. An unknown after_event_id fails P0002 EVENT_NOT_FOUND. Client contract: LISTEN on ledger.run_channel(run_id) first, then call this with your cursor, and again on each notification.';
+    'The run''s events after after_event_id (from the start when NULL), ordered by their gapless seq. ends_run marks the event that moved the run to a terminal status: a follower may stop after it. An unknown after_event_id fails P0002 EVENT_NOT_FOUND. Client contract: LISTEN on ledger.run_channel(run_id) first, then call this with your cursor, and again on each notification.';
 COMMENT ON FUNCTION ledger.run_channel(text) IS
     'The LISTEN/NOTIFY channel of a run. Each event appended to the run notifies it at commit with {"run_id","seq","event_id","event_type"}.';
 COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, jsonb) IS
@@ -93,7 +96,9 @@ COMMENT ON FUNCTION ledger.canonical_json(jsonb) IS
 COMMENT ON FUNCTION ledger.request_hash(jsonb) IS
     'Hex sha256 of ledger.canonical_json(value): the request_hash of a tool call with these arguments.';
 COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, numeric, text, text, jsonb, jsonb, text, text, text, text, text, text) IS
-    'Records a cost entry: billed_quantity >= 0, amount >= 0 with a currency, usage with the known keys as non-negative integers. source_ref is idempotent per scope. Writes cost.recorded to the feed and the outbox.';
+    'Records a cost entry: billed_quantity >= 0, amount >= 0 with a currency, usage with the known keys (or the OpenAI and Anthropic names, stored under the known keys) as non-negative integers. source_ref is idempotent per scope. Writes cost.recorded to the feed and the outbox.';
+COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, double precision, text, text, jsonb, jsonb, text, text, text, text, text, text) IS
+    'ledger.record_cost with a double precision amount (a client''s float), taken as its shortest decimal text: 0.1 is stored as 0.1.';
 COMMENT ON FUNCTION ledger.record_audit(text, text, text, jsonb, text, text) IS
     'Records an audit event for a run (gateway decisions, human interventions). The payload is redacted.';
 COMMENT ON FUNCTION ledger.record_response_event(text, text, jsonb, text) IS

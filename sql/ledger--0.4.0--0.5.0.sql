@@ -3,6 +3,67 @@
 -- (its own library, with rows written through it) updated with this script equals a fresh
 -- install.
 
+-- Monitoring views fail without a scope (ledger.scope_required), run_overview gains created_at,
+-- request_id, user_id and tool_calls_replayed; the in-doubt view keeps the worker that held the
+-- attempt (the query that marks a call in doubt no longer clears lease_owner).
+CREATE  FUNCTION "scope_required"() RETURNS bool /* std :: result :: Result < bool, SqlError > */
+STRICT STABLE PARALLEL SAFE
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'scope_required_wrapper';
+ALTER FUNCTION ledger.scope_required() OWNER TO ledger_owner;
+REVOKE ALL ON FUNCTION ledger.scope_required() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION ledger.scope_required() TO ledger_reader, ledger_writer;
+COMMENT ON FUNCTION ledger.scope_required() IS
+    'true when a scope is set, else 42501 SCOPE_MISSING. The monitoring views filter on it, so that reading one without a scope fails instead of showing no rows.';
+
+CREATE OR REPLACE VIEW ledger.tool_calls_in_doubt WITH (security_invoker = true) AS
+    SELECT t.id, t.run_id, t.step_id, t.tool_call_id, t.tool_ref, t.idempotency_key, t.attempt,
+           t.lease_owner, t.outbound_started_at, t.error_code, t.error_message, t.updated_at
+      FROM ledger.run_step_tool_calls t
+     WHERE ledger.scope_required() AND t.status = 'in_doubt';
+COMMENT ON VIEW ledger.tool_calls_in_doubt IS 'Tool calls whose request may have left without an answer, with the lease_owner that held the attempt when it went in doubt. Never retried automatically: decide each with ledger.resolve_tool_call(id, succeeded|failed|retry). Fails 42501 SCOPE_MISSING without a scope.';
+
+CREATE OR REPLACE VIEW ledger.pending_approvals WITH (security_invoker = true) AS
+    SELECT a.id, a.run_id, a.step_id, a.tool_call_record_id, t.tool_ref, a.title, a.policy_ref,
+           a.details, a.created_at
+      FROM ledger.approval_requests a
+      LEFT JOIN ledger.run_step_tool_calls t
+        ON t.tenant_id = a.tenant_id AND t.workspace_id = a.workspace_id AND t.id = a.tool_call_record_id
+     WHERE ledger.scope_required() AND a.status = 'pending';
+COMMENT ON VIEW ledger.pending_approvals IS 'Approvals waiting for a decision: ledger.resolve_approval(id, approved|rejected). Fails 42501 SCOPE_MISSING without a scope.';
+
+CREATE OR REPLACE VIEW ledger.run_overview WITH (security_invoker = true) AS
+    SELECT r.id, r.status, r.mode, r.kind, r.subject_kind, r.subject_id, r.attempt_no,
+           r.source_run_id, r.parent_run_id, r.root_run_id, r.control_action,
+           (SELECT count(*) FROM ledger.run_steps s
+             WHERE s.tenant_id = r.tenant_id AND s.workspace_id = r.workspace_id AND s.run_id = r.id) AS steps,
+           (SELECT count(*) FROM ledger.run_step_tool_calls t
+             WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id AND t.run_id = r.id) AS tool_calls,
+           (SELECT count(*) FROM ledger.run_step_tool_calls t
+             WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id AND t.run_id = r.id
+               AND t.status = 'in_doubt') AS tool_calls_in_doubt,
+           (SELECT coalesce(jsonb_object_agg(c.currency, c.total::text ORDER BY c.currency), '{}')
+              FROM (SELECT currency, sum(amount) AS total FROM ledger.run_cost_entries e
+                     WHERE e.tenant_id = r.tenant_id AND e.workspace_id = r.workspace_id AND e.run_id = r.id
+                       AND e.amount IS NOT NULL GROUP BY currency) c) AS cost,
+           r.error_code, r.queued_at, r.started_at, r.ended_at, r.duration_ms,
+           r.created_at, r.request_id, r.user_id,
+           (SELECT count(*) FROM ledger.run_events v
+             WHERE v.tenant_id = r.tenant_id AND v.workspace_id = r.workspace_id AND v.run_id = r.id
+               AND v.event_type = 'tool_call.replayed') AS tool_calls_replayed
+      FROM ledger.runs r
+     WHERE ledger.scope_required();
+COMMENT ON VIEW ledger.run_overview IS 'One line per run: status, step and tool-call counts (tool_calls_replayed: results this run took from the ledger instead of executing, such as a retry reusing its source''s), cost per currency (decimal strings, never mixed), lineage, timing, request_id and user_id. Fails 42501 SCOPE_MISSING without a scope.';
+
+CREATE OR REPLACE VIEW ledger.outbox_backlog WITH (security_invoker = true) AS
+    SELECT event_type, status, count(*) AS events, min(occurred_at) AS oldest,
+           max(attempt_count) AS max_attempts
+      FROM ledger.outbox
+     WHERE ledger.scope_required() AND status <> 'done'
+     GROUP BY event_type, status;
+COMMENT ON VIEW ledger.outbox_backlog IS 'Outbox rows not yet done, by event type and status, with the oldest and the most attempts. Fails 42501 SCOPE_MISSING without a scope.';
+
 -- Resume, approvals and evidence ------------------------------------------------------------
 
 -- step_no counts 1, 2, 3 within a run (it was the seq of the step's step.created event), in the
@@ -31,16 +92,18 @@ CREATE UNIQUE INDEX run_steps_step_key_idx ON ledger.run_steps (tenant_id, works
 
 COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and human interventions (ledger.record_audit), and the tool activity the ledger records itself: gateway_type tool_call.claim, tool_call.begin, tool_call.complete, tool_call.resolve (an in-doubt call resolved), tool_call.replay (a re-run reused a result), approval.request and approval.decision. Payloads are redacted.';
 
--- Functions: every one is dropped and created again from this version's library (claim_tool_call
--- takes an approval; the others change behaviour only), so that none is left bound to another
--- library: two libraries of the extension in one session define the same GUCs. The views and
--- policies depend only on scope_tenant() and scope_workspace(), which are SQL functions and stay.
+-- Functions: every one is dropped and created again from this version's library (events_since
+-- gains ends_run, record_cost a double precision overload, claim_tool_call an approval; the
+-- others change behaviour only), so that none is left bound to another library: two libraries of
+-- the extension in one session define the same GUCs ("attempt to redefine parameter"). The views
+-- and policies depend only on scope_tenant() and scope_workspace(), SQL functions that stay, and
+-- on scope_required(), created above from this library.
 DO $drop$
 DECLARE f regprocedure;
 BEGIN
     FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
               WHERE p.pronamespace = 'ledger'::regnamespace
-                AND p.proname NOT IN ('scope_tenant', 'scope_workspace') LOOP
+                AND p.proname NOT IN ('scope_tenant', 'scope_workspace', 'scope_required') LOOP
         EXECUTE format('DROP FUNCTION %s', f);
     END LOOP;
 END
@@ -192,7 +255,8 @@ CREATE  FUNCTION "events_since"(
 	"event_type" TEXT,  /* String */
 	"step_id" TEXT,  /* Option < String > */
 	"payload" jsonb,  /* Jsonb */
-	"created_at" timestamp with time zone  /* TimestampWithTimeZone */
+	"created_at" timestamp with time zone,  /* TimestampWithTimeZone */
+	"ends_run" bool  /* bool */
 )
 STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO pg_catalog, ledger, pg_temp
@@ -308,6 +372,28 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'record_cost_wrapper';
+
+CREATE  FUNCTION "record_cost"(
+	"run_id" TEXT, /* Option < & str > */
+	"billing_basis" TEXT, /* Option < & str > */
+	"billed_quantity" NUMERIC, /* Option < AnyNumeric > */
+	"amount" double precision, /* Option < f64 > */
+	"currency" TEXT DEFAULT NULL, /* Option < & str > */
+	"step_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"usage" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"pricing_snapshot" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"provider" TEXT DEFAULT NULL, /* Option < & str > */
+	"model_ref" TEXT DEFAULT NULL, /* Option < & str > */
+	"tool_ref" TEXT DEFAULT NULL, /* Option < & str > */
+	"source_port" TEXT DEFAULT NULL, /* Option < & str > */
+	"operation" TEXT DEFAULT NULL, /* Option < & str > */
+	"source_ref" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS ledger.run_cost_entries /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE  
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'record_cost_float_amount_wrapper';
 
 CREATE  FUNCTION "record_feedback"(
 	"run_id" TEXT, /* Option < & str > */
@@ -610,6 +696,7 @@ REVOKE SELECT ON ledger.blob_locks FROM ledger_reader;
 GRANT EXECUTE ON FUNCTION
     ledger.set_scope(text, text, boolean),
     ledger.scope_tenant(),
+    ledger.scope_required(),
     ledger.scope_workspace(),
     ledger.status_transitions(),
     ledger.events_since(text, text, integer),
@@ -634,6 +721,8 @@ GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ledger TO ledger_writer;
 
 COMMENT ON FUNCTION ledger.set_scope(text, text, boolean) IS
     'Sets the caller''s scope (GUCs ledger.tenant_id, ledger.workspace_id) for the session, or with is_local => true for the current transaction only. Every other function refuses to run without it (42501 SCOPE_MISSING).';
+COMMENT ON FUNCTION ledger.scope_required() IS
+    'true when a scope is set, else 42501 SCOPE_MISSING. The monitoring views filter on it, so that reading one without a scope fails instead of showing no rows.';
 COMMENT ON FUNCTION ledger.status_transitions() IS
     'The status machine: every allowed (resource, from_status, to_status) for run, step and task. Statuses: queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired (+ skipped for steps). Terminal: succeeded, failed, canceled, expired, skipped.';
 COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text) IS
@@ -647,7 +736,7 @@ COMMENT ON FUNCTION ledger.create_step(text, text, text, text, text, text, text)
 COMMENT ON FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb) IS
     'Moves a step to to_status under the same rules as transition_run (steps also have skipped). metrics are merged into the existing object, top-level keys.';
 COMMENT ON FUNCTION ledger.events_since(text, text, integer) IS
-    'The run''s events after after_event_id (from the start when NULL), ordered by their gapless seq. An unknown after_event_id fails P0002 EVENT_NOT_FOUND. Client contract: LISTEN on ledger.run_channel(run_id) first, then call this with your cursor, and again on each notification.';
+    'The run''s events after after_event_id (from the start when NULL), ordered by their gapless seq. ends_run marks the event that moved the run to a terminal status: a follower may stop after it. An unknown after_event_id fails P0002 EVENT_NOT_FOUND. Client contract: LISTEN on ledger.run_channel(run_id) first, then call this with your cursor, and again on each notification.';
 COMMENT ON FUNCTION ledger.run_channel(text) IS
     'The LISTEN/NOTIFY channel of a run. Each event appended to the run notifies it at commit with {"run_id","seq","event_id","event_type"}.';
 COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, jsonb) IS
@@ -679,7 +768,9 @@ COMMENT ON FUNCTION ledger.canonical_json(jsonb) IS
 COMMENT ON FUNCTION ledger.request_hash(jsonb) IS
     'Hex sha256 of ledger.canonical_json(value): the request_hash of a tool call with these arguments.';
 COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, numeric, text, text, jsonb, jsonb, text, text, text, text, text, text) IS
-    'Records a cost entry: billed_quantity >= 0, amount >= 0 with a currency, usage with the known keys as non-negative integers. source_ref is idempotent per scope. Writes cost.recorded to the feed and the outbox.';
+    'Records a cost entry: billed_quantity >= 0, amount >= 0 with a currency, usage with the known keys (or the OpenAI and Anthropic names, stored under the known keys) as non-negative integers. source_ref is idempotent per scope. Writes cost.recorded to the feed and the outbox.';
+COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, double precision, text, text, jsonb, jsonb, text, text, text, text, text, text) IS
+    'ledger.record_cost with a double precision amount (a client''s float), taken as its shortest decimal text: 0.1 is stored as 0.1.';
 COMMENT ON FUNCTION ledger.record_audit(text, text, text, jsonb, text, text) IS
     'Records an audit event for a run (gateway decisions, human interventions). The payload is redacted.';
 COMMENT ON FUNCTION ledger.record_response_event(text, text, jsonb, text) IS

@@ -1,7 +1,7 @@
 //! Cost entries of a run.
 
 use crate::db;
-use crate::error::{raise, LedgerError, Result, SqlError};
+use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::model::args::{optional_label, required_id, required_label};
@@ -47,6 +47,86 @@ fn record_cost(
     operation: default!(Option<&str>, "NULL"),
     source_ref: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), SqlError> {
+    Ok(record(
+        run_id,
+        billing_basis,
+        billed_quantity,
+        amount,
+        currency,
+        step_id,
+        usage,
+        pricing_snapshot,
+        [provider, model_ref, tool_ref, source_port, operation],
+        source_ref,
+    )?)
+}
+
+/// `record_cost` with a double precision amount, which is what a client's float binds as (a
+/// Python float through psycopg): without it PostgreSQL finds no function, since double precision
+/// does not convert to numeric implicitly. The amount is taken as its shortest decimal text, the
+/// one that reads back as the same double (0.1 is 0.1, not 0.1000000000000000055511151231257827).
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(
+    name = "record_cost",
+    volatile,
+    parallel_unsafe,
+    security_definer,
+    requires = ["ledger_schema"]
+)]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn record_cost_float_amount(
+    run_id: Option<&str>,
+    billing_basis: Option<&str>,
+    billed_quantity: Option<AnyNumeric>,
+    amount: Option<f64>,
+    currency: default!(Option<&str>, "NULL"),
+    step_id: default!(Option<&str>, "NULL"),
+    usage: default!(Option<Jsonb>, "'{}'"),
+    pricing_snapshot: default!(Option<Jsonb>, "'{}'"),
+    provider: default!(Option<&str>, "NULL"),
+    model_ref: default!(Option<&str>, "NULL"),
+    tool_ref: default!(Option<&str>, "NULL"),
+    source_port: default!(Option<&str>, "NULL"),
+    operation: default!(Option<&str>, "NULL"),
+    source_ref: default!(Option<&str>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), SqlError> {
+    let amount = amount
+        .map(|a| {
+            let text = cost::float_text("amount", a)?;
+            text.parse::<AnyNumeric>()
+                .map_err(|e| LedgerError::internal(format!("decimal text {text}: {e}")))
+        })
+        .transpose()?;
+    Ok(record(
+        run_id,
+        billing_basis,
+        billed_quantity,
+        amount,
+        currency,
+        step_id,
+        usage,
+        pricing_snapshot,
+        [provider, model_ref, tool_ref, source_port, operation],
+        source_ref,
+    )?)
+}
+
+/// What both `record_cost`s do, once their amount is a decimal. `labels`: provider, model_ref,
+/// tool_ref, source_port, operation.
+#[allow(clippy::too_many_arguments)]
+fn record(
+    run_id: Option<&str>,
+    billing_basis: Option<&str>,
+    billed_quantity: Option<AnyNumeric>,
+    amount: Option<AnyNumeric>,
+    currency: Option<&str>,
+    step_id: Option<&str>,
+    usage: Option<Jsonb>,
+    pricing_snapshot: Option<Jsonb>,
+    labels: [Option<&str>; 5],
+    source_ref: Option<&str>,
+) -> Result<pgrx::composite_type!('static, "ledger.run_cost_entries")> {
+    let [provider, model_ref, tool_ref, source_port, operation] = labels;
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let billing_basis = required_label("billing_basis", billing_basis)?;
@@ -66,13 +146,12 @@ fn record_cost(
     }
     let currency = currency.map(cost::currency).transpose()?;
     if amount.is_some() && currency.is_none() {
-        raise(LedgerError::invalid(
+        return Err(LedgerError::invalid(
             "CURRENCY_REQUIRED",
             "an amount needs a currency",
         ));
     }
-    let usage = redacted_object("usage", usage)?;
-    cost::validate_usage(&usage)?;
+    let usage = cost::normalize_usage(&redacted_object("usage", usage)?)?;
     let pricing = redacted_object("pricing_snapshot", pricing_snapshot)?;
     if let Some(r) = source_ref {
         ids::validate_key("source_ref", r)?;
@@ -110,7 +189,7 @@ fn record_cost(
             |r| db::req::<String>(r, 1),
         )?
         .ok_or_else(|| LedgerError::internal("cost insert conflicted but no entry was found"))?;
-        return Ok(row(&scope, &existing)?);
+        return row(&scope, &existing);
     };
     let recorded = Event::CostRecorded(CostRecorded {
         cost_id: &id,
@@ -123,7 +202,7 @@ fn record_cost(
     });
     feed::append(&scope, run_id, step_id, &recorded)?;
     feed::enqueue(&scope, &recorded, Some(run_id), None, &format!("cost:{id}"))?;
-    Ok(row(&scope, &id)?)
+    row(&scope, &id)
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -158,6 +237,54 @@ mod tests {
             2
         );
         assert_eq!(one::<String>("SELECT payload->>'amount' FROM ledger.outbox WHERE event_type = 'cost.recorded' ORDER BY id LIMIT 1"), "0.1");
+    }
+
+    /// A client's float (double precision) is accepted as an amount and stored as its
+    /// shortest decimal text; integers and decimals keep their exact value; the model APIs'
+    /// usage objects are stored under the ledger's keys.
+    #[pg_test]
+    fn float_amounts_and_api_usage_objects_are_taken_as_given() {
+        set_scope("t-costs-float", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r')").unwrap();
+        for (amount, stored) in [
+            ("0.1::float8", "0.1"),
+            ("(0.1::float8 + 0.2::float8)", "0.30000000000000004"),
+            ("2", "2"),
+            ("0.1", "0.1"),
+            ("1.10::numeric", "1.10"),
+            ("12345678901234567890.123", "12345678901234567890.123"),
+            ("1e-7::float8", "0.0000001"),
+        ] {
+            assert_eq!(
+                one::<String>(&format!(
+                    "SELECT amount::text FROM ledger.record_cost('r', 'tokens', 1, {amount}, 'USD')"
+                )),
+                stored,
+                "{amount}"
+            );
+        }
+        assert!(one::<bool>(
+            "SELECT amount IS NULL FROM ledger.record_cost('r', 'tokens', 1, NULL::float8)"
+        ));
+        for bad in ["'NaN'::float8", "'Infinity'::float8", "-0.5::float8"] {
+            assert_error(
+                &format!("SELECT ledger.record_cost('r', 'tokens', 1, {bad}, 'USD')"),
+                "22023",
+                "AMOUNT_INVALID",
+            );
+        }
+        assert_eq!(
+            one::<String>(
+                "SELECT usage::text FROM ledger.record_cost('r', 'tokens', 1, 0.5::float8, 'USD', usage => \
+                 '{\"input_tokens\": 1200, \"output_tokens\": 300, \"input_tokens_details\": {\"cached_tokens\": 1024}, \
+                   \"output_tokens_details\": {\"reasoning_tokens\": 192}, \"total_tokens\": 1500}')"
+            ),
+            r#"{"total_tokens": 1500, "prompt_tokens": 1200, "reasoning_tokens": 192, "cache_read_tokens": 1024, "completion_tokens": 300}"#
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_cost_entries"),
+            9
+        );
     }
 
     #[pg_test]

@@ -20,7 +20,7 @@ use crate::db;
 use crate::error::{raise, LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required_id};
-use crate::model::events::Event;
+use crate::model::events::{self, Event};
 use crate::model::{self, hash, ids};
 use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
@@ -385,6 +385,7 @@ fn events_since(
             name!(step_id, Option<String>),
             name!(payload, Jsonb),
             name!(created_at, TimestampWithTimeZone),
+            name!(ends_run, bool),
         ),
     >,
     SqlError,
@@ -419,13 +420,17 @@ fn events_since(
           ORDER BY seq LIMIT $5",
         &scope.args([run_id.into(), after.into(), i64::from(limit).into()]),
         |r| {
+            let event_type = db::req::<String>(r, 3)?;
+            let payload = db::req::<Jsonb>(r, 5)?;
+            let ends_run = events::ends_run(&event_type, payload.as_str());
             Ok((
                 db::req::<String>(r, 1)?,
                 db::req::<i64>(r, 2)?,
-                db::req::<String>(r, 3)?,
+                event_type,
                 db::opt::<String>(r, 4)?,
-                db::req::<Jsonb>(r, 5)?,
+                payload,
                 db::req::<TimestampWithTimeZone>(r, 6)?,
+                ends_run,
             ))
         },
     )?;
@@ -475,6 +480,13 @@ mod tests {
                 "SELECT string_agg(seq::text, ',') FROM ledger.events_since('r', '{cursor}', 2)"
             )),
             "4,5"
+        );
+        // The follower's end of the stream: only the run's terminal status event ends it.
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(seq::text, ',') FROM ledger.events_since('r') WHERE ends_run"
+            ),
+            "6"
         );
         let last = one::<String>("SELECT event_id FROM ledger.events_since('r') WHERE seq = 6");
         assert_eq!(

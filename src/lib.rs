@@ -38,6 +38,11 @@ extension_sql_file!(
     name = "ledger_tasks",
     requires = ["ledger_schema"]
 );
+extension_sql_file!(
+    "../sql/views.sql",
+    name = "ledger_views",
+    requires = ["ledger_schema", scope::scope_required]
+);
 extension_sql_file!("../sql/finalize.sql", name = "ledger_finalize", finalize);
 
 #[pg_guard]

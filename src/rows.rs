@@ -153,11 +153,6 @@ pub fn find_run(scope: &Scope, run_id: &str) -> Result<Option<RunHead>> {
     Ok(run_by(scope, "id", run_id, Lock::No)?.map(|r| r.head))
 }
 
-/// The run created with `request_id` in scope, if any (not locked).
-pub fn run_by_request_id(scope: &Scope, request_id: &str) -> Result<Option<RunHead>> {
-    Ok(run_by(scope, "request_id", request_id, Lock::No)?.map(|r| r.head))
-}
-
 fn run_not_found(argument: &str, run_id: &str) -> LedgerError {
     LedgerError::not_found("RUN_NOT_FOUND", "run", run_id).with("argument", argument)
 }

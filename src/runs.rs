@@ -134,8 +134,8 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
             root_run_id.as_str().into(),
             attempt_no.into(),
             input_summary.into(),
-            inline_inputs.into(),
-            inputs_sha256.into(),
+            inline_inputs.clone().into(),
+            inputs_sha256.as_deref().into(),
             inputs_size.into(),
             new.control_action.into(),
         ]),
@@ -143,29 +143,46 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     )?;
 
     if inserted.is_none() {
-        // A run with this request_id (or this run_id) exists: the same request returns it.
-        let found = match request_id {
-            Some(key) => rows::run_by_request_id(scope, key)?,
-            None => None,
-        };
-        let found = match found {
-            Some(f) => f,
-            None => rows::find_run(scope, &id)?
-                .ok_or_else(|| LedgerError::internal("insert conflicted but no run was found"))?,
-        };
-        if found.mode != mode
-            || found.subject_kind != subject_kind
-            || found.subject_id.as_deref() != subject_id
-        {
+        // A run with this request_id (or this run_id) exists: the same request returns it, any
+        // other is refused with the fields that differ.
+        let (found, differing) = db::select_one(
+            include_str!("../sql/queries/run_differences.sql"),
+            &scope.args([
+                id.as_str().into(),
+                request_id.into(),
+                mode.into(),
+                kind.into(),
+                subject_kind.into(),
+                subject_id.into(),
+                subject_version_id.into(),
+                new.user_id.into(),
+                new.trace_id.into(),
+                parent_run_id.into(),
+                source_run_id.into(),
+                attempt_no.into(),
+                inline_inputs.into(),
+                inputs_sha256.into(),
+                free_text(new.input_summary).into(),
+            ]),
+            |r| Ok((db::req::<String>(r, 1)?, db::req::<Vec<String>>(r, 2)?)),
+        )?
+        .ok_or_else(|| LedgerError::internal("insert conflicted but no run was found"))?;
+        if !differing.is_empty() {
+            let key = if request_id.is_some() {
+                "request_id"
+            } else {
+                "run_id"
+            };
             return Err(LedgerError::new(
                 Class::Duplicate,
                 "IDEMPOTENCY_MISMATCH",
-                "request_id or run_id was reused with a different mode or subject",
+                format!("{key} was reused with a different {}", differing.join(", ")),
             )
-            .with("run_id", found.id)
-            .with("request_id", request_id));
+            .with("run_id", found)
+            .with("request_id", request_id)
+            .with("fields", differing));
         }
-        return Ok(found.id);
+        return Ok(found);
     }
 
     let created = Event::RunCreated(RunCreated {
@@ -515,6 +532,66 @@ mod tests {
             "23505",
             "IDEMPOTENCY_MISMATCH",
         );
+    }
+
+    /// The same request_id with other inputs (inline or in the blob store) or another user is
+    /// another request: refused, with the differing fields named, and nothing written.
+    #[pg_test]
+    fn a_reused_request_id_names_the_fields_that_differ() {
+        set_scope("t-request-fields", "w");
+        let big = |n: i32| format!("jsonb_build_object('doc', repeat('x', 9000), 'n', {n})");
+        let a = one::<String>(
+            "SELECT id FROM ledger.create_run('chat', '{\"q\": \"hi\", \"n\": 1.50}', request_id => 'req', user_id => 'u1')",
+        );
+        // Equal JSON (key order, number spelling) is the same request.
+        assert_eq!(
+            one::<String>("SELECT id FROM ledger.create_run('chat', '{\"n\": 1.5, \"q\": \"hi\"}', request_id => 'req', user_id => 'u1')"),
+            a
+        );
+        let e = assert_error(
+            "SELECT ledger.create_run('chat', '{\"q\": \"bye\", \"n\": 1.50}', request_id => 'req', user_id => 'u2')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_eq!(e.detail["fields"], serde_json::json!(["user_id", "inputs"]));
+        assert_eq!(e.detail["run_id"], a.as_str());
+        assert_eq!(e.detail["request_id"], "req");
+        assert!(e.message.ends_with("a different user_id, inputs"), "{e:?}");
+        let e = assert_error(
+            "SELECT ledger.create_run('chat', '{\"q\": \"hi\", \"n\": 1.5}', request_id => 'req', user_id => 'u1', input_summary => 'other')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_eq!(e.detail["fields"], serde_json::json!(["input_summary"]));
+        let e = assert_error(
+            "SELECT ledger.create_run('chat', request_id => 'req', user_id => 'u1')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_eq!(e.detail["fields"], serde_json::json!(["inputs"]));
+        // Inputs kept in the blob store compare by their hash.
+        let b = one::<String>(&format!(
+            "SELECT id FROM ledger.create_run('chat', {}, request_id => 'big')",
+            big(1)
+        ));
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT id FROM ledger.create_run('chat', {}, request_id => 'big')",
+                big(1)
+            )),
+            b
+        );
+        let e = assert_error(
+            &format!(
+                "SELECT ledger.create_run('chat', {}, request_id => 'big')",
+                big(2)
+            ),
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_eq!(e.detail["fields"], serde_json::json!(["inputs"]));
+        assert_eq!(count("SELECT count(*) FROM ledger.runs"), 2);
+        assert_eq!(count("SELECT count(*) FROM ledger.run_events"), 2);
     }
 
     #[pg_test]

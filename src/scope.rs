@@ -38,6 +38,15 @@ pub fn current() -> Result<Scope> {
     }
 }
 
+/// True when a scope is set, else 42501 `SCOPE_MISSING`. The monitoring views filter on it, so
+/// that one read without a scope fails instead of answering "no rows", which looks healthy.
+#[pg_extern(stable, parallel_safe)]
+#[search_path(pg_catalog, ledger, pg_temp)]
+pub fn scope_required() -> std::result::Result<bool, SqlError> {
+    current()?;
+    Ok(true)
+}
+
 /// Sets the scope for the session, or with `is_local` for the current transaction only (use
 /// that behind a transaction-pooling proxy).
 ///

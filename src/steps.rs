@@ -46,7 +46,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
     };
     let mismatch = |field: &str, message: &str| {
         LedgerError::new(Class::Duplicate, "IDEMPOTENCY_MISMATCH", message)
-            .with("field", field)
+            .with("fields", vec![field])
             .with("step_id", new.step_id)
             .with("step_key", new.step_key)
     };
@@ -417,7 +417,7 @@ mod tests {
             ),
         ] {
             let e = assert_error(sql, "23505", "IDEMPOTENCY_MISMATCH");
-            assert_eq!(e.detail["field"], field, "{sql}");
+            assert_eq!(e.detail["fields"], serde_json::json!([field]), "{sql}");
         }
         // A tool call's own step is keyed by its tool_call_id, so the same rule holds for it.
         let e = assert_error(
@@ -425,7 +425,7 @@ mod tests {
             "23505",
             "IDEMPOTENCY_MISMATCH",
         );
-        assert_eq!(e.detail["field"], "step_type");
+        assert_eq!(e.detail["fields"], serde_json::json!(["step_type"]));
         assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_steps"), 4);
         // The index backs it: no second step under a key, whoever writes.
         assert!(crate::testing::error_of(

@@ -467,7 +467,8 @@ fn readable(tables: &[String]) -> Vec<String> {
 }
 
 /// What the app sees of every table and view, checked against the superuser's count of the scope.
-/// The empty scope ("", "") stands for "no scope set": no row has it.
+/// The empty scope ("", "") stands for "no scope set": no row has it, and every view refuses to
+/// answer (42501 SCOPE_MISSING).
 fn sees_exactly(app: &mut Client, su: &mut Client, tables: &[String], s: Scope) {
     for t in tables {
         let expected: i64 = su
@@ -507,6 +508,17 @@ fn sees_exactly(app: &mut Client, su: &mut Client, tables: &[String], s: Scope) 
         assert_eq!(copied.lines().count() as i64, seen, "COPY {t}");
     }
     for (view, read, truth) in VIEWS {
+        if s.tenant.is_empty() {
+            // A monitor read without a scope must not look healthy (no rows): it fails.
+            let e = app.query_one(read, &[]).expect_err(view);
+            let db = e.as_db_error().expect("a server error");
+            assert_eq!(db.code().code(), "42501", "{view}: {db:?}");
+            assert!(
+                db.detail().unwrap_or("").contains("SCOPE_MISSING"),
+                "{view}: {db:?}"
+            );
+            continue;
+        }
         let expected = in_scope(su, s, truth).remove(0);
         assert_eq!(
             one::<String>(app, read),

@@ -5,7 +5,8 @@ Usage: python3 tests/readme_follower.py README.md "host=... port=... dbname=... 
 It takes the README's ```python block, defines its `events` function, and follows a run while
 another connection writes to it in pauses (so the follower really waits for notifications); half
 way the follower stops and starts again from its last event id, as after a dropped connection.
-Every event must arrive exactly once, in seq order.
+Every event must arrive exactly once, in seq order, and the follower must stop by itself at the
+event that ended the run.
 """
 
 import re
@@ -56,9 +57,9 @@ for part in (1, 2):
         cursor = event_id
         if part == 1 and len(seen) == 3:
             break  # a dropped connection: start again from the cursor
-        if event_type == "run.status" and payload.get("to") == "succeeded":
-            break
+# The generator ended by itself: at the event that ended the run, the last one written.
 writer.join()
+assert event_type == "run.status" and payload.get("to") == "succeeded", (event_type, payload)
 
 expected = list(range(1, STEPS + 4))  # run.created, running, the steps, succeeded
 assert seen == expected, f"events {seen}, expected {expected}"

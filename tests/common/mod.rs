@@ -262,7 +262,7 @@ pub const INVARIANTS: [(&str, &str); 13] = [
                 AND (t.lease_owner IS NULL) = (t.lease_expires_at IS NULL) \
            WHEN 'running' THEN t.attempt >= 1 AND t.outbound_started_at IS NOT NULL AND t.completed_at IS NULL \
                 AND t.lease_owner IS NOT NULL AND t.lease_expires_at IS NOT NULL \
-           WHEN 'in_doubt' THEN t.attempt >= 1 AND t.completed_at IS NULL AND t.lease_owner IS NULL \
+           WHEN 'in_doubt' THEN t.attempt >= 1 AND t.completed_at IS NULL \
                 AND t.lease_expires_at IS NULL AND t.error_code = 'OUTCOME_UNKNOWN' \
            WHEN 'rejected' THEN t.lease_expires_at IS NULL \
            ELSE t.attempt >= 1 AND t.completed_at IS NOT NULL AND t.lease_owner IS NULL \

@@ -3,6 +3,7 @@
 //! with its payload as a typed struct. The event reference in `docs/reference.md` is checked
 //! against `EVENT_TYPES` by a test.
 
+use crate::status::{Resource, Status};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -303,9 +304,46 @@ pub fn task_event_reserved(event_type: &str) -> bool {
         .any(|(t, streams)| *t == event_type && streams.contains(&Stream::Task))
 }
 
+/// Whether a feed event ended its run: a `run.status` whose `to` is terminal. Nothing changes
+/// the run's status after it, so a follower may stop there (`events_since`'s `ends_run`).
+/// `payload` is the event's JSON text; only a `run.status` one is read.
+pub fn ends_run(event_type: &str, payload: &str) -> bool {
+    event_type == "run.status"
+        && serde_json::from_str::<Value>(payload)
+            .ok()
+            .and_then(|p| {
+                p.get("to")
+                    .and_then(Value::as_str)
+                    .and_then(|to| Status::parse(Resource::Run, to).ok())
+            })
+            .is_some_and(Status::is_terminal)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_run_status_to_a_terminal_status_ends_the_run() {
+        for (event_type, payload, ends) in [
+            ("run.status", r#"{"from":"running","to":"succeeded"}"#, true),
+            ("run.status", r#"{"from":"running","to":"canceled"}"#, true),
+            ("run.status", r#"{"from":"queued","to":"running"}"#, false),
+            (
+                "step.status",
+                r#"{"from":"running","to":"succeeded"}"#,
+                false,
+            ),
+            ("run.status", r#"{"to":"skipped"}"#, false),
+            ("run.status", "not json", false),
+        ] {
+            assert_eq!(
+                ends_run(event_type, payload),
+                ends,
+                "{event_type} {payload}"
+            );
+        }
+    }
 
     fn call() -> ToolCallIds<'static> {
         ToolCallIds {

@@ -12,6 +12,7 @@ INSERT INTO audit VALUES
   ('redact',          'stable',    true,  'safe',   'invoker', 'reads the redaction GUCs'),
   ('scope_tenant',    'stable',    false, 'safe',   'invoker', 'reads a GUC; used by the RLS policies'),
   ('scope_workspace', 'stable',    false, 'safe',   'invoker', 'reads a GUC; used by the RLS policies'),
+  ('scope_required',  'stable',    true,  'safe',   'invoker', 'reads the scope GUCs; used by the views'),
   ('set_scope',       'volatile',  false, 'unsafe', 'invoker', 'sets GUCs; a SET clause would undo is_local'),
 -- Readers: explicit scope filters, and as ledger_owner forced RLS applies on top of them even
 -- when the caller is a superuser or has BYPASSRLS.

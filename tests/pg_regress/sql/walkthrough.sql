@@ -15,7 +15,11 @@ SELECT id, status, mode, attempt_no, root_run_id, input_summary
                          run_id => 'run-demo-1', request_id => 'req-1042', user_id => 'customer-7',
                          subject_id => 'support-agent', subject_version_id => 'support-agent@v3');
 -- The same request again returns the same run instead of a second one.
-SELECT id, status FROM ledger.create_run('agent', request_id => 'req-1042', subject_id => 'support-agent');
+SELECT id, status FROM ledger.create_run('agent', inputs => '{"question": "Where is my order?", "order": 1042, "max_cost": 0.50}',
+                                         run_id => 'run-demo-1', request_id => 'req-1042', user_id => 'customer-7',
+                                         subject_id => 'support-agent', subject_version_id => 'support-agent@v3');
+-- The same request_id with anything else different is refused, naming what differs.
+SELECT id FROM ledger.create_run('agent', inputs => '{"question": "Where is my refund?"}', request_id => 'req-1042');
 SELECT ledger.run_inputs('run-demo-1');
 
 -- 3. Steps, moved through the status machine.
