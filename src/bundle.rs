@@ -537,10 +537,10 @@ mod tests {
         assert_eq!(ready("r4"), json!({"status": "pass", "missing": []}));
     }
 
-    /// A chat turn as a worker following the README runs it: an llm step with its cost, a tool
-    /// call through the executor protocol, what the user was shown. No record_audit.
+    /// A chat turn as a worker following the README runs it, on the queued run `run`: an llm
+    /// step with its cost, a tool call through the executor protocol, what the user was shown.
+    /// No record_audit.
     fn protocol_run(run: &str) {
-        run_sql(&format!("SELECT ledger.create_run('chat', '{{\"q\": \"order 1042?\"}}', run_id => '{run}', user_id => 'u1')"));
         run_sql(&format!("SELECT ledger.transition_run('{run}', 'running')"));
         let llm = one::<String>(&format!(
             "SELECT id FROM ledger.create_step('{run}', 'llm', step_key => 'plan', status => 'running')"
@@ -570,6 +570,8 @@ mod tests {
         ));
     }
 
+    const CHAT_TURN: &str = "SELECT ledger.create_run('chat', '{\"q\": \"order 1042?\"}', run_id => 'r', user_id => 'u1')";
+
     fn item(run: &str, key: &str) -> Value {
         let ev = one::<pgrx::JsonB>(&format!("SELECT ledger.run_evidence('{run}')")).0;
         ev.as_array()
@@ -583,6 +585,7 @@ mod tests {
     #[pg_test]
     fn a_run_that_followed_the_executor_protocol_is_replay_ready_without_record_audit() {
         set_scope("t-ready-protocol", "w");
+        run_sql(CHAT_TURN);
         protocol_run("r");
         assert_eq!(ready("r"), json!({"status": "pass", "missing": []}));
         assert_eq!(item("r", "audit_record")["status"], "pass");
@@ -595,6 +598,7 @@ mod tests {
     #[pg_test]
     fn a_rerun_shows_the_tool_results_it_reused_from_its_source() {
         set_scope("t-ready-rerun", "w");
+        run_sql(CHAT_TURN);
         protocol_run("r");
         let source = one::<String>("SELECT id FROM ledger.run_step_tool_calls");
         let again = one::<String>("SELECT id FROM ledger.replay_run('r')");
