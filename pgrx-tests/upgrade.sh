@@ -142,10 +142,12 @@ fresh_db ledger_rows "$PREVIOUS_VERSION"
 # The walkthrough shows refused calls on purpose: run it to the end.
 cluster_psql "$major" "$data" "$port" -d ledger_rows -q -v ON_ERROR_STOP=0 \
   -f "$work/previous-walkthrough.sql" > /dev/null 2>&1
-# The walkthrough stores no blob: one, so that the update meets the blob store too.
+# The walkthrough stores no blob: one, so that the update meets the blob store too; and a step
+# key used twice in a run, which 0.4.0 allowed and 0.5.0's unique step_key does not.
 cluster_psql "$major" "$data" "$port" -d ledger_rows -q -c "SELECT ledger.set_scope('acme', 'support')" \
   -c "SELECT ledger.create_run('chat', run_id => 'run-blob')" \
-  -c "SELECT ledger.put_artifact('run-blob', '\\x01'::bytea)" > /dev/null
+  -c "SELECT ledger.put_artifact('run-blob', '\\x01'::bytea)" \
+  -c "SELECT ledger.create_step('run-blob', 'llm', step_key => 'dup') FROM generate_series(1, 2)" > /dev/null
 before=$(rows ledger_rows)
 cluster_psql "$major" "$data" "$port" -d ledger_rows -q -c "ALTER EXTENSION ledger UPDATE"
 # A real update replaces the library in place, under the same name. Here the functions the update
@@ -180,11 +182,15 @@ checks=$(cluster_psql "$major" "$data" "$port" -d ledger_rows -qAt -c "
             AND count(*) = (SELECT count(*) FROM ledger.outbox WHERE status = 'pending')
        FROM ledger.claim_outbox_events('upgrade-check', 1000)),
     (SELECT count(*) FROM ledger.blob_locks) = 1,
-    (SELECT size_bytes FROM ledger.put_artifact('run-blob', '\\x0102'::bytea)) = 2)" | tail -n 1)
-if [ "$checks" = "t t t t t t t t t" ]; then
+    (SELECT size_bytes FROM ledger.put_artifact('run-blob', '\\x0102'::bytea)) = 2,
+    (SELECT string_agg(step_no::text, ',' ORDER BY step_no) FROM ledger.run_steps
+      WHERE run_id = 'run-demo-1') = '1,2,3,4'
+      AND (SELECT string_agg(step_no || ':' || step_key, ',' ORDER BY step_no) FROM ledger.run_steps
+            WHERE run_id = 'run-blob') = '1:dup,2:dup#2')" | tail -n 1)
+if [ "$checks" = "t t t t t t t t t t" ]; then
   echo "upgrade rows: $PREVIOUS_VERSION's rows kept through the update ($after); the current API reads and replays them"
 else
-  echo "upgrade rows: checks after the update failed: $checks (expected: t t t t t t t t t)"
+  echo "upgrade rows: checks after the update failed: $checks (expected: t t t t t t t t t t)"
   status=1
 fi
 compare "$PREVIOUS_VERSION with rows updated to $current" ledger_rows

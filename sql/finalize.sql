@@ -60,15 +60,15 @@ COMMENT ON FUNCTION ledger.transition_run(text, text, text, text, text, text, te
 COMMENT ON FUNCTION ledger.run_inputs(text) IS
     'The inputs a run was created with, as stored (redacted), also when they were too large to keep inline.';
 COMMENT ON FUNCTION ledger.create_step(text, text, text, text, text, text, text, bigint) IS
-    'Adds a step to a run that exists in scope and is not terminal (55000 RUN_TERMINAL). A caller step_id is idempotent. run_token: the owner''s fencing token (40001 LEASE_STALE unless current).';
+    'Adds a step to a run that exists in scope and is not terminal (55000 RUN_TERMINAL), numbered 1, 2, 3 within the run (step_no). A caller step_id, and a step_key within the run, are idempotent: the same step again returns it; another step_type (or a step_id and step_key naming different steps) fails 23505 IDEMPOTENCY_MISMATCH naming the field. run_token: the owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint) IS
     'Moves a step to to_status under the same rules as transition_run (steps also have skipped). metrics are merged into the existing object, top-level keys. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.events_since(text, text, integer) IS
     'The run''s events after after_event_id (from the start when NULL), ordered by their gapless seq. ends_run marks the event that moved the run to a terminal status: a follower may stop after it. An unknown after_event_id fails P0002 EVENT_NOT_FOUND. Client contract: LISTEN on ledger.run_channel(run_id) first, then call this with your cursor, and again on each notification.';
 COMMENT ON FUNCTION ledger.run_channel(text) IS
     'The LISTEN/NOTIFY channel of a run. Each event appended to the run notifies it at commit with {"run_id","seq","event_id","event_type"}.';
-COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, bigint) IS
-    'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, jsonb, bigint) IS
+    'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. The lease is timeout_seconds plus a tenth (at least 5 s), never under 10 s. With approval {title, policy_ref, details}, a new call is created waiting for it (as ledger.request_tool_approval does) and a known one answers its current outcome, so one call is right on every resume. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.begin_tool_call(text, bigint) IS
     'Marks the outbound boundary of the claimed attempt (status running, outbound_started_at). COMMIT it before the request leaves the process. A stale attempt fails 40001 LEASE_STALE.';
 COMMENT ON FUNCTION ledger.heartbeat_tool_call(text, bigint, integer) IS
@@ -80,7 +80,7 @@ COMMENT ON FUNCTION ledger.resolve_tool_call(text, text, jsonb, text, text) IS
 COMMENT ON FUNCTION ledger.sweep_tool_calls(boolean) IS
     'Moves every expired lease in the scope to in_doubt (the request left) or back to claimable (it did not); returns how many. For pg_cron or a worker; never waits on busy rows. With any_scope => true (members of ledger_operator only), every scope''s.';
 COMMENT ON FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint) IS
-    'Creates a tool call in waiting_approval and its approval request (outbox approval.requested). Claims of the same identity return waiting_approval while pending, claimed once approved, rejected once rejected. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
+    'Creates a tool call in waiting_approval and its approval request (outbox approval.requested). Claims of the same identity return waiting_approval while pending, claimed once approved, rejected once rejected. On a known call it answers the current outcome without claiming it (waiting_approval also once approved, replayed, in_doubt, busy, rejected); another tool_ref or arguments fail 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.resolve_approval(text, text, text, text) IS
     'Decides a pending approval: approved or rejected, with the actor and a note. Repeating the same decision is a no-op; a different one fails 55000 APPROVAL_RESOLVED.';
 COMMENT ON FUNCTION ledger.put_artifact(text, bytea, text, text, text, jsonb) IS
@@ -108,11 +108,11 @@ COMMENT ON FUNCTION ledger.record_citation(text, jsonb, text) IS
 COMMENT ON FUNCTION ledger.record_feedback(text, integer, text, text, text, jsonb) IS
     'Records a rating of a run (any integer scale) with an optional comment and metadata.';
 COMMENT ON FUNCTION ledger.replay_bundle(text) IS
-    'Everything about a run in one read (replay #1): {run, steps, artifacts, costs, approvals, feedback, trace_spec}. Lists are complete and ordered; money is decimal strings per currency.';
+    'Everything about a run in one read (replay #1): {run, steps, artifacts, costs, approvals, feedback, tool_calls, reused_tool_calls, trace_spec}. reused_tool_calls are the finished calls of its source run whose results a retry or replay reused. Lists are complete and ordered; money is decimal strings per currency.';
 COMMENT ON FUNCTION ledger.run_evidence(text) IS
     'The thirteen governance evidence items of a run, in order: each {key, status pass|warning|fail|not_applicable, label, summary, evidence_refs, missing}.';
 COMMENT ON FUNCTION ledger.replay_ready(text) IS
-    'Whether the ledger alone can replay the run: {"status": "pass"|"fail", "missing": [...]} over steps, response_events, costs, citations, tool_calls, audits (each where applicable) and inputs.';
+    'Whether the ledger alone can replay the run: {"status": "pass"|"fail", "missing": [...]} over steps, response_events, costs, citations, tool_calls (its own or reused from its source), audits (each where applicable) and inputs (present and matching their sha256).';
 COMMENT ON FUNCTION ledger.retry_run(text, jsonb) IS
     'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, and the original inputs as stored unless inputs overrides them. The caller executes it; its tool calls with unchanged keys replay from the ledger.';
 COMMENT ON FUNCTION ledger.replay_run(text, jsonb) IS

@@ -143,268 +143,6 @@ AS $$
 $$;
 COMMENT ON FUNCTION ledger_dispatch.scope_granted(text, text) IS 'Whether the session''s login role (session_user, which SET ROLE does not change) may state this scope: it has no grant at all (unbound), or one for the tenant and this workspace or every workspace.';
 
--- The run's writes take the owner's run_token (last argument); the outbox claim and the sweep
--- take any_scope. Old signatures go, the new ones are created as the install script does.
-DROP FUNCTION ledger.transition_run(text, text, text, text, text, text, text);
-DROP FUNCTION ledger.create_step(text, text, text, text, text, text, text);
-DROP FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb);
-DROP FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean);
-DROP FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb);
-DROP FUNCTION ledger.claim_outbox_events(text, integer, integer);
-DROP FUNCTION ledger.sweep_tool_calls();
-
--- This version's functions, as the generated install script creates them.
-CREATE  FUNCTION "claim_outbox_events"(
-	"lease_owner" TEXT, /* Option < & str > */
-	"max_events" INT DEFAULT 50, /* Option < i32 > */
-	"lease_seconds" INT DEFAULT 60, /* Option < i32 > */
-	"any_scope" bool DEFAULT false /* Option < bool > */
-) RETURNS SETOF ledger.outbox_event /* :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx :: pgbox :: AllocatedByRust
-> */
-VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
-SET search_path TO pg_catalog, ledger, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'claim_outbox_events_wrapper';
-
-CREATE  FUNCTION "claim_run"(
-	"lease_owner" TEXT, /* Option < & str > */
-	"run_id" TEXT DEFAULT NULL, /* Option < & str > */
-	"modes" TEXT[] DEFAULT NULL, /* :: std :: option :: Option < Vec < Option < String > > > */
-	"kinds" TEXT[] DEFAULT NULL, /* :: std :: option :: Option < Vec < Option < String > > > */
-	"lease_seconds" INT DEFAULT 60, /* Option < i32 > */
-	"any_scope" bool DEFAULT false /* Option < bool > */
-) RETURNS SETOF ledger.claimed_run /* :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx :: pgbox :: AllocatedByRust
-> */
-VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
-SET search_path TO pg_catalog, ledger, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'claim_run_wrapper';
-
-CREATE  FUNCTION "claim_tool_call"(
-	"run_id" TEXT, /* Option < & str > */
-	"tool_ref" TEXT, /* Option < & str > */
-	"arguments" jsonb DEFAULT '{}', /* Option < Jsonb > */
-	"tool_call_id" TEXT DEFAULT NULL, /* Option < & str > */
-	"idempotency_key" TEXT DEFAULT NULL, /* Option < & str > */
-	"step_id" TEXT DEFAULT NULL, /* Option < & str > */
-	"lease_owner" TEXT DEFAULT NULL, /* Option < & str > */
-	"timeout_seconds" INT DEFAULT 30, /* Option < i32 > */
-	"retry_failed" bool DEFAULT false, /* Option < bool > */
-	"run_token" bigint DEFAULT NULL /* Option < i64 > */
-) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
-VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
-SET search_path TO pg_catalog, ledger, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'claim_tool_call_wrapper';
-
-CREATE  FUNCTION "create_step"(
-	"run_id" TEXT, /* Option < & str > */
-	"step_type" TEXT, /* Option < & str > */
-	"step_key" TEXT DEFAULT NULL, /* Option < & str > */
-	"node_id" TEXT DEFAULT NULL, /* Option < & str > */
-	"input_summary" TEXT DEFAULT NULL, /* Option < & str > */
-	"status" TEXT DEFAULT 'queued', /* Option < & str > */
-	"step_id" TEXT DEFAULT NULL, /* Option < & str > */
-	"run_token" bigint DEFAULT NULL /* Option < i64 > */
-) RETURNS ledger.run_steps /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
-:: pgbox :: AllocatedByRust > , SqlError > */
-VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
-SET search_path TO pg_catalog, ledger, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'create_step_wrapper';
-
-CREATE  FUNCTION "grant_scope"(
-	"role_name" TEXT, /* Option < & str > */
-	"tenant_id" TEXT, /* Option < & str > */
-	"workspace_id" TEXT DEFAULT NULL /* Option < & str > */
-) RETURNS bool /* std :: result :: Result < bool, SqlError > */
-VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
-SET search_path TO pg_catalog, ledger, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'grant_scope_wrapper';
-
-CREATE  FUNCTION "heartbeat_run"(
-	"run_id" TEXT, /* Option < & str > */
-	"run_token" bigint, /* Option < i64 > */
-	"extend_seconds" INT DEFAULT NULL /* Option < i32 > */
-) RETURNS timestamp with time zone /* std :: result :: Result < TimestampWithTimeZone, SqlError > */
-VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
-SET search_path TO pg_catalog, ledger, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'heartbeat_run_wrapper';
-
-CREATE  FUNCTION "release_run"(
-	"run_id" TEXT, /* Option < & str > */
-	"run_token" bigint /* Option < i64 > */
-) RETURNS VOID /* std :: result :: Result < (), SqlError > */
-VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
-SET search_path TO pg_catalog, ledger, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'release_run_wrapper';
-
-CREATE  FUNCTION "request_tool_approval"(
-	"run_id" TEXT, /* Option < & str > */
-	"tool_ref" TEXT, /* Option < & str > */
-	"arguments" jsonb, /* Option < Jsonb > */
-	"tool_call_id" TEXT DEFAULT NULL, /* Option < & str > */
-	"idempotency_key" TEXT DEFAULT NULL, /* Option < & str > */
-	"title" TEXT DEFAULT NULL, /* Option < & str > */
-	"policy_ref" TEXT DEFAULT NULL, /* Option < & str > */
-	"details" jsonb DEFAULT NULL, /* Option < Jsonb > */
-	"run_token" bigint DEFAULT NULL /* Option < i64 > */
-) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
-VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
-SET search_path TO pg_catalog, ledger, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'request_tool_approval_wrapper';
-
-CREATE  FUNCTION "revoke_scope"(
-	"role_name" TEXT, /* Option < & str > */
-	"tenant_id" TEXT, /* Option < & str > */
-	"workspace_id" TEXT DEFAULT NULL /* Option < & str > */
-) RETURNS bool /* std :: result :: Result < bool, SqlError > */
-VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
-SET search_path TO pg_catalog, ledger, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'revoke_scope_wrapper';
-
-CREATE  FUNCTION "sweep_tool_calls"(
-	"any_scope" bool DEFAULT false /* Option < bool > */
-) RETURNS INT /* std :: result :: Result < i32, SqlError > */
-VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
-SET search_path TO pg_catalog, ledger, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'sweep_tool_calls_wrapper';
-
-CREATE  FUNCTION "transition_run"(
-	"run_id" TEXT, /* Option < & str > */
-	"to_status" TEXT, /* Option < & str > */
-	"expected_status" TEXT DEFAULT NULL, /* Option < & str > */
-	"output_summary" TEXT DEFAULT NULL, /* Option < & str > */
-	"error_code" TEXT DEFAULT NULL, /* Option < & str > */
-	"error_message" TEXT DEFAULT NULL, /* Option < & str > */
-	"error_step_id" TEXT DEFAULT NULL, /* Option < & str > */
-	"run_token" bigint DEFAULT NULL /* Option < i64 > */
-) RETURNS ledger.runs /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
-:: pgbox :: AllocatedByRust > , SqlError > */
-VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
-SET search_path TO pg_catalog, ledger, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'transition_run_wrapper';
-
-CREATE  FUNCTION "transition_step"(
-	"step_id" TEXT, /* Option < & str > */
-	"to_status" TEXT, /* Option < & str > */
-	"expected_status" TEXT DEFAULT NULL, /* Option < & str > */
-	"output_summary" TEXT DEFAULT NULL, /* Option < & str > */
-	"metrics" jsonb DEFAULT NULL, /* Option < Jsonb > */
-	"error_code" TEXT DEFAULT NULL, /* Option < & str > */
-	"error_message" TEXT DEFAULT NULL, /* Option < & str > */
-	"error_details" jsonb DEFAULT NULL, /* Option < Jsonb > */
-	"run_token" bigint DEFAULT NULL /* Option < i64 > */
-) RETURNS ledger.run_steps /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
-:: pgbox :: AllocatedByRust > , SqlError > */
-VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
-SET search_path TO pg_catalog, ledger, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'transition_step_wrapper';
-
-ALTER FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint) OWNER TO ledger_owner;
-ALTER FUNCTION ledger.create_step(text, text, text, text, text, text, text, bigint) OWNER TO ledger_owner;
-ALTER FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint) OWNER TO ledger_owner;
-ALTER FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, bigint) OWNER TO ledger_owner;
-ALTER FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint) OWNER TO ledger_owner;
-ALTER FUNCTION ledger.claim_outbox_events(text, integer, integer, boolean) OWNER TO ledger_owner;
-ALTER FUNCTION ledger.sweep_tool_calls(boolean) OWNER TO ledger_owner;
-ALTER FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) OWNER TO ledger_owner;
-ALTER FUNCTION ledger.heartbeat_run(text, bigint, integer) OWNER TO ledger_owner;
-ALTER FUNCTION ledger.release_run(text, bigint) OWNER TO ledger_owner;
-ALTER FUNCTION ledger.grant_scope(text, text, text) OWNER TO ledger_owner;
-ALTER FUNCTION ledger.revoke_scope(text, text, text) OWNER TO ledger_owner;
--- New and re-created functions: EXECUTE for writers (the grant functions: the owner only).
-REVOKE ALL ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint),
-    ledger.create_step(text, text, text, text, text, text, text, bigint),
-    ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint),
-    ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, bigint),
-    ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint),
-    ledger.claim_outbox_events(text, integer, integer, boolean),
-    ledger.sweep_tool_calls(boolean),
-    ledger.claim_run(text, text, text[], text[], integer, boolean),
-    ledger.heartbeat_run(text, bigint, integer),
-    ledger.release_run(text, bigint),
-    ledger.grant_scope(text, text, text),
-    ledger.revoke_scope(text, text, text)
-    FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint),
-    ledger.create_step(text, text, text, text, text, text, text, bigint),
-    ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint),
-    ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, bigint),
-    ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint),
-    ledger.claim_outbox_events(text, integer, integer, boolean),
-    ledger.sweep_tool_calls(boolean),
-    ledger.claim_run(text, text, text[], text[], integer, boolean),
-    ledger.heartbeat_run(text, bigint, integer),
-    ledger.release_run(text, bigint) TO ledger_writer;
-
-COMMENT ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint) IS
-    'Moves a run to to_status if ledger.status_transitions() allows it (55000 TRANSITION_INVALID otherwise). With expected_status the move is conditional on it (40001 TRANSITION_CONFLICT). Moving to the current status returns the row unchanged. A terminal status ends the owner''s lease. run_token: the owner''s fencing token (40001 LEASE_STALE unless current).';
-COMMENT ON FUNCTION ledger.create_step(text, text, text, text, text, text, text, bigint) IS
-    'Adds a step to a run that exists in scope and is not terminal (55000 RUN_TERMINAL). A caller step_id is idempotent. run_token: the owner''s fencing token (40001 LEASE_STALE unless current).';
-COMMENT ON FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint) IS
-    'Moves a step to to_status under the same rules as transition_run (steps also have skipped). metrics are merged into the existing object, top-level keys. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
-COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, bigint) IS
-    'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
-COMMENT ON FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint) IS
-    'Creates a tool call in waiting_approval and its approval request (outbox approval.requested). Claims of the same identity return waiting_approval while pending, claimed once approved, rejected once rejected. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
-COMMENT ON FUNCTION ledger.claim_outbox_events(text, integer, integer, boolean) IS
-    'Claims up to max_events (1 to 1000) due outbox events of the scope for lease_owner, oldest first: pending ones whose available_at has come and processing ones whose lease expired. Each becomes processing under a lease of lease_seconds (1 to 86400) and counts an attempt. FOR UPDATE SKIP LOCKED: never waits for another claimer. An expired lease on an event''s 64th attempt since its last replay fails it instead. Delivery is at least once: deduplicate on id. With any_scope => true (members of ledger_operator only), the oldest due events of every scope, each with its tenant_id and workspace_id.';
-COMMENT ON FUNCTION ledger.sweep_tool_calls(boolean) IS
-    'Moves every expired lease in the scope to in_doubt (the request left) or back to claimable (it did not); returns how many. For pg_cron or a worker; never waits on busy rows. With any_scope => true (members of ledger_operator only), every scope''s.';
-COMMENT ON FUNCTION ledger.set_scope(text, text, boolean) IS
-    'Sets the caller''s scope (GUCs ledger.tenant_id, ledger.workspace_id) for the session, or with is_local => true for the current transaction only. Every other function refuses to run without it (42501 SCOPE_MISSING). The only way to set a scope: SET, set_config, ALTER ROLE ... SET and PGOPTIONS are refused (42501 SCOPE_SET_DIRECTLY). A login role bound by ledger.grant_scope may state only its granted scopes (42501 SCOPE_NOT_GRANTED).';
-
--- Run ownership, the operator role and scope grants (0.5.0).
-COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
-    'Claims a run for lease_owner: run_id, or the oldest claimable run of the scope (filtered by modes and kinds), FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, and queued or retrying or claimed before (a run nobody ever claimed stays with its caller); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
-COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
-    'Extends the owner''s lease by extend_seconds (default: the claim''s lease_seconds) from now and returns when it ends. Fenced by run_token (40001 LEASE_STALE), not by the clock: accepted after expiry until another worker takes the run over. A terminal run: 55000 RUN_TERMINAL.';
-COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
-    'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
-COMMENT ON FUNCTION ledger.grant_scope(text, text, text) IS
-    'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. A role with at least one grant is bound: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED). Returns false when the grant existed. For the extension''s owner and superusers only.';
-COMMENT ON FUNCTION ledger.revoke_scope(text, text, text) IS
-    'Removes the grant of exactly this tenant and workspace (NULL: the every-workspace grant) from role_name; returns whether it existed. A role left with no grant is unbound again. For the extension''s owner and superusers only.';
-
--- Grants decide who may state which scope: no application role may read or change them.
-REVOKE SELECT ON ledger.scope_grants FROM ledger_reader;
-REVOKE EXECUTE ON FUNCTION ledger.grant_scope(text, text, text), ledger.revoke_scope(text, text, text)
-    FROM ledger_writer;
-
--- ledger_dispatcher: owns the functions that find work across scopes (see schema.sql).
-ALTER FUNCTION ledger_dispatch.next_run(text[], text[]) OWNER TO ledger_dispatcher;
-ALTER FUNCTION ledger_dispatch.due_outbox_events(integer) OWNER TO ledger_dispatcher;
-ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispatcher;
-ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
-GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
-GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace() TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token),
-      UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
-      UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, run_id, status) ON ledger.approval_requests TO ledger_dispatcher;
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;
-GRANT USAGE ON SCHEMA ledger_dispatch TO ledger_owner, ledger_reader;
-GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),
-    ledger_dispatch.due_outbox_events(integer),
-    ledger_dispatch.expired_tool_call_scopes(),
-    ledger_dispatch.scope_granted(text, text) TO ledger_owner;
--- set_scope runs as its caller.
-GRANT EXECUTE ON FUNCTION ledger_dispatch.scope_granted(text, text) TO ledger_reader;
-
--- An operator is a writer that may also claim runs and outbox events and sweep leases across
--- scopes (any_scope => true).
-GRANT ledger_writer TO ledger_operator;
 -- Monitoring views fail without a scope (ledger.scope_required), run_overview gains created_at,
 -- request_id, user_id and tool_calls_replayed; the in-doubt view keeps the worker that held the
 -- attempt (the query that marks a call in doubt no longer clears lease_owner).
@@ -456,7 +194,7 @@ CREATE OR REPLACE VIEW ledger.run_overview WITH (security_invoker = true) AS
                AND v.event_type = 'tool_call.replayed') AS tool_calls_replayed
       FROM ledger.runs r
      WHERE ledger.scope_required();
-COMMENT ON VIEW ledger.run_overview IS 'One line per run: status, step and tool-call counts (tool_calls_replayed: results this run took from the ledger instead of executing, such as a retry reusing its source''s), cost per currency (decimal strings, never mixed), lineage, timing, request_id and user_id. Fails 42501 SCOPE_MISSING without a scope.';
+COMMENT ON VIEW ledger.run_overview IS 'One line per run: status, step and tool-call counts (tool_calls_replayed: results this run reused from another run instead of executing, as a retry or replay reuses its source''s), cost per currency (decimal strings, never mixed), lineage, timing, request_id and user_id. Fails 42501 SCOPE_MISSING without a scope.';
 
 CREATE OR REPLACE VIEW ledger.outbox_backlog WITH (security_invoker = true) AS
     SELECT event_type, status, count(*) AS events, min(occurred_at) AS oldest,
@@ -466,9 +204,205 @@ CREATE OR REPLACE VIEW ledger.outbox_backlog WITH (security_invoker = true) AS
      GROUP BY event_type, status;
 COMMENT ON VIEW ledger.outbox_backlog IS 'Outbox rows not yet done, by event type and status, with the oldest and the most attempts. Fails 42501 SCOPE_MISSING without a scope.';
 
+-- Resume, approvals and evidence ------------------------------------------------------------
 
--- events_since says which event ended the run (ends_run), so a follower knows when to stop.
-DROP FUNCTION ledger.events_since(text, text, integer);
+-- step_no counts 1, 2, 3 within a run (it was the seq of the step's step.created event), in the
+-- order the steps were created. Through negatives first: the unique (run, step_no) is checked
+-- row by row, and a new number may still be another step's old one.
+UPDATE ledger.run_steps SET step_no = -step_no;
+UPDATE ledger.run_steps s
+   SET step_no = n.step_no
+  FROM (SELECT tenant_id, workspace_id, id,
+               row_number() OVER (PARTITION BY tenant_id, workspace_id, run_id ORDER BY step_no DESC) AS step_no
+          FROM ledger.run_steps) n
+ WHERE (s.tenant_id, s.workspace_id, s.id) = (n.tenant_id, n.workspace_id, n.id);
+
+-- A step_key is unique within its run. Where 0.4.0 let a run use a key twice, the first step
+-- keeps it and each later one becomes '<key>#<step_no>' (nothing is lost, and create_step with
+-- the key finds the first one, the step a resuming loop made first).
+UPDATE ledger.run_steps s
+   SET step_key = s.step_key || '#' || s.step_no
+ WHERE s.step_key IS NOT NULL
+   AND EXISTS (SELECT 1 FROM ledger.run_steps f
+                WHERE (f.tenant_id, f.workspace_id, f.run_id, f.step_key)
+                      = (s.tenant_id, s.workspace_id, s.run_id, s.step_key)
+                  AND f.step_no < s.step_no);
+CREATE UNIQUE INDEX run_steps_step_key_idx ON ledger.run_steps (tenant_id, workspace_id, run_id, step_key)
+    WHERE step_key IS NOT NULL;
+
+COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and human interventions (ledger.record_audit), and the tool activity the ledger records itself: gateway_type tool_call.claim, tool_call.begin, tool_call.complete, tool_call.resolve (an in-doubt call resolved), tool_call.replay (a re-run reused a result), approval.request and approval.decision. Payloads are redacted.';
+
+-- Functions: every one is dropped and created again from this version's library (new ones for
+-- run ownership and scope grants; run_token, approval and any_scope arguments; events_since
+-- gains ends_run, record_cost a double precision overload; the others change behaviour only),
+-- so that none is left bound to another library: two libraries of
+-- the extension in one session define the same GUCs ("attempt to redefine parameter"). The views
+-- and policies depend only on scope_tenant() and scope_workspace(), SQL functions that stay, and
+-- on scope_required(), created above from this library.
+DO $drop$
+DECLARE f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = 'ledger'::regnamespace
+                AND p.proname NOT IN ('scope_tenant', 'scope_workspace', 'scope_required') LOOP
+        EXECUTE format('DROP FUNCTION %s', f);
+    END LOOP;
+END
+$drop$;
+
+-- This version's functions, as the generated install script creates them.
+CREATE  FUNCTION "ack_outbox_events"(
+	"lease_owner" TEXT, /* Option < & str > */
+	"event_id" TEXT /* Option < & str > */
+) RETURNS INT /* std :: result :: Result < i32, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE  
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'ack_outbox_event_wrapper';
+
+CREATE  FUNCTION "ack_outbox_events"(
+	"lease_owner" TEXT, /* Option < & str > */
+	"event_ids" TEXT[] /* :: std :: option :: Option < Vec < Option < String > > > */
+) RETURNS INT /* std :: result :: Result < i32, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'ack_outbox_events_wrapper';
+
+CREATE  FUNCTION "add_task_checkpoint"(
+	"task_id" TEXT, /* Option < & str > */
+	"payload" jsonb /* Option < Jsonb > */
+) RETURNS ledger.task_checkpoints /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'add_task_checkpoint_wrapper';
+
+CREATE  FUNCTION "begin_tool_call"(
+	"tool_call_record_id" TEXT, /* Option < & str > */
+	"attempt" bigint /* Option < i64 > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'begin_tool_call_wrapper';
+
+CREATE  FUNCTION "canonical_json"(
+	"value" jsonb /* Jsonb */
+) RETURNS TEXT /* Result < String, SqlError > */
+IMMUTABLE STRICT PARALLEL SAFE
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'canonical_json_wrapper';
+
+CREATE  FUNCTION "claim_outbox_events"(
+	"lease_owner" TEXT, /* Option < & str > */
+	"max_events" INT DEFAULT 50, /* Option < i32 > */
+	"lease_seconds" INT DEFAULT 60, /* Option < i32 > */
+	"any_scope" bool DEFAULT false /* Option < bool > */
+) RETURNS SETOF ledger.outbox_event /* :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx :: pgbox :: AllocatedByRust
+> */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'claim_outbox_events_wrapper';
+
+CREATE  FUNCTION "claim_run"(
+	"lease_owner" TEXT, /* Option < & str > */
+	"run_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"modes" TEXT[] DEFAULT NULL, /* :: std :: option :: Option < Vec < Option < String > > > */
+	"kinds" TEXT[] DEFAULT NULL, /* :: std :: option :: Option < Vec < Option < String > > > */
+	"lease_seconds" INT DEFAULT 60, /* Option < i32 > */
+	"any_scope" bool DEFAULT false /* Option < bool > */
+) RETURNS SETOF ledger.claimed_run /* :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx :: pgbox :: AllocatedByRust
+> */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'claim_run_wrapper';
+
+CREATE  FUNCTION "claim_tool_call"(
+	"run_id" TEXT, /* Option < & str > */
+	"tool_ref" TEXT, /* Option < & str > */
+	"arguments" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"tool_call_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"idempotency_key" TEXT DEFAULT NULL, /* Option < & str > */
+	"step_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"lease_owner" TEXT DEFAULT NULL, /* Option < & str > */
+	"timeout_seconds" INT DEFAULT 30, /* Option < i32 > */
+	"retry_failed" bool DEFAULT false, /* Option < bool > */
+	"approval" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'claim_tool_call_wrapper';
+
+CREATE  FUNCTION "complete_tool_call"(
+	"tool_call_record_id" TEXT, /* Option < & str > */
+	"attempt" bigint, /* Option < i64 > */
+	"outcome" TEXT, /* Option < & str > */
+	"result" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"error_message" TEXT DEFAULT NULL, /* Option < & str > */
+	"metadata" jsonb DEFAULT NULL /* Option < Jsonb > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'complete_tool_call_wrapper';
+
+CREATE  FUNCTION "create_run"(
+	"mode" TEXT, /* Option < & str > */
+	"inputs" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"kind" TEXT DEFAULT NULL, /* Option < & str > */
+	"subject_kind" TEXT DEFAULT NULL, /* Option < & str > */
+	"subject_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"subject_version_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"request_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"parent_run_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"source_run_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"attempt_no" INT DEFAULT NULL, /* Option < i32 > */
+	"run_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"user_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"trace_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"input_summary" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS ledger.runs /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'create_run_wrapper';
+
+CREATE  FUNCTION "create_step"(
+	"run_id" TEXT, /* Option < & str > */
+	"step_type" TEXT, /* Option < & str > */
+	"step_key" TEXT DEFAULT NULL, /* Option < & str > */
+	"node_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"input_summary" TEXT DEFAULT NULL, /* Option < & str > */
+	"status" TEXT DEFAULT 'queued', /* Option < & str > */
+	"step_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS ledger.run_steps /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'create_step_wrapper';
+
+CREATE  FUNCTION "create_task"(
+	"task_type" TEXT, /* Option < & str > */
+	"input" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"run_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"task_id" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS ledger.tasks /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'create_task_wrapper';
+
 CREATE  FUNCTION "events_since"(
 	"run_id" TEXT, /* Option < & str > */
 	"after_event_id" TEXT DEFAULT NULL, /* Option < & str > */
@@ -486,13 +420,137 @@ STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'events_since_wrapper';
-ALTER FUNCTION ledger.events_since(text, text, integer) OWNER TO ledger_owner;
-REVOKE ALL ON FUNCTION ledger.events_since(text, text, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION ledger.events_since(text, text, integer) TO ledger_reader, ledger_writer;
-COMMENT ON FUNCTION ledger.events_since(text, text, integer) IS
-    'The run''s events after after_event_id (from the start when NULL), ordered by their gapless seq. ends_run marks the event that moved the run to a terminal status: a follower may stop after it. An unknown after_event_id fails P0002 EVENT_NOT_FOUND. Client contract: LISTEN on ledger.run_channel(run_id) first, then call this with your cursor, and again on each notification.';
 
--- record_cost takes a double precision amount too (what a client's float binds as).
+CREATE  FUNCTION "get_artifact"(
+	"artifact_id" TEXT /* Option < & str > */
+) RETURNS bytea /* std :: result :: Result < Vec < u8 > , SqlError > */
+STABLE SECURITY DEFINER PARALLEL SAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'get_artifact_wrapper';
+
+CREATE  FUNCTION "grant_scope"(
+	"role_name" TEXT, /* Option < & str > */
+	"tenant_id" TEXT, /* Option < & str > */
+	"workspace_id" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS bool /* std :: result :: Result < bool, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'grant_scope_wrapper';
+
+CREATE  FUNCTION "heartbeat_run"(
+	"run_id" TEXT, /* Option < & str > */
+	"run_token" bigint, /* Option < i64 > */
+	"extend_seconds" INT DEFAULT NULL /* Option < i32 > */
+) RETURNS timestamp with time zone /* std :: result :: Result < TimestampWithTimeZone, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'heartbeat_run_wrapper';
+
+CREATE  FUNCTION "heartbeat_tool_call"(
+	"tool_call_record_id" TEXT, /* Option < & str > */
+	"attempt" bigint, /* Option < i64 > */
+	"extend_seconds" INT DEFAULT NULL /* Option < i32 > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'heartbeat_tool_call_wrapper';
+
+CREATE  FUNCTION "nack_outbox_events"(
+	"lease_owner" TEXT, /* Option < & str > */
+	"event_id" TEXT, /* Option < & str > */
+	"error_message" TEXT /* Option < & str > */
+) RETURNS SETOF ledger.outbox_event /* :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx :: pgbox :: AllocatedByRust
+> */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE  
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'nack_outbox_event_wrapper';
+
+CREATE  FUNCTION "nack_outbox_events"(
+	"lease_owner" TEXT, /* Option < & str > */
+	"event_ids" TEXT[], /* :: std :: option :: Option < Vec < Option < String > > > */
+	"error_message" TEXT /* Option < & str > */
+) RETURNS SETOF ledger.outbox_event /* :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx :: pgbox :: AllocatedByRust
+> */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'nack_outbox_events_wrapper';
+
+CREATE  FUNCTION "purge_runs"(
+	"older_than" interval, /* Option < Interval > */
+	"batch" INT DEFAULT 1000 /* Option < i32 > */
+) RETURNS INT /* std :: result :: Result < i32, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'purge_runs_wrapper';
+
+CREATE  FUNCTION "put_artifact"(
+	"run_id" TEXT, /* Option < & str > */
+	"content" bytea, /* :: std :: option :: Option < Vec < u8 > > */
+	"artifact_type" TEXT DEFAULT 'blob', /* Option < & str > */
+	"mime" TEXT DEFAULT NULL, /* Option < & str > */
+	"step_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"meta" jsonb DEFAULT NULL /* Option < Jsonb > */
+) RETURNS ledger.run_artifacts /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'put_artifact_wrapper';
+
+CREATE  FUNCTION "record_audit"(
+	"run_id" TEXT, /* Option < & str > */
+	"gateway_type" TEXT, /* Option < & str > */
+	"outcome" TEXT, /* Option < & str > */
+	"payload" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"step_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"actor" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS ledger.audit_events /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'record_audit_wrapper';
+
+CREATE  FUNCTION "record_citation"(
+	"run_id" TEXT, /* Option < & str > */
+	"citation" jsonb, /* Option < Jsonb > */
+	"step_id" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS ledger.citations /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'record_citation_wrapper';
+
+CREATE  FUNCTION "record_cost"(
+	"run_id" TEXT, /* Option < & str > */
+	"billing_basis" TEXT, /* Option < & str > */
+	"billed_quantity" NUMERIC, /* Option < AnyNumeric > */
+	"amount" NUMERIC DEFAULT NULL, /* Option < AnyNumeric > */
+	"currency" TEXT DEFAULT NULL, /* Option < & str > */
+	"step_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"usage" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"pricing_snapshot" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"provider" TEXT DEFAULT NULL, /* Option < & str > */
+	"model_ref" TEXT DEFAULT NULL, /* Option < & str > */
+	"tool_ref" TEXT DEFAULT NULL, /* Option < & str > */
+	"source_port" TEXT DEFAULT NULL, /* Option < & str > */
+	"operation" TEXT DEFAULT NULL, /* Option < & str > */
+	"source_ref" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS ledger.run_cost_entries /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'record_cost_wrapper';
+
 CREATE  FUNCTION "record_cost"(
 	"run_id" TEXT, /* Option < & str > */
 	"billing_basis" TEXT, /* Option < & str > */
@@ -514,10 +572,493 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'record_cost_float_amount_wrapper';
-ALTER FUNCTION ledger.record_cost(text, text, numeric, double precision, text, text, jsonb, jsonb, text, text, text, text, text, text) OWNER TO ledger_owner;
-REVOKE ALL ON FUNCTION ledger.record_cost(text, text, numeric, double precision, text, text, jsonb, jsonb, text, text, text, text, text, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION ledger.record_cost(text, text, numeric, double precision, text, text, jsonb, jsonb, text, text, text, text, text, text) TO ledger_writer;
+
+CREATE  FUNCTION "record_feedback"(
+	"run_id" TEXT, /* Option < & str > */
+	"rating" INT, /* Option < i32 > */
+	"category" TEXT DEFAULT 'general', /* Option < & str > */
+	"comment" TEXT DEFAULT NULL, /* Option < & str > */
+	"user_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"metadata" jsonb DEFAULT NULL /* Option < Jsonb > */
+) RETURNS ledger.run_feedback /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'record_feedback_wrapper';
+
+CREATE  FUNCTION "record_response_event"(
+	"run_id" TEXT, /* Option < & str > */
+	"event_type" TEXT, /* Option < & str > */
+	"payload" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"step_id" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS ledger.response_events /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'record_response_event_wrapper';
+
+CREATE  FUNCTION "record_task_event"(
+	"task_id" TEXT, /* Option < & str > */
+	"event_type" TEXT, /* Option < & str > */
+	"payload" jsonb DEFAULT '{}' /* Option < Jsonb > */
+) RETURNS ledger.task_events /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'record_task_event_wrapper';
+
+CREATE  FUNCTION "redact"(
+	"value" jsonb /* Jsonb */
+) RETURNS jsonb /* Result < Jsonb, SqlError > */
+STRICT STABLE PARALLEL SAFE
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'redact_wrapper';
+
+CREATE  FUNCTION "register_artifact"(
+	"run_id" TEXT, /* Option < & str > */
+	"storage_key" TEXT, /* Option < & str > */
+	"size_bytes" bigint, /* Option < i64 > */
+	"sha256" TEXT, /* Option < & str > */
+	"artifact_type" TEXT DEFAULT 'file', /* Option < & str > */
+	"mime" TEXT DEFAULT NULL, /* Option < & str > */
+	"step_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"meta" jsonb DEFAULT NULL /* Option < Jsonb > */
+) RETURNS ledger.run_artifacts /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'register_artifact_wrapper';
+
+CREATE  FUNCTION "release_run"(
+	"run_id" TEXT, /* Option < & str > */
+	"run_token" bigint /* Option < i64 > */
+) RETURNS VOID /* std :: result :: Result < (), SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'release_run_wrapper';
+
+CREATE  FUNCTION "replay_bundle"(
+	"run_id" TEXT /* Option < & str > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+STABLE SECURITY DEFINER PARALLEL SAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'replay_bundle_wrapper';
+
+CREATE  FUNCTION "replay_outbox_event"(
+	"event_id" TEXT /* Option < & str > */
+) RETURNS ledger.outbox_event /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'replay_outbox_event_wrapper';
+
+CREATE  FUNCTION "replay_ready"(
+	"run_id" TEXT /* Option < & str > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+STABLE SECURITY DEFINER PARALLEL SAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'replay_ready_wrapper';
+
+CREATE  FUNCTION "replay_run"(
+	"run_id" TEXT, /* Option < & str > */
+	"inputs" jsonb DEFAULT NULL /* Option < Jsonb > */
+) RETURNS ledger.runs /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'replay_run_wrapper';
+
+CREATE  FUNCTION "replay_task"(
+	"task_id" TEXT /* Option < & str > */
+) RETURNS ledger.tasks /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'replay_task_wrapper';
+
+CREATE  FUNCTION "request_hash"(
+	"value" jsonb /* Jsonb */
+) RETURNS TEXT /* Result < String, SqlError > */
+IMMUTABLE STRICT PARALLEL SAFE
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'request_hash_wrapper';
+
+CREATE  FUNCTION "request_tool_approval"(
+	"run_id" TEXT, /* Option < & str > */
+	"tool_ref" TEXT, /* Option < & str > */
+	"arguments" jsonb, /* Option < Jsonb > */
+	"tool_call_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"idempotency_key" TEXT DEFAULT NULL, /* Option < & str > */
+	"title" TEXT DEFAULT NULL, /* Option < & str > */
+	"policy_ref" TEXT DEFAULT NULL, /* Option < & str > */
+	"details" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'request_tool_approval_wrapper';
+
+CREATE  FUNCTION "resolve_approval"(
+	"approval_id" TEXT, /* Option < & str > */
+	"decision" TEXT, /* Option < & str > */
+	"actor" TEXT DEFAULT NULL, /* Option < & str > */
+	"note" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'resolve_approval_wrapper';
+
+CREATE  FUNCTION "resolve_tool_call"(
+	"tool_call_record_id" TEXT, /* Option < & str > */
+	"decision" TEXT, /* Option < & str > */
+	"result" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"actor" TEXT DEFAULT NULL, /* Option < & str > */
+	"note" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'resolve_tool_call_wrapper';
+
+CREATE  FUNCTION "retry_run"(
+	"run_id" TEXT, /* Option < & str > */
+	"inputs" jsonb DEFAULT NULL /* Option < Jsonb > */
+) RETURNS ledger.runs /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'retry_run_wrapper';
+
+CREATE  FUNCTION "retry_task"(
+	"task_id" TEXT /* Option < & str > */
+) RETURNS ledger.tasks /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'retry_task_wrapper';
+
+CREATE  FUNCTION "revoke_scope"(
+	"role_name" TEXT, /* Option < & str > */
+	"tenant_id" TEXT, /* Option < & str > */
+	"workspace_id" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS bool /* std :: result :: Result < bool, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'revoke_scope_wrapper';
+
+CREATE  FUNCTION "run_channel"(
+	"run_id" TEXT /* Option < & str > */
+) RETURNS TEXT /* std :: result :: Result < String, SqlError > */
+STABLE SECURITY DEFINER PARALLEL SAFE
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'run_channel_wrapper';
+
+CREATE  FUNCTION "run_evidence"(
+	"run_id" TEXT /* Option < & str > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+STABLE SECURITY DEFINER PARALLEL SAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'run_evidence_wrapper';
+
+CREATE  FUNCTION "run_inputs"(
+	"run_id" TEXT /* Option < & str > */
+) RETURNS jsonb /* std :: result :: Result < Option < Jsonb > , SqlError > */
+STABLE SECURITY DEFINER PARALLEL SAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'run_inputs_wrapper';
+
+CREATE  FUNCTION "set_scope"(
+	"tenant_id" TEXT, /* Option < & str > */
+	"workspace_id" TEXT, /* Option < & str > */
+	"is_local" bool DEFAULT false /* Option < bool > */
+) RETURNS VOID /* std :: result :: Result < (), SqlError > */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_scope_wrapper';
+
+CREATE  FUNCTION "set_task_snapshot"(
+	"task_id" TEXT, /* Option < & str > */
+	"snapshot" jsonb /* Option < Jsonb > */
+) RETURNS ledger.tasks /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_task_snapshot_wrapper';
+
+CREATE  FUNCTION "status_transitions"() RETURNS TABLE (
+	"resource" TEXT,  /* String */
+	"from_status" TEXT,  /* String */
+	"to_status" TEXT  /* String */
+)
+IMMUTABLE STRICT PARALLEL SAFE
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'status_transitions_wrapper';
+
+CREATE  FUNCTION "sweep_tool_calls"(
+	"any_scope" bool DEFAULT false /* Option < bool > */
+) RETURNS INT /* std :: result :: Result < i32, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'sweep_tool_calls_wrapper';
+
+CREATE  FUNCTION "transition_run"(
+	"run_id" TEXT, /* Option < & str > */
+	"to_status" TEXT, /* Option < & str > */
+	"expected_status" TEXT DEFAULT NULL, /* Option < & str > */
+	"output_summary" TEXT DEFAULT NULL, /* Option < & str > */
+	"error_code" TEXT DEFAULT NULL, /* Option < & str > */
+	"error_message" TEXT DEFAULT NULL, /* Option < & str > */
+	"error_step_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS ledger.runs /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'transition_run_wrapper';
+
+CREATE  FUNCTION "transition_step"(
+	"step_id" TEXT, /* Option < & str > */
+	"to_status" TEXT, /* Option < & str > */
+	"expected_status" TEXT DEFAULT NULL, /* Option < & str > */
+	"output_summary" TEXT DEFAULT NULL, /* Option < & str > */
+	"metrics" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"error_code" TEXT DEFAULT NULL, /* Option < & str > */
+	"error_message" TEXT DEFAULT NULL, /* Option < & str > */
+	"error_details" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS ledger.run_steps /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'transition_step_wrapper';
+
+CREATE  FUNCTION "transition_task"(
+	"task_id" TEXT, /* Option < & str > */
+	"to_status" TEXT, /* Option < & str > */
+	"expected_status" TEXT DEFAULT NULL, /* Option < & str > */
+	"progress" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"output" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"error_code" TEXT DEFAULT NULL, /* Option < & str > */
+	"error_message" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS ledger.tasks /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'transition_task_wrapper';
+
+-- Ownership, privileges and comments, as sql/finalize.sql gives a fresh install.
+
+-- Every function belongs to ledger_owner, so SECURITY DEFINER functions run as a role that is
+-- not a superuser and is still subject to the tables' forced row-level security.
+DO $own$
+DECLARE f regprocedure;
+BEGIN
+    FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p
+              WHERE p.pronamespace = 'ledger'::regnamespace LOOP
+        EXECUTE format('ALTER FUNCTION %s OWNER TO ledger_owner', f);
+    END LOOP;
+END
+$own$;
+
+GRANT USAGE ON SCHEMA ledger TO ledger_owner, ledger_reader, ledger_writer;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA ledger FROM PUBLIC;
+
+-- Readers: SELECT on the tables (rows filtered by scope) and the read functions.
+GRANT SELECT ON ALL TABLES IN SCHEMA ledger TO ledger_reader;
+-- Except the blob store's lock rows, which hold nothing to read: no role but the owner has any
+-- privilege on them, so no one else can lock them (that needs UPDATE) or see which scopes write.
+REVOKE SELECT ON ledger.blob_locks FROM ledger_reader;
+GRANT EXECUTE ON FUNCTION
+    ledger.set_scope(text, text, boolean),
+    ledger.scope_tenant(),
+    ledger.scope_required(),
+    ledger.scope_workspace(),
+    ledger.status_transitions(),
+    ledger.events_since(text, text, integer),
+    ledger.run_channel(text),
+    ledger.run_inputs(text),
+    ledger.get_artifact(text),
+    ledger.redact(jsonb),
+    ledger.canonical_json(jsonb),
+    ledger.request_hash(jsonb),
+    ledger.replay_bundle(text),
+    ledger.run_evidence(text),
+    ledger.replay_ready(text)
+    TO ledger_reader;
+
+GRANT SELECT ON ledger.tool_calls_in_doubt, ledger.pending_approvals, ledger.run_overview,
+    ledger.outbox_backlog TO ledger_reader;
+
+-- Writers: everything a reader has, and every function. No INSERT, UPDATE or DELETE on any
+-- table: the rules (status machine, event seq, redaction) live in the functions.
+GRANT ledger_reader TO ledger_writer;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA ledger TO ledger_writer;
+
+COMMENT ON FUNCTION ledger.set_scope(text, text, boolean) IS
+    'Sets the caller''s scope (GUCs ledger.tenant_id, ledger.workspace_id) for the session, or with is_local => true for the current transaction only. Every other function refuses to run without it (42501 SCOPE_MISSING). The only way to set a scope: SET, set_config, ALTER ROLE ... SET and PGOPTIONS are refused (42501 SCOPE_SET_DIRECTLY). A login role bound by ledger.grant_scope may state only its granted scopes (42501 SCOPE_NOT_GRANTED).';
+COMMENT ON FUNCTION ledger.scope_required() IS
+    'true when a scope is set, else 42501 SCOPE_MISSING. The monitoring views filter on it, so that reading one without a scope fails instead of showing no rows.';
+COMMENT ON FUNCTION ledger.status_transitions() IS
+    'The status machine: every allowed (resource, from_status, to_status) for run, step and task. Statuses: queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired (+ skipped for steps). Terminal: succeeded, failed, canceled, expired, skipped.';
+COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text) IS
+    'Creates a queued run. request_id (or a caller run_id) makes it idempotent; source_run_id and parent_run_id must exist in scope; attempt_no defaults to source.attempt_no + 1 and root_run_id to the source''s root. inputs (a JSON object) are redacted, then kept as stored: see ledger.run_inputs.';
+COMMENT ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint) IS
+    'Moves a run to to_status if ledger.status_transitions() allows it (55000 TRANSITION_INVALID otherwise). With expected_status the move is conditional on it (40001 TRANSITION_CONFLICT). Moving to the current status returns the row unchanged. A terminal status ends the owner''s lease. run_token: the owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.run_inputs(text) IS
+    'The inputs a run was created with, as stored (redacted), also when they were too large to keep inline.';
+COMMENT ON FUNCTION ledger.create_step(text, text, text, text, text, text, text, bigint) IS
+    'Adds a step to a run that exists in scope and is not terminal (55000 RUN_TERMINAL), numbered 1, 2, 3 within the run (step_no). A caller step_id, and a step_key within the run, are idempotent: the same step again returns it; another step_type (or a step_id and step_key naming different steps) fails 23505 IDEMPOTENCY_MISMATCH naming the field. run_token: the owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, text, jsonb, bigint) IS
+    'Moves a step to to_status under the same rules as transition_run (steps also have skipped). metrics are merged into the existing object, top-level keys. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.events_since(text, text, integer) IS
+    'The run''s events after after_event_id (from the start when NULL), ordered by their gapless seq. ends_run marks the event that moved the run to a terminal status: a follower may stop after it. An unknown after_event_id fails P0002 EVENT_NOT_FOUND. Client contract: LISTEN on ledger.run_channel(run_id) first, then call this with your cursor, and again on each notification.';
+COMMENT ON FUNCTION ledger.run_channel(text) IS
+    'The LISTEN/NOTIFY channel of a run. Each event appended to the run notifies it at commit with {"run_id","seq","event_id","event_type"}.';
+COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, jsonb, bigint) IS
+    'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. The lease is timeout_seconds plus a tenth (at least 5 s), never under 10 s. With approval {title, policy_ref, details}, a new call is created waiting for it (as ledger.request_tool_approval does) and a known one answers its current outcome, so one call is right on every resume. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.begin_tool_call(text, bigint) IS
+    'Marks the outbound boundary of the claimed attempt (status running, outbound_started_at). COMMIT it before the request leaves the process. A stale attempt fails 40001 LEASE_STALE.';
+COMMENT ON FUNCTION ledger.heartbeat_tool_call(text, bigint, integer) IS
+    'Extends the lease of the current attempt by extend_seconds (default: the claim''s lease).';
+COMMENT ON FUNCTION ledger.complete_tool_call(text, bigint, text, jsonb, text, jsonb) IS
+    'Records the end of the current attempt: outcome succeeded, failed, or unknown (sent, no answer: in_doubt). Fenced by attempt, not by the clock: accepted after the lease expired and from in_doubt. Results over 8192 bytes of canonical JSON are stored as a json artifact.';
+COMMENT ON FUNCTION ledger.resolve_tool_call(text, text, jsonb, text, text) IS
+    'Resolves an in_doubt tool call with a person''s decision: succeeded or failed (with the evidence as result), or retry (the next claim executes again with attempt + 1). actor and note are recorded with an audit event.';
+COMMENT ON FUNCTION ledger.sweep_tool_calls(boolean) IS
+    'Moves every expired lease in the scope to in_doubt (the request left) or back to claimable (it did not); returns how many. For pg_cron or a worker; never waits on busy rows. With any_scope => true (members of ledger_operator only), every scope''s.';
+COMMENT ON FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint) IS
+    'Creates a tool call in waiting_approval and its approval request (outbox approval.requested). Claims of the same identity return waiting_approval while pending, claimed once approved, rejected once rejected. On a known call it answers the current outcome without claiming it (waiting_approval also once approved, replayed, in_doubt, busy, rejected); another tool_ref or arguments fail 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.resolve_approval(text, text, text, text) IS
+    'Decides a pending approval: approved or rejected, with the actor and a note. Repeating the same decision is a no-op; a different one fails 55000 APPROVAL_RESOLVED.';
+COMMENT ON FUNCTION ledger.put_artifact(text, bytea, text, text, text, jsonb) IS
+    'Stores bytes in the scope''s content-addressed blob store and records them as an artifact (storage_key blob:sha256:<hex>).';
+COMMENT ON FUNCTION ledger.register_artifact(text, text, bigint, text, text, text, text, jsonb) IS
+    'Records an artifact whose bytes live in an external store, with their size and sha256.';
+COMMENT ON FUNCTION ledger.get_artifact(text) IS
+    'The bytes of an artifact in the built-in store, verified against its sha256 (XX001 ARTIFACT_HASH_MISMATCH).';
+COMMENT ON FUNCTION ledger.redact(jsonb) IS
+    'The value as the ledger would store it: sensitive keys'' values and credential-like strings replaced by "[REDACTED]" (GUCs ledger.redact_keys, ledger.redact_values).';
+COMMENT ON FUNCTION ledger.canonical_json(jsonb) IS
+    'Canonical JSON text: object keys sorted by code point, no insignificant whitespace, numbers as jsonb prints them.';
+COMMENT ON FUNCTION ledger.request_hash(jsonb) IS
+    'Hex sha256 of ledger.canonical_json(value): the request_hash of a tool call with these arguments.';
 COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, numeric, text, text, jsonb, jsonb, text, text, text, text, text, text) IS
     'Records a cost entry: billed_quantity >= 0, amount >= 0 with a currency, usage with the known keys (or the OpenAI and Anthropic names, stored under the known keys) as non-negative integers. source_ref is idempotent per scope. Writes cost.recorded to the feed and the outbox.';
 COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, double precision, text, text, jsonb, jsonb, text, text, text, text, text, text) IS
     'ledger.record_cost with a double precision amount (a client''s float), taken as its shortest decimal text: 0.1 is stored as 0.1.';
+COMMENT ON FUNCTION ledger.record_audit(text, text, text, jsonb, text, text) IS
+    'Records an audit event for a run (gateway decisions, human interventions). The payload is redacted.';
+COMMENT ON FUNCTION ledger.record_response_event(text, text, jsonb, text) IS
+    'Records what a run showed its user (event_type: message, delta, ...). The payload is redacted.';
+COMMENT ON FUNCTION ledger.record_citation(text, jsonb, text) IS
+    'Records a knowledge citation of a run (an object: chunk_id, document_id, knowledge_id, ...). Redacted.';
+COMMENT ON FUNCTION ledger.record_feedback(text, integer, text, text, text, jsonb) IS
+    'Records a rating of a run (any integer scale) with an optional comment and metadata.';
+COMMENT ON FUNCTION ledger.replay_bundle(text) IS
+    'Everything about a run in one read (replay #1): {run, steps, artifacts, costs, approvals, feedback, tool_calls, reused_tool_calls, trace_spec}. reused_tool_calls are the finished calls of its source run whose results a retry or replay reused. Lists are complete and ordered; money is decimal strings per currency.';
+COMMENT ON FUNCTION ledger.run_evidence(text) IS
+    'The thirteen governance evidence items of a run, in order: each {key, status pass|warning|fail|not_applicable, label, summary, evidence_refs, missing}.';
+COMMENT ON FUNCTION ledger.replay_ready(text) IS
+    'Whether the ledger alone can replay the run: {"status": "pass"|"fail", "missing": [...]} over steps, response_events, costs, citations, tool_calls (its own or reused from its source), audits (each where applicable) and inputs (present and matching their sha256).';
+COMMENT ON FUNCTION ledger.retry_run(text, jsonb) IS
+    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, and the original inputs as stored unless inputs overrides them. The caller executes it; its tool calls with unchanged keys replay from the ledger.';
+COMMENT ON FUNCTION ledger.replay_run(text, jsonb) IS
+    'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
+COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
+    'Deletes up to batch terminal runs of the scope that ended more than older_than ago, with all their rows and the blobs nothing else refers to, keeping each tool call''s idempotency key as a tombstone. Skips runs with open tool calls or that other runs or tasks refer to (leaf first). Returns how many runs went.';
+COMMENT ON FUNCTION ledger.claim_outbox_events(text, integer, integer, boolean) IS
+    'Claims up to max_events (1 to 1000) due outbox events of the scope for lease_owner, oldest first: pending ones whose available_at has come and processing ones whose lease expired. Each becomes processing under a lease of lease_seconds (1 to 86400) and counts an attempt. FOR UPDATE SKIP LOCKED: never waits for another claimer. An expired lease on an event''s 64th attempt since its last replay fails it instead. Delivery is at least once: deduplicate on id. With any_scope => true (members of ledger_operator only), the oldest due events of every scope, each with its tenant_id and workspace_id.';
+COMMENT ON FUNCTION ledger.ack_outbox_events(text, text[]) IS
+    'Marks the listed events lease_owner holds as done and returns how many. Ids it does not hold (a lease re-taken by another claimer, an event already done) are ignored.';
+COMMENT ON FUNCTION ledger.ack_outbox_events(text, text) IS
+    'ledger.ack_outbox_events for one event: 1 if lease_owner held it and it is now done, else 0.';
+COMMENT ON FUNCTION ledger.nack_outbox_events(text, text[], text) IS
+    'Reports a failed delivery of the listed events lease_owner holds (55000 OUTBOX_NOT_LEASED for any other, and nothing changes): each is pending again after min(300, 2^(n-1)) seconds for its n-th attempt since its last replay, or failed after the 64th. error_message (8192 characters at most) is kept. Returns the events.';
+COMMENT ON FUNCTION ledger.nack_outbox_events(text, text, text) IS
+    'ledger.nack_outbox_events for one event.';
+COMMENT ON FUNCTION ledger.replay_outbox_event(text) IS
+    'Puts a failed outbox event back to pending, due now, with another 64 attempts (55000 OUTBOX_NOT_FAILED otherwise). attempt_count is kept; replay_count + 1. Notifies ledger_outbox.';
+COMMENT ON FUNCTION ledger.create_task(text, jsonb, text, text) IS
+    'Creates a queued task of task_type with input (a JSON object, redacted), optionally for run_id (which must exist in scope). A caller task_id is idempotent: the same type and run return the task, anything else fails 23505 IDEMPOTENCY_MISMATCH. Writes task.created to ledger.task_events.';
+COMMENT ON FUNCTION ledger.transition_task(text, text, text, jsonb, jsonb, text, text) IS
+    'Moves a task to to_status under the run rules: a conditional update under the row lock (55000 TRANSITION_INVALID, 40001 TRANSITION_CONFLICT with expected_status; the current status returns the row unchanged). progress is merged by top-level key, output replaced (both JSON objects, redacted). Writes task.status.';
+COMMENT ON FUNCTION ledger.add_task_checkpoint(text, jsonb) IS
+    'Adds a checkpoint (payload: a JSON object, redacted) to a task that is not terminal (55000 TASK_TERMINAL), numbered 1, 2, 3, ... without gaps per task. Writes task.checkpoint.';
+COMMENT ON FUNCTION ledger.record_task_event(text, text, jsonb) IS
+    'Appends the caller''s event (payload: a JSON object, redacted) to a task''s history, in any status. The ledger''s own types task.created, task.status, task.checkpoint and task.snapshot are refused (22023 EVENT_TYPE_RESERVED).';
+COMMENT ON FUNCTION ledger.set_task_snapshot(text, jsonb) IS
+    'Stores the persisted execution snapshot (a JSON object, redacted) of a task that is not terminal (55000 TASK_TERMINAL); ledger.replay_task starts from it. Writes task.snapshot.';
+COMMENT ON FUNCTION ledger.retry_task(text) IS
+    'Retries a failed, canceled or expired task in place (55000 TRANSITION_INVALID otherwise; TASK_REPLAYED if it was replayed): retrying, then queued, as attempt_count + 1 with errors, output and times cleared and progress {"action": "requeued"}. Writes outbox task.retried.';
+COMMENT ON FUNCTION ledger.replay_task(text) IS
+    'Replays a task from its snapshot in one transaction and returns the NEW task: queued, same type and input, no run, replayed_from_task_id set, snapshot without task_id and run_id (top level and in payload). The old task goes to canceled (through retrying when terminal; succeeded fails 55000 TRANSITION_INVALID) with retried_as_task_id. No snapshot: 55000 TASK_RETRY_SNAPSHOT_MISSING, nothing changed. A task already replayed returns its replacement.';
+
+-- Run ownership, the operator role and scope grants (0.5.0).
+COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
+    'Claims a run for lease_owner: run_id, or the oldest claimable run of the scope (filtered by modes and kinds), FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, and queued or retrying or claimed before (a run nobody ever claimed stays with its caller); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
+COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
+    'Extends the owner''s lease by extend_seconds (default: the claim''s lease_seconds) from now and returns when it ends. Fenced by run_token (40001 LEASE_STALE), not by the clock: accepted after expiry until another worker takes the run over. A terminal run: 55000 RUN_TERMINAL.';
+COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
+    'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
+COMMENT ON FUNCTION ledger.grant_scope(text, text, text) IS
+    'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. A role with at least one grant is bound: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED). Returns false when the grant existed. For the extension''s owner and superusers only.';
+COMMENT ON FUNCTION ledger.revoke_scope(text, text, text) IS
+    'Removes the grant of exactly this tenant and workspace (NULL: the every-workspace grant) from role_name; returns whether it existed. A role left with no grant is unbound again. For the extension''s owner and superusers only.';
+
+-- Grants decide who may state which scope: no application role may read or change them.
+REVOKE SELECT ON ledger.scope_grants FROM ledger_reader;
+REVOKE EXECUTE ON FUNCTION ledger.grant_scope(text, text, text), ledger.revoke_scope(text, text, text)
+    FROM ledger_writer;
+
+-- ledger_dispatcher: owns the functions that find work across scopes (see schema.sql).
+ALTER FUNCTION ledger_dispatch.next_run(text[], text[]) OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.due_outbox_events(integer) OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
+GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
+GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace() TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token),
+      UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
+      UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, run_id, status) ON ledger.approval_requests TO ledger_dispatcher;
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;
+GRANT USAGE ON SCHEMA ledger_dispatch TO ledger_owner, ledger_reader;
+GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),
+    ledger_dispatch.due_outbox_events(integer),
+    ledger_dispatch.expired_tool_call_scopes(),
+    ledger_dispatch.scope_granted(text, text) TO ledger_owner;
+-- set_scope runs as its caller.
+GRANT EXECUTE ON FUNCTION ledger_dispatch.scope_granted(text, text) TO ledger_reader;
+
+-- An operator is a writer that may also claim runs and outbox events and sweep leases across
+-- scopes (any_scope => true).
+GRANT ledger_writer TO ledger_operator;

@@ -146,13 +146,16 @@ CREATE TABLE ledger.run_steps (
     duration_ms    bigint,
     created_at     timestamptz NOT NULL DEFAULT now(),
     updated_at     timestamptz NOT NULL DEFAULT now(),
-    -- Creation order within a run: the seq of its step.created event (ids never order anything).
+    -- Creation order within a run: 1, 2, 3, ... (ids never order anything).
     step_no        bigint NOT NULL,
     PRIMARY KEY (tenant_id, workspace_id, id),
     UNIQUE (tenant_id, workspace_id, run_id, step_no),
     FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id)
 );
 COMMENT ON TABLE ledger.run_steps IS 'Steps of a run (llm, retrieval, tool, workflow_node, ...). Same statuses as runs plus skipped. Written only through ledger.create_step and ledger.transition_step.';
+-- A caller finds its step again by key: ledger.create_step with a known step_key returns it.
+CREATE UNIQUE INDEX run_steps_step_key_idx ON ledger.run_steps (tenant_id, workspace_id, run_id, step_key)
+    WHERE step_key IS NOT NULL;
 
 -- runs.error_step_id is checked by ledger.transition_run, not by a foreign key: one would make
 -- runs and run_steps a foreign-key cycle, and pg_dump could no longer order their data so that
@@ -364,7 +367,7 @@ CREATE TABLE ledger.audit_events (
     FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES ledger.run_steps (tenant_id, workspace_id, id)
 );
 CREATE INDEX audit_events_run_idx ON ledger.audit_events (tenant_id, workspace_id, run_id, created_at);
-COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and human interventions such as the resolution of an in-doubt tool call (gateway_type tool_call.resolve). Payloads are redacted.';
+COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and human interventions (ledger.record_audit), and the tool activity the ledger records itself: gateway_type tool_call.claim, tool_call.begin, tool_call.complete, tool_call.resolve (an in-doubt call resolved), tool_call.replay (a re-run reused a result), approval.request and approval.decision. Payloads are redacted.';
 
 CREATE TABLE ledger.run_cost_entries (
     tenant_id        text NOT NULL,

@@ -40,7 +40,7 @@ CREATE VIEW ledger.run_overview WITH (security_invoker = true) AS
                AND v.event_type = 'tool_call.replayed') AS tool_calls_replayed
       FROM ledger.runs r
      WHERE ledger.scope_required();
-COMMENT ON VIEW ledger.run_overview IS 'One line per run: status, step and tool-call counts (tool_calls_replayed: results this run took from the ledger instead of executing, such as a retry reusing its source''s), cost per currency (decimal strings, never mixed), lineage, timing, request_id and user_id. Fails 42501 SCOPE_MISSING without a scope.';
+COMMENT ON VIEW ledger.run_overview IS 'One line per run: status, step and tool-call counts (tool_calls_replayed: results this run reused from another run instead of executing, as a retry or replay reuses its source''s), cost per currency (decimal strings, never mixed), lineage, timing, request_id and user_id. Fails 42501 SCOPE_MISSING without a scope.';
 
 CREATE VIEW ledger.outbox_backlog WITH (security_invoker = true) AS
     SELECT event_type, status, count(*) AS events, min(occurred_at) AS oldest,

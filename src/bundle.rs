@@ -6,7 +6,7 @@ use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
 use crate::model::args::required_id;
-use crate::model::evidence::{self, AuditFact, CitationFact, RunFacts, StepFact};
+use crate::model::evidence::{self, AuditFact, CitationFact, ReusedCall, RunFacts, StepFact};
 use crate::model::json;
 use crate::rows;
 use crate::scope::{self, Scope};
@@ -101,8 +101,17 @@ fn trace_spec(scope: &Scope, run_id: &str) -> Result<String> {
     ))
 }
 
+/// The finished calls of other runs whose results the run reused (a retry or replay passing its
+/// source's keys): each `tool_call.replayed` event of its feed, the first per record, in seq order.
+const REUSED_CALLS: &str = "SELECT DISTINCT ON (payload->>'tool_call_record_id') \
+            seq, payload->>'tool_call_record_id' AS record_id, payload->>'source_run_id' AS source_run_id \
+       FROM ledger.run_events \
+      WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 AND event_type = 'tool_call.replayed' \
+      ORDER BY payload->>'tool_call_record_id', seq";
+
 /// Everything about a run, in one read: `run, steps, artifacts, costs, approvals, feedback,
-/// trace_spec`. Lists are complete and ordered (steps by creation, the rest by created_at, id).
+/// tool_calls, reused_tool_calls, trace_spec`. Lists are complete and ordered (steps by
+/// creation, reused calls by first reuse, the rest by created_at, id).
 #[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn replay_bundle(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
@@ -149,9 +158,28 @@ fn replay_bundle(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
         "ledger.run_feedback x",
         "x.created_at, x.id",
     )?;
+    let tool_calls = list(
+        &scope,
+        run_id,
+        SCOPED,
+        "ledger.run_step_tool_calls x",
+        "x.created_at, x.id",
+    )?;
+    // Each with the source's record as it is now (null once the source run was purged).
+    let reused = value::<String>(
+        &scope,
+        run_id,
+        &format!(
+            "SELECT coalesce(json_agg(json_build_object(\
+                 'seq', r.seq, 'tool_call_record_id', r.record_id, 'source_run_id', r.source_run_id, \
+                 'tool_call', (SELECT {SCOPED} FROM ledger.run_step_tool_calls x \
+                                WHERE x.tenant_id = $1 AND x.workspace_id = $2 AND x.id = r.record_id)) \
+                 ORDER BY r.seq), '[]')::text FROM ({REUSED_CALLS}) r"
+        ),
+    )?;
     let trace = trace_spec(&scope, run_id)?;
     Ok(Jsonb(format!(
-        r#"{{"run":{run},"steps":{steps},"artifacts":{artifacts},"costs":{costs},"approvals":{approvals},"feedback":{feedback},"trace_spec":{trace}}}"#
+        r#"{{"run":{run},"steps":{steps},"artifacts":{artifacts},"costs":{costs},"approvals":{approvals},"feedback":{feedback},"tool_calls":{tool_calls},"reused_tool_calls":{reused},"trace_spec":{trace}}}"#
     )))
 }
 
@@ -230,6 +258,16 @@ fn facts(scope: &Scope, run_id: &str) -> Result<RunFacts> {
     )?;
     facts.cost_ids = ids_of(scope, run_id, "run_cost_entries", "run_id")?;
     facts.tool_call_ids = ids_of(scope, run_id, "run_step_tool_calls", "run_id")?;
+    facts.reused_tool_calls = db::select(
+        &format!("SELECT record_id, source_run_id FROM ({REUSED_CALLS}) r ORDER BY seq"),
+        &args(),
+        |r| {
+            Ok(ReusedCall {
+                tool_call_record_id: db::req(r, 1)?,
+                source_run_id: db::req(r, 2)?,
+            })
+        },
+    )?;
     facts.response_event_ids = ids_of(scope, run_id, "response_events", "run_id")?;
     facts.child_run_ids = ids_of(scope, run_id, "runs", "parent_run_id")?;
     Ok(facts)
@@ -324,11 +362,21 @@ mod tests {
                 "artifacts",
                 "costs",
                 "feedback",
+                "reused_tool_calls",
                 "run",
                 "steps",
+                "tool_calls",
                 "trace_spec"
             ]
         );
+        let calls: Vec<&str> = b["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["tool_call_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(calls, ["hist", "refund"]);
+        assert_eq!(b["reused_tool_calls"], json!([]));
         assert_eq!(b["run"]["id"], "turn");
         assert_eq!(
             b["run"]["inputs"],
@@ -483,16 +531,123 @@ mod tests {
             ready("RUN_summary"),
             json!({"status": "fail", "missing": ["inputs"]})
         );
-        // A tool run passes once it has its call and audit.
+        // A tool run passes once it has its call, whose claim is its own audit record.
         run_sql("SELECT ledger.transition_run('r4', 'running')");
-        let tc =
-            one::<String>("SELECT ledger.claim_tool_call('r4', 'x', '{}')->'tool_call'->>'id'");
-        assert_eq!(
-            ready("r4"),
-            json!({"status": "fail", "missing": ["audits"]})
-        );
-        run_sql(&format!("SELECT ledger.record_audit('r4', 'gateway.request', 'allowed', jsonb_build_object('tool_call', '{tc}'))"));
+        run_sql("SELECT ledger.claim_tool_call('r4', 'x', '{}')");
         assert_eq!(ready("r4"), json!({"status": "pass", "missing": []}));
+    }
+
+    /// A chat turn as a worker following the README runs it, on the queued run `run`: an llm
+    /// step with its cost, a tool call through the executor protocol, what the user was shown.
+    /// No record_audit.
+    fn protocol_run(run: &str) {
+        run_sql(&format!("SELECT ledger.transition_run('{run}', 'running')"));
+        let llm = one::<String>(&format!(
+            "SELECT id FROM ledger.create_step('{run}', 'llm', step_key => 'plan', status => 'running')"
+        ));
+        run_sql(&format!(
+            "SELECT ledger.record_cost('{run}', 'tokens', 120, 0.01, 'USD', step_id => '{llm}')"
+        ));
+        run_sql(&format!(
+            "SELECT ledger.transition_step('{llm}', 'succeeded')"
+        ));
+        let out = one::<pgrx::JsonB>(&format!(
+            "SELECT ledger.claim_tool_call('{run}', 'crm.lookup', '{{\"order\": 1042}}', idempotency_key => 'order-1042:lookup')"
+        ))
+        .0;
+        if out["outcome"] == "claimed" {
+            let tc = out["tool_call"]["id"].as_str().unwrap();
+            run_sql(&format!("SELECT ledger.begin_tool_call('{tc}', 1)"));
+            run_sql(&format!(
+                "SELECT ledger.complete_tool_call('{tc}', 1, 'succeeded', '{{\"eta\": 2}}')"
+            ));
+        } else {
+            assert_eq!(out["outcome"], "replayed");
+        }
+        run_sql(&format!("SELECT ledger.record_response_event('{run}', 'message', '{{\"text\": \"Tomorrow.\"}}')"));
+        run_sql(&format!(
+            "SELECT ledger.transition_run('{run}', 'succeeded')"
+        ));
+    }
+
+    const CHAT_TURN: &str = "SELECT ledger.create_run('chat', '{\"q\": \"order 1042?\"}', run_id => 'r', user_id => 'u1')";
+
+    fn item(run: &str, key: &str) -> Value {
+        let ev = one::<pgrx::JsonB>(&format!("SELECT ledger.run_evidence('{run}')")).0;
+        ev.as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["key"] == key)
+            .unwrap()
+            .clone()
+    }
+
+    #[pg_test]
+    fn a_run_that_followed_the_executor_protocol_is_replay_ready_without_record_audit() {
+        set_scope("t-ready-protocol", "w");
+        run_sql(CHAT_TURN);
+        protocol_run("r");
+        assert_eq!(ready("r"), json!({"status": "pass", "missing": []}));
+        assert_eq!(item("r", "audit_record")["status"], "pass");
+        assert_eq!(
+            one::<String>("SELECT string_agg(gateway_type, ',' ORDER BY created_at, id) FROM ledger.audit_events"),
+            "tool_call.claim,tool_call.begin,tool_call.complete"
+        );
+    }
+
+    #[pg_test]
+    fn a_rerun_shows_the_tool_results_it_reused_from_its_source() {
+        set_scope("t-ready-rerun", "w");
+        run_sql(CHAT_TURN);
+        protocol_run("r");
+        let source = one::<String>("SELECT id FROM ledger.run_step_tool_calls");
+        let again = one::<String>("SELECT id FROM ledger.replay_run('r')");
+        protocol_run(&again);
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_step_tool_calls"),
+            1,
+            "executed once"
+        );
+        let tool_call = item(&again, "tool_call");
+        assert_eq!(tool_call["status"], "pass");
+        assert_eq!(tool_call["evidence_refs"], json!([format!("r:{source}")]));
+        assert_eq!(
+            tool_call["summary"],
+            "1 tool call result(s) were reused from the source run."
+        );
+        assert_eq!(ready(&again), json!({"status": "pass", "missing": []}));
+        let b = bundle(&again);
+        assert_eq!(b["tool_calls"], json!([]));
+        let reused = b["reused_tool_calls"].as_array().unwrap();
+        assert_eq!(reused.len(), 1);
+        assert_eq!(
+            (
+                reused[0]["tool_call_record_id"].as_str(),
+                reused[0]["source_run_id"].as_str(),
+                reused[0]["tool_call"]["status"].as_str(),
+                reused[0]["tool_call"]["result"]["eta"].as_i64()
+            ),
+            (Some(source.as_str()), Some("r"), Some("succeeded"), Some(2))
+        );
+        // The source's own evidence is unchanged.
+        assert_eq!(item("r", "tool_call")["evidence_refs"], json!([source]));
+    }
+
+    #[pg_test]
+    fn replay_ready_fails_a_run_whose_stored_inputs_no_longer_read_back() {
+        set_scope("t-ready-inputs", "w");
+        run_sql("SELECT ledger.create_run('workflow', jsonb_build_object('doc', repeat('x', 20000)), run_id => 'r')");
+        run_sql("SELECT ledger.create_step('r', 'other')");
+        assert_eq!(ready("r"), json!({"status": "pass", "missing": []}));
+        // Same size, other bytes: the blob no longer matches its sha256.
+        run_sql("UPDATE ledger.blobs SET content = overlay(content PLACING '\\x00'::bytea FROM 10) WHERE tenant_id = 't-ready-inputs'");
+        assert_error(
+            "SELECT ledger.run_inputs('r')",
+            "XX001",
+            "BLOB_HASH_MISMATCH",
+        );
+        assert_eq!(ready("r"), json!({"status": "fail", "missing": ["inputs"]}));
+        assert_eq!(item("r", "replay_ready")["missing"], json!(["inputs"]));
     }
 
     #[pg_test]

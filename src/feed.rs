@@ -10,9 +10,10 @@
 //! multi-row INSERT in the order they were produced, one NOTIFY each. The events, their seqs and
 //! the notifications are the same as one at a time; a failed call writes none of them.
 //!
-//! A seq needed before the end (a new step's `step_no`) comes from the run's `last_seq` as read
-//! under the run's lock (`LockedRun`): while collecting, no one else can move it, so the seq is
-//! reserved in the batch and the one bump at the end covers it too.
+//! A seq needed before the end (`step.created`, written right after the step it names) comes
+//! from the run's `last_seq` as read under the run's lock (`LockedRun`): while collecting, no
+//! one else can move it, so the seq is reserved in the batch and the one bump at the end covers
+//! it too.
 
 use std::cell::RefCell;
 

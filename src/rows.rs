@@ -351,6 +351,7 @@ pub struct ToolCall {
     pub result_artifact_id: Option<String>,
     pub result_sha256: Option<String>,
     pub approval: Option<ApprovalStatus>,
+    pub lease_owner: Option<String>,
 }
 
 /// How a tool call is found.
@@ -365,7 +366,8 @@ fn tool_call_by(scope: &Scope, by: By, lock: Lock) -> Result<Option<ToolCall>> {
     const SELECT: &str = "SELECT t.id, t.run_id, t.step_id, t.tool_call_id, t.tool_ref, \
             t.idempotency_key, t.request_hash, t.status, t.attempt, t.lease_seconds, \
             t.lease_expires_at IS NOT NULL, coalesce(t.lease_expires_at > clock_timestamp(), false), \
-            t.outbound_started_at IS NOT NULL, t.result_artifact_id, t.result_sha256, a.status \
+            t.outbound_started_at IS NOT NULL, t.result_artifact_id, t.result_sha256, a.status, \
+            t.lease_owner \
        FROM ledger.run_step_tool_calls t \
        LEFT JOIN ledger.approval_requests a \
          ON a.tenant_id = t.tenant_id AND a.workspace_id = t.workspace_id AND a.id = t.approval_id \
@@ -399,6 +401,7 @@ fn tool_call_by(scope: &Scope, by: By, lock: Lock) -> Result<Option<ToolCall>> {
             approval: db::opt::<String>(r, 16)?
                 .as_deref()
                 .and_then(ApprovalStatus::parse),
+            lease_owner: db::opt(r, 17)?,
         })
     })
 }

@@ -29,28 +29,67 @@ pub struct NewStep<'a> {
 }
 
 /// Creates a step of the locked run (or returns the existing one for a repeated caller
-/// `step_id`); returns its id.
+/// `step_id` or `step_key`); returns its id.
 pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
     run.ensure_live("steps")?;
-    let id = match new.step_id {
-        Some(id) => {
-            // A caller-supplied id is a key: the same step again returns it (checked under the
-            // run's lock, before a seq is spent).
-            if let Some(other) = rows::find_step(scope, id)? {
-                if other.run_id != run.id || other.step_type != new.step_type {
-                    return Err(LedgerError::new(
-                        Class::Duplicate,
-                        "IDEMPOTENCY_MISMATCH",
-                        "step_id was reused for a different run or step type",
-                    )
-                    .with("step_id", id));
-                }
-                return Ok(id.to_owned());
-            }
-            id.to_owned()
-        }
-        None => ids::new_id("step"),
+    // A caller's step_id, and a step_key within the run, are keys: the same step again returns
+    // it (checked under the run's lock, before a seq is spent), so a resuming loop that creates
+    // its steps again by key creates nothing twice.
+    let by_key = match new.step_key {
+        Some(key) => db::select_one(
+            "SELECT id, step_type FROM ledger.run_steps \
+              WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 AND step_key = $4",
+            &scope.args([run.id.as_str().into(), key.into()]),
+            |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
+        )?,
+        None => None,
     };
+    let mismatch = |field: &str, message: &str| {
+        LedgerError::new(Class::Duplicate, "IDEMPOTENCY_MISMATCH", message)
+            .with("fields", vec![field])
+            .with("step_id", new.step_id)
+            .with("step_key", new.step_key)
+    };
+    if let Some(id) = new.step_id {
+        if let Some(other) = rows::find_step(scope, id)? {
+            if other.run_id != run.id || other.step_type != new.step_type {
+                let field = if other.run_id != run.id {
+                    "run_id"
+                } else {
+                    "step_type"
+                };
+                return Err(mismatch(
+                    field,
+                    "step_id was reused for a different run or step type",
+                ));
+            }
+            if by_key.as_ref().is_some_and(|(key_id, _)| key_id != id) {
+                return Err(mismatch(
+                    "step_key",
+                    "step_key names another step of the run",
+                ));
+            }
+            return Ok(id.to_owned());
+        }
+    }
+    if let Some((key_id, step_type)) = by_key {
+        if step_type != new.step_type {
+            return Err(mismatch(
+                "step_type",
+                "step_key was reused for a different step type",
+            ));
+        }
+        if new.step_id.is_some_and(|id| id != key_id) {
+            return Err(mismatch(
+                "step_id",
+                "step_key names another step of the run",
+            ));
+        }
+        return Ok(key_id);
+    }
+    let id = new
+        .step_id
+        .map_or_else(|| ids::new_id("step"), str::to_owned);
     let seq = feed::next_seq(scope, run)?;
     db::execute(
         include_str!("../sql/queries/insert_step.sql"),
@@ -62,7 +101,6 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
             new.node_id.into(),
             new.status.as_str().into(),
             free_text(new.input_summary).into(),
-            seq.into(),
             new.status.is_started().into(),
             new.status.is_terminal().into(),
         ]),
@@ -334,6 +372,75 @@ mod tests {
             "22023",
             "ID_INVALID",
         );
+    }
+
+    #[pg_test]
+    fn a_step_key_finds_the_step_again_and_steps_count_from_one() {
+        set_scope("t-step-keys", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'r'), ledger.create_run('chat', run_id => 'r2')").unwrap();
+        let plan =
+            one::<String>("SELECT id FROM ledger.create_step('r', 'llm', step_key => 'plan')");
+        Spi::run(&format!(
+            "SELECT ledger.transition_step('{plan}', 'running')"
+        ))
+        .unwrap();
+        let last = one::<i64>("SELECT last_seq FROM ledger.runs WHERE id = 'r'");
+        // A resuming loop creates its step again: the same step, as it is now, nothing written.
+        assert_eq!(
+            one::<String>("SELECT id || ':' || status || ':' || step_no FROM ledger.create_step('r', 'llm', step_key => 'plan')"),
+            format!("{plan}:running:1")
+        );
+        assert_eq!(
+            one::<i64>("SELECT last_seq FROM ledger.runs WHERE id = 'r'"),
+            last
+        );
+        Spi::run(
+            "SELECT ledger.create_step('r', 'tool', step_key => 'search', step_id => 'search')",
+        )
+        .unwrap();
+        Spi::run(
+            "SELECT ledger.create_step('r', 'tool', step_key => 'search', step_id => 'search')",
+        )
+        .unwrap();
+        Spi::run("SELECT ledger.create_step('r', 'llm', step_key => 'answer')").unwrap();
+        // Keys are per run.
+        Spi::run("SELECT ledger.create_step('r2', 'llm', step_key => 'plan')").unwrap();
+        assert_eq!(
+            one::<String>("SELECT string_agg(run_id || ':' || step_no || ':' || step_key, ' ' ORDER BY run_id, step_no) FROM ledger.run_steps"),
+            "r:1:plan r:2:search r:3:answer r2:1:plan"
+        );
+        for (sql, field) in [
+            (
+                "SELECT ledger.create_step('r', 'tool', step_key => 'plan')",
+                "step_type",
+            ),
+            (
+                "SELECT ledger.create_step('r', 'llm', step_key => 'plan', step_id => 'other')",
+                "step_id",
+            ),
+            (
+                "SELECT ledger.create_step('r', 'tool', step_key => 'plan', step_id => 'search')",
+                "step_key",
+            ),
+        ] {
+            let e = assert_error(sql, "23505", "IDEMPOTENCY_MISMATCH");
+            assert_eq!(e.detail["fields"], serde_json::json!([field]), "{sql}");
+        }
+        // A tool call's own step is keyed by its tool_call_id, so the same rule holds for it.
+        let e = assert_error(
+            "SELECT ledger.claim_tool_call('r', 'search', tool_call_id => 'answer')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_eq!(e.detail["fields"], serde_json::json!(["step_type"]));
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_steps"), 4);
+        // The index backs it: no second step under a key, whoever writes.
+        assert!(crate::testing::error_of(
+            "INSERT INTO ledger.run_steps (tenant_id, workspace_id, id, run_id, step_key, step_type, step_no) \
+             VALUES ('t-step-keys', 'w', 'dup', 'r', 'plan', 'llm', 9)"
+        )
+        .message
+        .contains("run_steps_step_key_idx"));
     }
 
     #[pg_test]

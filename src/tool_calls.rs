@@ -20,7 +20,7 @@ use crate::model::events::{
 };
 use crate::model::status::Status;
 use crate::model::tool_call::{
-    check_fence, decide, extend_seconds, identity_reused, lease_seconds, wrong_state,
+    approval_ask, check_fence, decide, extend_seconds, identity_reused, lease_seconds, wrong_state,
     ApprovalStatus, CallStatus, Decision, Existing, Outcome, Resolution,
 };
 use crate::model::{ids, json, redact, run_lease};
@@ -87,6 +87,50 @@ fn event(scope: &Scope, run_id: &str, rec: &ToolCall, event: &Event) -> Result<(
     feed::append(scope, run_id, step, event)
 }
 
+/// The ledger's own audit record of tool activity (evidence `audit_record`), redacted like every
+/// audit. One insert: claims, begins and completions are the write hot path.
+fn audit(
+    scope: &Scope,
+    run_id: &str,
+    step_id: Option<&str>,
+    gateway_type: &str,
+    outcome: &str,
+    actor: Option<&str>,
+    payload: Value,
+) -> Result<()> {
+    let payload = redact::redact(&guc::redaction_rules(), payload);
+    db::execute(
+        include_str!("../sql/queries/insert_audit.sql"),
+        &scope.args([
+            ids::new_id("aud").into(),
+            run_id.into(),
+            step_id.into(),
+            gateway_type.into(),
+            outcome.into(),
+            actor.into(),
+            Jsonb::from(&payload).into(),
+        ]),
+    )
+}
+
+/// What a claim that hands out execution writes: `tool_call.claimed` and its audit record.
+fn announce_claim(scope: &Scope, rec: &ToolCall, lease_owner: &str, lease: i32) -> Result<()> {
+    let claimed = Event::ToolCallClaimed(ToolCallClaimed {
+        call: rec.ids(),
+        lease_owner,
+    });
+    event(scope, &rec.run_id, rec, &claimed)?;
+    audit(
+        scope,
+        &rec.run_id,
+        Some(&rec.step_id),
+        "tool_call.claim",
+        "claimed",
+        Some(lease_owner),
+        json!({"tool_call": rec.ids(), "lease_seconds": lease}),
+    )
+}
+
 /// Moves the record to in_doubt (its step to paused) and tells the outbox.
 fn mark_in_doubt(
     scope: &Scope,
@@ -150,11 +194,7 @@ fn arm(
         Status::Preparing,
         StepChange::default(),
     )?;
-    let claimed = Event::ToolCallClaimed(ToolCallClaimed {
-        call: rec.ids(),
-        lease_owner,
-    });
-    event(scope, &rec.run_id, rec, &claimed)
+    announce_claim(scope, rec, lease_owner, lease)
 }
 
 /// Records the final result of the call (inline, or as an artifact when large).
@@ -520,7 +560,8 @@ fn insert(
     rows::lock_tool_call(scope, run, &id)
 }
 
-/// Claims a tool call for execution, or says why not.
+/// Claims a tool call for execution, or says why not. With `approval`, an unknown call is created
+/// waiting for it (as `request_tool_approval` does) and a known one answers its current outcome.
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
@@ -534,6 +575,7 @@ fn claim_tool_call(
     lease_owner: default!(Option<&str>, "NULL"),
     timeout_seconds: default!(Option<i32>, 30),
     retry_failed: default!(Option<bool>, false),
+    approval: default!(Option<Jsonb>, "NULL"),
     run_token: default!(Option<i64>, "NULL"),
 ) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
@@ -546,32 +588,29 @@ fn claim_tool_call(
         let owner = optional_id("lease_owner", lease_owner)?
             .map_or_else(|| format!("tool:{}", who.run_id), str::to_owned);
         let retry_failed = retry_failed.unwrap_or(false);
+        let approval = approval_argument(approval)?;
         let run = rows::lock_run(&scope, "run_id", who.run_id)?;
         run.fence(run_token)?;
 
         // Twice at most: an insert that lost a race to a concurrent claim finds its record next time.
         for _ in 0..2 {
             if let Some(found) = find_locked(&scope, &run, &who)? {
-                let (record_run, mut rec) = match found {
-                    Found::Held(record_run, rec) => (Some(record_run), rec),
-                    Found::Unheld(rec) => (None, rec),
-                    Found::Purging(rec) => return Ok(outcome(&scope, &rec.id, "busy", None)?),
-                };
                 return Ok(apply(
                     &scope,
                     &who,
-                    record_run.as_ref(),
-                    &mut rec,
+                    found,
                     &args,
-                    &owner,
-                    lease,
-                    retry_failed,
+                    Some((&owner, lease, retry_failed)),
                 )?);
             }
             if let Some(purged) = tombstone(&scope, &who, &args)? {
                 return Ok(purged);
             }
             run.ensure_live("tool calls")?;
+            if let Some(approval) = &approval {
+                let rec = create_waiting(&scope, &run, &who, &args, step_id, lease, approval)?;
+                return Ok(outcome(&scope, &rec.id, "waiting_approval", None)?);
+            }
             if let Some(mut rec) = insert(
                 &scope,
                 &run,
@@ -591,11 +630,7 @@ fn claim_tool_call(
                     StepChange::default(),
                 )?;
                 rec.attempt = 1;
-                let claimed = Event::ToolCallClaimed(ToolCallClaimed {
-                    call: rec.ids(),
-                    lease_owner: &owner,
-                });
-                event(&scope, &rec.run_id, &rec, &claimed)?;
+                announce_claim(&scope, &rec, &owner, lease)?;
                 return Ok(outcome(&scope, &rec.id, "claimed", None)?);
             }
             if let Some(step) = step_id {
@@ -615,48 +650,85 @@ fn claim_tool_call(
     })
 }
 
-/// What a claim does with the record it found. `run` is the record's run when this transaction
-/// holds it; without it nothing is written to that run: a call to take over answers `busy` and an
-/// expired call whose request left answers `in_doubt` unmarked (the next claim or sweep marks it).
-#[allow(clippy::too_many_arguments)]
+/// What a claim (`claim`: its lease owner, lease and `retry_failed`) or an approval request
+/// (`claim` None: it never hands out execution) does with the record it found. Only a record
+/// whose run this transaction holds is written: another run's call to take over answers `busy`
+/// and one whose request left answers `in_doubt` unmarked (the next claim or sweep marks it).
 fn apply(
     scope: &Scope,
     who: &Identity,
-    run: Option<&LockedRun>,
-    rec: &mut ToolCall,
+    found: Found,
     args: &Arguments,
-    owner: &str,
-    lease: i32,
-    retry_failed: bool,
+    claim: Option<(&str, i32, bool)>,
 ) -> Result<Jsonb> {
+    let (run, mut rec) = match found {
+        Found::Held(run, rec) => (Some(run), rec),
+        Found::Unheld(rec) => (None, rec),
+        Found::Purging(rec) => return outcome(scope, &rec.id, "busy", None),
+    };
+    let (run, rec) = (run.as_ref(), &mut rec);
+    let retry_failed = claim.is_some_and(|(_, _, retry)| retry);
     match (
         decide(&rec.existing(), who.tool_ref, &args.hash, retry_failed)?,
         run,
+        claim,
     ) {
-        (Decision::Replay, _) => {
+        (Decision::Replay, _, _) => {
             let response = replay_response(scope, rec)?;
-            // The replay is evidence in the calling run's feed (a re-run's tool calls come from here).
-            let replayed = Event::ToolCallReplayed(ToolCallReplayed {
-                call: rec.ids(),
-                source_run_id: &rec.run_id,
-            });
-            event(scope, who.run_id, rec, &replayed)?;
+            if who.run_id != rec.run_id {
+                replayed_into(scope, who.run_id, rec)?;
+            }
             outcome(scope, &rec.id, "replayed", Some(response))
         }
-        (Decision::InDoubt { mark }, run) => {
+        (Decision::InDoubt { mark }, run, _) => {
             if let (true, Some(run)) = (mark, run) {
                 mark_in_doubt(scope, run, rec, None)?;
             }
             outcome(scope, &rec.id, "in_doubt", None)
         }
-        (Decision::Busy, _) | (Decision::Claim, None) => outcome(scope, &rec.id, "busy", None),
-        (Decision::WaitingApproval, _) => outcome(scope, &rec.id, "waiting_approval", None),
-        (Decision::Rejected, _) => outcome(scope, &rec.id, "rejected", None),
-        (Decision::Claim, Some(run)) => {
+        (Decision::WaitingApproval, _, _) => outcome(scope, &rec.id, "waiting_approval", None),
+        (Decision::Rejected, _, _) => outcome(scope, &rec.id, "rejected", None),
+        (Decision::Claim, Some(run), Some((owner, lease, _))) => {
             arm(scope, run, rec, owner, lease, &args.summary)?;
             outcome(scope, &rec.id, "claimed", None)
         }
+        // An approved call waits for its claim; an approval request does not claim it.
+        (Decision::Claim, _, None) if rec.status == CallStatus::WaitingApproval => {
+            outcome(scope, &rec.id, "waiting_approval", None)
+        }
+        (Decision::Busy | Decision::Claim, _, _) => outcome(scope, &rec.id, "busy", None),
     }
+}
+
+/// A finished call of another run reused by `run_id` (a retry or replay passing its source's
+/// keys): the first reuse writes `tool_call.replayed` to that run's feed and an audit record,
+/// which are that run's evidence of where the result came from. A reuse within the call's own
+/// run (a resuming worker) writes nothing: the run already holds the call.
+fn replayed_into(scope: &Scope, run_id: &str, rec: &ToolCall) -> Result<()> {
+    let known = db::select_one(
+        "SELECT 1 FROM ledger.run_events \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 \
+            AND event_type = 'tool_call.replayed' AND payload->>'tool_call_record_id' = $4",
+        &scope.args([run_id.into(), rec.id.as_str().into()]),
+        |_| Ok(()),
+    )?;
+    if known.is_some() {
+        return Ok(());
+    }
+    let replayed = Event::ToolCallReplayed(ToolCallReplayed {
+        call: rec.ids(),
+        source_run_id: &rec.run_id,
+    });
+    event(scope, run_id, rec, &replayed)?;
+    audit(
+        scope,
+        run_id,
+        None,
+        "tool_call.replay",
+        "replayed",
+        None,
+        json!({"tool_call": rec.ids(), "source_run_id": rec.run_id}),
+    )
 }
 
 fn attempt_arg(attempt: Option<i64>) -> Result<i64> {
@@ -696,6 +768,15 @@ fn begin_tool_call(
                     &rec.run_id,
                     &rec,
                     &Event::ToolCallRunning(rec.ids()),
+                )?;
+                audit(
+                    &scope,
+                    &rec.run_id,
+                    Some(&rec.step_id),
+                    "tool_call.begin",
+                    "running",
+                    rec.lease_owner.as_deref(),
+                    json!({"tool_call": rec.ids()}),
                 )?;
             }
             other => raise(wrong_state("begin", other)),
@@ -764,8 +845,16 @@ fn complete_tool_call(
             CallStatus::Claimed | CallStatus::Running | CallStatus::InDoubt => {}
         }
         rec.fence(attempt)?;
+        let reported = match how {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Unknown => "unknown",
+        };
         match how {
-            Outcome::Unknown if rec.status == CallStatus::InDoubt => {}
+            // Already in doubt (a sweep saw the lease expire): nothing new to record.
+            Outcome::Unknown if rec.status == CallStatus::InDoubt => {
+                return Ok(self::outcome(&scope, id, rec.status.as_str(), None)?)
+            }
             Outcome::Unknown => mark_in_doubt(&scope, &run, &mut rec, error_message)?,
             Outcome::Succeeded => finish(
                 &scope,
@@ -788,6 +877,15 @@ fn complete_tool_call(
                 &metadata,
             )?,
         }
+        audit(
+            &scope,
+            &rec.run_id,
+            Some(&rec.step_id),
+            "tool_call.complete",
+            reported,
+            rec.lease_owner.as_deref(),
+            json!({"tool_call": rec.ids(), "status": rec.status.as_str()}),
+        )?;
         Ok(self::outcome(&scope, id, rec.status.as_str(), None)?)
     })
 }
@@ -848,20 +946,14 @@ fn resolve_tool_call(
                 rec.status = CallStatus::Claimed;
             }
         }
-        let audit = redact::redact(
-            &guc::redaction_rules(),
+        audit(
+            &scope,
+            &rec.run_id,
+            Some(&rec.step_id),
+            "tool_call.resolve",
+            resolution.as_str(),
+            actor,
             json!({"tool_call": rec.ids(), "decision": resolution.as_str(), "note": note}),
-        );
-        db::execute(
-            include_str!("../sql/queries/insert_resolution_audit.sql"),
-            &scope.args([
-                ids::new_id("aud").into(),
-                rec.run_id.as_str().into(),
-                rec.step_id.as_str().into(),
-                resolution.as_str().into(),
-                actor.into(),
-                Jsonb::from(&audit).into(),
-            ]),
         )?;
         let resolved = Event::ToolCallResolved(ToolCallResolved {
             call: rec.ids(),
@@ -949,7 +1041,122 @@ fn sweep(scope: Scope) -> Result<i32> {
     })
 }
 
-/// Creates a tool call that waits for a human decision, and its approval request.
+/// An approval request as stored: the title free text, the policy a label, the details redacted.
+struct ApprovalRequest {
+    title: Option<String>,
+    policy_ref: Option<String>,
+    details: Value,
+}
+
+/// `claim_tool_call`'s `approval` argument, checked like `request_tool_approval`'s arguments.
+fn approval_argument(value: Option<Jsonb>) -> Result<Option<ApprovalRequest>> {
+    let Some(value) = value else { return Ok(None) };
+    let parsed = json::parse(value.as_str())?;
+    let ask = approval_ask(&parsed)?;
+    Ok(Some(ApprovalRequest {
+        title: free_text(ask.title),
+        policy_ref: ask.policy_ref.map(str::to_owned),
+        details: ask.details.map_or_else(
+            || json!({}),
+            |d| redact::redact(&guc::redaction_rules(), d.clone()),
+        ),
+    }))
+}
+
+/// Creates a call waiting for a human decision, and its approval request, in the locked live run
+/// (the identity is unknown).
+#[allow(clippy::too_many_arguments)]
+fn create_waiting(
+    scope: &Scope,
+    run: &LockedRun,
+    who: &Identity,
+    args: &Arguments,
+    step_id: Option<&str>,
+    lease: i32,
+    request: &ApprovalRequest,
+) -> Result<ToolCall> {
+    // The approval row comes first: the record points at it.
+    let approval_id = ids::new_id("apr");
+    let mut full_details = json!({"tool_ref": who.tool_ref, "tool_call_id": who.tool_call_id, "arguments": args.summary});
+    if let (Value::Object(d), Value::Object(extra)) = (&mut full_details, &request.details) {
+        d.extend(extra.clone());
+    }
+    let title = request.title.as_deref();
+    let policy_ref = request.policy_ref.as_deref();
+    db::execute(
+        "INSERT INTO ledger.approval_requests \
+            (tenant_id, workspace_id, id, run_id, title, policy_ref, details) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        &scope.args([
+            approval_id.as_str().into(),
+            who.run_id.into(),
+            title.into(),
+            policy_ref.into(),
+            Jsonb::from(&full_details).into(),
+        ]),
+    )?;
+    let rec = insert(
+        scope,
+        run,
+        who,
+        args,
+        step_id,
+        CallStatus::WaitingApproval,
+        None,
+        lease,
+        Some(&approval_id),
+    )?
+    .ok_or_else(identity_reused)?;
+    db::execute(
+        "UPDATE ledger.approval_requests SET step_id = $4, tool_call_record_id = $5 \
+      WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &scope.args([
+            approval_id.as_str().into(),
+            rec.step_id.as_str().into(),
+            rec.id.as_str().into(),
+        ]),
+    )?;
+    steps::follow(
+        scope,
+        run,
+        &rec.step_id,
+        Status::Preparing,
+        StepChange::default(),
+    )?;
+    steps::follow(
+        scope,
+        run,
+        &rec.step_id,
+        Status::WaitingApproval,
+        StepChange::default(),
+    )?;
+    let requested = Event::ApprovalRequested(ToolCallApproval {
+        call: rec.ids(),
+        approval_id: &approval_id,
+        title,
+    });
+    feed::enqueue(
+        scope,
+        &requested,
+        Some(who.run_id),
+        None,
+        &format!("approval:{approval_id}"),
+    )?;
+    event(scope, who.run_id, &rec, &requested)?;
+    audit(
+        scope,
+        who.run_id,
+        Some(&rec.step_id),
+        "approval.request",
+        "pending",
+        None,
+        json!({"tool_call": rec.ids(), "approval_id": approval_id, "title": title, "policy_ref": policy_ref}),
+    )?;
+    Ok(rec)
+}
+
+/// Creates a tool call that waits for a human decision, and its approval request. A known call
+/// answers its current outcome (never claims it).
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
@@ -968,10 +1175,11 @@ fn request_tool_approval(
         let scope = scope::current()?;
         let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
         let args = self::arguments(arguments)?;
-        let details = redacted_object("details", details)?;
-        let title = free_text(title);
-        let title = title.as_deref();
-        let policy_ref = optional_label("policy_ref", policy_ref)?;
+        let request = ApprovalRequest {
+            details: redacted_object("details", details)?,
+            title: free_text(title),
+            policy_ref: optional_label("policy_ref", policy_ref)?.map(str::to_owned),
+        };
         let run = rows::lock_run(&scope, "run_id", who.run_id)?;
         run.fence(run_token)?;
         if tombstone(&scope, &who, &args)?.is_some() {
@@ -985,83 +1193,10 @@ fn request_tool_approval(
             );
         }
         if let Some(found) = find_locked(&scope, &run, &who)? {
-            let rec = found.record();
-            if rec.tool_ref != who.tool_ref || rec.request_hash != args.hash {
-                raise(identity_reused());
-            }
-            if rec.status != CallStatus::WaitingApproval {
-                raise(wrong_state("wait for approval", rec.status));
-            }
-            return Ok(outcome(&scope, &rec.id, "waiting_approval", None)?);
+            return Ok(apply(&scope, &who, found, &args, None)?);
         }
         run.ensure_live("tool calls")?;
-        // The approval row comes first: the record points at it.
-        let approval_id = ids::new_id("apr");
-        let mut full_details = json!({"tool_ref": who.tool_ref, "tool_call_id": who.tool_call_id, "arguments": args.summary});
-        if let (Value::Object(d), Value::Object(extra)) = (&mut full_details, details) {
-            d.extend(extra);
-        }
-        db::execute(
-            "INSERT INTO ledger.approval_requests \
-                (tenant_id, workspace_id, id, run_id, title, policy_ref, details) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &scope.args([
-                approval_id.as_str().into(),
-                who.run_id.into(),
-                title.into(),
-                policy_ref.into(),
-                Jsonb::from(&full_details).into(),
-            ]),
-        )?;
-        let lease = lease_seconds(0)?;
-        let rec = insert(
-            &scope,
-            &run,
-            &who,
-            &args,
-            None,
-            CallStatus::WaitingApproval,
-            None,
-            lease,
-            Some(&approval_id),
-        )?
-        .ok_or_else(identity_reused)?;
-        db::execute(
-            "UPDATE ledger.approval_requests SET step_id = $4, tool_call_record_id = $5 \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-            &scope.args([
-                approval_id.as_str().into(),
-                rec.step_id.as_str().into(),
-                rec.id.as_str().into(),
-            ]),
-        )?;
-        steps::follow(
-            &scope,
-            &run,
-            &rec.step_id,
-            Status::Preparing,
-            StepChange::default(),
-        )?;
-        steps::follow(
-            &scope,
-            &run,
-            &rec.step_id,
-            Status::WaitingApproval,
-            StepChange::default(),
-        )?;
-        let requested = Event::ApprovalRequested(ToolCallApproval {
-            call: rec.ids(),
-            approval_id: &approval_id,
-            title,
-        });
-        feed::enqueue(
-            &scope,
-            &requested,
-            Some(who.run_id),
-            None,
-            &format!("approval:{approval_id}"),
-        )?;
-        event(&scope, who.run_id, &rec, &requested)?;
+        let rec = create_waiting(&scope, &run, &who, &args, None, lease_seconds(0)?, &request)?;
         Ok(outcome(&scope, &rec.id, "waiting_approval", None)?)
     })
 }
@@ -1127,6 +1262,15 @@ fn resolve_approval(
             tool_call_record_id: record_id.as_deref(),
         });
         feed::append(&scope, &run_id, None, &resolved)?;
+        audit(
+            &scope,
+            &run_id,
+            None,
+            "approval.decision",
+            decision.as_str(),
+            actor,
+            json!({"approval_id": approval_id, "tool_call_record_id": record_id, "note": note}),
+        )?;
         if let (ApprovalStatus::Rejected, Some(record_id)) = (decision, record_id) {
             if let Some(mut rec) = rows::lock_tool_call(&scope, &run, &record_id)? {
                 if rec.status == CallStatus::WaitingApproval {
@@ -1257,12 +1401,15 @@ mod tests {
             "1:run.created 2:run.status 3:step.created 4:step.status 5:tool_call.claimed \
              6:step.created 7:step.created 8:step.status 9:tool_call.claimed"
         );
-        // A step is numbered with the seq of its step.created, and last_seq is the last seq.
-        assert!(one::<bool>(
-            "SELECT bool_and(s.step_no = e.seq) FROM ledger.run_steps s JOIN ledger.run_events e \
-                 ON e.tenant_id = s.tenant_id AND e.workspace_id = s.workspace_id \
-                AND e.step_id = s.id AND e.event_type = 'step.created'"
-        ));
+        // Steps count 1, 2, 3 in creation order, and last_seq is the last seq.
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(s.step_no || ':' || e.seq, ' ' ORDER BY s.step_no) FROM ledger.run_steps s \
+                   JOIN ledger.run_events e ON e.tenant_id = s.tenant_id AND e.workspace_id = s.workspace_id \
+                    AND e.step_id = s.id AND e.event_type = 'step.created'"
+            ),
+            "1:3 2:6 3:7"
+        );
         assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_steps"), 3);
         assert_eq!(one::<i64>("SELECT last_seq FROM ledger.runs"), 9);
     }
@@ -1301,11 +1448,12 @@ mod tests {
             "SELECT ledger.claim_tool_call('r', 'search', '{\"q\": 1}', tool_call_id => 'other', idempotency_key => 'tool:r:c1')->>'outcome'",
         );
         assert_eq!(again, "replayed");
+        // Replays within the call's own run are no news for its feed.
         assert_eq!(
             one::<i64>(
                 "SELECT count(*) FROM ledger.run_events WHERE event_type = 'tool_call.replayed'"
             ),
-            2
+            0
         );
         // Completing again returns it unchanged.
         Spi::run(&format!(
@@ -1475,7 +1623,7 @@ mod tests {
         .unwrap();
         assert_eq!(field("c1", "status"), "succeeded");
         assert_eq!(
-            one::<String>("SELECT concat_ws('|', gateway_type, outcome, actor, payload->>'note') FROM ledger.audit_events"),
+            one::<String>("SELECT concat_ws('|', gateway_type, outcome, actor, payload->>'note') FROM ledger.audit_events WHERE gateway_type = 'tool_call.resolve'"),
             "tool_call.resolve|succeeded|ops@acme|seen in the CRM"
         );
         let out = one::<pgrx::JsonB>(&claim("{}", "c1")).0;
@@ -1918,9 +2066,300 @@ mod tests {
             1,
             "nothing claimed twice"
         );
+        // Resuming the re-run reuses it again, and records the reuse once.
+        let out = one::<pgrx::JsonB>(&key.replace("{run}", &again)).0;
+        assert_eq!(out["outcome"], "replayed");
         assert_eq!(
             one::<i64>(&format!("SELECT count(*) FROM ledger.events_since('{again}') WHERE event_type = 'tool_call.replayed'")),
             1
+        );
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT string_agg(gateway_type || ':' || (payload->>'source_run_id'), ',')                    FROM ledger.audit_events WHERE run_id = '{again}'"
+            )),
+            "tool_call.replay:r"
+        );
+    }
+
+    /// Begins attempt 1 of record `id` and completes it with `completion` (outcome and rest).
+    fn sent(id: &str, completion: &str) {
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, {completion})"
+        ))
+        .unwrap();
+    }
+
+    /// `claim_tool_call` with an approval, for call `pay` of run `r`.
+    fn claim_approved(args: &str) -> serde_json::Value {
+        one::<pgrx::JsonB>(&format!(
+            "SELECT ledger.claim_tool_call('r', 'wire_money', '{args}', tool_call_id => 'pay', \
+                 approval => '{{\"title\": \"Pay 100\", \"policy_ref\": \"payments/v2\", \
+                               \"details\": {{\"api_key\": \"sk-live-0123456789abcdefghij\", \"why\": \"refund\"}}}}')"
+        ))
+        .0
+    }
+
+    fn request_pay(args: &str) -> serde_json::Value {
+        one::<pgrx::JsonB>(&format!(
+            "SELECT ledger.request_tool_approval('r', 'wire_money', '{args}', tool_call_id => 'pay')"
+        ))
+        .0
+    }
+
+    #[pg_test]
+    fn a_claim_with_an_approval_is_right_in_every_state_of_the_call() {
+        running_run("t-tc-claim-approval");
+        let args = "{\"amount\": 100}";
+        // Unknown: created waiting, exactly as request_tool_approval creates it.
+        let out = claim_approved(args);
+        assert_eq!(out["outcome"], "waiting_approval");
+        assert_eq!(out["tool_call"]["status"], "waiting_approval");
+        assert_eq!(out["tool_call"]["attempt"], 0);
+        let approval = &out["approval"];
+        assert_eq!(
+            (
+                approval["status"].as_str(),
+                approval["title"].as_str(),
+                approval["policy_ref"].as_str()
+            ),
+            (Some("pending"), Some("Pay 100"), Some("payments/v2"))
+        );
+        assert_eq!(approval["details"]["api_key"], "[REDACTED]");
+        assert_eq!(approval["details"]["why"], "refund");
+        assert_eq!(approval["details"]["tool_call_id"], "pay");
+        assert_eq!(step_status("pay"), "waiting_approval");
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM ledger.outbox WHERE event_type = 'approval.requested'"
+            ),
+            1
+        );
+        let approval_id = approval["id"].as_str().unwrap().to_owned();
+        // Every resume: the current outcome, never TOOL_CALL_STATE.
+        assert_eq!(claim_approved(args)["outcome"], "waiting_approval");
+        assert_eq!(request_pay(args)["outcome"], "waiting_approval");
+        Spi::run(&format!(
+            "SELECT ledger.resolve_approval('{approval_id}', 'approved', actor => 'cfo')"
+        ))
+        .unwrap();
+        // Approved: an approval request does not claim it, the claim does.
+        let out = request_pay(args);
+        assert_eq!(
+            (out["outcome"].as_str(), out["approval"]["status"].as_str()),
+            (Some("waiting_approval"), Some("approved"))
+        );
+        let out = claim_approved(args);
+        assert_eq!(
+            (
+                out["outcome"].as_str(),
+                out["tool_call"]["attempt"].as_i64()
+            ),
+            (Some("claimed"), Some(1))
+        );
+        // A worker that died and resumes while the lease lives is told busy, by either function.
+        assert_eq!(claim_approved(args)["outcome"], "busy");
+        assert_eq!(request_pay(args)["outcome"], "busy");
+        let id = record("pay");
+        sent(&id, "'succeeded', '{\"wire\": \"w-1\"}'");
+        for out in [claim_approved(args), request_pay(args)] {
+            assert_eq!(out["outcome"], "replayed");
+            assert_eq!(out["response"]["result"]["wire"], "w-1");
+        }
+        assert_eq!(field("pay", "attempt"), "1", "executed once");
+        // Another request under the key still refuses.
+        let e = assert_error(
+            "SELECT ledger.request_tool_approval('r', 'wire_money', '{\"amount\": 999}', tool_call_id => 'pay')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_eq!(e.detail["request_hash_matches"], false);
+
+        // Rejected stays rejected; an in-doubt call stays in doubt.
+        let out = one::<pgrx::JsonB>(
+            "SELECT ledger.claim_tool_call('r', 'rm', '{}', tool_call_id => 'rm', approval => '{}')",
+        )
+        .0;
+        Spi::run(&format!(
+            "SELECT ledger.resolve_approval('{}', 'rejected')",
+            out["approval"]["id"].as_str().unwrap()
+        ))
+        .unwrap();
+        assert_eq!(
+            one::<String>("SELECT ledger.claim_tool_call('r', 'rm', '{}', tool_call_id => 'rm', approval => '{}')->>'outcome'"),
+            "rejected"
+        );
+        outcome("{}", "doubt");
+        let id = record("doubt");
+        sent(&id, "'unknown'");
+        assert_eq!(
+            one::<String>("SELECT ledger.claim_tool_call('r', 'search', '{}', tool_call_id => 'doubt', approval => '{}')->>'outcome'"),
+            "in_doubt"
+        );
+        assert_eq!(
+            one::<String>("SELECT ledger.request_tool_approval('r', 'search', '{}', tool_call_id => 'doubt')->>'outcome'"),
+            "in_doubt"
+        );
+    }
+
+    #[pg_test]
+    fn a_bad_approval_is_refused_and_writes_nothing() {
+        running_run("t-tc-bad-approval");
+        for (approval, state, code) in [
+            ("'[1]'", "22023", "APPROVAL_INVALID"),
+            ("'{\"titel\": \"x\"}'", "22023", "APPROVAL_INVALID"),
+            ("'{\"title\": 1}'", "22023", "APPROVAL_INVALID"),
+            ("'{\"details\": [1]}'", "22023", "APPROVAL_INVALID"),
+            (
+                "'{\"policy_ref\": \"a\\u202eb\"}'",
+                "22023",
+                "LABEL_INVALID",
+            ),
+        ] {
+            assert_error(
+                &format!(
+                    "SELECT ledger.claim_tool_call('r', 'pay', '{{}}', approval => {approval})"
+                ),
+                state,
+                code,
+            );
+        }
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_step_tool_calls"),
+            0
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.approval_requests"),
+            0
+        );
+    }
+
+    #[pg_test]
+    fn a_resumed_worker_replaying_its_own_calls_writes_no_feed_noise() {
+        running_run("t-tc-same-run-replay");
+        outcome("{}", "c1");
+        let id = record("c1");
+        sent(&id, "'succeeded', '{}'");
+        let last = one::<i64>("SELECT last_seq FROM ledger.runs WHERE id = 'r'");
+        let audits = one::<i64>("SELECT count(*) FROM ledger.audit_events");
+        for _ in 0..3 {
+            assert_eq!(outcome("{}", "c1"), "replayed");
+        }
+        assert_eq!(
+            one::<i64>("SELECT last_seq FROM ledger.runs WHERE id = 'r'"),
+            last,
+            "three resumes wrote no event"
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.audit_events"),
+            audits
+        );
+    }
+
+    #[pg_test]
+    fn a_five_second_tool_whose_worker_died_after_begin_is_in_doubt_ten_seconds_later() {
+        running_run("t-tc-short-lease");
+        let out = one::<pgrx::JsonB>(
+            "SELECT ledger.claim_tool_call('r', 'search', '{}', tool_call_id => 'fast', timeout_seconds => 5)",
+        )
+        .0;
+        assert_eq!(out["tool_call"]["lease_seconds"], 10);
+        let id = record("fast");
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        // begin restarted the lease: it ends 10 s from now, not a minute.
+        assert!(one::<bool>(
+            "SELECT lease_expires_at BETWEEN clock_timestamp() + interval '9 seconds' \
+                                      AND clock_timestamp() + interval '10 seconds' \
+               FROM ledger.run_step_tool_calls WHERE tool_call_id = 'fast'"
+        ));
+        // A heartbeat extends it by the lease again.
+        let before = field("fast", "lease_expires_at");
+        Spi::run("SELECT pg_sleep(0.01)").unwrap();
+        Spi::run(&format!("SELECT ledger.heartbeat_tool_call('{id}', 1)")).unwrap();
+        assert!(one::<bool>(&format!(
+            "SELECT lease_expires_at > '{before}' FROM ledger.run_step_tool_calls WHERE tool_call_id = 'fast'"
+        )));
+        // The worker dies; while the lease lives a sweep leaves the call alone ...
+        assert_eq!(one::<i32>("SELECT ledger.sweep_tool_calls()"), 0);
+        // ... and once its 10 s have passed (moved back by the lease, not slept) it is in doubt.
+        Spi::run(
+            "UPDATE ledger.run_step_tool_calls \
+                SET lease_expires_at = lease_expires_at - make_interval(secs => lease_seconds) \
+              WHERE tool_call_id = 'fast'",
+        )
+        .unwrap();
+        assert_eq!(one::<i32>("SELECT ledger.sweep_tool_calls()"), 1);
+        assert_eq!(field("fast", "status"), "in_doubt");
+        // A call waiting for approval gets the floor, 10 s.
+        let out = one::<pgrx::JsonB>(
+            "SELECT ledger.request_tool_approval('r', 'pay', '{}', tool_call_id => 'wait')",
+        )
+        .0;
+        assert_eq!(out["tool_call"]["lease_seconds"], 10);
+    }
+
+    #[pg_test]
+    fn the_ledger_writes_the_audit_records_of_tool_activity_itself() {
+        running_run("t-tc-audits");
+        let args = r#"{"q": "x", "password": "hunter2"}"#;
+        one::<pgrx::JsonB>(&format!(
+            "SELECT ledger.claim_tool_call('r', 'search', '{args}', tool_call_id => 'c1', lease_owner => 'worker-1')"
+        ));
+        let id = record("c1");
+        sent(&id, "'succeeded', '{}'");
+        outcome("{}", "c2");
+        let id2 = record("c2");
+        sent(&id2, "'unknown'");
+        Spi::run(&format!(
+            "SELECT ledger.resolve_tool_call('{id2}', 'failed', actor => 'ops')"
+        ))
+        .unwrap();
+        let out = request_pay("{}");
+        Spi::run(&format!(
+            "SELECT ledger.resolve_approval('{}', 'approved', actor => 'cfo')",
+            out["approval"]["id"].as_str().unwrap()
+        ))
+        .unwrap();
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(gateway_type || ':' || outcome || ':' || coalesce(actor, '-'), ' ' \
+                                   ORDER BY created_at, id) FROM ledger.audit_events"
+            )
+            .split(' ')
+            .collect::<std::collections::BTreeSet<_>>(),
+            [
+                "tool_call.claim:claimed:worker-1",
+                "tool_call.begin:running:worker-1",
+                "tool_call.complete:succeeded:worker-1",
+                "tool_call.claim:claimed:tool:r",
+                "tool_call.begin:running:tool:r",
+                "tool_call.complete:unknown:tool:r",
+                "tool_call.resolve:failed:ops",
+                "approval.request:pending:-",
+                "approval.decision:approved:cfo",
+            ]
+            .into_iter()
+            .collect()
+        );
+        // Each names its call (and step); none carries the arguments.
+        assert!(one::<bool>(&format!(
+            "SELECT bool_and(payload->'tool_call'->>'tool_call_record_id' = '{id}' AND step_id IS NOT NULL) \
+               FROM ledger.audit_events WHERE payload->'tool_call'->>'tool_call_id' = 'c1'"
+        )));
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM ledger.audit_events WHERE payload::text LIKE '%hunter2%'"
+            ),
+            0
+        );
+        // Replays and busy answers hand out no execution: no audit.
+        let audits = one::<i64>("SELECT count(*) FROM ledger.audit_events");
+        outcome(args, "c1");
+        assert_eq!(outcome("{}", "c3"), "claimed");
+        assert_eq!(outcome("{}", "c3"), "busy");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.audit_events"),
+            audits + 1
         );
     }
 

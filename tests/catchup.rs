@@ -40,7 +40,7 @@ impl Batch {
             Batch::Audits => "ledger.record_audit('r', 'gateway', 'allow', actor => 'writer ' || $1::int)",
             Batch::Responses => "ledger.record_response_event('r', 'message', jsonb_build_object('writer', $1::int))",
             Batch::Costs => "ledger.record_cost('r', 'tokens', i, 0.001, 'USD', operation => 'writer ' || $1::int)",
-            Batch::Steps => "ledger.transition_step((ledger.create_step('r', 'llm', step_key => 'writer ' || $1::int)).id, 'running')",
+            Batch::Steps => "ledger.transition_step((ledger.create_step('r', 'llm', node_id => 'writer ' || $1::int)).id, 'running')",
         };
         format!(
             "SELECT count({each}) FROM generate_series(1, {}) i",

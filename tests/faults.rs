@@ -73,7 +73,7 @@ fn the_invariants_catch_planted_damage() {
         ),
         (
             "UPDATE ledger.run_steps SET step_no = 99 WHERE id = 's'",
-            "every step belongs to a run, its step_no the seq of its step.created event",
+            "every run's steps are step_no 1..n without a hole, each with its step.created event",
         ),
         (
             "DELETE FROM ledger.task_checkpoints WHERE checkpoint_no = 1",

@@ -70,6 +70,8 @@ const JSON_CALLS: &[(&str, &str)] = &[
     ("add_task_checkpoint.payload", "SELECT ledger.add_task_checkpoint('t1', $J)"),
     ("claim_tool_call.arguments", "SELECT ledger.claim_tool_call('r1', 'crm.lookup', $J, tool_call_id => 'c-args')"),
     ("claim_tool_call.arguments", "SELECT ledger.claim_tool_call('r1', 'crm.lookup', $BIG, tool_call_id => 'c-args-big')"),
+    ("claim_tool_call.approval", "SELECT ledger.claim_tool_call('r1', 'pay', tool_call_id => 'c-apr3', \
+      approval => jsonb_build_object('title', $T, 'details', $J))"),
     ("complete_tool_call.result", "SELECT ledger.claim_tool_call('r1', 'crm.lookup', tool_call_id => 'c-res'); \
       SELECT ledger.complete_tool_call($REC(c-res), 1, 'succeeded', result => $J)"),
     ("complete_tool_call.result", "SELECT ledger.claim_tool_call('r1', 'crm.lookup', tool_call_id => 'c-res-big'); \

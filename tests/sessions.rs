@@ -102,6 +102,47 @@ fn events_since_never_skips_a_late_commit() {
     assert_eq!(after.iter().map(|e| e.1).collect::<Vec<_>>(), vec![2, 3]);
 }
 
+/// Two workers resuming the same run create its step by the same key at once: the second waits
+/// for the first's run lock and gets the same step, so the run has it once.
+#[test]
+#[ignore]
+fn two_workers_creating_a_step_by_the_same_key_get_one_step() {
+    let db = database("ledger_step_key_race");
+    let mut a = session(&db);
+    exec(&mut a, "SELECT ledger.create_run('agent', run_id => 'r')");
+    exec(
+        &mut a,
+        "BEGIN; SELECT ledger.create_step('r', 'llm', step_key => 'plan')",
+    );
+    let (tx, rx) = mpsc::channel();
+    let db_b = db.clone();
+    let b = thread::spawn(move || {
+        let mut b = session(&db_b);
+        tx.send(one::<i32>(&mut b, "SELECT pg_backend_pid()"))
+            .unwrap();
+        one::<String>(
+            &mut b,
+            "SELECT id || ':' || step_no FROM ledger.create_step('r', 'llm', step_key => 'plan')",
+        )
+    });
+    let pid = rx.recv().unwrap();
+    let mut watch = session(&db);
+    wait_until_blocked(&mut watch, pid);
+    exec(&mut a, "COMMIT");
+    let b_step = b.join().unwrap();
+    let a_step: String = one(
+        &mut watch,
+        "SELECT id || ':' || step_no FROM ledger.run_steps WHERE step_key = 'plan'",
+    );
+    assert_eq!(b_step, a_step);
+    assert!(a_step.ends_with(":1"));
+    let created: i64 = one(
+        &mut watch,
+        "SELECT count(*) FROM ledger.run_events WHERE event_type = 'step.created'",
+    );
+    assert_eq!(created, 1);
+}
+
 #[test]
 #[ignore]
 fn concurrent_writers_produce_a_gapless_feed() {
@@ -146,6 +187,14 @@ fn concurrent_writers_produce_a_gapless_feed() {
         w.join().unwrap();
     }
     assert_eq!(seen, (1..=101).collect::<Vec<i64>>());
+    // The steps count 1..100 in the order they were created, whichever writer made them.
+    let numbered: bool = one(
+        &mut reader,
+        "SELECT array_agg(s.step_no ORDER BY e.seq) = array(SELECT generate_series(1, 100)::bigint) \
+           FROM ledger.run_steps s JOIN ledger.run_events e \
+             ON e.run_id = s.run_id AND e.step_id = s.id AND e.event_type = 'step.created'",
+    );
+    assert!(numbered);
 }
 
 /// The client contract: LISTEN, then events_since(cursor), then again on each notification.

@@ -240,10 +240,14 @@ pub const INVARIANTS: [(&str, &str); 13] = [
           WHERE e.event_type IS DISTINCT FROM 'run.created' OR c.n IS DISTINCT FROM 1",
     ),
     (
-        "every step belongs to a run, its step_no the seq of its step.created event",
-        "SELECT count(*) FROM ledger.run_steps s LEFT JOIN ledger.run_events e \
-             ON (e.tenant_id, e.workspace_id, e.run_id, e.seq) = (s.tenant_id, s.workspace_id, s.run_id, s.step_no) \
-          WHERE e.event_type IS DISTINCT FROM 'step.created' OR e.step_id IS DISTINCT FROM s.id",
+        "every run's steps are step_no 1..n without a hole, each with its step.created event",
+        "SELECT count(*) FROM ledger.run_steps s \
+           JOIN (SELECT tenant_id, workspace_id, run_id, count(*) AS n, max(step_no) AS hi, min(step_no) AS lo \
+                   FROM ledger.run_steps GROUP BY 1, 2, 3) c \
+             ON (c.tenant_id, c.workspace_id, c.run_id) = (s.tenant_id, s.workspace_id, s.run_id) \
+          WHERE c.n <> c.hi OR c.lo <> 1 OR NOT EXISTS (SELECT 1 FROM ledger.run_events e \
+                 WHERE (e.tenant_id, e.workspace_id, e.run_id, e.step_id) = (s.tenant_id, s.workspace_id, s.run_id, s.id) \
+                   AND e.event_type = 'step.created')",
     ),
     (
         "every task's checkpoints are 1..last_checkpoint_no without a hole",

@@ -24,7 +24,7 @@ pub struct RunFacts {
     pub subject_id: Option<String>,
     pub subject_version_id: Option<String>,
     /// false when the run's exact inputs cannot be recovered (only a summary was given, or the
-    /// stored blob is gone or corrupt)
+    /// stored blob is gone or no longer matches its sha256)
     pub inputs_recoverable: bool,
     /// In creation order.
     pub steps: Vec<StepFact>,
@@ -34,6 +34,9 @@ pub struct RunFacts {
     pub cost_ids: Vec<String>,
     /// Tool-call record ids (`tc_...`).
     pub tool_call_ids: Vec<String>,
+    /// Finished calls of other runs whose results this run reused (a retry or replay passing
+    /// its source's keys), in the order it first reused them.
+    pub reused_tool_calls: Vec<ReusedCall>,
     pub citations: Vec<CitationFact>,
     pub response_event_ids: Vec<String>,
     /// Runs whose parent_run_id is this run (recorded lineage, not ids guessed from payloads).
@@ -45,6 +48,19 @@ pub struct StepFact {
     pub id: String,
     pub step_type: String,
     pub metrics: Value,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ReusedCall {
+    pub tool_call_record_id: String,
+    pub source_run_id: String,
+}
+
+impl ReusedCall {
+    /// `<source_run_id>:<tool_call_record_id>`, like an audit's `<run_id>:<step_id>`.
+    fn reference(&self) -> String {
+        format!("{}:{}", self.source_run_id, self.tool_call_record_id)
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -169,6 +185,7 @@ impl Guards {
         Guards {
             versioned_subject: described_as(&["agent", "workflow"]),
             tool_governance: !facts.tool_call_ids.is_empty()
+                || !facts.reused_tool_calls.is_empty()
                 || !facts.audits.is_empty()
                 || has_step(&["tool"]),
             cost_attribution: !facts.cost_ids.is_empty()
@@ -218,7 +235,7 @@ pub fn evidence(facts: &RunFacts) -> Vec<Item> {
     }
     let has_egress_evidence = has_egress_key || !egress_refs.is_empty();
 
-    let has_tool_calls = !facts.tool_call_ids.is_empty();
+    let has_tool_calls = !facts.tool_call_ids.is_empty() || !facts.reused_tool_calls.is_empty();
     let has_children = !facts.child_run_ids.is_empty();
     let capability_applicable = g.versioned_subject || has_tool_calls || has_children;
     let permission_applicable = g.versioned_subject || has_tool_calls;
@@ -529,15 +546,25 @@ pub fn evidence(facts: &RunFacts) -> Vec<Item> {
             )
         },
         if has_tool_calls {
+            let reused = &facts.reused_tool_calls;
+            let summary = match (facts.tool_call_ids.len(), reused.len()) {
+                (own, 0) => format!("{own} tool call record(s) are attached."),
+                (0, n) => format!("{n} tool call result(s) were reused from the source run."),
+                (own, n) => format!(
+                    "{own} tool call record(s) are attached; {n} result(s) were reused from the source run."
+                ),
+            };
             Item::new(
                 "tool_call",
                 "Tool call",
                 Pass,
-                format!(
-                    "{} tool call record(s) are attached.",
-                    facts.tool_call_ids.len()
-                ),
-                facts.tool_call_ids.clone(),
+                summary,
+                facts
+                    .tool_call_ids
+                    .iter()
+                    .cloned()
+                    .chain(reused.iter().map(ReusedCall::reference))
+                    .collect(),
                 &[],
             )
         } else if g.tool_governance {
@@ -648,7 +675,9 @@ pub fn replay_missing(facts: &RunFacts) -> Vec<&'static str> {
         ),
         (
             "tool_calls",
-            g.tool_governance && facts.tool_call_ids.is_empty(),
+            g.tool_governance
+                && facts.tool_call_ids.is_empty()
+                && facts.reused_tool_calls.is_empty(),
         ),
         ("audits", g.tool_governance && facts.audits.is_empty()),
         // And the inputs: a re-run (retry or replay) starts from the exact original inputs.
@@ -1476,6 +1505,45 @@ mod tests {
         assert_eq!(ok.status, Pass);
         assert_eq!(ok.evidence_refs, ids(&["tc_1", "tc_2"]));
         assert_eq!(ok.summary, "2 tool call record(s) are attached.");
+    }
+
+    #[test]
+    fn a_rerun_shows_the_tool_results_it_reused_from_its_source() {
+        let reused = |id: &str| ReusedCall {
+            tool_call_record_id: id.into(),
+            source_run_id: "run_0".into(),
+        };
+        // Attempt 2 made no call of its own: every result came from attempt 1.
+        let facts = RunFacts {
+            reused_tool_calls: vec![reused("tc_1"), reused("tc_2")],
+            audits: vec![audit("aud_1", None, json!({}))],
+            ..with_steps(&["llm"])
+        };
+        let ok = item(&facts, "tool_call");
+        assert_eq!(ok.status, Pass);
+        assert_eq!(ok.evidence_refs, ids(&["run_0:tc_1", "run_0:tc_2"]));
+        assert_eq!(
+            ok.summary,
+            "2 tool call result(s) were reused from the source run."
+        );
+        assert_eq!(replay_missing(&facts), ["costs"]);
+        let facts = RunFacts {
+            tool_call_ids: ids(&["tc_3"]),
+            ..facts
+        };
+        let ok = item(&facts, "tool_call");
+        assert_eq!(ok.evidence_refs, ids(&["tc_3", "run_0:tc_1", "run_0:tc_2"]));
+        assert_eq!(
+            ok.summary,
+            "1 tool call record(s) are attached; 2 result(s) were reused from the source run."
+        );
+        // Reused calls are tool activity: they need their audit record like the run's own.
+        let facts = RunFacts {
+            reused_tool_calls: vec![reused("tc_1")],
+            ..with_steps(&["plan"])
+        };
+        assert_eq!(status(&facts, "audit_record"), Fail);
+        assert_eq!(replay_missing(&facts), ["audits"]);
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! The tool-call record's rules: what a claim does with an existing record, the lease length,
 //! and attempt fencing. No Postgres here.
 
+use serde_json::Value;
+
 use crate::error::{Class, LedgerError, Result};
+use crate::ids;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CallStatus {
@@ -154,8 +157,13 @@ pub fn identity_reused() -> LedgerError {
 /// The longest timeout a claim accepts (one day).
 pub const MAX_TIMEOUT_SECONDS: i32 = 86_400;
 
-/// The lease of a claim: `max(60, timeout + 10)` seconds (the call's own timeout and a margin,
-/// never under a minute), for 0 <= timeout <= one day.
+/// The shortest lease: a dead worker's call is noticed (in doubt, or claimable again) seconds
+/// after its timeout, not a minute later.
+pub const MIN_LEASE_SECONDS: i32 = 10;
+
+/// The lease of a claim: the call's own timeout plus a margin of a tenth of it, at least 5
+/// seconds, and never under `MIN_LEASE_SECONDS` (a 5 s tool: 10 s; 30 s: 35 s; a day: 26.4 h),
+/// for 0 <= timeout <= one day. A slower call extends it with heartbeats.
 pub fn lease_seconds(timeout_seconds: i32) -> Result<i32> {
     if !(0..=MAX_TIMEOUT_SECONDS).contains(&timeout_seconds) {
         return Err(LedgerError::invalid(
@@ -164,7 +172,7 @@ pub fn lease_seconds(timeout_seconds: i32) -> Result<i32> {
         )
         .with("timeout_seconds", timeout_seconds));
     }
-    Ok((timeout_seconds + 10).max(60))
+    Ok((timeout_seconds + (timeout_seconds / 10).max(5)).max(MIN_LEASE_SECONDS))
 }
 
 /// A heartbeat's extension, 1 second to one day.
@@ -253,6 +261,58 @@ impl Resolution {
             Resolution::Retry => "retry",
         }
     }
+}
+
+/// The approval a claim asks for (`claim_tool_call(..., approval => ...)`): what
+/// `request_tool_approval` takes as arguments, every key optional.
+#[derive(Debug, PartialEq)]
+pub struct ApprovalAsk<'a> {
+    /// Free text (the SPI layer redacts and cuts it).
+    pub title: Option<&'a str>,
+    /// A label.
+    pub policy_ref: Option<&'a str>,
+    /// A JSON object (the SPI layer redacts it).
+    pub details: Option<&'a Value>,
+}
+
+/// Reads `{"title", "policy_ref", "details"}`; any other key or shape fails 22023
+/// `APPROVAL_INVALID` (naming the key), a bad label 22023 `LABEL_INVALID`. A null is absent.
+pub fn approval_ask(value: &Value) -> Result<ApprovalAsk<'_>> {
+    let invalid = |message: &str, key: &str| {
+        LedgerError::invalid("APPROVAL_INVALID", message.to_owned()).with("key", key)
+    };
+    let Value::Object(map) = value else {
+        return Err(invalid("approval must be a JSON object", ""));
+    };
+    if let Some(key) = map
+        .keys()
+        .find(|k| !["title", "policy_ref", "details"].contains(&k.as_str()))
+    {
+        return Err(invalid(
+            "approval takes only the keys title, policy_ref and details",
+            key,
+        ));
+    }
+    let text = |key: &str| match map.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.as_str())),
+        Some(_) => Err(invalid(&format!("approval.{key} must be text"), key)),
+    };
+    let title = text("title")?;
+    let policy_ref = text("policy_ref")?;
+    if let Some(p) = policy_ref {
+        ids::validate_label("policy_ref", p)?;
+    }
+    let details = match map.get("details") {
+        None | Some(Value::Null) => None,
+        Some(d @ Value::Object(_)) => Some(d),
+        Some(_) => return Err(invalid("approval.details must be a JSON object", "details")),
+    };
+    Ok(ApprovalAsk {
+        title,
+        policy_ref,
+        details,
+    })
 }
 
 /// The state a call must be in for an operation (55000 `TOOL_CALL_STATE`).
@@ -380,16 +440,67 @@ mod tests {
     }
 
     #[test]
-    fn lease_is_at_least_a_minute_and_ten_seconds_over_the_timeout() {
-        assert_eq!(lease_seconds(0).unwrap(), 60);
-        assert_eq!(lease_seconds(30).unwrap(), 60);
-        assert_eq!(lease_seconds(50).unwrap(), 60);
-        assert_eq!(lease_seconds(51).unwrap(), 61);
-        assert_eq!(lease_seconds(86_400).unwrap(), 86_410);
+    fn lease_is_the_timeout_plus_a_tenth_at_least_five_seconds_never_under_ten() {
+        assert_eq!(lease_seconds(0).unwrap(), 10);
+        assert_eq!(lease_seconds(4).unwrap(), 10);
+        // The trial's 5 s tool: in doubt 10 s after its claim, not 64 s.
+        assert_eq!(lease_seconds(5).unwrap(), 10);
+        assert_eq!(lease_seconds(6).unwrap(), 11);
+        assert_eq!(lease_seconds(30).unwrap(), 35);
+        assert_eq!(lease_seconds(49).unwrap(), 54);
+        assert_eq!(lease_seconds(50).unwrap(), 55);
+        assert_eq!(lease_seconds(51).unwrap(), 56);
+        assert_eq!(lease_seconds(600).unwrap(), 660);
+        assert_eq!(lease_seconds(86_400).unwrap(), 95_040);
         for bad in [-1, i32::MIN, 86_401, i32::MAX] {
             assert_eq!(lease_seconds(bad).unwrap_err().code, "TIMEOUT_INVALID");
         }
         assert!(extend_seconds(0).is_err() && extend_seconds(1).is_ok());
+    }
+
+    #[test]
+    fn an_approval_takes_title_policy_ref_and_details_only() {
+        use serde_json::json;
+        let full =
+            json!({"title": "Pay 5 EUR", "policy_ref": "payments/v2", "details": {"amount": 5}});
+        let ask = approval_ask(&full).unwrap();
+        assert_eq!(
+            (ask.title, ask.policy_ref, ask.details),
+            (
+                Some("Pay 5 EUR"),
+                Some("payments/v2"),
+                Some(&json!({"amount": 5}))
+            )
+        );
+        let empty = json!({"title": null});
+        assert_eq!(
+            approval_ask(&empty).unwrap(),
+            ApprovalAsk {
+                title: None,
+                policy_ref: None,
+                details: None
+            }
+        );
+        for (bad, key) in [
+            (json!({"titel": "x"}), "titel"),
+            (json!({"title": 5}), "title"),
+            (json!({"policy_ref": ["p"]}), "policy_ref"),
+            (json!({"details": "x"}), "details"),
+            (json!(["title"]), ""),
+        ] {
+            let e = approval_ask(&bad).unwrap_err();
+            assert_eq!(
+                (e.class, e.code),
+                (Class::InvalidParameter, "APPROVAL_INVALID"),
+                "{bad}"
+            );
+            assert_eq!(e.detail["key"], key, "{bad}");
+        }
+        let e = approval_ask(&json!({"policy_ref": "a\nb"})).unwrap_err();
+        assert_eq!(
+            (e.code, &e.detail["argument"]),
+            ("LABEL_INVALID", &json!("policy_ref"))
+        );
     }
 
     #[test]

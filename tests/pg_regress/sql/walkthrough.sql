@@ -85,7 +85,8 @@ SELECT tool_call_id, tool_ref, attempt FROM ledger.tool_calls_in_doubt;
 -- A human checks the mail log and decides.
 SELECT ledger.resolve_tool_call(:'call_email', 'succeeded', '{"message_id": "<42@mail>"}',
                                 note => 'found in the mail log', actor => 'ops@acme')->>'outcome' AS outcome;
-SELECT gateway_type, outcome, actor FROM ledger.audit_events;
+-- The ledger audited the tool activity itself: claims, begins, completions and the decision.
+SELECT gateway_type, outcome, actor FROM ledger.audit_events ORDER BY created_at, id;
 SELECT ledger.claim_tool_call('run-demo-1', 'email.send', '{"to": "customer@example.com"}', tool_call_id => 'call-email')->'response'->'result' AS result;
 
 -- 8. The run ends; the terminal status goes to the outbox in the same transaction.
@@ -104,10 +105,15 @@ SELECT r->>'outcome' AS outcome, r->'response'->'result' AS result
                               idempotency_key => 'tool:run-demo-1:call-lookup') AS r;
 -- The whole chain, oldest first:
 SELECT attempt_no, control_action, status FROM ledger.runs WHERE root_run_id = 'run-demo-1' ORDER BY attempt_no;
+-- Its evidence names the result it reused and where it came from.
+SELECT e->>'status' AS status, e->>'summary' AS summary,
+       e->'evidence_refs'->>0 = 'run-demo-1:' || :'call_lookup' AS names_the_source_record
+  FROM jsonb_array_elements(ledger.run_evidence(:'run_demo_2')) e WHERE e->>'key' = 'tool_call';
 
 -- 10. Evidence (replay #1). Is run-demo-1 replayable from the ledger alone? Not yet:
 SELECT ledger.replay_ready('run-demo-1');
--- Record what it is missing: the model's cost, what the user was shown, the tool gateway's audit.
+-- Record what it is missing: the model's cost and what the user was shown (its tool calls were
+-- audited as they ran); and, for run_evidence's egress item, the tool gateway's decision.
 SELECT (ledger.record_cost('run-demo-1', 'tokens', 1200, 0.0125, 'USD', step_id => 'step-plan',
         usage => '{"prompt_tokens": 1000, "completion_tokens": 200, "latency_ms": 850}', model_ref => 'small')).amount;
 SELECT (ledger.record_cost('run-demo-1', 'requests', 1, 0.01, 'EUR', usage => '{"request_count": 1}')).amount;
