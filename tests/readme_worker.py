@@ -1,0 +1,127 @@
+"""The README's worker (its two ```python blocks under "A worker"), run as written against the test
+cluster, through a crash and two decisions by a person.
+
+Usage: python3 tests/readme_worker.py README.md "host=... port=... dbname=... user=postgres"
+
+A first worker process is killed (SIGKILL) while the lookup's request is out. A second worker,
+in this process, takes the run over, does not redo the model step, finds the lookup in doubt and
+parks the run; a person resolves the call, the worker resumes, asks for the refund's approval and
+parks again; the person approves and the worker finishes. The model, the lookup and the refund
+must each have run exactly once, and the run must pass replay_ready.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import psycopg
+
+readme, dsn = sys.argv[1], sys.argv[2]
+text = open(readme, encoding="utf-8").read()
+section = text[text.index("\n## A worker\n"):]
+section = section[:section.index("\n## ", 1)]
+blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+assert len(blocks) == 2, f"the worker section has {len(blocks)} python blocks"
+CODE = "\n".join(blocks)
+
+SCOPE = ("acme", "readme-worker")
+RUN = "readme-worker-run"
+effects = tempfile.mkdtemp(prefix="ledger-readme-worker-")
+os.chmod(effects, 0o777)
+
+# The tools and the model the README's agent calls, as a worker process defines them: each
+# execution is a line in a file, so that a killed process's executions are counted too.
+TOOLS = f"""
+import os, time
+EFFECTS = {effects!r}
+def effect(name):
+    with open(os.path.join(EFFECTS, name), "a") as f:
+        f.write("x\\n")
+def lookup_order(order):
+    effect("lookup")
+    time.sleep(float(os.environ.get("LOOKUP_SECONDS", "0")))
+    return {{"order": order, "paid": "12.50"}}
+def refund(order, amount):
+    effect("refund")
+    return {{"refunded": amount}}
+_llm_step = llm_step
+def llm_step(conn, run, key, call_model):
+    def counted():
+        effect("model-" + key)
+        return call_model()
+    return _llm_step(conn, run, key, counted)
+"""
+
+
+def count(name):
+    try:
+        return len(open(os.path.join(effects, name)).read().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+def wait_for(what, check, timeout_s=60):
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+person = psycopg.connect(dsn, autocommit=True)
+person.execute("SELECT ledger.set_scope(%s, %s)", SCOPE)
+person.execute("SELECT ledger.create_run('agent', '{\"order\": 7}', run_id => %s)", (RUN,))
+
+
+def status():
+    return person.execute("SELECT status FROM ledger.runs WHERE id = %s", (RUN,)).fetchone()[0]
+
+
+# 1. A worker process, killed while the lookup's request is out.
+first = subprocess.Popen(
+    [sys.executable, "-c", CODE + TOOLS + f"\nwork({dsn!r}, support_agent, lease_owner='worker-1', idle_s=0.1)\n"],
+    env={**os.environ, "LOOKUP_SECONDS": "600"},
+)
+wait_for("the lookup's request", lambda: count("lookup") == 1)
+first.send_signal(signal.SIGKILL)
+first.wait()
+# Its leases would run out in a minute; the test ends them now instead of waiting.
+person.execute("UPDATE ledger.runs SET lease_expires_at = now() WHERE id = %s", (RUN,))
+person.execute("UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() WHERE run_id = %s", (RUN,))
+
+# 2. A second worker takes over, finds the lookup in doubt and parks the run.
+namespace = {}
+exec(CODE + TOOLS, namespace)  # noqa: S102 - the README's own code is what is under test
+done = threading.Event()
+second = threading.Thread(target=namespace["work"], args=(dsn, namespace["support_agent"]),
+                          kwargs={"lease_owner": "worker-2", "idle_s": 0.05, "stop": done.is_set})
+second.start()
+try:
+    wait_for("the run parked in doubt", lambda: status() == "paused")
+    doubt = person.execute("SELECT id, lease_owner FROM ledger.tool_calls_in_doubt").fetchall()
+    assert [owner for _, owner in doubt] == ["worker-1"], doubt
+    # 3. A person checks the CRM and resolves the call; the worker resumes, asks for the refund's
+    # approval and parks the run again.
+    person.execute("SELECT ledger.resolve_tool_call(%s, 'succeeded', '{\"order\": 7, \"paid\": \"12.50\"}',"
+                   " actor => 'ops@acme', note => 'seen in the CRM')", (doubt[0][0],))
+    wait_for("the run parked for approval", lambda: status() == "waiting_approval")
+    # 4. The person approves; the worker executes the refund and finishes the run.
+    person.execute("SELECT ledger.resolve_approval(id, 'approved', actor => 'lead@acme') FROM ledger.pending_approvals")
+    wait_for("the run to finish", lambda: status() in ("succeeded", "failed"))
+finally:
+    done.set()
+    second.join()
+
+assert status() == "succeeded", status()
+executed = {name: count(name) for name in ("model-plan", "lookup", "refund", "model-answer")}
+assert executed == {"model-plan": 1, "lookup": 1, "refund": 1, "model-answer": 1}, executed
+ready = person.execute("SELECT ledger.replay_ready(%s)", (RUN,)).fetchone()[0]
+assert ready["status"] == "pass", ready
+replayed = person.execute("SELECT count(*) FROM ledger.run_events WHERE run_id = %s"
+                          " AND event_type = 'tool_call.replayed'", (RUN,)).fetchone()[0]
+assert replayed == 0, replayed
+print(f"readme worker: {executed}, replay_ready pass, across a killed worker and two decisions")
