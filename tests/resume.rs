@@ -13,12 +13,13 @@ use std::collections::BTreeMap;
 
 const RUN: &str = "resume-run";
 
-/// Where a worker dies.
+/// Where a worker dies: after its LLM step, after a tool call's `begin` (the request is out),
+/// after asking for an approval.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Crash {
-    AfterLlmStep,
-    AfterBegin,
-    AfterApprovalRequest,
+    LlmStepDone,
+    RequestOut,
+    ApprovalAsked,
 }
 
 /// How a worker's turn at the run ended.
@@ -88,7 +89,7 @@ fn work(db: &str, name: &str, world: &mut World, crash: Option<Crash>) -> Turn {
         ))
         .unwrap();
     }
-    if crash == Some(Crash::AfterLlmStep) {
+    if crash == Some(Crash::LlmStepDone) {
         return Turn::Crashed;
     }
 
@@ -107,7 +108,7 @@ fn work(db: &str, name: &str, world: &mut World, crash: Option<Crash>) -> Turn {
             );
             // The request leaves: the side effect happens whatever becomes of the worker.
             let result = world.execute("tool:crm.lookup");
-            if crash == Some(Crash::AfterBegin) {
+            if crash == Some(Crash::RequestOut) {
                 return Turn::Crashed;
             }
             exec(
@@ -133,7 +134,7 @@ fn work(db: &str, name: &str, world: &mut World, crash: Option<Crash>) -> Turn {
     );
     match refund["outcome"].as_str().unwrap() {
         "waiting_approval" => {
-            if crash == Some(Crash::AfterApprovalRequest) {
+            if crash == Some(Crash::ApprovalAsked) {
                 return Turn::Crashed;
             }
             exec(&mut c, &format!("SELECT ledger.transition_run('{RUN}', 'waiting_approval', run_token => {token}); SELECT ledger.release_run('{RUN}', {token})"));
@@ -200,12 +201,12 @@ fn a_run_survives_its_workers_crashing_and_nothing_runs_twice() {
     // Worker 1 dies after its LLM step; worker 2 takes the run over and does not redo the step,
     // then dies after the lookup's request left.
     assert_eq!(
-        work(&db, "w1", &mut world, Some(Crash::AfterLlmStep)),
+        work(&db, "w1", &mut world, Some(Crash::LlmStepDone)),
         Turn::Crashed
     );
     leases_run_out(&mut admin);
     assert_eq!(
-        work(&db, "w2", &mut world, Some(Crash::AfterBegin)),
+        work(&db, "w2", &mut world, Some(Crash::RequestOut)),
         Turn::Crashed
     );
     leases_run_out(&mut admin);
@@ -227,7 +228,7 @@ fn a_run_survives_its_workers_crashing_and_nothing_runs_twice() {
     );
     // Worker 4 replays the lookup from the ledger, asks for the refund's approval and dies.
     assert_eq!(
-        work(&db, "w4", &mut world, Some(Crash::AfterApprovalRequest)),
+        work(&db, "w4", &mut world, Some(Crash::ApprovalAsked)),
         Turn::Crashed
     );
     leases_run_out(&mut admin);
