@@ -143,6 +143,13 @@ AS $$
 $$;
 COMMENT ON FUNCTION ledger_dispatch.scope_granted(text, text) IS 'Whether the session''s login role (session_user, which SET ROLE does not change) may state this scope: it has no grant at all (unbound), or one for the tenant and this workspace or every workspace.';
 
+-- The scope predicate of every policy becomes a C function of this library, so that a policy's
+-- first use loads the library and its check hooks drop a scope set by hand before it loaded.
+CREATE OR REPLACE FUNCTION ledger.scope_tenant() RETURNS text LANGUAGE c STABLE PARALLEL SAFE
+    AS 'MODULE_PATHNAME', 'scope_tenant_wrapper';
+CREATE OR REPLACE FUNCTION ledger.scope_workspace() RETURNS text LANGUAGE c STABLE PARALLEL SAFE
+    AS 'MODULE_PATHNAME', 'scope_workspace_wrapper';
+
 -- Monitoring views fail without a scope (ledger.scope_required), run_overview gains created_at,
 -- request_id, user_id and tool_calls_replayed; the in-doubt view keeps the worker that held the
 -- attempt (the query that marks a call in doubt no longer clears lease_owner).

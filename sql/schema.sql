@@ -28,14 +28,14 @@ END
 $roles$;
 
 -- The scope predicate every policy uses. NULL when no scope is set, so nothing matches.
--- SQL-standard bodies: their names are resolved here, once, so no caller's search_path can
--- change them, and without a SET clause the planner inlines them into every policy (a SET
--- clause made each evaluation a function call that switched search_path and planned its body:
--- a third of a tool-call lifecycle's CPU).
-CREATE FUNCTION ledger.scope_tenant() RETURNS text LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN nullif(pg_catalog.current_setting('ledger.tenant_id', true), '');
-CREATE FUNCTION ledger.scope_workspace() RETURNS text LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN nullif(pg_catalog.current_setting('ledger.workspace_id', true), '');
+-- C functions of this library (src/scope.rs), so that a policy's first use loads the library:
+-- its check hooks then drop a scope the session set by hand before it loaded (only set_scope
+-- states a scope), and no such value ever reaches a policy. No SET clause: they resolve no
+-- names, and a SET clause would make every evaluation switch search_path.
+CREATE FUNCTION ledger.scope_tenant() RETURNS text LANGUAGE c STABLE PARALLEL SAFE
+    AS 'MODULE_PATHNAME', 'scope_tenant_wrapper';
+CREATE FUNCTION ledger.scope_workspace() RETURNS text LANGUAGE c STABLE PARALLEL SAFE
+    AS 'MODULE_PATHNAME', 'scope_workspace_wrapper';
 COMMENT ON FUNCTION ledger.scope_tenant() IS 'The tenant of the current ledger scope (GUC ledger.tenant_id), NULL when unset. Used by every row-level security policy.';
 COMMENT ON FUNCTION ledger.scope_workspace() IS 'The workspace of the current ledger scope (GUC ledger.workspace_id), NULL when unset. Used by every row-level security policy.';
 

@@ -40,6 +40,19 @@ pub fn current() -> Result<Scope> {
     }
 }
 
+/// The tenant of the current scope, NULL when unset: the predicate of every row-level security
+/// policy. sql/schema.sql creates it (before the policies that call it), so no SQL is generated.
+#[pg_extern(sql = false)]
+fn scope_tenant() -> Option<String> {
+    guc::string(&guc::TENANT_ID)
+}
+
+/// The workspace of the current scope, NULL when unset; like `scope_tenant`.
+#[pg_extern(sql = false)]
+fn scope_workspace() -> Option<String> {
+    guc::string(&guc::WORKSPACE_ID)
+}
+
 /// True when a scope is set, else 42501 `SCOPE_MISSING`. The monitoring views filter on it, so
 /// that one read without a scope fails instead of answering "no rows", which looks healthy.
 #[pg_extern(stable, parallel_safe)]

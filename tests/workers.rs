@@ -388,7 +388,6 @@ fn bound_login_roles_state_only_their_granted_scopes() {
         &mut admin,
         "SELECT ledger.set_scope('globex', 'support'); \
          SELECT ledger.create_run('agent', run_id => 'globex-secret'); \
-         ALTER ROLE ledger_test_bound SET session_preload_libraries = 'ledger'; \
          SELECT ledger.grant_scope('ledger_test_bound', 'acme', 'support'); \
          SELECT ledger.grant_scope('ledger_test_bound', 'initech')",
     );
@@ -435,23 +434,37 @@ fn bound_login_roles_state_only_their_granted_scopes() {
         "SELECT count(*) FROM ledger.scope_grants",
         "SELECT ledger.grant_scope('ledger_test_bound', 'globex')",
         "SELECT ledger.revoke_scope('ledger_test_bound', 'acme', 'support')",
-        "ALTER ROLE ledger_test_bound RESET session_preload_libraries",
     ] {
         let err = app.batch_execute(sql).unwrap_err();
         assert_eq!(sqlstate(&err).as_deref(), Some("42501"), "{sql}: {err}");
     }
 
-    // Options in the startup packet: the preloaded library drops them at login.
+    // Before the library is loaded (nothing preloads it here) the GUCs have no check hook, so a
+    // SET or the startup packet's options store the other tenant's scope. The first read of a
+    // ledger table loads the library (the policies call its scope functions), which drops the
+    // value before any policy reads it.
+    let mut app = bound.connect();
+    exec(
+        &mut app,
+        "SET ledger.tenant_id = 'globex'; SET ledger.workspace_id = 'support'",
+    );
+    let seen: i64 = one(&mut app, "SELECT count(*) FROM ledger.runs");
+    assert_eq!(
+        seen, 0,
+        "a scope SET before the library loaded reached a policy"
+    );
+    let dropped: Option<String> = one(&mut app, "SELECT current_setting('ledger.tenant_id', true)");
+    assert_eq!(dropped.as_deref().unwrap_or(""), "");
     let options = format!(
         "host={} port={} user=ledger_test_bound dbname={db} options='-c ledger.tenant_id=globex -c ledger.workspace_id=support'",
         env("LEDGER_TEST_HOST"),
         env("LEDGER_TEST_PORT")
     );
     let mut app = Client::connect(&options, postgres::NoTls).unwrap();
-    let at_login: Option<String> = one(&mut app, "SELECT ledger.scope_tenant()");
-    assert_eq!(at_login, None);
     let seen: i64 = one(&mut app, "SELECT count(*) FROM ledger.runs");
     assert_eq!(seen, 0);
+    let at_login: Option<String> = one(&mut app, "SELECT ledger.scope_tenant()");
+    assert_eq!(at_login, None);
     // ALTER ROLE ... SET is refused where the library is loaded.
     exec(&mut admin, "LOAD 'ledger'");
     refused(
