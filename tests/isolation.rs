@@ -861,7 +861,8 @@ fn scope_names_set_by_hand_are_checked_wherever_they_come_from() {
         "ID_INVALID",
     );
     // ... and stored unchecked from a session where it is not; the role's next session gets it
-    // at login, and loses it when the library loads.
+    // at login, and loses it when the library loads: at its first read of the scope, since
+    // scope_tenant() is the library's.
     exec(
         &mut connect_to(&db, "postgres"),
         &format!(
@@ -869,8 +870,10 @@ fn scope_names_set_by_hand_are_checked_wherever_they_come_from() {
         ),
     );
     let mut app = role.connect();
+    let stored: String = one(&mut app, "SELECT current_setting('ledger.tenant_id')");
+    assert_eq!(stored, bad, "stored unchecked before the library loads");
     let at_login: Option<String> = one(&mut app, "SELECT ledger.scope_tenant()");
-    assert_eq!(at_login.as_deref(), Some(bad));
+    assert_eq!(at_login, None);
     let seen: i64 = one(&mut app, "SELECT count(*) FROM ledger.runs");
     assert_eq!(seen, 0, "a plain read under the name finds nothing");
     no_scope(&mut app);
@@ -883,8 +886,10 @@ fn scope_names_set_by_hand_are_checked_wherever_they_come_from() {
         env("LEDGER_TEST_PORT")
     );
     let mut app = Client::connect(&options, postgres::NoTls).unwrap();
+    let stored: String = one(&mut app, "SELECT current_setting('ledger.tenant_id')");
+    assert_eq!(stored, bad, "stored unchecked before the library loads");
     let at_login: Option<String> = one(&mut app, "SELECT ledger.scope_tenant()");
-    assert_eq!(at_login.as_deref(), Some(bad));
+    assert_eq!(at_login, None);
     no_scope(&mut app);
 
     let runs: Vec<String> = strings(
