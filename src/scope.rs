@@ -62,28 +62,34 @@ pub fn scope_required() -> std::result::Result<bool, SqlError> {
     Ok(true)
 }
 
-/// Sets the scope GUCs, for the transaction or the session.
-fn state(scope: &Scope, local: bool) -> Result<()> {
+/// Sets the scope GUCs, for the transaction or the session, in one statement: with
+/// `check_grant`, only if the session's login role may state the scope (its scope grants), and
+/// returns whether it did.
+fn state(scope: &Scope, local: bool, check_grant: bool) -> Result<bool> {
     // A read-only statement (set_config writes no row), so the scope can be set on a hot standby.
-    guc::stating(|| {
+    // OFFSET 0 keeps the grant check one evaluation, not one per reference to g.
+    let stated = guc::stating(|| {
         db::select_one(
-            "SELECT pg_catalog.set_config('ledger.tenant_id', $1, $3), \
-                    pg_catalog.set_config('ledger.workspace_id', $2, $3)",
+            "SELECT g, CASE WHEN g THEN pg_catalog.set_config('ledger.tenant_id', $1, $3) END, \
+                    CASE WHEN g THEN pg_catalog.set_config('ledger.workspace_id', $2, $3) END \
+               FROM (SELECT NOT $4 OR ledger_dispatch.scope_granted($1, $2) AS g OFFSET 0) AS granted",
             &[
                 scope.tenant.as_str().into(),
                 scope.workspace.as_str().into(),
                 local.into(),
+                check_grant.into(),
             ],
-            |_| Ok(()),
+            |r| db::req::<bool>(r, 1),
         )
     })?;
-    Ok(())
+    Ok(stated == Some(true))
 }
 
 /// Switches an operator's work to a row's scope, until the calling function returns: only for
 /// functions with a SET clause (every SECURITY DEFINER one), whose exit restores the GUCs.
 pub fn enter(scope: &Scope) -> Result<()> {
-    state(scope, true)
+    state(scope, true, false)?;
+    Ok(())
 }
 
 /// Whether the caller (the role in force outside this SECURITY DEFINER function, so `SET ROLE`
@@ -116,12 +122,11 @@ fn set_scope(
     let workspace = required_id("workspace_id", workspace_id)?;
     ids::validate("tenant_id", tenant)?;
     ids::validate("workspace_id", workspace)?;
-    let granted = db::select_one(
-        "SELECT ledger_dispatch.scope_granted($1, $2)",
-        &[tenant.into(), workspace.into()],
-        |r| db::req::<bool>(r, 1),
-    )?;
-    if granted != Some(true) {
+    let scope = Scope {
+        tenant: tenant.to_owned(),
+        workspace: workspace.to_owned(),
+    };
+    if !state(&scope, is_local.unwrap_or(false), true)? {
         raise(
             LedgerError::new(
                 Class::Privilege,
@@ -132,11 +137,7 @@ fn set_scope(
             .with("workspace_id", workspace),
         );
     }
-    let scope = Scope {
-        tenant: tenant.to_owned(),
-        workspace: workspace.to_owned(),
-    };
-    Ok(state(&scope, is_local.unwrap_or(false))?)
+    Ok(())
 }
 
 /// The role a grant names (P0002 `ROLE_NOT_FOUND`).
