@@ -16,9 +16,10 @@ as_pg() {
   if [ "$(id -u)" -eq 0 ]; then sudo -u postgres -- "$@"; else "$@"; fi
 }
 
-# cluster_start MAJOR DATADIR PORT: a private cluster, socket in DATADIR, no TCP listener.
+# cluster_start MAJOR DATADIR PORT [SERVER OPTIONS]: a private cluster, socket in DATADIR, no TCP
+# listener. The options (e.g. "$PRELOAD") go to the server's command line, which pg_ctl restart keeps.
 cluster_start() {
-  local major=$1 data=$2 port=$3 bin
+  local major=$1 data=$2 port=$3 options=${4:-} bin
   bin=$(pg_bindir "$major")
   if [ ! -f "$data/PG_VERSION" ]; then
     mkdir -p "$data"
@@ -26,7 +27,7 @@ cluster_start() {
     chmod 700 "$data"
     as_pg "$bin/initdb" -D "$data" -U postgres --auth=trust --encoding=UTF8 --no-locale >/dev/null
   fi
-  as_pg "$bin/pg_ctl" -D "$data" -l "$data/server.log" -w -o "-p $port -k $data -c listen_addresses=''" start >/dev/null
+  as_pg "$bin/pg_ctl" -D "$data" -l "$data/server.log" -w -o "-p $port -k $data -c listen_addresses='' $options" start >/dev/null
 }
 
 cluster_stop() {
@@ -34,6 +35,10 @@ cluster_stop() {
   [ -f "$data/postmaster.pid" ] || return 0
   as_pg "$(pg_bindir "$major")/pg_ctl" -D "$data" -m fast -w stop >/dev/null
 }
+
+# The library preloaded, so that the notifier worker sends the notifications (ledger.notify = worker),
+# and prepared transactions allowed (the notifier tests prepare some).
+PRELOAD="-c shared_preload_libraries=ledger -c max_prepared_transactions=8"
 
 # cluster_psql MAJOR DATADIR PORT [psql args...]
 cluster_psql() {

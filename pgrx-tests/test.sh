@@ -43,7 +43,7 @@ for v in $VERSIONS; do
   mkdir -p "$work"
   cp -r tests/pg_regress "$work/in"
   [ "$(id -u)" -eq 0 ] && chown -R postgres: "$work"
-  cluster_start "$v" "$data" "$port"
+  cluster_start "$v" "$data" "$port" "$PRELOAD"
   trap 'cluster_stop "$v" "$data" || true' EXIT
   cluster_psql "$v" "$data" "$port" -q -c "CREATE DATABASE ledger_regress"
   bindir=$(pg_bindir "$v")
@@ -57,7 +57,7 @@ for v in $VERSIONS; do
   fi
   bash pgrx-tests/upgrade.sh "$v" "$data" "$port" "$work"
   LEDGER_TEST_HOST=$data LEDGER_TEST_PORT=$port LEDGER_TEST_PGDATA=$data LEDGER_TEST_BINDIR=$bindir \
-    cargo test --no-default-features --features "pg$v pg_test" --test '*' -- --ignored --test-threads=1
+    LEDGER_TEST_SERVER_OPTIONS="$PRELOAD" cargo test --no-default-features --features "pg$v pg_test" --test '*' -- --ignored --test-threads=1
   cluster_stop "$v" "$data"
   trap - EXIT
   rm -rf "$work"

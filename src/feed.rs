@@ -23,6 +23,7 @@ use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required_id};
 use crate::model::events::{self, Event};
 use crate::model::{self, hash, ids};
+use crate::notifier;
 use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
 use pgrx::datum::DatumWithOid;
@@ -245,13 +246,15 @@ fn settle(batch: &mut Batch) -> Result<()> {
     Ok(())
 }
 
-/// Writes the events (their seqs settled first) with one INSERT per `EVENTS_PER_INSERT`, and
-/// notifies the run's channel once per event, in seq order (delivered at commit). The
-/// notifications carry ids only: any role may LISTEN on any channel.
+/// Writes the events (their seqs settled first) with one INSERT per `EVENTS_PER_INSERT`. Inline,
+/// it notifies the run's channel once per event, in seq order (delivered at commit); through the
+/// notifier, the transaction's last seq of the run is told at commit. The notifications carry ids
+/// only: any role may LISTEN on any channel.
 fn write(mut batch: Batch) -> Result<()> {
     settle(&mut batch)?;
-    let notify = notifying();
-    let channel = notify
+    let mode = notifier::mode();
+    let inline = mode == notifier::Mode::Inline;
+    let channel = inline
         .then(|| hash::run_channel(&batch.scope.tenant, &batch.scope.workspace, &batch.run_id));
     for chunk in batch.events.chunks(EVENTS_PER_INSERT) {
         let mut args: Vec<DatumWithOid> = batch
@@ -261,7 +264,7 @@ fn write(mut batch: Batch) -> Result<()> {
             let seq = e
                 .seq
                 .ok_or_else(|| LedgerError::internal("event seq was not allocated"))?;
-            let note = notify.then(|| {
+            let note = inline.then(|| {
                 json!({"run_id": batch.run_id, "seq": seq, "event_id": e.id, "event_type": e.event_type})
                     .to_string()
             });
@@ -274,7 +277,12 @@ fn write(mut batch: Batch) -> Result<()> {
                 note.into(),
             ]);
         }
-        db::execute(&model::feed::insert_statement(chunk.len(), notify), &args)?;
+        db::execute(&model::feed::insert_statement(chunk.len(), inline), &args)?;
+    }
+    if mode == notifier::Mode::Worker {
+        if let Some(last) = batch.events.iter().filter_map(|e| e.seq).max() {
+            notifier::run_news(&batch.scope, &batch.run_id, last);
+        }
     }
     Ok(())
 }
@@ -333,13 +341,8 @@ fn push(
     keep_or_write(batch)
 }
 
-/// Whether writes notify at commit (`ledger.notify`, on unless an operator turned it off).
-pub fn notifying() -> bool {
-    crate::guc::NOTIFY.get()
-}
-
-/// Writes an outbox row in the caller's transaction and notifies `ledger_outbox` with its id
-/// (unless `ledger.notify` is off). `subject` names the fact (`run:<id>`, `tool_call:<id>`).
+/// Writes an outbox row in the caller's transaction and wakes `ledger_outbox`'s listeners at
+/// commit with its id. `subject` names the fact (`run:<id>`, `tool_call:<id>`).
 pub fn enqueue(
     scope: &Scope,
     event: &Event,
@@ -349,11 +352,7 @@ pub fn enqueue(
 ) -> Result<String> {
     let id = ids::new_id("obx");
     db::execute(
-        if notifying() {
-            include_str!("../sql/queries/enqueue_outbox_notifying.sql")
-        } else {
-            include_str!("../sql/queries/enqueue_outbox.sql")
-        },
+        include_str!("../sql/queries/enqueue_outbox.sql"),
         &scope.args([
             id.as_str().into(),
             event.event_type().into(),
@@ -363,7 +362,17 @@ pub fn enqueue(
             Jsonb::from(&event.payload()).into(),
         ]),
     )?;
+    outbox_wakeup(&id);
     Ok(id)
+}
+
+/// Tells `ledger_outbox`'s listeners (at commit) that the event is due, as `ledger.notify` says.
+pub fn outbox_wakeup(id: &str) {
+    match notifier::mode() {
+        notifier::Mode::Off => {}
+        notifier::Mode::Inline => notifier::notify("ledger_outbox", id),
+        notifier::Mode::Worker => notifier::outbox_news(id),
+    }
 }
 
 pub const MAX_EVENTS_PER_CALL: i32 = 10_000;

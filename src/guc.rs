@@ -2,7 +2,7 @@
 
 use crate::error::{report_check_failure, Class, LedgerError};
 use crate::model::ids;
-use pgrx::{pg_guard, pg_sys, GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::{pg_guard, pg_sys, GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr, CString};
 
@@ -30,7 +30,26 @@ pub static TENANT_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>
 pub static WORKSPACE_ID: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static REDACT_KEYS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 pub static REDACT_VALUES: GucSetting<bool> = GucSetting::<bool>::new(true);
-pub static NOTIFY: GucSetting<bool> = GucSetting::<bool>::new(true);
+pub static NOTIFY: GucSetting<NotifyMode> = GucSetting::<NotifyMode>::new(NotifyMode::Worker);
+pub static NOTIFIER_CAPACITY: GucSetting<i32> =
+    GucSetting::<i32>::new(crate::model::wakeups::CAPACITY as i32);
+
+/// `ledger.notify`: who sends the feed's and the outbox's notifications.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum NotifyMode {
+    /// The notifier worker of the database, when the library is preloaded; else as `inline`.
+    #[name = c"worker"]
+    Worker,
+    /// Every writing transaction, at its commit.
+    #[name = c"inline"]
+    Inline,
+    #[name = c"off"]
+    Off,
+    /// 0.4's boolean `on`, kept so that old settings load: the default.
+    #[name = c"on"]
+    #[hidden = true]
+    On,
+}
 
 pub fn init() {
     // SAFETY: the check hooks keep PostgreSQL's contract: they only read the proposed value,
@@ -79,12 +98,22 @@ pub fn init() {
     );
     // Superuser-only (or GRANT SET ON PARAMETER): switching it off silences other sessions'
     // followers, an operator's decision, never a writer's.
-    GucRegistry::define_bool_guc(
+    GucRegistry::define_enum_guc(
         c"ledger.notify",
-        c"Send the run feed's and the outbox's notifications (NOTIFY) at commit.",
-        c"Off: writes send no NOTIFY and followers must poll events_since and claim_outbox_events. PostgreSQL serialises the commits of notifying transactions, so off raises write throughput under concurrency.",
+        c"Who sends the run feed's and the outbox's notifications: worker, inline or off.",
+        c"worker (default): the database's notifier worker, when the library is in shared_preload_libraries (else as inline). inline: every writing transaction at its commit, which PostgreSQL serialises. off: none; followers poll events_since and claim_outbox_events.",
         &NOTIFY,
         GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"ledger.notifier_capacity",
+        c"Most channels waiting in the notifier's shared table; beyond it, writers notify by themselves.",
+        c"At most 1024, the table's size in shared memory. Read at each commit.",
+        &NOTIFIER_CAPACITY,
+        1,
+        crate::model::wakeups::CAPACITY as i32,
+        GucContext::Sighup,
         GucFlags::default(),
     );
 }

@@ -18,6 +18,7 @@ mod error;
 mod feed;
 mod guc;
 mod jsonb;
+mod notifier;
 mod outbox;
 mod ownership;
 mod records;
@@ -49,6 +50,7 @@ extension_sql_file!("../sql/finalize.sql", name = "ledger_finalize", finalize);
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     guc::init();
+    notifier::init();
     model::interrupt::install(check_for_interrupts);
 }
 

@@ -329,8 +329,8 @@ fn nack_outbox_event(
 }
 
 /// Puts a failed event back to pending, due now, with another 64 attempts. `attempt_count` is
-/// kept (the history) and `replay_count` counts the replays. Notifies `ledger_outbox` like an
-/// insert (unless `ledger.notify` is off), so a consumer waiting on it picks the event up.
+/// kept (the history) and `replay_count` counts the replays. Wakes `ledger_outbox` like an
+/// insert, so a consumer waiting on it picks the event up.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn replay_outbox_event(
@@ -344,12 +344,7 @@ fn replay_outbox_event(
         include_str!("../sql/queries/replay_outbox_event.sql"),
         &scope.args([id.as_str().into()]),
     )?;
-    if crate::feed::notifying() {
-        db::execute(
-            "SELECT pg_catalog.pg_notify('ledger_outbox', $1)",
-            &[id.as_str().into()],
-        )?;
-    }
+    crate::feed::outbox_wakeup(&id);
     let event = events(&scope, vec![id.clone()])?.into_iter().next();
     Ok(event.ok_or_else(|| not_found(&id))?)
 }

@@ -130,6 +130,28 @@ pub fn restart_server_with(mode: &str) {
     assert!(status.success(), "pg_ctl restart -m {mode} failed");
 }
 
+/// Restarts the server with these options instead of its own (`LEDGER_TEST_SERVER_OPTIONS`, what
+/// test.sh starts it with: the library preloaded); `restart_server_as_configured` goes back.
+pub fn restart_server_with_options(options: &str) {
+    let command_line = format!(
+        "-p {} -k {} -c listen_addresses='' {options}",
+        env("LEDGER_TEST_PORT"),
+        env("LEDGER_TEST_HOST")
+    );
+    let status = pg_tool("pg_ctl")
+        .args(["-D", &env("LEDGER_TEST_PGDATA"), "-m", "fast", "-w", "-o"])
+        .arg(command_line)
+        .arg("restart")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "pg_ctl restart -o {options} failed");
+}
+
+pub fn restart_server_as_configured() {
+    restart_server_with_options(&std::env::var("LEDGER_TEST_SERVER_OPTIONS").unwrap_or_default());
+}
+
 pub fn running_as_root() -> bool {
     std::process::Command::new("id")
         .arg("-u")

@@ -19,6 +19,16 @@ pub fn hex(digest: &[u8]) -> String {
 /// The NOTIFY channel of a run: a digest of its scope and id, so that it fits a channel name
 /// (63 bytes) whatever the id's length and says nothing about the run to other listeners.
 pub fn run_channel(tenant: &str, workspace: &str, run_id: &str) -> String {
+    format!(
+        "{RUN_CHANNEL_PREFIX}{}",
+        hex(&run_channel_digest(tenant, workspace, run_id))
+    )
+}
+
+pub const RUN_CHANNEL_PREFIX: &str = "ledger_run_";
+
+/// The 16 bytes of a run's channel name (`run_channel` is their hex).
+pub fn run_channel_digest(tenant: &str, workspace: &str, run_id: &str) -> [u8; 16] {
     let mut material = Vec::with_capacity(tenant.len() + workspace.len() + run_id.len() + 2);
     for (i, part) in [tenant, workspace, run_id].iter().enumerate() {
         if i > 0 {
@@ -26,7 +36,9 @@ pub fn run_channel(tenant: &str, workspace: &str, run_id: &str) -> String {
         }
         material.extend_from_slice(part.as_bytes());
     }
-    format!("ledger_run_{}", &sha256_hex(&material)[..32])
+    let mut digest = [0u8; 16];
+    digest.copy_from_slice(&Sha256::digest(&material)[..16]);
+    digest
 }
 
 #[cfg(test)]

@@ -21,3 +21,4 @@ pub mod run_lease;
 pub mod status;
 pub mod text;
 pub mod tool_call;
+pub mod wakeups;
