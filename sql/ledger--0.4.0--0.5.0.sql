@@ -488,6 +488,20 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'nack_outbox_events_wrapper';
 
+CREATE  FUNCTION "notifier_status"() RETURNS TABLE (
+	"notify" TEXT,  /* String */
+	"preloaded" bool,  /* bool */
+	"worker_pid" INT,  /* Option < i32 > */
+	"waiting" INT,  /* i32 */
+	"capacity" INT,  /* i32 */
+	"notifications_sent" bigint,  /* i64 */
+	"sent_by_writers" bigint  /* i64 */
+)
+STRICT VOLATILE PARALLEL SAFE
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'notifier_status_wrapper';
+
 CREATE  FUNCTION "purge_runs"(
 	"older_than" interval, /* Option < Interval > */
 	"batch" INT DEFAULT 1000 /* Option < i32 > */
@@ -908,6 +922,7 @@ GRANT EXECUTE ON FUNCTION
     ledger.scope_required(),
     ledger.scope_workspace(),
     ledger.status_transitions(),
+    ledger.notifier_status(),
     ledger.events_since(text, text, integer),
     ledger.run_channel(text),
     ledger.run_inputs(text),
@@ -932,6 +947,8 @@ COMMENT ON FUNCTION ledger.set_scope(text, text, boolean) IS
     'Sets the caller''s scope (GUCs ledger.tenant_id, ledger.workspace_id) for the session, or with is_local => true for the current transaction only. Every other function refuses to run without it (42501 SCOPE_MISSING). The only way to set a scope: SET, set_config, ALTER ROLE ... SET and PGOPTIONS are refused (42501 SCOPE_SET_DIRECTLY). A login role bound by ledger.grant_scope may state only its granted scopes (42501 SCOPE_NOT_GRANTED).';
 COMMENT ON FUNCTION ledger.scope_required() IS
     'true when a scope is set, else 42501 SCOPE_MISSING. The monitoring views filter on it, so that reading one without a scope fails instead of showing no rows.';
+COMMENT ON FUNCTION ledger.notifier_status() IS
+    'How this session''s writes notify (notify: worker, inline or off, as ledger.notify and the preload allow), whether the library is preloaded, and for this database: the notifier worker''s pid (NULL: none attached now; it starts with the next write and leaves after 2 s idle), channels waiting in its table, the table''s capacity (ledger.notifier_capacity), notifications the workers sent, and commits whose writers notified by themselves while preloaded (no worker attached, the table full).';
 COMMENT ON FUNCTION ledger.status_transitions() IS
     'The status machine: every allowed (resource, from_status, to_status) for run, step and task. Statuses: queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired (+ skipped for steps). Terminal: succeeded, failed, canceled, expired, skipped.';
 COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text) IS
@@ -947,7 +964,7 @@ COMMENT ON FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, 
 COMMENT ON FUNCTION ledger.events_since(text, text, integer) IS
     'The run''s events after after_event_id (from the start when NULL), ordered by their gapless seq. ends_run marks the event that moved the run to a terminal status: a follower may stop after it. An unknown after_event_id fails P0002 EVENT_NOT_FOUND. Client contract: LISTEN on ledger.run_channel(run_id) first, then call this with your cursor, and again on each notification.';
 COMMENT ON FUNCTION ledger.run_channel(text) IS
-    'The LISTEN/NOTIFY channel of a run. Each event appended to the run notifies it at commit with {"run_id","seq","event_id","event_type"}.';
+    'The LISTEN/NOTIFY channel of a run. Commits that append to the run notify it with {"run_id","seq"}: events up to seq are committed (ledger.notify = inline: one per event, with event_id and event_type too).';
 COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, jsonb, bigint) IS
     'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. The lease is timeout_seconds plus a tenth (at least 5 s), never under 10 s. With approval {title, policy_ref, details}, a new call is created waiting for it (as ledger.request_tool_approval does) and a known one answers its current outcome, so one call is right on every resume. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.begin_tool_call(text, bigint) IS

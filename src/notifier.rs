@@ -327,9 +327,10 @@ unsafe extern "C-unwind" fn on_worker_exit(_code: i32, arg: pg_sys::Datum) {
     TABLE.exclusive().0.detach(arg.value() as u32, pid);
 }
 
-/// The state of the notification path, for this session and its database.
+/// The state of the notification path, for this session and its database. No table access, so
+/// it runs as its caller.
 #[allow(clippy::type_complexity)]
-#[pg_extern(volatile, parallel_safe, security_definer)]
+#[pg_extern(volatile, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn notifier_status() -> TableIterator<
     'static,

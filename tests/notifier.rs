@@ -493,15 +493,8 @@ fn each_database_has_its_own_worker_which_leaves_when_idle() {
 #[test]
 #[ignore]
 fn without_the_preload_writers_notify_inline_as_before() {
-    struct Restore;
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            restart_server_as_configured();
-        }
-    }
     let db = database("ledger_notifier_inline");
-    let _restore = Restore;
-    restart_server_with_options("-c shared_preload_libraries=''");
+    let _plain = WithoutPreload::start();
     let mut writer = session(&db);
     let mut listener = session(&db);
     let status: (String, bool, Option<i32>) = {

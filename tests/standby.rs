@@ -41,7 +41,12 @@ impl Standby {
         )
         .expect("primary_conninfo");
         let standby = Standby { dir, port };
-        let options = format!("-p {port} -k {} -c listen_addresses=''", standby.dir);
+        // The primary's options too: a standby needs max_prepared_transactions at least as high.
+        let options = format!(
+            "-p {port} -k {} -c listen_addresses='' {}",
+            standby.dir,
+            std::env::var("LEDGER_TEST_SERVER_OPTIONS").unwrap_or_default()
+        );
         let log = format!("{}/server.log", standby.dir);
         let started = pg_tool("pg_ctl")
             .args([

@@ -381,6 +381,9 @@ fn an_operator_claims_runs_and_outbox_events_across_scopes() {
 #[ignore]
 fn bound_login_roles_state_only_their_granted_scopes() {
     let db = database("ledger_workers_grants");
+    // Without the preload, as a bound role needs none: the library loads at a session's first
+    // ledger call, after any scope set by hand.
+    let _plain = WithoutPreload::start();
     let bound = LoginRole::create(&db, "ledger_test_bound", "ledger_writer");
     let free = LoginRole::create(&db, "ledger_test_free", "ledger_writer");
     let mut admin = connect_to(&db, "postgres");

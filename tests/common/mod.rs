@@ -152,6 +152,22 @@ pub fn restart_server_as_configured() {
     restart_server_with_options(&std::env::var("LEDGER_TEST_SERVER_OPTIONS").unwrap_or_default());
 }
 
+/// The server restarted without the library preloaded, for as long as this lives.
+pub struct WithoutPreload;
+
+impl WithoutPreload {
+    pub fn start() -> WithoutPreload {
+        restart_server_with_options("-c shared_preload_libraries=''");
+        WithoutPreload
+    }
+}
+
+impl Drop for WithoutPreload {
+    fn drop(&mut self) {
+        restart_server_as_configured();
+    }
+}
+
 pub fn running_as_root() -> bool {
     std::process::Command::new("id")
         .arg("-u")
