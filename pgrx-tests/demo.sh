@@ -27,7 +27,7 @@ fi
 echo "demo: building and installing the extension into PostgreSQL $MAJOR"
 install_ledger "$MAJOR"
 cluster_stop "$MAJOR" "$DATA" || true
-cluster_start "$MAJOR" "$DATA" "$PORT"
+cluster_start "$MAJOR" "$DATA" "$PORT" "$PRELOAD"
 cluster_psql "$MAJOR" "$DATA" "$PORT" -q -c "DROP DATABASE IF EXISTS ledger_demo" -c "CREATE DATABASE ledger_demo"
 cluster_psql "$MAJOR" "$DATA" "$PORT" -d ledger_demo -q -c "CREATE EXTENSION ledger"
 echo "demo: walkthrough (tests/pg_regress/sql/walkthrough.sql; its errors are on purpose)"

@@ -497,7 +497,7 @@ CREATE  FUNCTION "notifier_status"() RETURNS TABLE (
 	"notifications_sent" bigint,  /* i64 */
 	"sent_by_writers" bigint  /* i64 */
 )
-STRICT VOLATILE PARALLEL SAFE
+STRICT STABLE PARALLEL SAFE
 SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'notifier_status_wrapper';

@@ -328,9 +328,10 @@ unsafe extern "C-unwind" fn on_worker_exit(_code: i32, arg: pg_sys::Datum) {
 }
 
 /// The state of the notification path, for this session and its database. No table access, so
-/// it runs as its caller.
+/// it runs as its caller; stable like PostgreSQL's statistics functions, which read shared
+/// counters too.
 #[allow(clippy::type_complexity)]
-#[pg_extern(volatile, parallel_safe)]
+#[pg_extern(stable, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn notifier_status() -> TableIterator<
     'static,
@@ -362,4 +363,46 @@ fn notifier_status() -> TableIterator<
         db.sent as i64,
         db.by_writers as i64,
     ))
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::one;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn without_the_preload_worker_means_inline() {
+        assert_eq!(one::<String>("SHOW ledger.notify"), "worker");
+        let (notify, preloaded, pid) = Spi::get_three::<String, bool, i32>(
+            "SELECT notify, preloaded, worker_pid FROM ledger.notifier_status()",
+        )
+        .unwrap();
+        assert_eq!(
+            (notify.as_deref(), preloaded, pid),
+            (Some("inline"), Some(false), None)
+        );
+    }
+
+    #[pg_test]
+    fn the_three_modes_and_the_old_boolean_are_accepted() {
+        for (set, shown, effective) in [
+            ("inline", "inline", "inline"),
+            ("off", "off", "off"),
+            ("on", "on", "inline"),
+            ("worker", "worker", "inline"),
+        ] {
+            Spi::run(&format!("SET LOCAL ledger.notify = {set}")).unwrap();
+            assert_eq!(one::<String>("SHOW ledger.notify"), shown);
+            assert_eq!(
+                one::<String>("SELECT notify FROM ledger.notifier_status()"),
+                effective
+            );
+        }
+    }
+
+    #[pg_test(error = "invalid value for parameter \"ledger.notify\": \"sometimes\"")]
+    fn an_unknown_mode_is_refused() {
+        Spi::run("SET LOCAL ledger.notify = sometimes").unwrap();
+    }
 }
