@@ -26,17 +26,12 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+#[derive(Default)]
 struct Table(Wakeups);
 
 // SAFETY: plain data without pointers (heapless containers and integers); the latch addresses
 // it holds point into shared memory, mapped at the same address in every backend.
 unsafe impl PGRXSharedMemory for Table {}
-
-impl Default for Table {
-    fn default() -> Self {
-        Table(Wakeups::default())
-    }
-}
 
 static TABLE: PgLwLock<Table> = unsafe { PgLwLock::new(c"ledger_notifier") };
 
@@ -65,6 +60,8 @@ fn preloaded() -> bool {
 }
 
 /// Called by `_PG_init`: with the preload, the shared table and the transaction callback.
+// pg_shmem_init! tests pgrx's pg13/pg14 features, which this crate does not declare.
+#[allow(unexpected_cfgs)]
 pub fn init() {
     // SAFETY: read while the postmaster loads the library, or in a backend loading it later.
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
