@@ -43,8 +43,15 @@ for v in $VERSIONS; do
   mkdir -p "$work"
   cp -r tests/pg_regress "$work/in"
   [ "$(id -u)" -eq 0 ] && chown -R postgres: "$work"
-  cluster_start "$v" "$data" "$port" "$PRELOAD"
+  # The upgrade tests first, without the preload: they load older releases' libraries, which
+  # define the same parameters as this one.
+  cluster_start "$v" "$data" "$port"
   trap 'cluster_stop "$v" "$data" || true' EXIT
+  bash pgrx-tests/upgrade.sh "$v" "$data" "$port" "$work"
+  # Then everything else with the library preloaded (the notifier worker sends notifications);
+  # tests that need a server without it restart it so (tests/common/mod.rs).
+  cluster_stop "$v" "$data"
+  cluster_start "$v" "$data" "$port" "$PRELOAD"
   cluster_psql "$v" "$data" "$port" -q -c "CREATE DATABASE ledger_regress"
   bindir=$(pg_bindir "$v")
   regress="$($bindir/pg_config --pkglibdir)/pgxs/src/test/regress/pg_regress"
@@ -55,7 +62,6 @@ for v in $VERSIONS; do
     cat "$work/out/regression.diffs" 2>/dev/null || true
     exit 1
   fi
-  bash pgrx-tests/upgrade.sh "$v" "$data" "$port" "$work"
   LEDGER_TEST_HOST=$data LEDGER_TEST_PORT=$port LEDGER_TEST_PGDATA=$data LEDGER_TEST_BINDIR=$bindir \
     LEDGER_TEST_SERVER_OPTIONS="$PRELOAD" cargo test --no-default-features --features "pg$v pg_test" --test '*' -- --ignored --test-threads=1
   cluster_stop "$v" "$data"
