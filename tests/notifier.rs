@@ -168,7 +168,9 @@ fn followers_are_woken_by_the_worker_once_per_commit_with_the_last_seq() {
     );
     assert_eq!(seqs(&mut listener, "r", Some(&cursor)).len(), 5);
 
-    // The outbox's listeners are woken by the worker too, with an event id.
+    // The outbox's listeners are woken by the worker too, with an event id (a worker just
+    // active: an idle one leaves after 2 s).
+    let worker = worker_serving(&mut writer, &mut listener, &channel);
     exec(&mut writer, "SELECT ledger.transition_run('r', 'running')");
     exec(
         &mut writer,
