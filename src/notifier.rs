@@ -244,7 +244,8 @@ fn start_worker() {
 #[no_mangle]
 pub extern "C-unwind" fn ledger_notifier_main(arg: pg_sys::Datum) {
     let oid = arg.value() as u32;
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    // It reads no configuration: SIGTERM is the only signal it handles.
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGTERM);
     // SAFETY: a backend-global.
     let pid = unsafe { pg_sys::MyProcPid };
     if TABLE.exclusive().0.attach(oid, pid, now()) == Attach::Leave {
@@ -260,20 +261,13 @@ pub extern "C-unwind" fn ledger_notifier_main(arg: pg_sys::Datum) {
     let mut notes = Vec::new();
     let mut idle_since = now();
     loop {
-        // SAFETY: flags the signal handlers set (pgrx's: SIGTERM, SIGHUP); read, never consumed.
+        // SAFETY: the flag pgrx's SIGTERM handler sets; read, never consumed.
         if unsafe { (&raw const pg_sys::ShutdownRequestPending).read_volatile() } != 0 {
             if TABLE.exclusive().0.detach(oid, pid) {
                 // SAFETY: leaves the process; the postmaster restarts it after bgw_restart_time.
                 unsafe { pg_sys::proc_exit(1) };
             }
             return;
-        }
-        // SAFETY: as above; cleared here, as a backend does between statements.
-        if unsafe { (&raw const pg_sys::ConfigReloadPending).read_volatile() } != 0 {
-            unsafe {
-                (&raw mut pg_sys::ConfigReloadPending).write_volatile(0);
-                pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP);
-            }
         }
         let parked = {
             let mut table = TABLE.exclusive();
