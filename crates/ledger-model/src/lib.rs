@@ -20,4 +20,5 @@ pub mod retention;
 pub mod run_lease;
 pub mod status;
 pub mod text;
+pub mod tool_batch;
 pub mod tool_call;
