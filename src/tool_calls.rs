@@ -2480,4 +2480,3 @@ mod tests {
         assert!(one::<bool>("SELECT ledger.redact(NULL) IS NULL"));
     }
 }
-

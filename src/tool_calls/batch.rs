@@ -3,7 +3,7 @@
 //! `claim`, `start`); the batch adds only its shape, one lock and fence of the run, and one
 //! `last_seq` bump for all the events (`feed::collected`).
 
-use super::{approval_request, claim, parsed_arguments, start, Answer, Claim, claim_owner};
+use super::{approval_request, claim, claim_owner, parsed_arguments, start, Answer, Claim};
 use crate::error::{LedgerError, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
@@ -29,10 +29,8 @@ fn claim_tool_calls(
     lease_owner: default!(Option<&str>, "NULL"),
     begin: default!(Option<bool>, false),
     run_token: default!(Option<i64>, "NULL"),
-) -> std::result::Result<
-    TableIterator<'static, (name!(index, i32), name!(claim, Jsonb))>,
-    SqlError,
-> {
+) -> std::result::Result<TableIterator<'static, (name!(index, i32), name!(claim, Jsonb))>, SqlError>
+{
     feed::collected(|| {
         let scope = scope::current()?;
         let run_id = required_id("run_id", run_id)?;
@@ -68,12 +66,11 @@ fn claim_tool_calls(
             .map_err(|e| e.with("index", i))?;
             claims.push(call);
         }
-        tool_batch::distinct(claims.iter().map(|c| {
-            (
-                c.who.idempotency_key.as_str(),
-                c.who.tool_call_id.as_str(),
-            )
-        }))?;
+        tool_batch::distinct(
+            claims
+                .iter()
+                .map(|c| (c.who.idempotency_key.as_str(), c.who.tool_call_id.as_str())),
+        )?;
         let run = rows::lock_run(&scope, "run_id", run_id)?;
         run.fence(run_token)?;
         let mut rows = Vec::with_capacity(claims.len());
@@ -93,7 +90,6 @@ fn claim_tool_calls(
         Ok(TableIterator::new(rows))
     })
 }
-
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
@@ -132,14 +128,38 @@ mod tests {
     /// The calls of a turn meeting every state, as a batch: (tool_call_id, element).
     fn turn(run: &str) -> Vec<(&'static str, Value)> {
         vec![
-            ("fresh", json!({"tool_ref": "search", "arguments": {"q": 9}, "tool_call_id": "fresh", "timeout_seconds": 5})),
-            ("done", json!({"tool_ref": "search", "arguments": {"q": 1}, "tool_call_id": "done"})),
-            ("busy", json!({"tool_ref": "search", "arguments": {"q": 2}, "tool_call_id": "busy"})),
-            ("sent", json!({"tool_ref": "pay", "arguments": {"n": 1}, "tool_call_id": "sent"})),
-            ("asked", json!({"tool_ref": "pay", "arguments": {"n": 2}, "tool_call_id": "asked"})),
-            ("denied", json!({"tool_ref": "pay", "arguments": {"n": 3}, "tool_call_id": "denied"})),
-            ("gated", json!({"tool_ref": "pay", "arguments": {"n": 4}, "tool_call_id": "gated", "approval": {"title": "Pay?"}})),
-            ("fresh2", json!({"tool_ref": "fetch", "tool_call_id": "fresh2", "idempotency_key": format!("k-fresh2-{run}")})),
+            (
+                "fresh",
+                json!({"tool_ref": "search", "arguments": {"q": 9}, "tool_call_id": "fresh", "timeout_seconds": 5}),
+            ),
+            (
+                "done",
+                json!({"tool_ref": "search", "arguments": {"q": 1}, "tool_call_id": "done"}),
+            ),
+            (
+                "busy",
+                json!({"tool_ref": "search", "arguments": {"q": 2}, "tool_call_id": "busy"}),
+            ),
+            (
+                "sent",
+                json!({"tool_ref": "pay", "arguments": {"n": 1}, "tool_call_id": "sent"}),
+            ),
+            (
+                "asked",
+                json!({"tool_ref": "pay", "arguments": {"n": 2}, "tool_call_id": "asked"}),
+            ),
+            (
+                "denied",
+                json!({"tool_ref": "pay", "arguments": {"n": 3}, "tool_call_id": "denied"}),
+            ),
+            (
+                "gated",
+                json!({"tool_ref": "pay", "arguments": {"n": 4}, "tool_call_id": "gated", "approval": {"title": "Pay?"}}),
+            ),
+            (
+                "fresh2",
+                json!({"tool_ref": "fetch", "tool_call_id": "fresh2", "idempotency_key": format!("k-fresh2-{run}")}),
+            ),
         ]
     }
 
@@ -299,9 +319,8 @@ mod tests {
     fn a_batch_takes_the_run_lock_once_and_bumps_last_seq_once() {
         set_scope("t-batch-once", "w");
         Spi::run("SELECT ledger.create_run('agent', run_id => 'r'); SELECT ledger.transition_run('r', 'running')").unwrap();
-        let updates = || {
-            one::<i64>("SELECT pg_stat_get_xact_tuples_updated('ledger.runs'::regclass)")
-        };
+        let updates =
+            || one::<i64>("SELECT pg_stat_get_xact_tuples_updated('ledger.runs'::regclass)");
         let before = updates();
         let calls = json!([
             {"tool_ref": "a", "tool_call_id": "c1"}, {"tool_ref": "b", "tool_call_id": "c2"},
@@ -314,7 +333,9 @@ mod tests {
         // One UPDATE of the run row: the last_seq bump that covers every event of the batch.
         assert_eq!(updates() - before, 1);
         assert_eq!(
-            one::<String>("SELECT string_agg(DISTINCT status, ',') FROM ledger.run_step_tool_calls"),
+            one::<String>(
+                "SELECT string_agg(DISTINCT status, ',') FROM ledger.run_step_tool_calls"
+            ),
             "running"
         );
         assert_eq!(
@@ -323,7 +344,9 @@ mod tests {
         );
         // Default owner, as claim_tool_call's.
         assert_eq!(
-            one::<String>("SELECT string_agg(DISTINCT lease_owner, ',') FROM ledger.run_step_tool_calls"),
+            one::<String>(
+                "SELECT string_agg(DISTINCT lease_owner, ',') FROM ledger.run_step_tool_calls"
+            ),
             "tool:r"
         );
     }
@@ -378,13 +401,32 @@ mod tests {
                 "{calls}: {e:?}"
             );
         }
-        assert_error("SELECT * FROM ledger.claim_tool_calls('nope', '[]')", "P0002", "RUN_NOT_FOUND");
-        assert_error("SELECT * FROM ledger.claim_tool_calls(NULL, '[]')", "22023", "ARGUMENT_REQUIRED");
-        assert_error(&format!("SELECT * FROM ledger.claim_tool_calls('r', '[{ok}]', lease_owner => 'a b')"), "22023", "ID_INVALID");
-        assert_error(&format!("SELECT * FROM ledger.claim_tool_calls('r', '[{ok}]', begin => NULL)"), "22023", "ARGUMENT_REQUIRED");
+        assert_error(
+            "SELECT * FROM ledger.claim_tool_calls('nope', '[]')",
+            "P0002",
+            "RUN_NOT_FOUND",
+        );
+        assert_error(
+            "SELECT * FROM ledger.claim_tool_calls(NULL, '[]')",
+            "22023",
+            "ARGUMENT_REQUIRED",
+        );
+        assert_error(
+            &format!("SELECT * FROM ledger.claim_tool_calls('r', '[{ok}]', lease_owner => 'a b')"),
+            "22023",
+            "ID_INVALID",
+        );
+        assert_error(
+            &format!("SELECT * FROM ledger.claim_tool_calls('r', '[{ok}]', begin => NULL)"),
+            "22023",
+            "ARGUMENT_REQUIRED",
+        );
         assert_eq!(written(), before);
         // An empty turn claims nothing and writes nothing.
-        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.claim_tool_calls('r', '[]')"), 0);
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.claim_tool_calls('r', '[]')"),
+            0
+        );
         assert_eq!(written(), before);
         // A finished run takes no new call, but its known calls still answer.
         Spi::run("SELECT ledger.transition_run('r', 'succeeded')").unwrap();
@@ -426,10 +468,16 @@ mod tests {
         let nested = |n: usize| format!("{}1{}", "[".repeat(n - 1), "]".repeat(n - 1));
         // An object of depth 100 (itself and 99 arrays) is accepted alone and in a batch.
         let ok = format!("{{\"a\": {}}}", nested(100));
-        let batch = |args: &str| format!("SELECT claim->>'outcome' FROM ledger.claim_tool_calls('r', '[{{\"tool_ref\": \"t\", \"arguments\": {args}}}]')");
+        let batch = |args: &str| {
+            format!("SELECT claim->>'outcome' FROM ledger.claim_tool_calls('r', '[{{\"tool_ref\": \"t\", \"arguments\": {args}}}]')")
+        };
         assert_eq!(one::<String>(&batch(&ok)), "claimed");
         let deep = format!("{{\"a\": {}}}", nested(101));
-        assert_error(&format!("SELECT ledger.claim_tool_call('r', 't', '{deep}')"), "22023", "INPUT_TOO_DEEP");
+        assert_error(
+            &format!("SELECT ledger.claim_tool_call('r', 't', '{deep}')"),
+            "22023",
+            "INPUT_TOO_DEEP",
+        );
         assert_error(&batch(&deep), "22023", "INPUT_TOO_DEEP");
     }
 }

@@ -228,7 +228,10 @@ mod tests {
             (json!({"step_id": 1}), "step_id"),
             (json!({"timeout_seconds": "30"}), "timeout_seconds"),
             (json!({"timeout_seconds": 1.5}), "timeout_seconds"),
-            (json!({"timeout_seconds": 4_294_967_296_i64}), "timeout_seconds"),
+            (
+                json!({"timeout_seconds": 4_294_967_296_i64}),
+                "timeout_seconds",
+            ),
             (json!({"retry_failed": "yes"}), "retry_failed"),
         ] {
             let batch = match bad {
