@@ -115,8 +115,22 @@ fn audit(
     )
 }
 
-/// What a claim that hands out execution writes: `tool_call.claimed` and its audit record.
-fn announce_claim(scope: &Scope, rec: &ToolCall, lease_owner: &str, lease: i32) -> Result<()> {
+/// What a claim that hands out execution writes: the step to preparing, `tool_call.claimed` and
+/// its audit record.
+fn announce_claim(
+    scope: &Scope,
+    run: &LockedRun,
+    rec: &ToolCall,
+    lease_owner: &str,
+    lease: i32,
+) -> Result<()> {
+    steps::follow(
+        scope,
+        run,
+        &rec.step_id,
+        Status::Preparing,
+        StepChange::default(),
+    )?;
     let claimed = Event::ToolCallClaimed(ToolCallClaimed {
         call: rec.ids(),
         lease_owner,
@@ -191,14 +205,7 @@ fn arm(
     rec.status = CallStatus::Claimed;
     rec.lease_owner = Some(lease_owner.to_owned());
     (rec.lease_held, rec.lease_live) = (true, true);
-    steps::follow(
-        scope,
-        run,
-        &rec.step_id,
-        Status::Preparing,
-        StepChange::default(),
-    )?;
-    announce_claim(scope, rec, lease_owner, lease)
+    announce_claim(scope, run, rec, lease_owner, lease)
 }
 
 /// Records the final result of the call (inline, or as an artifact when large).
@@ -717,15 +724,8 @@ fn claim(scope: &Scope, run: &LockedRun, call: &Claim, owner: &str) -> Result<An
             call.lease,
             None,
         )? {
-            steps::follow(
-                scope,
-                run,
-                &rec.step_id,
-                Status::Preparing,
-                StepChange::default(),
-            )?;
             rec.attempt = 1;
-            announce_claim(scope, &rec, owner, call.lease)?;
+            announce_claim(scope, run, &rec, owner, call.lease)?;
             return Ok(Answer::Claimed(run.clone(), rec));
         }
         if let Some(step) = step_id {
