@@ -635,7 +635,7 @@ enum Answer {
     /// A purged call's tombstone.
     Purged(Jsonb),
     /// The caller now holds the call (a new attempt), in the run this transaction holds.
-    Claimed(LockedRun, ToolCall),
+    Claimed(Box<(LockedRun, ToolCall)>),
 }
 
 impl Answer {
@@ -648,7 +648,7 @@ impl Answer {
         match self {
             Answer::Of(id, how, response) => outcome(scope, &id, how, response),
             Answer::Purged(tombstone) => Ok(tombstone),
-            Answer::Claimed(_, rec) => outcome(scope, &rec.id, "claimed", None),
+            Answer::Claimed(held) => outcome(scope, &held.1.id, "claimed", None),
         }
     }
 }
@@ -726,7 +726,7 @@ fn claim(scope: &Scope, run: &LockedRun, call: &Claim, owner: &str) -> Result<An
         )? {
             rec.attempt = 1;
             announce_claim(scope, run, &rec, owner, call.lease)?;
-            return Ok(Answer::Claimed(run.clone(), rec));
+            return Ok(Answer::Claimed(Box::new((run.clone(), rec))));
         }
         if let Some(step) = step_id {
             return Err(LedgerError::new(
@@ -778,7 +778,7 @@ fn apply(
         (Decision::Rejected, _, _) => Answer::of(&rec, "rejected"),
         (Decision::Claim, Some(run), Some((owner, lease, _))) => {
             arm(scope, &run, &mut rec, owner, lease, &args.summary)?;
-            Answer::Claimed(run, rec)
+            Answer::Claimed(Box::new((run, rec)))
         }
         // An approved call waits for its claim; an approval request does not claim it.
         (Decision::Claim, _, None) if rec.status == CallStatus::WaitingApproval => {

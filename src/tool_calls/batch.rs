@@ -76,8 +76,9 @@ fn claim_tool_calls(
         let mut rows = Vec::with_capacity(claims.len());
         for (i, call) in claims.iter().enumerate() {
             let answer = match claim(&scope, &run, call, &owner) {
-                Ok(Answer::Claimed(call_run, mut rec)) if begin => {
-                    start(&scope, &call_run, &mut rec).map(|()| Answer::Claimed(call_run, rec))
+                Ok(Answer::Claimed(mut held)) if begin => {
+                    let (call_run, rec) = &mut *held;
+                    start(&scope, call_run, rec).map(|()| Answer::Claimed(held))
                 }
                 other => other,
             };
