@@ -20,7 +20,6 @@ use pgrx::prelude::*;
 /// call claimed is begun too (`begin_tool_call`): the caller COMMITs before any request leaves.
 /// Any refusal refuses the whole batch (its DETAIL names the element's `index`): nothing is
 /// written.
-#[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn claim_tool_calls(
@@ -85,7 +84,7 @@ fn claim_tool_calls(
             let json = answer
                 .and_then(|a| a.json(&scope))
                 .map_err(|e| e.with("index", i))?;
-            // At most MAX_CALLS rows.
+            // i < MAX_CALLS: an integer.
             rows.push((i as i32, json));
         }
         Ok(TableIterator::new(rows))
