@@ -347,6 +347,21 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'claim_tool_call_wrapper';
 
+CREATE  FUNCTION "claim_tool_calls"(
+	"run_id" TEXT, /* Option < & str > */
+	"calls" jsonb, /* Option < Jsonb > */
+	"lease_owner" TEXT DEFAULT NULL, /* Option < & str > */
+	"begin" bool DEFAULT false, /* Option < bool > */
+	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS TABLE (
+	"index" INT,  /* i32 */
+	"claim" jsonb  /* Jsonb */
+)
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'claim_tool_calls_wrapper';
+
 CREATE  FUNCTION "complete_tool_call"(
 	"tool_call_record_id" TEXT, /* Option < & str > */
 	"attempt" bigint, /* Option < i64 > */
@@ -967,6 +982,8 @@ COMMENT ON FUNCTION ledger.run_channel(text) IS
     'The LISTEN/NOTIFY channel of a run. Commits that append to the run notify it with {"run_id","seq"}: events up to seq are committed (ledger.notify = inline: one per event, with event_id and event_type too).';
 COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, jsonb, bigint) IS
     'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. The lease is timeout_seconds plus a tenth (at least 5 s), never under 10 s. With approval {title, policy_ref, details}, a new call is created waiting for it (as ledger.request_tool_approval does) and a known one answers its current outcome, so one call is right on every resume. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
+COMMENT ON FUNCTION ledger.claim_tool_calls(text, jsonb, text, boolean, bigint) IS
+    'Claims the tool calls of one model turn in one statement (one commit instead of one per call): calls is a JSON array of at most 100 objects with claim_tool_call''s per-call arguments (tool_ref, arguments, tool_call_id, idempotency_key, step_id, timeout_seconds, retry_failed, approval; an absent key takes that function''s default). Returns one row per element, in input order: index (from 0) and claim, what claim_tool_call returns for that call (claimed, replayed, in_doubt, busy, waiting_approval, rejected, purged). The run is locked and fenced by run_token once (40001 LEASE_STALE unless current). begin => true also begins every call that comes back claimed (its tool_call.status is running): COMMIT before any request leaves; after a crash past that commit they are in_doubt, never executed twice. Any refusal refuses the whole batch and writes nothing, its DETAIL naming the element (index): 22023 CALLS_NOT_ARRAY, CALLS_TOO_MANY, CALL_INVALID (with the key), CALLS_DUPLICATE (one idempotency_key or tool_call_id twice), or what claim_tool_call refuses.';
 COMMENT ON FUNCTION ledger.begin_tool_call(text, bigint) IS
     'Marks the outbound boundary of the claimed attempt (status running, outbound_started_at). COMMIT it before the request leaves the process. A stale attempt fails 40001 LEASE_STALE.';
 COMMENT ON FUNCTION ledger.heartbeat_tool_call(text, bigint, integer) IS

@@ -31,6 +31,8 @@ use crate::steps::{self, NewStep, StepChange};
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
+mod batch;
+
 /// Results whose canonical JSON is longer than this are stored as an artifact.
 pub const INLINE_RESULT_BYTES: usize = 8192;
 
@@ -113,8 +115,22 @@ fn audit(
     )
 }
 
-/// What a claim that hands out execution writes: `tool_call.claimed` and its audit record.
-fn announce_claim(scope: &Scope, rec: &ToolCall, lease_owner: &str, lease: i32) -> Result<()> {
+/// What a claim that hands out execution writes: the step to preparing, `tool_call.claimed` and
+/// its audit record.
+fn announce_claim(
+    scope: &Scope,
+    run: &LockedRun,
+    rec: &ToolCall,
+    lease_owner: &str,
+    lease: i32,
+) -> Result<()> {
+    steps::follow(
+        scope,
+        run,
+        &rec.step_id,
+        Status::Preparing,
+        StepChange::default(),
+    )?;
     let claimed = Event::ToolCallClaimed(ToolCallClaimed {
         call: rec.ids(),
         lease_owner,
@@ -187,14 +203,9 @@ fn arm(
     )?
     .ok_or_else(|| LedgerError::internal("tool call vanished under its lock"))?;
     rec.status = CallStatus::Claimed;
-    steps::follow(
-        scope,
-        run,
-        &rec.step_id,
-        Status::Preparing,
-        StepChange::default(),
-    )?;
-    announce_claim(scope, rec, lease_owner, lease)
+    rec.lease_owner = Some(lease_owner.to_owned());
+    (rec.lease_held, rec.lease_live) = (true, true);
+    announce_claim(scope, run, rec, lease_owner, lease)
 }
 
 /// Records the final result of the call (inline, or as an artifact when large).
@@ -352,13 +363,23 @@ struct Arguments {
 
 fn arguments(value: Option<Jsonb>) -> Result<Arguments> {
     let value = value.ok_or_else(|| LedgerError::required("arguments"))?;
+    // Checked on the text first: a huge non-object is refused without parsing it.
     if !value.is_object() {
-        return Err(LedgerError::invalid(
-            "ARGUMENTS_NOT_OBJECT",
-            "arguments must be a JSON object",
-        ));
+        return Err(arguments_not_object());
     }
-    let parsed = json::parse_unsized(value.as_str())?;
+    parsed_arguments(Some(json::parse_unsized(value.as_str())?))
+}
+
+fn arguments_not_object() -> LedgerError {
+    LedgerError::invalid("ARGUMENTS_NOT_OBJECT", "arguments must be a JSON object")
+}
+
+/// `arguments` of a value already parsed (a call of a batch).
+fn parsed_arguments(value: Option<Value>) -> Result<Arguments> {
+    let parsed = value.ok_or_else(|| LedgerError::required("arguments"))?;
+    if !parsed.is_object() {
+        return Err(arguments_not_object());
+    }
     let hash = json::request_hash(&parsed);
     Ok(Arguments {
         summary: redact::summarize_arguments(&guc::redaction_rules(), parsed, &hash),
@@ -560,6 +581,78 @@ fn insert(
     rows::lock_tool_call(scope, run, &id)
 }
 
+/// One call's claim, checked before anything is locked or written.
+struct Claim<'a> {
+    who: Identity<'a>,
+    args: Arguments,
+    step_id: Option<&'a str>,
+    lease: i32,
+    retry_failed: bool,
+    approval: Option<ApprovalRequest>,
+}
+
+impl<'a> Claim<'a> {
+    /// Checks `claim_tool_call`'s per-call arguments (`arguments` and `approval` parsed by
+    /// the caller's way of taking them).
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        run_id: Option<&'a str>,
+        tool_ref: Option<&'a str>,
+        arguments: impl FnOnce() -> Result<Arguments>,
+        tool_call_id: Option<&'a str>,
+        idempotency_key: Option<&'a str>,
+        step_id: Option<&'a str>,
+        timeout_seconds: Option<i32>,
+        retry_failed: Option<bool>,
+        approval: impl FnOnce() -> Result<Option<ApprovalRequest>>,
+    ) -> Result<Claim<'a>> {
+        let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
+        let args = arguments()?;
+        let lease = lease_seconds(
+            timeout_seconds.ok_or_else(|| LedgerError::required("timeout_seconds"))?,
+        )?;
+        Ok(Claim {
+            who,
+            args,
+            step_id,
+            lease,
+            retry_failed: retry_failed.unwrap_or(false),
+            approval: approval()?,
+        })
+    }
+}
+
+/// The lease owner of a claim: the caller's, else `tool:<run_id>`.
+fn claim_owner(lease_owner: Option<&str>, run_id: &str) -> Result<String> {
+    Ok(optional_id("lease_owner", lease_owner)?
+        .map_or_else(|| format!("tool:{run_id}"), str::to_owned))
+}
+
+/// What a claim or an approval request answers.
+enum Answer {
+    /// The outcome of the record `id` (with the response of a replay).
+    Of(String, &'static str, Option<Jsonb>),
+    /// A purged call's tombstone.
+    Purged(Jsonb),
+    /// The caller now holds the call (a new attempt), in the run this transaction holds.
+    Claimed(Box<(LockedRun, ToolCall)>),
+}
+
+impl Answer {
+    fn of(rec: &ToolCall, outcome: &'static str) -> Answer {
+        Answer::Of(rec.id.clone(), outcome, None)
+    }
+
+    /// `{"outcome", "tool_call", "approval", "response"}`, the record read as it is now.
+    fn json(self, scope: &Scope) -> Result<Jsonb> {
+        match self {
+            Answer::Of(id, how, response) => outcome(scope, &id, how, response),
+            Answer::Purged(tombstone) => Ok(tombstone),
+            Answer::Claimed(held) => outcome(scope, &held.1.id, "claimed", None),
+        }
+    }
+}
+
 /// Claims a tool call for execution, or says why not. With `approval`, an unknown call is created
 /// waiting for it (as `request_tool_approval` does) and a known one answers its current outcome.
 #[allow(clippy::too_many_arguments)]
@@ -580,74 +673,73 @@ fn claim_tool_call(
 ) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
-        let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
-        let args = self::arguments(arguments)?;
-        let lease = lease_seconds(
-            timeout_seconds.ok_or_else(|| LedgerError::required("timeout_seconds"))?,
+        let call = Claim::new(
+            run_id,
+            tool_ref,
+            || self::arguments(arguments),
+            tool_call_id,
+            idempotency_key,
+            step_id,
+            timeout_seconds,
+            retry_failed,
+            || approval_argument(approval),
         )?;
-        let owner = optional_id("lease_owner", lease_owner)?
-            .map_or_else(|| format!("tool:{}", who.run_id), str::to_owned);
-        let retry_failed = retry_failed.unwrap_or(false);
-        let approval = approval_argument(approval)?;
-        let run = rows::lock_run(&scope, "run_id", who.run_id)?;
+        let owner = claim_owner(lease_owner, call.who.run_id)?;
+        let run = rows::lock_run(&scope, "run_id", call.who.run_id)?;
         run.fence(run_token)?;
-
-        // Twice at most: an insert that lost a race to a concurrent claim finds its record next time.
-        for _ in 0..2 {
-            if let Some(found) = find_locked(&scope, &run, &who)? {
-                return Ok(apply(
-                    &scope,
-                    &who,
-                    found,
-                    &args,
-                    Some((&owner, lease, retry_failed)),
-                )?);
-            }
-            if let Some(purged) = tombstone(&scope, &who, &args)? {
-                return Ok(purged);
-            }
-            run.ensure_live("tool calls")?;
-            if let Some(approval) = &approval {
-                let rec = create_waiting(&scope, &run, &who, &args, step_id, lease, approval)?;
-                return Ok(outcome(&scope, &rec.id, "waiting_approval", None)?);
-            }
-            if let Some(mut rec) = insert(
-                &scope,
-                &run,
-                &who,
-                &args,
-                step_id,
-                CallStatus::Claimed,
-                Some(&owner),
-                lease,
-                None,
-            )? {
-                steps::follow(
-                    &scope,
-                    &run,
-                    &rec.step_id,
-                    Status::Preparing,
-                    StepChange::default(),
-                )?;
-                rec.attempt = 1;
-                announce_claim(&scope, &rec, &owner, lease)?;
-                return Ok(outcome(&scope, &rec.id, "claimed", None)?);
-            }
-            if let Some(step) = step_id {
-                raise(
-                    LedgerError::new(
-                        Class::Duplicate,
-                        "STEP_HAS_TOOL_CALL",
-                        "the step already has a tool call",
-                    )
-                    .with("step_id", step),
-                );
-            }
-        }
-        raise(LedgerError::internal(
-            "claim did not settle after a concurrent insert",
-        ))
+        Ok(claim(&scope, &run, &call, &owner)?.json(&scope)?)
     })
+}
+
+/// Claims one call in the run this transaction holds (locked and fenced by the caller).
+fn claim(scope: &Scope, run: &LockedRun, call: &Claim, owner: &str) -> Result<Answer> {
+    let (who, args, step_id) = (&call.who, &call.args, call.step_id);
+    // Twice at most: an insert that lost a race to a concurrent claim finds its record next time.
+    for _ in 0..2 {
+        if let Some(found) = find_locked(scope, run, who)? {
+            return apply(
+                scope,
+                who,
+                found,
+                args,
+                Some((owner, call.lease, call.retry_failed)),
+            );
+        }
+        if let Some(purged) = tombstone(scope, who, args)? {
+            return Ok(Answer::Purged(purged));
+        }
+        run.ensure_live("tool calls")?;
+        if let Some(approval) = &call.approval {
+            let rec = create_waiting(scope, run, who, args, step_id, call.lease, approval)?;
+            return Ok(Answer::of(&rec, "waiting_approval"));
+        }
+        if let Some(mut rec) = insert(
+            scope,
+            run,
+            who,
+            args,
+            step_id,
+            CallStatus::Claimed,
+            Some(owner),
+            call.lease,
+            None,
+        )? {
+            rec.attempt = 1;
+            announce_claim(scope, run, &rec, owner, call.lease)?;
+            return Ok(Answer::Claimed(Box::new((run.clone(), rec))));
+        }
+        if let Some(step) = step_id {
+            return Err(LedgerError::new(
+                Class::Duplicate,
+                "STEP_HAS_TOOL_CALL",
+                "the step already has a tool call",
+            )
+            .with("step_id", step));
+        }
+    }
+    Err(LedgerError::internal(
+        "claim did not settle after a concurrent insert",
+    ))
 }
 
 /// What a claim (`claim`: its lease owner, lease and `retry_failed`) or an approval request
@@ -660,44 +752,40 @@ fn apply(
     found: Found,
     args: &Arguments,
     claim: Option<(&str, i32, bool)>,
-) -> Result<Jsonb> {
+) -> Result<Answer> {
     let (run, mut rec) = match found {
         Found::Held(run, rec) => (Some(run), rec),
         Found::Unheld(rec) => (None, rec),
-        Found::Purging(rec) => return outcome(scope, &rec.id, "busy", None),
+        Found::Purging(rec) => return Ok(Answer::of(&rec, "busy")),
     };
-    let (run, rec) = (run.as_ref(), &mut rec);
     let retry_failed = claim.is_some_and(|(_, _, retry)| retry);
-    match (
-        decide(&rec.existing(), who.tool_ref, &args.hash, retry_failed)?,
-        run,
-        claim,
-    ) {
+    let decision = decide(&rec.existing(), who.tool_ref, &args.hash, retry_failed)?;
+    Ok(match (decision, run, claim) {
         (Decision::Replay, _, _) => {
-            let response = replay_response(scope, rec)?;
+            let response = replay_response(scope, &rec)?;
             if who.run_id != rec.run_id {
-                replayed_into(scope, who.run_id, rec)?;
+                replayed_into(scope, who.run_id, &rec)?;
             }
-            outcome(scope, &rec.id, "replayed", Some(response))
+            Answer::Of(rec.id, "replayed", Some(response))
         }
         (Decision::InDoubt { mark }, run, _) => {
-            if let (true, Some(run)) = (mark, run) {
-                mark_in_doubt(scope, run, rec, None)?;
+            if let (true, Some(run)) = (mark, &run) {
+                mark_in_doubt(scope, run, &mut rec, None)?;
             }
-            outcome(scope, &rec.id, "in_doubt", None)
+            Answer::of(&rec, "in_doubt")
         }
-        (Decision::WaitingApproval, _, _) => outcome(scope, &rec.id, "waiting_approval", None),
-        (Decision::Rejected, _, _) => outcome(scope, &rec.id, "rejected", None),
+        (Decision::WaitingApproval, _, _) => Answer::of(&rec, "waiting_approval"),
+        (Decision::Rejected, _, _) => Answer::of(&rec, "rejected"),
         (Decision::Claim, Some(run), Some((owner, lease, _))) => {
-            arm(scope, run, rec, owner, lease, &args.summary)?;
-            outcome(scope, &rec.id, "claimed", None)
+            arm(scope, &run, &mut rec, owner, lease, &args.summary)?;
+            Answer::Claimed(Box::new((run, rec)))
         }
         // An approved call waits for its claim; an approval request does not claim it.
         (Decision::Claim, _, None) if rec.status == CallStatus::WaitingApproval => {
-            outcome(scope, &rec.id, "waiting_approval", None)
+            Answer::of(&rec, "waiting_approval")
         }
-        (Decision::Busy | Decision::Claim, _, _) => outcome(scope, &rec.id, "busy", None),
-    }
+        (Decision::Busy | Decision::Claim, _, _) => Answer::of(&rec, "busy"),
+    })
 }
 
 /// A finished call of another run reused by `run_id` (a retry or replay passing its source's
@@ -750,39 +838,37 @@ fn begin_tool_call(
         rec.fence(attempt)?;
         match rec.status {
             CallStatus::Running => {}
-            CallStatus::Claimed => {
-                db::execute(
-                    include_str!("../sql/queries/begin_tool_call.sql"),
-                    &scope.args([id.into()]),
-                )?;
-                rec.status = CallStatus::Running;
-                steps::follow(
-                    &scope,
-                    &run,
-                    &rec.step_id,
-                    Status::Running,
-                    StepChange::default(),
-                )?;
-                event(
-                    &scope,
-                    &rec.run_id,
-                    &rec,
-                    &Event::ToolCallRunning(rec.ids()),
-                )?;
-                audit(
-                    &scope,
-                    &rec.run_id,
-                    Some(&rec.step_id),
-                    "tool_call.begin",
-                    "running",
-                    rec.lease_owner.as_deref(),
-                    json!({"tool_call": rec.ids()}),
-                )?;
-            }
+            CallStatus::Claimed => start(&scope, &run, &mut rec)?,
             other => raise(wrong_state("begin", other)),
         }
         Ok(outcome(&scope, id, rec.status.as_str(), None)?)
     })
+}
+
+/// Moves a claimed call, fenced by the caller, to running: the outbound boundary.
+fn start(scope: &Scope, run: &LockedRun, rec: &mut ToolCall) -> Result<()> {
+    db::execute(
+        include_str!("../sql/queries/begin_tool_call.sql"),
+        &scope.args([rec.id.as_str().into()]),
+    )?;
+    rec.status = CallStatus::Running;
+    steps::follow(
+        scope,
+        run,
+        &rec.step_id,
+        Status::Running,
+        StepChange::default(),
+    )?;
+    event(scope, &rec.run_id, rec, &Event::ToolCallRunning(rec.ids()))?;
+    audit(
+        scope,
+        &rec.run_id,
+        Some(&rec.step_id),
+        "tool_call.begin",
+        "running",
+        rec.lease_owner.as_deref(),
+        json!({"tool_call": rec.ids()}),
+    )
 }
 
 /// Extends the lease of the current attempt.
@@ -1051,16 +1137,20 @@ struct ApprovalRequest {
 /// `claim_tool_call`'s `approval` argument, checked like `request_tool_approval`'s arguments.
 fn approval_argument(value: Option<Jsonb>) -> Result<Option<ApprovalRequest>> {
     let Some(value) = value else { return Ok(None) };
-    let parsed = json::parse(value.as_str())?;
-    let ask = approval_ask(&parsed)?;
-    Ok(Some(ApprovalRequest {
+    approval_request(&json::parse(value.as_str())?).map(Some)
+}
+
+/// The approval a claim asks for, from its parsed JSON.
+fn approval_request(parsed: &Value) -> Result<ApprovalRequest> {
+    let ask = approval_ask(parsed)?;
+    Ok(ApprovalRequest {
         title: free_text(ask.title),
         policy_ref: ask.policy_ref.map(str::to_owned),
         details: ask.details.map_or_else(
             || json!({}),
             |d| redact::redact(&guc::redaction_rules(), d.clone()),
         ),
-    }))
+    })
 }
 
 /// Creates a call waiting for a human decision, and its approval request, in the locked live run
@@ -1193,7 +1283,7 @@ fn request_tool_approval(
             );
         }
         if let Some(found) = find_locked(&scope, &run, &who)? {
-            return Ok(apply(&scope, &who, found, &args, None)?);
+            return Ok(apply(&scope, &who, found, &args, None)?.json(&scope)?);
         }
         run.ensure_live("tool calls")?;
         let rec = create_waiting(&scope, &run, &who, &args, None, lease_seconds(0)?, &request)?;

@@ -72,6 +72,12 @@ const JSON_CALLS: &[(&str, &str)] = &[
     ("claim_tool_call.arguments", "SELECT ledger.claim_tool_call('r1', 'crm.lookup', $BIG, tool_call_id => 'c-args-big')"),
     ("claim_tool_call.approval", "SELECT ledger.claim_tool_call('r1', 'pay', tool_call_id => 'c-apr3', \
       approval => jsonb_build_object('title', $T, 'details', $J))"),
+    // A turn's calls: arguments (inline and summarised) and an approval, redacted like claim_tool_call's.
+    ("claim_tool_calls.calls", "SELECT count(*) FROM ledger.claim_tool_calls('r1', jsonb_build_array( \
+      jsonb_build_object('tool_ref', 'crm.lookup', 'tool_call_id', 'c-batch', 'arguments', $J), \
+      jsonb_build_object('tool_ref', 'crm.lookup', 'tool_call_id', 'c-batch-big', 'arguments', $BIG), \
+      jsonb_build_object('tool_ref', 'pay', 'tool_call_id', 'c-batch-apr', 'approval', jsonb_build_object('title', $T, 'details', $J))), \
+      begin => true)"),
     ("complete_tool_call.result", "SELECT ledger.claim_tool_call('r1', 'crm.lookup', tool_call_id => 'c-res'); \
       SELECT ledger.complete_tool_call($REC(c-res), 1, 'succeeded', result => $J)"),
     ("complete_tool_call.result", "SELECT ledger.claim_tool_call('r1', 'crm.lookup', tool_call_id => 'c-res-big'); \

@@ -4,11 +4,13 @@
 //! Environment: LEDGER_BENCH_CONN (a libpq-style connection string, required) and
 //! LEDGER_BENCH_SMOKE=1 for the 30-second smoke (same code paths, tiny sizes, no verdicts);
 //! LEDGER_BENCH_CLIENTS=8,32 to measure throughput at other client counts;
-//! LEDGER_BENCH_RTT_MS=0.5 to add that network round-trip time between those clients and the server.
+//! LEDGER_BENCH_RTT_MS=0.5 to add that network round-trip time between those clients and the server;
+//! LEDGER_BENCH_ONLY=lifecycle, turns or reads to run one part alone.
 
 mod latency;
 mod lifecycle;
 mod reads;
+mod turns;
 
 // The ledger's pure core (crates/ledger-model); its redaction, canonical JSON, hashing and
 // event-INSERT parts are used.
@@ -150,8 +152,18 @@ fn main() {
             ""
         }
     );
-    lifecycle::run(&s, &mut targets);
-    reads::run(&s, &mut targets);
+    // LEDGER_BENCH_ONLY=turns (or lifecycle, reads): one part alone.
+    let only = std::env::var("LEDGER_BENCH_ONLY").ok();
+    let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if part("lifecycle") {
+        lifecycle::run(&s, &mut targets);
+    }
+    if part("turns") {
+        turns::run(&s, &mut targets);
+    }
+    if part("reads") {
+        reads::run(&s, &mut targets);
+    }
     println!("## Targets\n");
     println!("| target | measured | met |");
     println!("|---|---|---|");

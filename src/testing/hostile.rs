@@ -320,6 +320,14 @@ mod tests {
                 "SELECT ledger.claim_tool_call('r', 'search', lease_owner => $MB)",
             ),
             (
+                "run_id",
+                "SELECT count(*) FROM ledger.claim_tool_calls($MB, '[]')",
+            ),
+            (
+                "lease_owner",
+                "SELECT count(*) FROM ledger.claim_tool_calls('r', '[]', lease_owner => $MB)",
+            ),
+            (
                 "tool_call_record_id",
                 "SELECT ledger.complete_tool_call($MB, 1, 'succeeded')",
             ),

@@ -41,7 +41,13 @@ pub fn parse(text: &str) -> Result<Value> {
 /// stored whole, so an upload tool may take large ones (PostgreSQL bounds a jsonb string at
 /// 256 MiB); depth and values stay bounded.
 pub fn parse_unsized(text: &str) -> Result<Value> {
-    check_shape(text)?;
+    parse_nested(text, 0)
+}
+
+/// `parse_unsized` for a value that holds arguments `levels` deep (a batch of tool calls: an
+/// array of objects), so that what it holds may nest exactly as deep as on its own.
+pub fn parse_nested(text: &str, levels: usize) -> Result<Value> {
+    check_shape(text, MAX_DEPTH + levels)?;
     // FromStr, not from_str::<Value>: its code is serde_json's own (optimised even in test
     // builds, see the workspace Cargo.toml), not a copy instantiated in this crate.
     text.parse::<Value>()
@@ -58,7 +64,7 @@ fn too_large(message: String) -> LedgerError {
 /// valid prefix the depth equals the parser's nesting, so serde_json (limit 128) never reaches
 /// its own limit; values are counted as commas and openers, plus one (an upper bound: `[]`
 /// counts two). Checks for interrupts as it goes: serde_json's own parse cannot be interrupted.
-fn check_shape(text: &str) -> Result<()> {
+fn check_shape(text: &str, max_depth: usize) -> Result<()> {
     let bytes = text.as_bytes();
     let (mut depth, mut i, mut next_check) = (0usize, 0usize, 0usize);
     let mut values = 1usize;
@@ -84,12 +90,12 @@ fn check_shape(text: &str) -> Result<()> {
             b'[' | b'{' => {
                 values += 1;
                 depth += 1;
-                if depth > MAX_DEPTH {
+                if depth > max_depth {
                     return Err(LedgerError::invalid(
                         "INPUT_TOO_DEEP",
-                        format!("JSON nested deeper than {MAX_DEPTH} levels"),
+                        format!("JSON nested deeper than {max_depth} levels"),
                     )
-                    .with("max_depth", MAX_DEPTH));
+                    .with("max_depth", max_depth));
                 }
             }
             // Unbalanced closers are left to serde_json to report as invalid.

@@ -20,5 +20,6 @@ pub mod retention;
 pub mod run_lease;
 pub mod status;
 pub mod text;
+pub mod tool_batch;
 pub mod tool_call;
 pub mod wakeups;

@@ -36,6 +36,7 @@ INSERT INTO audit VALUES
   ('create_step',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('transition_step',     'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('claim_tool_call',     'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('claim_tool_calls',    'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('begin_tool_call',     'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('heartbeat_tool_call', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('complete_tool_call',  'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
