@@ -1000,8 +1000,9 @@ fn sweep(scope: Scope) -> Result<i32> {
     feed::collected(|| {
         let candidates = db::select(
             "SELECT id, run_id FROM ledger.run_step_tool_calls \
-              WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('claimed', 'running') \
-                AND lease_expires_at <= clock_timestamp() ORDER BY lease_expires_at",
+              WHERE tenant_id = $1 AND workspace_id = $2 AND completed_at IS NULL \
+                AND status IN ('claimed', 'running') AND lease_expires_at <= clock_timestamp() \
+              ORDER BY lease_expires_at",
             &scope.args([]),
             |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
         )?;
