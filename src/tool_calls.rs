@@ -401,7 +401,7 @@ fn identity<'a>(
 
 /// The record an identity names, and how far this transaction holds it.
 enum Found {
-    /// The record and its run are locked by this transaction.
+    /// Its run is locked by this transaction, the record read under that lock.
     Held(LockedRun, ToolCall),
     /// Another run's record while a concurrent transaction holds that run: read, not locked.
     /// Waiting for that run while holding the calling run could close a cycle (40P01), so the
@@ -421,8 +421,9 @@ impl Found {
 }
 
 /// Finds the record an identity names (by idempotency key first, then by run and tool_call_id).
-/// A record of `run`, the calling run (already locked), is locked; one of another run is locked
-/// with its run only if no one else holds that run, and never waited for.
+/// A record of `run`, the calling run (already locked), is read under its lock; one of another run
+/// only once its run is locked too, which is tried only if no one else holds that run, never
+/// waited for.
 fn find_locked(scope: &Scope, run: &LockedRun, who: &Identity) -> Result<Option<Found>> {
     let found = match rows::find_tool_call(scope, By::Key(&who.idempotency_key))? {
         Some(r) => Some(r),
@@ -436,7 +437,7 @@ fn find_locked(scope: &Scope, run: &LockedRun, who: &Identity) -> Result<Option<
     };
     // A purge may have removed it meanwhile: then its tombstone answers.
     let found = match record_run {
-        Some(record_run) => rows::lock_tool_call(scope, &record_run, &found.id)?
+        Some(record_run) => rows::held_tool_call(scope, &record_run, &found.id)?
             .map(|rec| Found::Held(record_run, rec)),
         None => {
             let stays = rows::try_key_share_run(scope, &found.run_id)?;
@@ -501,7 +502,7 @@ fn given_step(scope: &Scope, run_id: &str, step_id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Inserts a new record (and its step unless given); returns the record, locked.
+/// Inserts a new record (and its step unless given); returns the record, read under the run's lock.
 #[allow(clippy::too_many_arguments)]
 fn insert(
     scope: &Scope,
@@ -557,7 +558,7 @@ fn insert(
         // The step already has a record; a concurrent claim from another run took the key.
         return Ok(None);
     }
-    rows::lock_tool_call(scope, run, &id)
+    rows::held_tool_call(scope, run, &id)
 }
 
 /// Claims a tool call for execution, or says why not. With `approval`, an unknown call is created
@@ -1273,7 +1274,7 @@ fn resolve_approval(
             json!({"approval_id": approval_id, "tool_call_record_id": record_id, "note": note}),
         )?;
         if let (ApprovalStatus::Rejected, Some(record_id)) = (decision, record_id) {
-            if let Some(mut rec) = rows::lock_tool_call(&scope, &run, &record_id)? {
+            if let Some(mut rec) = rows::held_tool_call(&scope, &run, &record_id)? {
                 if rec.status == CallStatus::WaitingApproval {
                     db::execute(
                         include_str!("../sql/queries/reject_tool_call.sql"),
