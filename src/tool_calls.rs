@@ -24,7 +24,7 @@ use crate::model::tool_call::{
     ApprovalStatus, CallStatus, Decision, Existing, Outcome, Resolution,
 };
 use crate::model::{ids, json, redact, run_lease};
-use crate::redaction::{free_text, redacted_json, redacted_object};
+use crate::redaction::{free_text, free_text_within, redacted_json, redacted_object};
 use crate::rows::{self, By, LockedRun, ToolCall};
 use crate::scope::{self, Scope};
 use crate::steps::{self, NewStep, StepChange};
@@ -33,6 +33,11 @@ use serde_json::{json, Value};
 
 /// Results whose canonical JSON is longer than this are stored as an artifact.
 pub const INLINE_RESULT_BYTES: usize = 8192;
+
+/// A tool step's `output_summary` is the start of its result's text, this many characters: the
+/// result itself is the call's. A whole copy wrote every result twice, and a step row grown past
+/// 2 KB is compressed and moved at every completion.
+const TOOL_SUMMARY_CHARS: usize = 256;
 
 /// What every event and decision about a call reads of its record.
 impl ToolCall {
@@ -259,13 +264,14 @@ fn finish(
         Status::Failed
     };
     let metrics = json!({"tool_call": {"tool_call_id": rec.tool_call_id, "tool_ref": rec.tool_ref, "attempt": rec.attempt, "replayed": false}});
+    let summary = free_text_within(canonical.as_deref(), TOOL_SUMMARY_CHARS);
     steps::follow(
         scope,
         run,
         &rec.step_id,
         step_status,
         StepChange {
-            output_summary: canonical.as_deref(),
+            output_summary: summary.as_deref(),
             metrics: Some(Jsonb::from(&metrics)),
             error_code,
             error_message: error,
