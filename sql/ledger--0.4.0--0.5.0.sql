@@ -243,7 +243,7 @@ UPDATE ledger.run_steps s
 CREATE UNIQUE INDEX run_steps_step_key_idx ON ledger.run_steps (tenant_id, workspace_id, run_id, step_key)
     WHERE step_key IS NOT NULL;
 
-COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and human interventions (ledger.record_audit), and the tool activity the ledger records itself: gateway_type tool_call.claim, tool_call.begin, tool_call.complete, tool_call.resolve (an in-doubt call resolved), tool_call.replay (a re-run reused a result), approval.request and approval.decision. Payloads are redacted.';
+COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and human interventions (ledger.record_audit), and the tool activity the ledger records itself: gateway_type tool_call.claim, tool_call.complete, tool_call.resolve (an in-doubt call resolved), tool_call.replay (a re-run reused a result), approval.request and approval.decision. Payloads are redacted.';
 
 -- Functions: every one is dropped and created again from this version's library (new ones for
 -- run ownership and scope grants; run_token, approval and any_scope arguments; events_since

@@ -776,15 +776,6 @@ fn begin_tool_call(
                     &rec,
                     &Event::ToolCallRunning(rec.ids()),
                 )?;
-                audit(
-                    &scope,
-                    &rec.run_id,
-                    Some(&rec.step_id),
-                    "tool_call.begin",
-                    "running",
-                    rec.lease_owner.as_deref(),
-                    json!({"tool_call": rec.ids()}),
-                )?;
             }
             other => raise(wrong_state("begin", other)),
         }
@@ -2337,10 +2328,8 @@ mod tests {
             .collect::<std::collections::BTreeSet<_>>(),
             [
                 "tool_call.claim:claimed:worker-1",
-                "tool_call.begin:running:worker-1",
                 "tool_call.complete:succeeded:worker-1",
                 "tool_call.claim:claimed:tool:r",
-                "tool_call.begin:running:tool:r",
                 "tool_call.complete:unknown:tool:r",
                 "tool_call.resolve:failed:ops",
                 "approval.request:pending:-",
