@@ -6,9 +6,11 @@
 //! LEDGER_BENCH_CLIENTS=8,32 to measure throughput at other client counts;
 //! LEDGER_BENCH_RTT_MS=0.5 to add that network round-trip time between those clients and the server.
 
+mod follower;
 mod latency;
 mod lifecycle;
 mod reads;
+mod waits;
 
 // The ledger's pure core (crates/ledger-model); its redaction, canonical JSON, hashing and
 // event-INSERT parts are used.
