@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # WAL and backend CPU per tool-call lifecycle, with the WAL broken down by record type
-# (BENCHMARKS.md, "Fewer bytes and statements per call"): one pgbench client runs N lifecycles
+# (BENCHMARKS.md, "Fewer bytes per call"): one pgbench client runs N lifecycles
 # (bench/cpu/lifecycle.pgbench, the statements of bench/src/lifecycle.rs) on a fresh run after
 # a warm-up of the same size; the WAL insert position is read before and after, `perf stat`
-# counts the backend's CPU and `pg_waldump --stats=record` splits the WAL between the two
-# positions. Run it on a quiet cluster (nothing else writing) with the extension created:
+# counts the backend's CPU and `pg_waldump` splits the WAL between the two positions by record
+# type and by relation. Run it on a quiet cluster (nothing else writing, autovacuum off for
+# stable figures) with the extension created:
 #
 #   PGHOST=<socket dir> PGPORT=<port> PGUSER=postgres PGDATABASE=<db> PGDATA=<data dir> \
 #     bash bench/cpu/wal-per-lifecycle.sh [N] [label]
@@ -53,3 +54,15 @@ pg_waldump --path="${PGDATA:?}/pg_wal" --start="$start" --end="$end" --stats=rec
       printf "  %-28s %6.1f records %6.0f bytes (%.0f of them full-page images)\n", $1, $2 / n, $5 / n, $4 / n
       rec += $3 } END { printf "  %-28s %6s         %6.0f bytes\n", "(all, without full pages)", "", rec / n }' |
   sort -k4 -n -r | head -n 30
+# Per relation (a table or an index; records of no relation, such as commits, under "-"), per
+# lifecycle, largest first.
+q -c "SELECT relfilenode, relname FROM pg_class WHERE relnamespace = 'ledger'::regnamespace AND relfilenode <> 0" \
+  -F ' ' >"$out/rels"
+pg_waldump --path="$PGDATA/pg_wal" --start="$start" --end="$end" 2>/dev/null |
+  awk -v n="$n" 'NR == FNR { name[$1] = $2; next }
+    { split($0, a, "len \\(rec/tot\\): *"); split(a[2], b, "[/,]"); bytes = b[2] + 0
+      rel = "-"; if (match($0, /rel [0-9]+\/[0-9]+\/[0-9]+/)) {
+        split(substr($0, RSTART + 4, RLENGTH - 4), r, "/"); rel = (r[3] in name) ? name[r[3]] : r[3] }
+      sum[rel] += bytes }
+    END { for (k in sum) printf "  %-40s %6.0f bytes\n", k, sum[k] / n }' "$out/rels" - |
+  sort -k2 -n -r
