@@ -1414,6 +1414,36 @@ mod tests {
     }
 
     #[pg_test]
+    fn begin_and_heartbeats_are_hot_updates_and_the_step_keeps_the_start_of_the_result() {
+        running_run("t-tc-hot");
+        outcome(r#"{"q": 1}"#, "c1");
+        let id = record("c1");
+        // No index covers what begin and a heartbeat change (the sweep finds expired leases
+        // through the index of the calls not finished), so neither adds index entries.
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        Spi::run(&format!("SELECT ledger.heartbeat_tool_call('{id}', 1)")).unwrap();
+        assert_eq!(
+            one::<String>(
+                "SELECT n_tup_upd || ' ' || n_tup_hot_upd FROM pg_stat_xact_user_tables \
+                  WHERE relid = 'ledger.run_step_tool_calls'::regclass"
+            ),
+            "2 2"
+        );
+        let result = format!(r#"{{"text": "{}"}}"#, "é".repeat(1000));
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{result}')"
+        ))
+        .unwrap();
+        // The call keeps the whole result; its step's summary is the first 256 characters.
+        let whole =
+            one::<String>("SELECT ledger.canonical_json(result) FROM ledger.run_step_tool_calls");
+        let summary = one::<String>("SELECT output_summary FROM ledger.run_steps");
+        assert_eq!(whole.chars().count(), 1011);
+        assert_eq!(summary.chars().count(), 256);
+        assert!(whole.starts_with(&summary), "{summary}");
+    }
+
+    #[pg_test]
     fn a_finished_call_replays_its_result_without_a_new_attempt() {
         running_run("t-tc-replay");
         outcome(r#"{"q": 1}"#, "c1");
