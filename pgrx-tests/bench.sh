@@ -4,6 +4,7 @@
 # ledger.so were replaced), starts a tuned but durable cluster and runs bench/ against it.
 # LEDGER_BENCH_SMOKE=1: the 30-second smoke that .ci/run uses (same code, tiny sizes).
 # LEDGER_BENCH_DIR (default /tmp/ledger-bench) holds the copy, the cluster and the results.
+# LEDGER_BENCH_PRELOAD: the cluster's shared_preload_libraries (default `ledger`; empty: none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -15,6 +16,7 @@ major=17
 port=${LEDGER_BENCH_PORT:-28970}
 data=$base/data
 smoke=${LEDGER_BENCH_SMOKE:-0}
+preload=${LEDGER_BENCH_PRELOAD-ledger}
 src=$(pg_bindir $major)/..
 copy=$base/pgroot/$major
 mkdir -p "$base"
@@ -54,6 +56,7 @@ checkpoint_completion_target = 0.9
 synchronous_commit = on
 fsync = on
 full_page_writes = on
+shared_preload_libraries = '$preload'
 CONF
 cluster_start $major "$data" "$port"
 trap 'cluster_stop $major "$data" || true' EXIT
@@ -65,6 +68,8 @@ echo "- CPU: $(nproc) × $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo
 echo "- memory: $(free -g | awk '/^Mem:/ {print $2}') GiB; kernel $(uname -r)"
 echo "- data directory on: $(df -T "$data" | awk 'NR == 2 {print $1 " (" $2 ")"}')"
 echo "- $(cluster_psql $major "$data" "$port" -Atc 'SELECT version()')"
+echo "- shared_preload_libraries: '$(cluster_psql $major "$data" "$port" -Atc 'SHOW shared_preload_libraries')'" \
+  "(LEDGER_BENCH_PRELOAD)"
 echo "- fsync cost (pg_test_fsync, 1 s per method, open_datasync/fdatasync):" \
   "$(as_pg "$copy/bin/pg_test_fsync" -s 1 -f "$data/fsync.test" 2>/dev/null \
      | awk '/open_datasync|fdatasync/ && /ops\/sec/ {printf "%s %s µs; ", $1, $(NF-1)}' | head -c 200)"

@@ -179,7 +179,7 @@ GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_
       UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status) ON ledger.approval_requests TO ledger_dispatcher;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;
 GRANT USAGE ON SCHEMA ledger_dispatch TO ledger_owner, ledger_reader;

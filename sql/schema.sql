@@ -330,7 +330,11 @@ CREATE TABLE ledger.run_step_tool_calls (
     FOREIGN KEY (tenant_id, workspace_id, result_artifact_id) REFERENCES ledger.run_artifacts (tenant_id, workspace_id, id),
     FOREIGN KEY (tenant_id, workspace_id, approval_id) REFERENCES ledger.approval_requests (tenant_id, workspace_id, id)
 );
-CREATE INDEX run_step_tool_calls_lease_idx ON ledger.run_step_tool_calls (tenant_id, workspace_id, status, lease_expires_at);
+-- The calls not finished yet (completed_at NULL): what a sweep looks for expired leases in and
+-- what the in-doubt view lists. No column that begin, heartbeat or a sweep's release changes is
+-- in an index, so those updates are HOT (no new index entries).
+CREATE INDEX run_step_tool_calls_open_idx ON ledger.run_step_tool_calls (tenant_id, workspace_id, id)
+    WHERE completed_at IS NULL;
 COMMENT ON TABLE ledger.run_step_tool_calls IS 'Durable tool-call records (one per tool step): claim, lease and attempt (the fencing token), the redacted arguments and canonical request_hash, the result (inline up to 8192 bytes, else an artifact) and the in_doubt status for calls whose request may have left without an answer. Statuses: waiting_approval, claimed, running, succeeded, failed, in_doubt, rejected.';
 COMMENT ON COLUMN ledger.run_step_tool_calls.attempt IS 'The fencing token: every begin, heartbeat and complete must carry the current attempt (40001 LEASE_STALE otherwise).';
 COMMENT ON COLUMN ledger.run_step_tool_calls.arguments IS 'The arguments after redaction, or {truncated, size_bytes, request_hash, argument_names} when their redacted canonical JSON exceeds 8192 bytes.';
@@ -367,7 +371,7 @@ CREATE TABLE ledger.audit_events (
     FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES ledger.run_steps (tenant_id, workspace_id, id)
 );
 CREATE INDEX audit_events_run_idx ON ledger.audit_events (tenant_id, workspace_id, run_id, created_at);
-COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and human interventions (ledger.record_audit), and the tool activity the ledger records itself: gateway_type tool_call.claim, tool_call.begin, tool_call.complete, tool_call.resolve (an in-doubt call resolved), tool_call.replay (a re-run reused a result), approval.request and approval.decision. Payloads are redacted.';
+COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and human interventions (ledger.record_audit), and the tool activity the ledger records itself: gateway_type tool_call.claim, tool_call.complete, tool_call.resolve (an in-doubt call resolved), tool_call.replay (a re-run reused a result), approval.request and approval.decision. Payloads are redacted.';
 
 CREATE TABLE ledger.run_cost_entries (
     tenant_id        text NOT NULL,
@@ -519,7 +523,7 @@ CREATE FUNCTION ledger_dispatch.expired_tool_call_scopes()
     LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT DISTINCT t.tenant_id, t.workspace_id FROM ledger.run_step_tool_calls t
-     WHERE t.lease_expires_at <= clock_timestamp()
+     WHERE t.completed_at IS NULL AND t.lease_expires_at <= clock_timestamp()
 $$;
 COMMENT ON FUNCTION ledger_dispatch.expired_tool_call_scopes() IS 'The scopes that have a tool call whose lease expired (see ledger.sweep_tool_calls).';
 

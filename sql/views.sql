@@ -7,7 +7,7 @@ CREATE VIEW ledger.tool_calls_in_doubt WITH (security_invoker = true) AS
     SELECT t.id, t.run_id, t.step_id, t.tool_call_id, t.tool_ref, t.idempotency_key, t.attempt,
            t.lease_owner, t.outbound_started_at, t.error_code, t.error_message, t.updated_at
       FROM ledger.run_step_tool_calls t
-     WHERE ledger.scope_required() AND t.status = 'in_doubt';
+     WHERE ledger.scope_required() AND t.status = 'in_doubt' AND t.completed_at IS NULL;
 COMMENT ON VIEW ledger.tool_calls_in_doubt IS 'Tool calls whose request may have left without an answer, with the lease_owner that held the attempt when it went in doubt. Never retried automatically: decide each with ledger.resolve_tool_call(id, succeeded|failed|retry). Fails 42501 SCOPE_MISSING without a scope.';
 
 CREATE VIEW ledger.pending_approvals WITH (security_invoker = true) AS

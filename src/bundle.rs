@@ -591,7 +591,7 @@ mod tests {
         assert_eq!(item("r", "audit_record")["status"], "pass");
         assert_eq!(
             one::<String>("SELECT string_agg(gateway_type, ',' ORDER BY created_at, id) FROM ledger.audit_events"),
-            "tool_call.claim,tool_call.begin,tool_call.complete"
+            "tool_call.claim,tool_call.complete"
         );
     }
 

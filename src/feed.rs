@@ -218,40 +218,65 @@ fn bump(scope: &Scope, run_id: &str, k: i64) -> Result<i64> {
 /// Most events one INSERT writes: the statement text depends on the count (a kept plan each).
 const EVENTS_PER_INSERT: usize = 8;
 
-/// Moves the run's `last_seq` on past every seq of the batch (allocating those still missing)
-/// with one bump under the run's row lock, and remembers it while collecting.
-fn settle(batch: &mut Batch) -> Result<()> {
+/// Gives the batch's events their seqs. With the run's `last_seq` known (this call holds the
+/// run's lock) that needs no statement, and the bump is left to `write`, after the INSERT; else
+/// `last_seq` is bumped now, which locks the run, and the seqs come from it.
+fn settle(batch: &mut Batch) -> Result<Option<Bump>> {
     let missing = batch.unallocated();
-    let last = match batch.known {
+    let (last, bump) = match batch.known {
         Some(known) => {
             let last = known + batch.reserved + missing;
-            if last > known {
-                let moved = bump(&batch.scope, &batch.run_id, last - known)?;
-                if moved != last {
-                    return Err(LedgerError::internal("last_seq moved under the run's lock"));
-                }
-            }
-            last
+            (
+                last,
+                (last > known).then_some(Bump {
+                    from: known,
+                    to: last,
+                }),
+            )
         }
-        None if missing > 0 => bump(&batch.scope, &batch.run_id, missing)?,
-        None => return Ok(()),
+        None if missing > 0 => (self::bump(&batch.scope, &batch.run_id, missing)?, None),
+        None => return Ok(None),
     };
     batch.allocate(last);
+    remember(batch, last);
+    Ok(bump)
+}
+
+/// A move of a held run's `last_seq` still to write.
+struct Bump {
+    from: i64,
+    to: i64,
+}
+
+/// Remembers the run's `last_seq` while collecting.
+fn remember(batch: &Batch, last: i64) {
     COLLECTOR.with(|c| {
         let mut c = c.borrow_mut();
         if c.open {
             c.remember(&batch.scope, &batch.run_id, last);
         }
     });
-    Ok(())
 }
 
-/// Writes the events (their seqs settled first) with one INSERT per `EVENTS_PER_INSERT`. Inline,
-/// it notifies the run's channel once per event, in seq order (delivered at commit); through the
-/// notifier, the transaction's last seq of the run is told at commit. The notifications carry ids
-/// only: any role may LISTEN on any channel.
+/// A run this call has just locked (with the `last_seq` read under the lock): while collecting,
+/// its events' seqs are then allocated without a statement.
+pub fn held(scope: &Scope, run: &LockedRun) {
+    COLLECTOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.open && c.known(scope, &run.id).is_none() {
+            c.remember(scope, &run.id, run.last_seq);
+        }
+    });
+}
+
+/// Writes the events with one INSERT per `EVENTS_PER_INSERT`, then moves `last_seq` of a held run
+/// past them. Inserted first, the events' foreign-key checks find the run's row as this call
+/// locked it, instead of locking the new version the bump makes (a WAL record). Inline, the run's
+/// channel is notified once per event, in seq order (delivered at commit); through the notifier,
+/// the transaction's last seq of the run is told at commit. The notifications carry ids only: any
+/// role may LISTEN on any channel.
 fn write(mut batch: Batch) -> Result<()> {
-    settle(&mut batch)?;
+    let pending = settle(&mut batch)?;
     let mode = notifier::mode();
     let inline = mode == notifier::Mode::Inline;
     let channel = inline
@@ -282,6 +307,11 @@ fn write(mut batch: Batch) -> Result<()> {
     if mode == notifier::Mode::Worker {
         if let Some(last) = batch.events.iter().filter_map(|e| e.seq).max() {
             notifier::run_news(&batch.scope, &batch.run_id, last);
+        }
+    }
+    if let Some(Bump { from, to }) = pending {
+        if bump(&batch.scope, &batch.run_id, to - from)? != to {
+            return Err(LedgerError::internal("last_seq moved under the run's lock"));
         }
     }
     Ok(())

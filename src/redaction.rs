@@ -38,9 +38,14 @@ pub fn redacted_json(value: &Jsonb) -> Result<serde_json::Value, LedgerError> {
 /// before the final cut, so that the cut never leaves the start of a secret the patterns would
 /// no longer see; the first cut, well past it, bounds the work on huge text.
 pub fn free_text(value: Option<&str>) -> Option<String> {
+    free_text_within(value, text::SUMMARY_CHARS)
+}
+
+/// `free_text` cut to `max` characters instead.
+pub fn free_text_within(value: Option<&str>, max: usize) -> Option<String> {
     value.map(|v| {
-        let head = text::truncate_chars(v, 4 * text::SUMMARY_CHARS);
-        text::summary(&redact::redact_text(&guc::redaction_rules(), head))
+        let head = text::truncate_chars(v, 4 * max);
+        text::truncate_chars(&redact::redact_text(&guc::redaction_rules(), head), max).to_owned()
     })
 }
 

@@ -1,9 +1,11 @@
 //! Finding and locking the ledger's rows: runs, steps, tasks, tool calls and approvals, each
 //! found by id in the caller's scope and returned as a small typed head.
 //!
-//! Locks are taken in one order: the run first, then the record (a tool call, an approval, a
-//! step), then the record's step. A record's lock takes the `LockedRun` of its run as proof that
-//! the run is held, so a function cannot lock a record of a run it has not locked. A function
+//! Locks are taken in one order: the run first, then the record (an approval, a step), then the
+//! record's step. A record's lock takes the `LockedRun` of its run as proof that the run is held,
+//! so a function cannot lock a record of a run it has not locked. Tool calls, and the steps the
+//! tool-call functions move, are read under their run's lock without a row lock of their own:
+//! every writer holds the run first, so the row lock added only WAL (a record per row). A function
 //! waits for one run only: a claim whose key belongs to another run takes that run only if no one
 //! holds it (else it reads the record unlocked), because its caller may already hold a second
 //! run in the same transaction and the other run's holder may be waiting for ours. Tasks stand
@@ -11,6 +13,7 @@
 
 use crate::db;
 use crate::error::{Class, LedgerError, Result};
+use crate::feed;
 use crate::model::ids;
 use crate::model::run_lease;
 use crate::model::status::{Resource, Status};
@@ -33,8 +36,6 @@ enum Lock {
     KeyShareSkipLocked,
     /// `FOR UPDATE`.
     Update,
-    /// `FOR UPDATE OF` the named table of a join only.
-    UpdateOf(&'static str),
 }
 
 /// The first row of `query` read under `lock` (its clause appended to the query).
@@ -50,7 +51,6 @@ fn first<R>(
         Lock::NoKeyUpdateSkipLocked => format!("{query} FOR NO KEY UPDATE SKIP LOCKED"),
         Lock::KeyShareSkipLocked => format!("{query} FOR KEY SHARE SKIP LOCKED"),
         Lock::Update => format!("{query} FOR UPDATE"),
-        Lock::UpdateOf(table) => format!("{query} FOR UPDATE OF {table}"),
     };
     db::write_one(&locked, args, map)
 }
@@ -192,12 +192,19 @@ pub fn run_exists(scope: &Scope, run_id: &str) -> Result<()> {
 /// lock of every write about a run.
 pub fn lock_run(scope: &Scope, argument: &str, run_id: &str) -> Result<LockedRun> {
     ids::validate(argument, run_id)?;
-    run_by(scope, "id", run_id, Lock::NoKeyUpdate)?.ok_or_else(|| run_not_found(argument, run_id))
+    let run = run_by(scope, "id", run_id, Lock::NoKeyUpdate)?
+        .ok_or_else(|| run_not_found(argument, run_id))?;
+    feed::held(scope, &run);
+    Ok(run)
 }
 
 /// Locks the run if no one else holds it; None when it is busy or gone.
 pub fn try_lock_run(scope: &Scope, run_id: &str) -> Result<Option<LockedRun>> {
-    run_by(scope, "id", run_id, Lock::NoKeyUpdateSkipLocked)
+    let run = run_by(scope, "id", run_id, Lock::NoKeyUpdateSkipLocked)?;
+    if let Some(run) = &run {
+        feed::held(scope, run);
+    }
+    Ok(run)
 }
 
 /// Keeps the run from being purged until this transaction ends, without waiting and without
@@ -422,22 +429,23 @@ fn check_held(run: &LockedRun, record_run_id: &str) -> Result<()> {
     }
 }
 
-/// Locks the tool call `id` of the locked run; None when it is not in scope (a purge may have
-/// removed it meanwhile).
-pub fn lock_tool_call(scope: &Scope, run: &LockedRun, id: &str) -> Result<Option<ToolCall>> {
-    let found = tool_call_by(scope, By::Id(id), Lock::UpdateOf("t"))?;
+/// The tool call `id` of the locked run, read under the run's lock; None when it is not in scope
+/// (a purge may have removed it meanwhile). Every writer of a call holds its run's lock first, so
+/// that lock alone serialises them: a row lock of the call's own would only add a WAL record.
+pub fn held_tool_call(scope: &Scope, run: &LockedRun, id: &str) -> Result<Option<ToolCall>> {
+    let found = tool_call_by(scope, By::Id(id), Lock::No)?;
     if let Some(rec) = &found {
         check_held(run, &rec.run_id)?;
     }
     Ok(found)
 }
 
-/// Locks the tool call `id`'s run, then the call (P0002 `TOOL_CALL_NOT_FOUND`).
+/// Locks the tool call `id`'s run, then reads the call under it (P0002 `TOOL_CALL_NOT_FOUND`).
 pub fn lock_tool_call_by_id(scope: &Scope, id: &str) -> Result<(LockedRun, ToolCall)> {
     let not_found = || LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", id);
     let found = find_tool_call(scope, By::Id(id))?.ok_or_else(not_found)?;
     let run = lock_run(scope, "run_id", &found.run_id)?;
-    let rec = lock_tool_call(scope, &run, id)?.ok_or_else(not_found)?;
+    let rec = held_tool_call(scope, &run, id)?.ok_or_else(not_found)?;
     Ok((run, rec))
 }
 

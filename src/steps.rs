@@ -180,7 +180,8 @@ pub fn transition(
 /// Moves a tool's step along with its tool call, where the status table allows it: directly, or
 /// through one intermediate status (`running` out of `paused`, `retrying` out of a terminal
 /// status). Otherwise the step stays where it is. The caller holds the lock of the step's run,
-/// so only the step is locked here.
+/// which every writer of a step takes first, so the step is read, not locked (a row lock would
+/// only add a WAL record); the transition's UPDATE still checks the status it was read in.
 pub fn follow(
     scope: &Scope,
     run: &LockedRun,
@@ -188,7 +189,7 @@ pub fn follow(
     to: Status,
     change: StepChange,
 ) -> Result<()> {
-    let current = rows::lock_step(scope, run, step_id)?.status;
+    let current = rows::step_of_run(scope, step_id, &run.id)?.status;
     if current == to {
         return Ok(());
     }

@@ -24,7 +24,7 @@ use crate::model::tool_call::{
     ApprovalStatus, CallStatus, Decision, Existing, Outcome, Resolution,
 };
 use crate::model::{ids, json, redact, run_lease};
-use crate::redaction::{free_text, redacted_json, redacted_object};
+use crate::redaction::{free_text, free_text_within, redacted_json, redacted_object};
 use crate::rows::{self, By, LockedRun, ToolCall};
 use crate::scope::{self, Scope};
 use crate::steps::{self, NewStep, StepChange};
@@ -35,6 +35,11 @@ mod batch;
 
 /// Results whose canonical JSON is longer than this are stored as an artifact.
 pub const INLINE_RESULT_BYTES: usize = 8192;
+
+/// A tool step's `output_summary` is the start of its result's text, this many characters: the
+/// result itself is the call's. A whole copy wrote every result twice, and a step row grown past
+/// 2 KB is compressed and moved at every completion.
+const TOOL_SUMMARY_CHARS: usize = 256;
 
 /// What every event and decision about a call reads of its record.
 impl ToolCall {
@@ -270,13 +275,14 @@ fn finish(
         Status::Failed
     };
     let metrics = json!({"tool_call": {"tool_call_id": rec.tool_call_id, "tool_ref": rec.tool_ref, "attempt": rec.attempt, "replayed": false}});
+    let summary = free_text_within(canonical.as_deref(), TOOL_SUMMARY_CHARS);
     steps::follow(
         scope,
         run,
         &rec.step_id,
         step_status,
         StepChange {
-            output_summary: canonical.as_deref(),
+            output_summary: summary.as_deref(),
             metrics: Some(Jsonb::from(&metrics)),
             error_code,
             error_message: error,
@@ -422,7 +428,7 @@ fn identity<'a>(
 
 /// The record an identity names, and how far this transaction holds it.
 enum Found {
-    /// The record and its run are locked by this transaction.
+    /// Its run is locked by this transaction, the record read under that lock.
     Held(LockedRun, ToolCall),
     /// Another run's record while a concurrent transaction holds that run: read, not locked.
     /// Waiting for that run while holding the calling run could close a cycle (40P01), so the
@@ -442,8 +448,9 @@ impl Found {
 }
 
 /// Finds the record an identity names (by idempotency key first, then by run and tool_call_id).
-/// A record of `run`, the calling run (already locked), is locked; one of another run is locked
-/// with its run only if no one else holds that run, and never waited for.
+/// A record of `run`, the calling run (already locked), is read under its lock; one of another run
+/// only once its run is locked too, which is tried only if no one else holds that run, never
+/// waited for.
 fn find_locked(scope: &Scope, run: &LockedRun, who: &Identity) -> Result<Option<Found>> {
     let found = match rows::find_tool_call(scope, By::Key(&who.idempotency_key))? {
         Some(r) => Some(r),
@@ -457,7 +464,7 @@ fn find_locked(scope: &Scope, run: &LockedRun, who: &Identity) -> Result<Option<
     };
     // A purge may have removed it meanwhile: then its tombstone answers.
     let found = match record_run {
-        Some(record_run) => rows::lock_tool_call(scope, &record_run, &found.id)?
+        Some(record_run) => rows::held_tool_call(scope, &record_run, &found.id)?
             .map(|rec| Found::Held(record_run, rec)),
         None => {
             let stays = rows::try_key_share_run(scope, &found.run_id)?;
@@ -522,7 +529,7 @@ fn given_step(scope: &Scope, run_id: &str, step_id: &str) -> Result<()> {
     Ok(())
 }
 
-/// Inserts a new record (and its step unless given); returns the record, locked.
+/// Inserts a new record (and its step unless given); returns the record, read under the run's lock.
 #[allow(clippy::too_many_arguments)]
 fn insert(
     scope: &Scope,
@@ -578,7 +585,7 @@ fn insert(
         // The step already has a record; a concurrent claim from another run took the key.
         return Ok(None);
     }
-    rows::lock_tool_call(scope, run, &id)
+    rows::held_tool_call(scope, run, &id)
 }
 
 /// One call's claim, checked before anything is locked or written.
@@ -859,16 +866,7 @@ fn start(scope: &Scope, run: &LockedRun, rec: &mut ToolCall) -> Result<()> {
         Status::Running,
         StepChange::default(),
     )?;
-    event(scope, &rec.run_id, rec, &Event::ToolCallRunning(rec.ids()))?;
-    audit(
-        scope,
-        &rec.run_id,
-        Some(&rec.step_id),
-        "tool_call.begin",
-        "running",
-        rec.lease_owner.as_deref(),
-        json!({"tool_call": rec.ids()}),
-    )
+    event(scope, &rec.run_id, rec, &Event::ToolCallRunning(rec.ids()))
 }
 
 /// Extends the lease of the current attempt.
@@ -1086,8 +1084,9 @@ fn sweep(scope: Scope) -> Result<i32> {
     feed::collected(|| {
         let candidates = db::select(
             "SELECT id, run_id FROM ledger.run_step_tool_calls \
-              WHERE tenant_id = $1 AND workspace_id = $2 AND status IN ('claimed', 'running') \
-                AND lease_expires_at <= clock_timestamp() ORDER BY lease_expires_at",
+              WHERE tenant_id = $1 AND workspace_id = $2 AND completed_at IS NULL \
+                AND status IN ('claimed', 'running') AND lease_expires_at <= clock_timestamp() \
+              ORDER BY lease_expires_at",
             &scope.args([]),
             |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
         )?;
@@ -1362,7 +1361,7 @@ fn resolve_approval(
             json!({"approval_id": approval_id, "tool_call_record_id": record_id, "note": note}),
         )?;
         if let (ApprovalStatus::Rejected, Some(record_id)) = (decision, record_id) {
-            if let Some(mut rec) = rows::lock_tool_call(&scope, &run, &record_id)? {
+            if let Some(mut rec) = rows::held_tool_call(&scope, &run, &record_id)? {
                 if rec.status == CallStatus::WaitingApproval {
                     db::execute(
                         include_str!("../sql/queries/reject_tool_call.sql"),
@@ -1502,6 +1501,42 @@ mod tests {
         );
         assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_steps"), 3);
         assert_eq!(one::<i64>("SELECT last_seq FROM ledger.runs"), 9);
+    }
+
+    #[pg_test]
+    fn begin_and_heartbeats_change_no_indexed_column_and_the_step_keeps_the_start_of_the_result() {
+        running_run("t-tc-hot");
+        outcome(r#"{"q": 1}"#, "c1");
+        let id = record("c1");
+        // No index covers what begin and a heartbeat change (its key, expressions or predicate;
+        // the sweep finds expired leases through the index of the calls not finished), so both
+        // can be HOT updates, which add no index entries.
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid \
+                  WHERE i.indrelid = 'ledger.run_step_tool_calls'::regclass \
+                    AND a.attname IN ('status', 'lease_expires_at', 'outbound_started_at', \
+                                      'updated_at', 'lease_owner') \
+                    AND (a.attnum = ANY (i.indkey) \
+                         OR coalesce(pg_get_expr(i.indpred, i.indrelid), '') ~ a.attname \
+                         OR coalesce(pg_get_expr(i.indexprs, i.indrelid), '') ~ a.attname)"
+            ),
+            0
+        );
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        Spi::run(&format!("SELECT ledger.heartbeat_tool_call('{id}', 1)")).unwrap();
+        let result = format!(r#"{{"text": "{}"}}"#, "é".repeat(1000));
+        Spi::run(&format!(
+            "SELECT ledger.complete_tool_call('{id}', 1, 'succeeded', '{result}')"
+        ))
+        .unwrap();
+        // The call keeps the whole result; its step's summary is the first 256 characters.
+        let whole =
+            one::<String>("SELECT ledger.canonical_json(result) FROM ledger.run_step_tool_calls");
+        let summary = one::<String>("SELECT output_summary FROM ledger.run_steps");
+        assert_eq!(whole.chars().count(), 1011);
+        assert_eq!(summary.chars().count(), 256);
+        assert!(whole.starts_with(&summary), "{summary}");
     }
 
     #[pg_test]
@@ -2419,10 +2454,8 @@ mod tests {
             .collect::<std::collections::BTreeSet<_>>(),
             [
                 "tool_call.claim:claimed:worker-1",
-                "tool_call.begin:running:worker-1",
                 "tool_call.complete:succeeded:worker-1",
                 "tool_call.claim:claimed:tool:r",
-                "tool_call.begin:running:tool:r",
                 "tool_call.complete:unknown:tool:r",
                 "tool_call.resolve:failed:ops",
                 "approval.request:pending:-",

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use crate::model::feed::insert_statement;
 use crate::model::hash::run_channel;
 use crate::model::{json as cjson, redact};
-use crate::{median, Settings, Target};
+use crate::{follower, median, waits, Settings, Target};
 
 pub const TX_PER_LIFECYCLE: f64 = 3.0;
 const TENANT: &str = "bench";
@@ -108,7 +108,7 @@ impl Floor {
     }
 }
 
-struct Ledger {
+pub struct Ledger {
     run_id: String,
     n: u64,
     claim: Statement,
@@ -118,7 +118,7 @@ struct Ledger {
 }
 
 impl Ledger {
-    fn new(c: &mut Client, run_id: String) -> Ledger {
+    pub fn new(c: &mut Client, run_id: String) -> Ledger {
         c.batch_execute(&format!(
             "SELECT ledger.set_scope('{TENANT}', '{WORKSPACE}')"
         ))
@@ -159,7 +159,7 @@ impl Ledger {
         }
     }
 
-    fn lifecycle(&mut self, c: &mut Client, args: &Value, result: &Value) {
+    pub fn lifecycle(&mut self, c: &mut Client, args: &Value, result: &Value) {
         self.n += 1;
         let call_id = format!("call-{}", self.n);
         let row = c
@@ -505,26 +505,153 @@ impl App {
     }
 }
 
+/// What a design's clients run.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Kind {
+    Floor,
+    NotifyingFloor,
+    Ledger,
+    App,
+    AppFeed,
+}
+
+/// A design of the throughput table: what its clients run, and the `ledger.notify` their
+/// sessions set before its runs (None: the server's default, `RESET ledger.notify`). A notify
+/// mode is a per-design session setting, so another mode is one more row here.
+pub struct Design {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub notify: Option<&'static str>,
+}
+
+/// The designs, in the order of the tables' columns.
+pub const DESIGNS: [Design; 6] = [
+    Design {
+        name: "floor",
+        kind: Kind::Floor,
+        notify: None,
+    },
+    Design {
+        name: "notifying floor",
+        kind: Kind::NotifyingFloor,
+        notify: None,
+    },
+    Design {
+        name: "ledger",
+        kind: Kind::Ledger,
+        notify: None,
+    },
+    Design {
+        name: "ledger, notify off",
+        kind: Kind::Ledger,
+        notify: Some("off"),
+    },
+    Design {
+        name: "app-side",
+        kind: Kind::App,
+        notify: None,
+    },
+    Design {
+        name: "app-side + feed",
+        kind: Kind::AppFeed,
+        notify: None,
+    },
+];
+const N: usize = DESIGNS.len();
+
+/// The index of the first design of `kind` with `notify`.
+fn design(kind: Kind, notify: Option<&str>) -> usize {
+    DESIGNS
+        .iter()
+        .position(|d| d.kind == kind && d.notify == notify)
+        .expect("design in the table")
+}
+
+/// The statement that gives a session design `d`'s notify mode.
+pub fn notify_setting(d: &Design) -> String {
+    match d.notify {
+        Some(mode) => format!("SET ledger.notify = {mode}"),
+        None => "RESET ledger.notify".into(),
+    }
+}
+
+/// The application_name of the benchmark's writing sessions: the wait sampler watches these.
+pub const WRITER: &str = "ledger-bench-writer";
+
+/// A client session of the benchmark that writes, named so that the wait sampler finds it.
+pub fn writer(conn: &str) -> Client {
+    let mut c = Client::connect(conn, postgres::NoTls).expect("connect");
+    c.batch_execute(&format!("SET application_name = '{WRITER}'"))
+        .expect("application_name");
+    c
+}
+
+/// One client's state for every design.
+struct Clients {
+    floor: Floor,
+    notifying: Floor,
+    /// One run per ledger design, so that each design's rows are its own.
+    ledgers: Vec<Option<Ledger>>,
+    app: App,
+    app_feed: App,
+}
+
+impl Clients {
+    fn new(c: &mut Client, i: usize, run_id: &str) -> Clients {
+        Clients {
+            floor: Floor::new(c, i as i32, false),
+            notifying: Floor::new(c, i as i32, true),
+            ledgers: DESIGNS
+                .iter()
+                .enumerate()
+                .map(|(d, design)| {
+                    (design.kind == Kind::Ledger).then(|| Ledger::new(c, format!("{run_id}-d{d}")))
+                })
+                .collect(),
+            app: App::new(c, run_id.to_owned(), false),
+            app_feed: App::new(c, format!("{run_id}-feed"), true),
+        }
+    }
+
+    fn lifecycle(&mut self, d: usize, c: &mut Client, args: &Value, result: &Value) {
+        match DESIGNS[d].kind {
+            Kind::Floor => self.floor.lifecycle(c),
+            Kind::NotifyingFloor => self.notifying.lifecycle(c),
+            Kind::Ledger => self.ledgers[d]
+                .as_mut()
+                .expect("a ledger design's run")
+                .lifecycle(c, args, result),
+            Kind::App => self.app.lifecycle(c, args, result),
+            Kind::AppFeed => self.app_feed.lifecycle(c, args, result),
+        }
+    }
+}
+
 struct Shared {
     design: AtomicUsize,
     stop: AtomicBool,
     quit: AtomicBool,
     start: Barrier,
     done: Barrier,
-    counts: [AtomicU64; DESIGNS],
+    counts: [AtomicU64; N],
 }
 
-/// The floor, the notifying floor, the ledger, the application-side design, the
-/// application-side design with the ledger's feed, and the ledger with `ledger.notify = off`.
-const DESIGNS: usize = 6;
-const QUIET_LEDGER: usize = 5;
-
 /// A figure for each design.
-type PerDesign = [f64; DESIGNS];
+type PerDesign = [f64; N];
+
+/// What one client count measured: per design, lifecycles/s, WAL bytes and machine CPU ms per
+/// lifecycle (medians over the runs), and the wait samples when sampled.
+pub struct Cell {
+    rate: PerDesign,
+    wal: PerDesign,
+    cpu: PerDesign,
+    waits: Option<Vec<waits::Tally>>,
+}
 
 /// Lifecycles per second of each design at `clients` clients, and the WAL bytes and machine
-/// CPU milliseconds per lifecycle, each the median over `reps` runs.
-fn cell(s: &Settings, clients: usize) -> (PerDesign, PerDesign, PerDesign) {
+/// CPU milliseconds per lifecycle, each the median over `reps` runs; with `sample`, the wait
+/// events of the writing backends sampled through the measured runs.
+fn cell(s: &Settings, clients: usize, sample: bool) -> Cell {
     let shared = Arc::new(Shared {
         design: AtomicUsize::new(0),
         stop: AtomicBool::new(false),
@@ -538,14 +665,8 @@ fn cell(s: &Settings, clients: usize) -> (PerDesign, PerDesign, PerDesign) {
         .map(|i| {
             let (shared, ready, conn) = (shared.clone(), ready.clone(), s.lifecycle_conn.clone());
             thread::spawn(move || {
-                let mut c = Client::connect(&conn, postgres::NoTls).expect("connect");
-                let run_id = format!("lc-{clients}-{i}");
-                let mut floor = Floor::new(&mut c, i as i32, false);
-                let mut notifying = Floor::new(&mut c, i as i32, true);
-                let mut ledger = Ledger::new(&mut c, run_id.clone());
-                let mut app = App::new(&mut c, run_id.clone(), false);
-                let mut app_feed = App::new(&mut c, format!("{run_id}-feed"), true);
-                let mut quiet = Ledger::new(&mut c, format!("{run_id}-quiet"));
+                let mut c = writer(&conn);
+                let mut designs = Clients::new(&mut c, i, &format!("lc-{clients}-{i}"));
                 let (args, result) = (arguments(), result_2kb());
                 ready.wait();
                 loop {
@@ -554,22 +675,11 @@ fn cell(s: &Settings, clients: usize) -> (PerDesign, PerDesign, PerDesign) {
                         break;
                     }
                     let d = shared.design.load(Relaxed);
-                    c.batch_execute(if d == QUIET_LEDGER {
-                        "SET ledger.notify = off"
-                    } else {
-                        "RESET ledger.notify"
-                    })
-                    .expect("ledger.notify");
+                    c.batch_execute(&notify_setting(&DESIGNS[d]))
+                        .expect("ledger.notify");
                     let mut n = 0;
                     while !shared.stop.load(Relaxed) {
-                        match d {
-                            0 => floor.lifecycle(&mut c),
-                            1 => notifying.lifecycle(&mut c),
-                            2 => ledger.lifecycle(&mut c, &args, &result),
-                            3 => app.lifecycle(&mut c, &args, &result),
-                            4 => app_feed.lifecycle(&mut c, &args, &result),
-                            _ => quiet.lifecycle(&mut c, &args, &result),
-                        }
+                        designs.lifecycle(d, &mut c, &args, &result);
                         n += 1;
                     }
                     shared.counts[d].fetch_add(n, Relaxed);
@@ -580,13 +690,14 @@ fn cell(s: &Settings, clients: usize) -> (PerDesign, PerDesign, PerDesign) {
         .collect();
     ready.wait();
     let mut stats = Client::connect(&s.conn, postgres::NoTls).expect("connect");
-    let mut rates: [Vec<f64>; DESIGNS] = Default::default();
-    let mut wal: [Vec<f64>; DESIGNS] = Default::default();
-    let mut cpu: [Vec<f64>; DESIGNS] = Default::default();
+    let mut rates: [Vec<f64>; N] = Default::default();
+    let mut wal: [Vec<f64>; N] = Default::default();
+    let mut cpu: [Vec<f64>; N] = Default::default();
+    let mut tallies: Vec<waits::Tally> = (0..N).map(|_| waits::Tally::default()).collect();
 
     // One short unmeasured round first, then the designs interleaved so drift hits them all.
     for rep in 0..=s.reps {
-        for d in 0..DESIGNS {
+        for d in 0..N {
             shared.counts[d].store(0, Relaxed);
             let (wal0, cpu0) = (wal_position(&mut stats), cpu_ms());
             shared.design.store(d, Relaxed);
@@ -594,8 +705,12 @@ fn cell(s: &Settings, clients: usize) -> (PerDesign, PerDesign, PerDesign) {
             shared.start.wait();
             let t0 = Instant::now();
             let secs = if rep == 0 { s.secs.min(1.0) } else { s.secs };
+            let sampler = (sample && rep > 0).then(|| waits::Sampler::start(&s.conn));
             thread::sleep(Duration::from_secs_f64(secs));
             shared.stop.store(true, Relaxed);
+            if let Some(sampler) = sampler {
+                tallies[d].add(sampler.finish());
+            }
             shared.done.wait();
             if rep > 0 {
                 let n = shared.counts[d].load(Relaxed) as f64;
@@ -615,13 +730,18 @@ fn cell(s: &Settings, clients: usize) -> (PerDesign, PerDesign, PerDesign) {
     for h in handles {
         h.join().expect("client thread panicked");
     }
-    let m = |xs: [Vec<f64>; DESIGNS]| xs.map(|mut r| median(&mut r));
-    (m(rates), m(wal), m(cpu))
+    let m = |xs: [Vec<f64>; N]| xs.map(|mut r| median(&mut r));
+    Cell {
+        rate: m(rates),
+        wal: m(wal),
+        cpu: m(cpu),
+        waits: sample.then_some(tallies),
+    }
 }
 
 /// Milliseconds of CPU (user + system, every process) the machine has spent since boot: the
 /// benchmark runs beside the cluster, so this counts the backends, the client and the WAL writer.
-fn cpu_ms() -> f64 {
+pub fn cpu_ms() -> f64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let ticks: Vec<f64> = stat
         .lines()
@@ -644,6 +764,22 @@ fn wal_position(c: &mut Client) -> f64 {
     c.query_one("SELECT (pg_current_wal_insert_lsn() - '0/0')::float8", &[])
         .expect("WAL position")
         .get(0)
+}
+
+/// Machine CPU ms per lifecycle of the ledger at 36e8cb5 (0.5.0 before issue 15) on this
+/// machine, at 1, 8 and 32 clients (bench/results/2026-12-04-36e8cb5.md): the baseline of the
+/// target "down by a fifth".
+const CPU_BEFORE: [(usize, f64); 3] = [(1, 2.62), (8, 2.93), (32, 3.21)];
+
+/// The client count whose runs the wait sampler watches: 32, or the largest of a smoke run.
+fn sampled_clients(s: &Settings) -> Option<usize> {
+    if s.clients.contains(&32) {
+        Some(32)
+    } else if s.smoke {
+        s.clients.iter().copied().max()
+    } else {
+        None
+    }
 }
 
 pub fn run(s: &Settings, targets: &mut Vec<Target>) {
@@ -677,81 +813,159 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
          The floor is {} single-row INSERT commits per lifecycle; the notifying floor the same \
          with a NOTIFY in each, as every ledger transaction has. App-side + feed is the \
          application-side design that also keeps the ledger's run feed (gapless seq, event rows, \
-         a NOTIFY per event), which the plain application-side design does not have. Notify off is the ledger with \
-         `ledger.notify = off` (no NOTIFY; followers poll).\n",
-        s.reps, s.secs, TX_PER_LIFECYCLE
+         a NOTIFY per event), which the plain application-side design does not have. Each \
+         ledger design's sessions set its `ledger.notify` ({}).\n",
+        s.reps,
+        s.secs,
+        TX_PER_LIFECYCLE,
+        DESIGNS
+            .iter()
+            .filter(|d| d.kind == Kind::Ledger)
+            .map(|d| format!("{}: {}", d.name, d.notify.unwrap_or("the default")))
+            .collect::<Vec<_>>()
+            .join("; ")
     );
-    // Columns in this order: floor, notifying floor, ledger, ledger with notify off, app-side,
-    // app-side + feed (the designs' indexes in `cell`).
-    const SHOWN: [usize; DESIGNS] = [0, 1, 2, QUIET_LEDGER, 3, 4];
-    const NAMES: &str =
-        "floor | notifying floor | ledger | ledger, notify off | app-side | app-side + feed";
+    let sampled = sampled_clients(s);
     let mut rows = Vec::new();
     for &n in &s.clients {
-        rows.push((n, cell(s, n)));
+        rows.push((n, cell(s, n, Some(n) == sampled)));
     }
-    let table = |title: &str,
-                 what: &dyn Fn(&(PerDesign, PerDesign, PerDesign)) -> PerDesign,
-                 digits: usize| {
+    let names: Vec<&str> = DESIGNS.iter().map(|d| d.name).collect();
+    let table = |title: &str, what: &dyn Fn(&Cell) -> PerDesign, digits: usize| {
         println!("{title}\n");
-        println!("| clients | {NAMES} |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|");
-        for (n, m) in &rows {
-            let v = what(m);
-            let cells: Vec<String> = SHOWN
-                .iter()
-                .map(|&d| format!("{:.*}", digits, v[d]))
-                .collect();
+        println!("| clients | {} |", names.join(" | "));
+        println!("|---:|{}", "---:|".repeat(N));
+        for (n, cell) in &rows {
+            let cells: Vec<String> = what(cell).iter().map(|v| format!("{v:.digits$}")).collect();
             println!("| {n} | {} |", cells.join(" | "));
         }
         println!();
     };
-    table("Lifecycles per second:", &|m| m.0, 0);
+    table("Lifecycles per second:", &|m| m.rate, 0);
     table(
         &format!(
             "Machine CPU per lifecycle, ms (user + system of every process, over the same runs: \
              backends, benchmark client, WAL writer; {} cores):",
             std::thread::available_parallelism().map_or(0, |n| n.get())
         ),
-        &|m| m.2,
+        &|m| m.cpu,
         2,
     );
-    table("WAL bytes per lifecycle (over the same runs):", &|m| m.1, 0);
+    table(
+        "WAL bytes per lifecycle (over the same runs):",
+        &|m| m.wal,
+        0,
+    );
+    let [floor, notifying, ledger, quiet, app, app_feed] = [
+        design(Kind::Floor, None),
+        design(Kind::NotifyingFloor, None),
+        design(Kind::Ledger, None),
+        design(Kind::Ledger, Some("off")),
+        design(Kind::App, None),
+        design(Kind::AppFeed, None),
+    ];
     println!("Ratios:\n");
     println!("| clients | floor commits/s | ledger ÷ floor | ledger ÷ notifying floor | ledger ÷ app-side | ledger ÷ app-side + feed | notify off ÷ floor | notify off ÷ app-side |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let mut by_clients = Vec::new();
-    for (n, (r, _, _)) in &rows {
-        let [floor, notifying, ledger, app, app_feed, quiet] = *r;
+    for (n, cell) in &rows {
+        let r = &cell.rate;
         println!(
             "| {n} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-            floor * TX_PER_LIFECYCLE,
-            ledger / floor,
-            ledger / notifying,
-            ledger / app,
-            ledger / app_feed,
-            quiet / floor,
-            quiet / app
+            r[floor] * TX_PER_LIFECYCLE,
+            r[ledger] / r[floor],
+            r[ledger] / r[notifying],
+            r[ledger] / r[app],
+            r[ledger] / r[app_feed],
+            r[quiet] / r[floor],
+            r[quiet] / r[app]
         );
-        by_clients.push((*n, floor, ledger, app));
     }
     println!();
+    if let Some((n, tallies)) = rows
+        .iter()
+        .find_map(|(n, cell)| cell.waits.as_ref().map(|w| (n, w)))
+    {
+        waits::print(*n, &names, tallies);
+        let t = &tallies[ledger];
+        targets.push(Target {
+            what: format!(
+                "no ledger writer waits on the notification lock (Lock:object) at {n} clients"
+            ),
+            measured: format!(
+                "{} of {} samples ({:.1} %)",
+                t.lock_object,
+                t.samples,
+                t.share() * 100.0
+            ),
+            met: t.samples > 0 && t.share() < 0.01,
+        });
+    }
     check_counts(&mut c);
-    for &(n, floor, ledger, app) in &by_clients {
+    for (n, cell) in &rows {
+        let (r, n) = (&cell.rate, *n);
         if n == 8 || n == 32 {
             targets.push(Target {
                 what: format!("lifecycle ≥ 0.6 × floor at {n} clients"),
-                measured: format!("{:.2} ×", ledger / floor),
-                met: ledger >= 0.6 * floor,
+                measured: format!("{:.2} ×", r[ledger] / r[floor]),
+                met: r[ledger] >= 0.6 * r[floor],
             });
             targets.push(Target {
                 what: format!("lifecycle ≥ 2 × app-side at {n} clients"),
-                measured: format!("{:.2} ×", ledger / app),
-                met: ledger >= 2.0 * app,
+                measured: format!("{:.2} ×", r[ledger] / r[app]),
+                met: r[ledger] >= 2.0 * r[app],
+            });
+        }
+        // Issue 15's targets.
+        if s.rtt.is_none() && (n == 8 || n == 32) {
+            targets.push(Target {
+                what: format!("lifecycles ≥ 1.0 × app-side + feed at {n} clients"),
+                measured: format!("{:.2} ×", r[ledger] / r[app_feed]),
+                met: r[ledger] >= r[app_feed],
+            });
+            targets.push(Target {
+                what: format!("lifecycles ≥ 0.75 × app-side at {n} clients"),
+                measured: format!("{:.2} ×", r[ledger] / r[app]),
+                met: r[ledger] >= 0.75 * r[app],
+            });
+        }
+        if let Some(rtt) = s.rtt {
+            let want = match n {
+                1 => Some(2.5),
+                8 => Some(1.5),
+                32 => Some(1.0),
+                _ => None,
+            };
+            if let Some(want) = want {
+                targets.push(Target {
+                    what: format!(
+                        "with a {:.2} ms round trip: lifecycles ≥ {want} × app-side at {n} clients",
+                        rtt.as_secs_f64() * 1000.0
+                    ),
+                    measured: format!("{:.2} ×", r[ledger] / r[app]),
+                    met: r[ledger] >= want * r[app],
+                });
+            }
+        }
+        targets.push(Target {
+            what: format!("WAL per lifecycle ≤ 8 KB at {n} clients"),
+            measured: format!("{:.0} B", cell.wal[ledger]),
+            met: cell.wal[ledger] <= 8192.0,
+        });
+        if let Some(&(_, before)) = CPU_BEFORE.iter().find(|(k, _)| *k == n) {
+            targets.push(Target {
+                what: format!(
+                    "machine CPU per lifecycle ≤ 0.8 × 36e8cb5's {before:.2} ms at {n} clients"
+                ),
+                measured: format!(
+                    "{:.2} ms ({:.2} ×)",
+                    cell.cpu[ledger],
+                    cell.cpu[ledger] / before
+                ),
+                met: cell.cpu[ledger] <= 0.8 * before,
             });
         }
     }
-    let at = |k: usize| by_clients.iter().find(|x| x.0 == k).map(|x| x.2);
+    let at = |k: usize| rows.iter().find(|x| x.0 == k).map(|x| x.1.rate[ledger]);
     if let (Some(l32), Some(l128)) = (at(32), at(128)) {
         targets.push(Target {
             what: "no collapse: ledger at 128 clients ≥ at 32".into(),
@@ -759,6 +973,7 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
             met: l128 >= l32,
         });
     }
+    follower::run(s, sampled.unwrap_or(32), targets);
 }
 
 /// Every lifecycle counted really happened: the ledger's succeeded calls and the application's

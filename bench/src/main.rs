@@ -7,10 +7,12 @@
 //! LEDGER_BENCH_RTT_MS=0.5 to add that network round-trip time between those clients and the server;
 //! LEDGER_BENCH_ONLY=lifecycle, turns or reads to run one part alone.
 
+mod follower;
 mod latency;
 mod lifecycle;
 mod reads;
 mod turns;
+mod waits;
 
 // The ledger's pure core (crates/ledger-model); its redaction, canonical JSON, hashing and
 // event-INSERT parts are used.

@@ -85,7 +85,7 @@ SELECT tool_call_id, tool_ref, attempt FROM ledger.tool_calls_in_doubt;
 -- A human checks the mail log and decides.
 SELECT ledger.resolve_tool_call(:'call_email', 'succeeded', '{"message_id": "<42@mail>"}',
                                 note => 'found in the mail log', actor => 'ops@acme')->>'outcome' AS outcome;
--- The ledger audited the tool activity itself: claims, begins, completions and the decision.
+-- The ledger audited the tool activity itself: claims, completions and the decision.
 SELECT gateway_type, outcome, actor FROM ledger.audit_events ORDER BY created_at, id;
 SELECT ledger.claim_tool_call('run-demo-1', 'email.send', '{"to": "customer@example.com"}', tool_call_id => 'call-email')->'response'->'result' AS result;
 
