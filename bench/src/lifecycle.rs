@@ -525,7 +525,7 @@ pub struct Design {
 }
 
 /// The designs, in the order of the tables' columns.
-pub const DESIGNS: [Design; 6] = [
+pub const DESIGNS: [Design; 7] = [
     Design {
         name: "floor",
         kind: Kind::Floor,
@@ -540,6 +540,11 @@ pub const DESIGNS: [Design; 6] = [
         name: "ledger",
         kind: Kind::Ledger,
         notify: None,
+    },
+    Design {
+        name: "ledger, notify inline",
+        kind: Kind::Ledger,
+        notify: Some("inline"),
     },
     Design {
         name: "ledger, notify off",
@@ -821,7 +826,14 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
         DESIGNS
             .iter()
             .filter(|d| d.kind == Kind::Ledger)
-            .map(|d| format!("{}: {}", d.name, d.notify.unwrap_or("the default")))
+            .map(|d| {
+                format!(
+                    "{}: {}",
+                    d.name,
+                    d.notify
+                        .unwrap_or("the default, `worker`: the notifier worker where the library is preloaded")
+                )
+            })
             .collect::<Vec<_>>()
             .join("; ")
     );
@@ -856,26 +868,28 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
         &|m| m.wal,
         0,
     );
-    let [floor, notifying, ledger, quiet, app, app_feed] = [
+    let [floor, notifying, ledger, inline, quiet, app, app_feed] = [
         design(Kind::Floor, None),
         design(Kind::NotifyingFloor, None),
         design(Kind::Ledger, None),
+        design(Kind::Ledger, Some("inline")),
         design(Kind::Ledger, Some("off")),
         design(Kind::App, None),
         design(Kind::AppFeed, None),
     ];
     println!("Ratios:\n");
-    println!("| clients | floor commits/s | ledger ÷ floor | ledger ÷ notifying floor | ledger ÷ app-side | ledger ÷ app-side + feed | notify off ÷ floor | notify off ÷ app-side |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| clients | floor commits/s | ledger ÷ floor | ledger ÷ notifying floor | ledger ÷ app-side | ledger ÷ app-side + feed | ledger ÷ ledger inline | notify off ÷ floor | notify off ÷ app-side |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (n, cell) in &rows {
         let r = &cell.rate;
         println!(
-            "| {n} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {n} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             r[floor] * TX_PER_LIFECYCLE,
             r[ledger] / r[floor],
             r[ledger] / r[notifying],
             r[ledger] / r[app],
             r[ledger] / r[app_feed],
+            r[ledger] / r[inline],
             r[quiet] / r[floor],
             r[quiet] / r[app]
         );
