@@ -114,6 +114,18 @@ fn worker_serving(writer: &mut Client, listener: &mut Client, channel: &str) -> 
     panic!("no notification from a worker within 10 s");
 }
 
+/// A writer with run `r` and a follower listening to it in `db`: (writer, follower, channel).
+fn run_followed(db: &str) -> (Client, Client, String) {
+    let mut writer = session(db);
+    let mut listener = session(db);
+    exec(
+        &mut writer,
+        "SELECT ledger.create_run('chat', run_id => 'r')",
+    );
+    let channel = listen_to(&mut listener, "r");
+    (writer, listener, channel)
+}
+
 fn last_seq(c: &mut Client, run_id: &str) -> i64 {
     one(
         c,
@@ -125,14 +137,8 @@ fn last_seq(c: &mut Client, run_id: &str) -> i64 {
 #[ignore]
 fn followers_are_woken_by_the_worker_once_per_commit_with_the_last_seq() {
     let db = database("ledger_notifier_wake");
-    let mut writer = session(&db);
-    let mut listener = session(&db);
+    let (mut writer, mut listener, channel) = run_followed(&db);
     let mut admin = connect_to(&db, "postgres");
-    exec(
-        &mut writer,
-        "SELECT ledger.create_run('chat', run_id => 'r')",
-    );
-    let channel = listen_to(&mut listener, "r");
     exec(&mut listener, "LISTEN ledger_outbox");
     let worker = worker_serving(&mut writer, &mut listener, &channel);
     assert_eq!(workers(&mut admin, &db), vec![worker]);
@@ -419,13 +425,7 @@ fn a_full_table_sends_writers_to_notify_by_themselves_and_nothing_is_lost() {
 #[ignore]
 fn a_prepared_transaction_wakes_followers_when_it_is_committed() {
     let db = database("ledger_notifier_2pc");
-    let mut writer = session(&db);
-    let mut listener = session(&db);
-    exec(
-        &mut writer,
-        "SELECT ledger.create_run('chat', run_id => 'r')",
-    );
-    let channel = listen_to(&mut listener, "r");
+    let (mut writer, mut listener, channel) = run_followed(&db);
     // Whether a worker is attached or not (it left after 2 s idle), the news waits for the
     // prepared transaction.
     for pause in [0, 3000] {
@@ -467,13 +467,7 @@ fn each_database_has_its_own_worker_which_leaves_when_idle() {
     let mut admin = connect_to("postgres", "postgres");
     let mut pids = Vec::new();
     for db in &dbs {
-        let mut writer = session(db);
-        let mut listener = session(db);
-        exec(
-            &mut writer,
-            "SELECT ledger.create_run('chat', run_id => 'r')",
-        );
-        let channel = listen_to(&mut listener, "r");
+        let (mut writer, mut listener, channel) = run_followed(db);
         pids.push(worker_serving(&mut writer, &mut listener, &channel));
     }
     assert_ne!(pids[0], pids[1]);
@@ -537,13 +531,7 @@ fn without_the_preload_writers_notify_inline_as_before() {
 #[ignore]
 fn after_a_server_crash_a_new_worker_serves_the_database() {
     let db = database("ledger_notifier_crash");
-    let mut writer = session(&db);
-    let mut listener = session(&db);
-    exec(
-        &mut writer,
-        "SELECT ledger.create_run('chat', run_id => 'r')",
-    );
-    let channel = listen_to(&mut listener, "r");
+    let (mut writer, mut listener, channel) = run_followed(&db);
     let before = worker_serving(&mut writer, &mut listener, &channel);
     restart_server_with("immediate");
     let mut writer = session(&db);
