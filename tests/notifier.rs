@@ -126,6 +126,17 @@ fn run_followed(db: &str) -> (Client, Client, String) {
     (writer, listener, channel)
 }
 
+/// (notify, preloaded, worker_pid) of `ledger.notifier_status()`.
+fn notifier_status(c: &mut Client) -> (String, bool, Option<i32>) {
+    let r = c
+        .query_one(
+            "SELECT notify, preloaded, worker_pid FROM ledger.notifier_status()",
+            &[],
+        )
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
 fn last_seq(c: &mut Client, run_id: &str) -> i64 {
     one(
         c,
@@ -142,15 +153,7 @@ fn followers_are_woken_by_the_worker_once_per_commit_with_the_last_seq() {
     exec(&mut listener, "LISTEN ledger_outbox");
     let worker = worker_serving(&mut writer, &mut listener, &channel);
     assert_eq!(workers(&mut admin, &db), vec![worker]);
-    let status: (String, bool, Option<i32>) = {
-        let r = writer
-            .query_one(
-                "SELECT notify, preloaded, worker_pid FROM ledger.notifier_status()",
-                &[],
-            )
-            .unwrap();
-        (r.get(0), r.get(1), r.get(2))
-    };
+    let status = notifier_status(&mut writer);
     assert_eq!(status, ("worker".into(), true, Some(worker)));
 
     // Five steps in one transaction: one notification, with the last seq; the rows are the
@@ -493,15 +496,7 @@ fn without_the_preload_writers_notify_inline_as_before() {
     let _plain = WithoutPreload::start();
     let mut writer = session(&db);
     let mut listener = session(&db);
-    let status: (String, bool, Option<i32>) = {
-        let r = writer
-            .query_one(
-                "SELECT notify, preloaded, worker_pid FROM ledger.notifier_status()",
-                &[],
-            )
-            .unwrap();
-        (r.get(0), r.get(1), r.get(2))
-    };
+    let status = notifier_status(&mut writer);
     assert_eq!(status, ("inline".into(), false, None));
     exec(
         &mut writer,
