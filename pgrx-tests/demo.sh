@@ -44,6 +44,8 @@ The demo cluster is still running. Explore it with:
 then, for example:
     SELECT ledger.set_scope('acme', 'support');
     SELECT id, status, attempt_no FROM ledger.runs;
+The clients (clients/python, clients/typescript) and their examples connect with:
+    export LEDGER_DSN='host=$DATA port=$PORT user=postgres dbname=ledger_demo'
 Stop and remove it with:
     make demo-stop
 MSG
