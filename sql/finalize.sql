@@ -37,7 +37,8 @@ GRANT EXECUTE ON FUNCTION
     ledger.request_hash(jsonb),
     ledger.replay_bundle(text),
     ledger.run_evidence(text),
-    ledger.replay_ready(text)
+    ledger.replay_ready(text),
+    ledger.otel_trace(text, text)
     TO ledger_reader;
 
 GRANT SELECT ON ledger.tool_calls_in_doubt, ledger.pending_approvals, ledger.run_overview,
@@ -114,6 +115,8 @@ COMMENT ON FUNCTION ledger.record_feedback(text, integer, text, text, text, json
     'Records a rating of a run (any integer scale) with an optional comment and metadata.';
 COMMENT ON FUNCTION ledger.replay_bundle(text) IS
     'Everything about a run in one read (replay #1): {run, steps, artifacts, costs, approvals, feedback, tool_calls, reused_tool_calls, trace_spec}. reused_tool_calls are the finished calls of its source run whose results a retry or replay reused. Lists are complete and ordered; money is decimal strings per currency.';
+COMMENT ON FUNCTION ledger.otel_trace(text, text) IS
+    'A run as an OpenTelemetry trace: an OTLP/JSON ExportTraceServiceRequest following the GenAI semantic conventions (the run an invoke_agent span, llm steps chat spans with token usage, tool calls execute_tool spans, costs as ledger.cost.<currency> attributes, ledger ids on every span), for an OTLP/HTTP collector''s /v1/traces. Ids are derived from the run, so a second export is the same trace.';
 COMMENT ON FUNCTION ledger.run_evidence(text) IS
     'The thirteen governance evidence items of a run, in order: each {key, status pass|warning|fail|not_applicable, label, summary, evidence_refs, missing}.';
 COMMENT ON FUNCTION ledger.replay_ready(text) IS

@@ -523,6 +523,15 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'notifier_status_wrapper';
 
+CREATE  FUNCTION "otel_trace"(
+	"run_id" TEXT, /* Option < & str > */
+	"service_name" TEXT DEFAULT 'ledger' /* Option < & str > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+STABLE SECURITY DEFINER PARALLEL SAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'otel_trace_wrapper';
+
 CREATE  FUNCTION "purge_runs"(
 	"older_than" interval, /* Option < Interval > */
 	"batch" INT DEFAULT 1000 /* Option < i32 > */
@@ -953,7 +962,8 @@ GRANT EXECUTE ON FUNCTION
     ledger.request_hash(jsonb),
     ledger.replay_bundle(text),
     ledger.run_evidence(text),
-    ledger.replay_ready(text)
+    ledger.replay_ready(text),
+    ledger.otel_trace(text, text)
     TO ledger_reader;
 
 GRANT SELECT ON ledger.tool_calls_in_doubt, ledger.pending_approvals, ledger.run_overview,
@@ -1030,6 +1040,8 @@ COMMENT ON FUNCTION ledger.record_feedback(text, integer, text, text, text, json
     'Records a rating of a run (any integer scale) with an optional comment and metadata.';
 COMMENT ON FUNCTION ledger.replay_bundle(text) IS
     'Everything about a run in one read (replay #1): {run, steps, artifacts, costs, approvals, feedback, tool_calls, reused_tool_calls, trace_spec}. reused_tool_calls are the finished calls of its source run whose results a retry or replay reused. Lists are complete and ordered; money is decimal strings per currency.';
+COMMENT ON FUNCTION ledger.otel_trace(text, text) IS
+    'A run as an OpenTelemetry trace: an OTLP/JSON ExportTraceServiceRequest following the GenAI semantic conventions (the run an invoke_agent span, llm steps chat spans with token usage, tool calls execute_tool spans, costs as ledger.cost.<currency> attributes, ledger ids on every span), for an OTLP/HTTP collector''s /v1/traces. Ids are derived from the run, so a second export is the same trace.';
 COMMENT ON FUNCTION ledger.run_evidence(text) IS
     'The thirteen governance evidence items of a run, in order: each {key, status pass|warning|fail|not_applicable, label, summary, evidence_refs, missing}.';
 COMMENT ON FUNCTION ledger.replay_ready(text) IS

@@ -301,7 +301,7 @@ fn replay_ready(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
-mod tests {
+pub(crate) mod tests {
     use crate::testing::{assert_error, error_of, one, set_scope};
     use pgrx::prelude::*;
     use serde_json::{json, Value};
@@ -320,7 +320,7 @@ mod tests {
 
     /// A chat turn with everything: llm costs in two currencies, a tool call with an offloaded
     /// result and its audit, retrieval with citations, an approval, feedback, response events.
-    fn realistic_run() {
+    pub(crate) fn realistic_run() {
         run_sql("SELECT ledger.create_run('chat', '{\"question\": \"Where is order 1042?\"}', run_id => 'turn', user_id => 'u1', subject_id => 'bot-1')");
         run_sql("SELECT ledger.transition_run('turn', 'running')");
         run_sql("SELECT ledger.create_step('turn', 'llm', step_key => 'plan', step_id => 'plan')");

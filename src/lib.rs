@@ -19,6 +19,7 @@ mod feed;
 mod guc;
 mod jsonb;
 mod notifier;
+mod otel;
 mod outbox;
 mod ownership;
 mod records;

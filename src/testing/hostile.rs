@@ -422,6 +422,7 @@ mod tests {
             ("run_id", "SELECT ledger.replay_bundle($MB)"),
             ("event_id", "SELECT ledger.replay_outbox_event($MB)"),
             ("run_id", "SELECT ledger.replay_ready($MB)"),
+            ("run_id", "SELECT ledger.otel_trace($MB)"),
             ("run_id", "SELECT ledger.replay_run($MB)"),
             ("task_id", "SELECT ledger.replay_task($MB)"),
             (
@@ -493,6 +494,10 @@ mod tests {
         // Labels: at most 256 bytes, refused past it.
         for (argument, call) in [
             ("tool_ref", "SELECT ledger.claim_tool_call('r', $MB)"),
+            (
+                "service_name",
+                "SELECT ledger.otel_trace('r', service_name => $MB)",
+            ),
             (
                 "modes",
                 "SELECT * FROM ledger.claim_run('w', modes => ARRAY[$MB])",

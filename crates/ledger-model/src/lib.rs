@@ -12,6 +12,7 @@ pub mod hash;
 pub mod ids;
 pub mod interrupt;
 pub mod json;
+pub mod otel;
 pub mod outbox;
 #[cfg(test)]
 mod properties;

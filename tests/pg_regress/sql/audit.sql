@@ -24,6 +24,7 @@ INSERT INTO audit VALUES
   ('replay_bundle',   'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
   ('run_evidence',    'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
   ('replay_ready',    'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
+  ('otel_trace',      'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
 -- Writers: no application role may INSERT, UPDATE or DELETE any table; these functions are the
 -- only write path, so the rules (status machine, seq, redaction, fencing) cannot be skipped.
   ('create_run',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
