@@ -105,6 +105,8 @@ const READS: &str = "SELECT concat_ws(' | ', \
        ledger.run_channel('r'), ledger.run_inputs('r')::text, \
        encode(ledger.get_artifact((SELECT id FROM ledger.run_artifacts WHERE run_id = 'r' AND artifact_type = 'file')), 'escape'), \
        ledger.replay_bundle('r')::text, ledger.run_evidence('r')::text, ledger.replay_ready('r')::text, \
+       (SELECT string_agg(s->>'spanId' || ' ' || (s->>'name'), ',') \
+          FROM jsonb_array_elements(ledger.otel_trace('r')->'resourceSpans'->0->'scopeSpans'->0->'spans') s), \
        (SELECT string_agg(x::text, ',') FROM ledger.run_overview x), \
        (SELECT count(*) FROM ledger.tool_calls_in_doubt))";
 
