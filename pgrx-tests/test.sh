@@ -2,9 +2,9 @@
 # Every test: first, once, formatting, lints and the plain #[test]s of the pure core
 # (crates/ledger-model, no PostgreSQL); then on every supported PostgreSQL (default 15 16 17 18;
 # narrow it with LEDGER_PG_VERSIONS="15") the extension's #[pg_test]s through `cargo pgrx test`,
-# pg_regress, the upgrade tests and the multi-session tests against a private cluster of the
-# shipping build, then the release package (package.sh) installed without cargo into a clean copy
-# of that server.
+# pg_regress, the upgrade tests, the multi-session tests and the clients' tests (clients/*/test.sh)
+# against a private cluster of the shipping build, then the release package (package.sh) installed
+# without cargo into a clean copy of that server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -64,6 +64,11 @@ for v in $VERSIONS; do
   fi
   LEDGER_TEST_HOST=$data LEDGER_TEST_PORT=$port LEDGER_TEST_PGDATA=$data LEDGER_TEST_BINDIR=$bindir \
     LEDGER_TEST_SERVER_OPTIONS="$PRELOAD" cargo test --no-default-features --features "pg$v pg_test" --test '*' -- --ignored --test-threads=1
+  echo "==> PostgreSQL $v: the Python and TypeScript clients"
+  for client in clients/*/test.sh; do
+    LEDGER_TEST_HOST=$data LEDGER_TEST_PORT=$port LEDGER_TEST_PGDATA=$data LEDGER_TEST_BINDIR=$bindir \
+      LEDGER_PYTHON="${LEDGER_VENV:-/opt/ledger-venv}/bin/python" bash "$client"
+  done
   cluster_stop "$v" "$data"
   trap - EXIT
   rm -rf "$work"
