@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -99,26 +104,27 @@ def receiver() -> Iterator[Receiver]:
     server.server_close()
 
 
-def a_run_with_everything(conn: psycopg.Connection[Any]) -> None:
+def a_run_with_everything(conn: psycopg.Connection[Any], workspace: str = "otel", run_id: str = "run-otel") -> None:
     """A support run: a model step with its cost, a lookup that succeeded, an e-mail left in
     doubt, a refund approved by a person, and the answer shown to the user."""
-    conn.execute("SELECT ledger.set_scope('acme', 'otel')")
+    conn.execute("SELECT ledger.set_scope('acme', %s)", (workspace,))
     conn.execute(
-        "SELECT ledger.create_run('agent', '{\"order\": 1042}', run_id => 'run-otel', subject_id => 'support-bot',"
-        " subject_version_id => 'v3', user_id => 'u-7')"
+        "SELECT ledger.create_run('agent', '{\"order\": 1042}', run_id => %s, subject_id => 'support-bot',"
+        " subject_version_id => 'v3', user_id => 'u-7')",
+        (run_id,),
     )
-    conn.execute("SELECT ledger.transition_run('run-otel', 'running')")
-    conn.execute("SELECT ledger.create_step('run-otel', 'llm', step_id => 'plan', status => 'running')")
+    conn.execute("SELECT ledger.transition_run(%s, 'running')", (run_id,))
+    conn.execute("SELECT ledger.create_step(%s, 'llm', step_key => 'plan', status => 'running')", (run_id,))
     conn.execute(
-        "SELECT ledger.record_cost('run-otel', 'tokens', 1300, 0.0125, 'USD', step_id => 'plan', usage => %s,"
-        " provider => 'anthropic', model_ref => 'claude-sonnet')",
-        (Jsonb({"input_tokens": 1200, "output_tokens": 100, "cache_read_input_tokens": 1000}),),
+        "SELECT ledger.record_cost(run_id, 'tokens', 1300, 0.0125, 'USD', step_id => id, usage => %s,"
+        " provider => 'anthropic', model_ref => 'claude-sonnet') FROM ledger.run_steps WHERE run_id = %s",
+        (Jsonb({"input_tokens": 1200, "output_tokens": 100, "cache_read_input_tokens": 1000}), run_id),
     )
-    conn.execute("SELECT ledger.transition_step('plan', 'succeeded')")
+    conn.execute("SELECT ledger.transition_step(id, 'succeeded') FROM ledger.run_steps WHERE run_id = %s", (run_id,))
     for call_id, tool, outcome in [("lookup", "crm.lookup_order", "succeeded"), ("email", "email.send", "unknown")]:
         claim = conn.execute(
-            "SELECT ledger.claim_tool_call('run-otel', %s, %s, tool_call_id => %s)",
-            (tool, Jsonb({"order": 1042}), call_id),
+            "SELECT ledger.claim_tool_call(%s, %s, %s, tool_call_id => %s)",
+            (run_id, tool, Jsonb({"order": 1042}), call_id),
         ).fetchone()
         assert claim is not None
         record = claim[0]["tool_call"]["id"]
@@ -126,13 +132,17 @@ def a_run_with_everything(conn: psycopg.Connection[Any]) -> None:
         conn.execute(
             "SELECT ledger.complete_tool_call(%s, 1, %s, %s)", (record, outcome, Jsonb({"status": "shipped"}))
         )
-    conn.execute("SELECT ledger.request_tool_approval('run-otel', 'payments.refund', '{\"amount\": 5}', tool_call_id => 'refund')")
+    conn.execute(
+        "SELECT ledger.request_tool_approval(%s, 'payments.refund', '{\"amount\": 5}', tool_call_id => 'refund')",
+        (run_id,),
+    )
     conn.execute(
         "SELECT ledger.resolve_approval(id, 'approved', actor => 'ops@acme') FROM ledger.pending_approvals"
-        " WHERE run_id = 'run-otel'"
+        " WHERE run_id = %s",
+        (run_id,),
     )
-    conn.execute("SELECT ledger.record_response_event('run-otel', 'message', '{\"text\": \"Refunded.\"}')")
-    conn.execute("SELECT ledger.transition_run('run-otel', 'succeeded')")
+    conn.execute("SELECT ledger.record_response_event(%s, 'message', '{\"text\": \"Refunded.\"}')", (run_id,))
+    conn.execute("SELECT ledger.transition_run(%s, 'succeeded')", (run_id,))
 
 
 def attributes(span: Span) -> dict[str, Any]:
@@ -237,3 +247,28 @@ def test_a_run_of_another_scope_is_not_exported(dsn: str, receiver: Receiver) ->
         assert missing.value.diag.sqlstate == "P0002"
         assert json.loads(missing.value.diag.message_detail or "{}")["code"] == "RUN_NOT_FOUND"
     assert receiver.received == []
+
+
+def test_the_readme_example_sends_the_demo_run(dsn: str, receiver: Receiver) -> None:
+    """README "A run in OpenTelemetry": its Python block, run as written, with LEDGER_DSN and
+    OTEL_EXPORTER_OTLP_ENDPOINT, against a run named like the demo's."""
+    readme = (Path(__file__).parents[3] / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("\n## A run in OpenTelemetry\n") :]
+    section = section[: section.index("\n## ", 1)]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        a_run_with_everything(conn, workspace="support", run_id="run-demo-1")
+    env = {
+        **os.environ,
+        "LEDGER_DSN": dsn,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "PYTHONPATH": str(Path(__file__).parents[1] / "src"),
+    }
+    out = subprocess.run([sys.executable, "-c", block], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "5 spans sent\n"
+    ((content_type, message),) = receiver.received
+    assert content_type == "application/json"
+    spans = message.resource_spans[0].scope_spans[0].spans
+    assert [s.name for s in spans][0] == "invoke_agent support-bot"
+    assert {kv.key: kv.value.string_value for kv in message.resource_spans[0].resource.attributes}["service.name"] == "support-agent"
