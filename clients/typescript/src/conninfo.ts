@@ -19,14 +19,15 @@ const KEYS: Record<string, keyof pg.ClientConfig> = {
 /** Splits a libpq conninfo into its pairs: values may be single-quoted, with `\'` and `\\` escapes. */
 function pairs(conninfo: string): [string, string][] {
   const out: [string, string][] = [];
-  const re = /\s*([A-Za-z_]+)\s*=\s*(?:'((?:[^'\\]|\\.)*)'|([^\s']*))/gy;
-  let match: RegExpExecArray | null;
-  while ((match = re.exec(conninfo)) !== null && match[0] !== "") {
+  const re = /\s*([A-Za-z_]+)\s*=\s*(?:'((?:[^'\\]|\\.)*)'|([^\s']*))/y;
+  let at = 0;
+  for (let match = re.exec(conninfo); match !== null && match[0] !== ""; match = re.exec(conninfo)) {
     const [, key = "", quoted, bare] = match;
     out.push([key, quoted !== undefined ? quoted.replace(/\\(.)/g, "$1") : (bare ?? "")]);
+    at = re.lastIndex;
   }
-  if (conninfo.slice(re.lastIndex).trim() !== "") {
-    throw new Error(`ledger: cannot read the connection string near "${conninfo.slice(re.lastIndex, re.lastIndex + 20)}"`);
+  if (conninfo.slice(at).trim() !== "") {
+    throw new Error(`ledger: cannot read the connection string near "${conninfo.slice(at, at + 20).trim()}"`);
   }
   return out;
 }

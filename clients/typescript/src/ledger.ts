@@ -216,9 +216,16 @@ export abstract class LedgerCalls {
     return parseRun(one(await this.select("create_run", [mode], { inputs: json(inputs), ...snakeKeys({ ...rest }) })));
   }
 
-  /** The run's row, or null when it is unknown in this scope. */
+  /**
+   * The run's row, or null when it is unknown in this scope. (The scope is in the query too:
+   * row-level security does not hide rows from a superuser.)
+   */
   async getRun(runId: string): Promise<Run | null> {
-    const row = (await this.query("SELECT * FROM ledger.runs WHERE id = $1", [runId]))[0];
+    const rows = await this.query(
+      "SELECT * FROM ledger.runs WHERE id = $1 AND tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace()",
+      [runId],
+    );
+    const row = rows[0];
     return row === undefined ? null : parseRun(row);
   }
 
