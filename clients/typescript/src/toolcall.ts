@@ -11,7 +11,7 @@
  * Every step is a transaction of its own, so each is committed before the next begins: the rules
  * (statuses, fencing by attempt, in-doubt marking) are the extension's.
  */
-import { ConflictError, InDoubtError, notExecuted, toLedgerError } from "./errors.js";
+import { ConflictError, InDoubtError, notExecuted } from "./errors.js";
 import type { ClaimToolCallOptions, ScopedLedger, ToolCallSpec } from "./ledger.js";
 import type { ToolCallClaim } from "./types.js";
 
@@ -55,8 +55,10 @@ export class ToolFailedError extends Error {
 /** `claim_tool_call`'s default `timeout_seconds`: the tool's signal aborts after it. */
 const DEFAULT_TIMEOUT_SECONDS = 30;
 
+/** A `TimeoutError` or `AbortError` (an `Error` or a `DOMException`, as `fetch` and timers throw). */
 function isTimeout(error: unknown): boolean {
-  return error instanceof Error && (error.name === "TimeoutError" || error.name === "AbortError");
+  const name = typeof error === "object" && error !== null && "name" in error ? error.name : undefined;
+  return name === "TimeoutError" || name === "AbortError";
 }
 
 /** The recorded result of a `replayed` claim, or the exception of a claim that runs nothing. */
@@ -117,7 +119,7 @@ async function executeBegun<A extends Json, R>(
     await ledger.completeToolCall(call.id, call.attempt, "failed", {
       errorMessage: error instanceof Error ? error.message : String(error),
     });
-    throw toLedgerError(error);
+    throw error;
   }
   clearInterval(timer);
   await beating;
