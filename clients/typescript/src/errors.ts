@@ -91,10 +91,11 @@ export function toLedgerError(error: unknown): unknown {
 }
 
 /**
- * A tool call the helper did not execute (or, for {@link InDoubtError}, whose outcome nobody
- * knows): the claim's outcome and the whole answer, for whoever wants the record or the approval.
+ * The helper has no result for the call: it ran nothing (or, for {@link InDoubtError}, nobody
+ * knows what the request did). `outcome` says why; `claim` is the whole answer (the record, the
+ * approval, the tombstone).
  */
-export class ToolCallNotExecuted extends Error {
+export class ToolCallStopped extends Error {
   readonly outcome: ClaimOutcome;
   readonly claim: ToolCallClaim;
 
@@ -108,17 +109,30 @@ export class ToolCallNotExecuted extends Error {
 }
 
 /** The request may have left and no answer was recorded: a person resolves it; never retried. */
-export class InDoubtError extends ToolCallNotExecuted {}
+export class InDoubtError extends ToolCallStopped {}
 /** A live lease exists (another executor holds the call): claim again later. */
-export class BusyError extends ToolCallNotExecuted {}
-/** The call waits for a person's approval. */
-export class WaitingApprovalError extends ToolCallNotExecuted {}
-/** The approval was rejected: the call is not executed. */
-export class RejectedError extends ToolCallNotExecuted {}
-/** The run was purged; the key's tombstone answered. */
-export class PurgedError extends ToolCallNotExecuted {}
+export class BusyError extends ToolCallStopped {}
+/** The call waits for a person's approval (`claim.approval` is the request). */
+export class WaitingApprovalError extends ToolCallStopped {}
+/** The approval was rejected: the call is never executed. */
+export class RejectedError extends ToolCallStopped {}
+/** The run was purged; the key's tombstone answered (`claim.raw.tool_call`). */
+export class PurgedError extends ToolCallStopped {}
+/**
+ * The call failed when it ran before, and its failure was replayed (outcome `replayed`): it is
+ * not run again. `error` is the recorded error; claim with `retryFailed` to execute it again.
+ */
+export class ToolFailedError extends ToolCallStopped {
+  readonly error: string | null;
 
-const NOT_EXECUTED: Partial<Record<ClaimOutcome, typeof ToolCallNotExecuted>> = {
+  constructor(claim: ToolCallClaim) {
+    const ref = claim.toolCall ? `${claim.toolCall.toolRef} (${claim.toolCall.toolCallId})` : "the tool call";
+    super(claim, `${ref} failed before: ${claim.response?.error ?? "no error recorded"}`);
+    this.error = claim.response?.error ?? null;
+  }
+}
+
+const STOPPED: Partial<Record<ClaimOutcome, typeof ToolCallStopped>> = {
   in_doubt: InDoubtError,
   busy: BusyError,
   waiting_approval: WaitingApprovalError,
@@ -127,7 +141,7 @@ const NOT_EXECUTED: Partial<Record<ClaimOutcome, typeof ToolCallNotExecuted>> = 
 };
 
 /** The exception for a claim that hands out no execution and has no result to replay. */
-export function notExecuted(claim: ToolCallClaim, message?: string): ToolCallNotExecuted {
-  const Class = NOT_EXECUTED[claim.outcome] ?? ToolCallNotExecuted;
-  return new Class(claim, message);
+export function stopped(claim: ToolCallClaim): ToolCallStopped {
+  const Class = STOPPED[claim.outcome] ?? ToolCallStopped;
+  return new Class(claim);
 }

@@ -22,7 +22,6 @@ import {
   parseOutboxEvent,
   parseRun,
   parseStep,
-  snakeKeys,
   type Approval,
   type ClaimedRun,
   type CompleteOutcome,
@@ -40,6 +39,15 @@ import {
 /** A row as node-postgres returns it. */
 export type Row = Record<string, unknown>;
 type Json = { [key: string]: unknown };
+
+/** `snake_case` keys of a caller's options as the SQL's argument names (for JSON batch calls). */
+function snakeKeys(options: Json): Json {
+  const out: Json = {};
+  for (const [key, v] of Object.entries(options)) {
+    if (v !== undefined) out[key.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`)] = v;
+  }
+  return out;
+}
 
 /** A value sent with a cast, so that PostgreSQL picks the right overload and type. */
 class Cast {

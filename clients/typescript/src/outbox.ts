@@ -57,15 +57,20 @@ export async function consumeOutbox(
           ...(options.leaseSeconds !== undefined ? { leaseSeconds: options.leaseSeconds } : {}),
         });
         const delivered: string[] = [];
+        const failed: [string, string][] = [];
         for (const event of events) {
           try {
             await handler(event);
             delivered.push(event.id);
           } catch (error) {
-            await ledger.nackOutboxEvents(leaseOwner, [event.id], error instanceof Error ? error.message : String(error));
+            failed.push([event.id, error instanceof Error ? error.message : String(error)]);
           }
         }
         if (delivered.length > 0) await ledger.ackOutboxEvents(leaseOwner, delivered);
+        for (const [id, message] of failed) {
+          // One at a time: each keeps its own error. A lease another consumer took since is theirs.
+          await ledger.nackOutboxEvents(leaseOwner, [id], message).catch(onError);
+        }
         if (events.length === 0) await listener.wait(idleMs, signal);
       } catch (error) {
         onError(error);

@@ -6,12 +6,13 @@
  * complete `succeeded` (the result) or `failed` (the error's message) → a timeout after sending
  * (the tool throws a `TimeoutError` or `AbortError`) completes `unknown`: the call is in doubt and
  * {@link InDoubtError} is thrown. Any other outcome (`in_doubt`, `busy`, `waiting_approval`,
- * `rejected`, `purged`) is thrown as its {@link ToolCallNotExecuted} subclass, and nothing runs.
+ * `rejected`, `purged`) is thrown as its {@link ToolCallStopped} subclass, and nothing runs; a
+ * replayed failure as {@link ToolFailedError}.
  *
  * Every step is a transaction of its own, so each is committed before the next begins: the rules
  * (statuses, fencing by attempt, in-doubt marking) are the extension's.
  */
-import { ConflictError, InDoubtError, notExecuted } from "./errors.js";
+import { ConflictError, InDoubtError, stopped, ToolFailedError } from "./errors.js";
 import type { ClaimToolCallOptions, ScopedLedger, ToolCallSpec } from "./ledger.js";
 import type { ToolCallClaim } from "./types.js";
 
@@ -41,17 +42,6 @@ export interface ToolCallRequest<A extends Json = Json, R = unknown> extends Cla
   execute: ToolFn<A, R>;
 }
 
-/** A recorded failure, replayed: the tool failed when it ran before; it is not run again. */
-export class ToolFailedError extends Error {
-  constructor(
-    readonly claim: ToolCallClaim,
-    message: string,
-  ) {
-    super(message);
-    this.name = "ToolFailedError";
-  }
-}
-
 /** `claim_tool_call`'s default `timeout_seconds`: the tool's signal aborts after it. */
 const DEFAULT_TIMEOUT_SECONDS = 30;
 
@@ -64,12 +54,10 @@ function isTimeout(error: unknown): boolean {
 /** The recorded result of a `replayed` claim, or the exception of a claim that runs nothing. */
 function settled(claim: ToolCallClaim): unknown {
   if (claim.outcome === "replayed" && claim.response !== null) {
-    if (!claim.response.success) {
-      throw new ToolFailedError(claim, claim.response.error ?? `${claim.toolCall?.toolRef ?? "the tool"} failed`);
-    }
+    if (!claim.response.success) throw new ToolFailedError(claim);
     return claim.response.result;
   }
-  throw notExecuted(claim);
+  throw stopped(claim);
 }
 
 /**
@@ -129,7 +117,7 @@ async function executeBegun<A extends Json, R>(
 
 /**
  * One tool call, executed at most once whoever asks again: returns the tool's result, or the
- * recorded one on a replay. Throws {@link ToolCallNotExecuted} subclasses for the outcomes that run
+ * recorded one on a replay. Throws {@link ToolCallStopped} subclasses for the outcomes that run
  * nothing, {@link InDoubtError} after a timeout past the begin, {@link ToolFailedError} for a
  * replayed failure, and the tool's own error after recording it as `failed`.
  */
@@ -157,14 +145,25 @@ export interface TurnOptions extends ExecuteOptions {
   runToken?: number;
 }
 
+/** How one call of a turn ended: its result (`value`) or what stopped it (`error`). */
+export interface ToolCallResult {
+  /** The call's answer from `claim_tool_calls`. */
+  claim: ToolCallClaim;
+  value?: unknown;
+  /** A {@link ToolCallStopped}, or what the tool threw. */
+  error?: unknown;
+  /** The result, or the error thrown. */
+  get(): unknown;
+}
+
 /**
  * The calls of one model turn: claimed and begun together (`claim_tool_calls(..., begin => true)`,
- * one commit before any request leaves), the claimed ones executed concurrently, each completed as
- * it ends. Returns the results in input order (recorded ones for replays) once every call has
- * settled; if any call failed or ran nothing, throws the first such error in input order, after
- * all the others were recorded.
+ * one commit before any request leaves), the claimed ones executed concurrently, each heartbeated
+ * and completed as it ends. Returns one {@link ToolCallResult} per call, in input order, once every
+ * call has settled and been recorded; it never throws for one call's outcome (a refused batch
+ * throws the ledger's error, and nothing was written).
  */
-export async function toolCalls(ledger: ScopedLedger, runId: string, calls: TurnCall[], options: TurnOptions = {}): Promise<unknown[]> {
+export async function toolCalls(ledger: ScopedLedger, runId: string, calls: TurnCall[], options: TurnOptions = {}): Promise<ToolCallResult[]> {
   const { leaseOwner, runToken, ...execute } = options;
   const specs = calls.map(({ execute: _execute, ...spec }) => spec);
   const claims = await ledger.claimToolCalls(runId, specs, {
@@ -180,7 +179,15 @@ export async function toolCalls(ledger: ScopedLedger, runId: string, calls: Turn
       return executeBegun(ledger, claim, spec.arguments, spec.execute, spec.timeoutSeconds ?? DEFAULT_TIMEOUT_SECONDS, execute);
     }),
   );
-  const failed = outcomes.find((o): o is PromiseRejectedResult => o.status === "rejected");
-  if (failed) throw failed.reason;
-  return outcomes.map((o) => (o as PromiseFulfilledResult<unknown>).value);
+  return outcomes.map((o, i) => {
+    const claim = claims[i] as ToolCallClaim;
+    if (o.status === "fulfilled") return { claim, value: o.value, get: () => o.value };
+    return {
+      claim,
+      error: o.reason,
+      get: () => {
+        throw o.reason;
+      },
+    };
+  });
 }

@@ -507,12 +507,3 @@ export function parseCostEntry(row: Row): CostEntry {
     usage: obj(row, "usage"),
   };
 }
-
-/** `snake_case` keys of a caller's options as the SQL's argument names (for JSON batch calls). */
-export function snakeKeys(options: Json): Json {
-  const out: Json = {};
-  for (const [key, v] of Object.entries(options)) {
-    if (v !== undefined) out[key.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`)] = v;
-  }
-  return out;
-}

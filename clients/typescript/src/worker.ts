@@ -15,13 +15,16 @@
  * - a call is busy (another executor's live attempt): the run is released, to be claimed later;
  * - the run was taken over (40001 `LEASE_STALE`): it is dropped, the new owner has it;
  * - anything else: the run fails with the error's message.
+ *
+ * A stop (the signal, SIGTERM, SIGINT) ends the claims; the run in hand may finish within
+ * `shutdownGraceSeconds`, after which it is released for another worker.
  */
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { BusyError, ConflictError, InDoubtError, WaitingApprovalError } from "./errors.js";
 import type { ScopedLedger } from "./ledger.js";
-import { toolCall, toolCalls, type ToolFn, type TurnCall } from "./toolcall.js";
+import { toolCall, toolCalls, type ToolCallResult, type ToolFn, type TurnCall } from "./toolcall.js";
 import type { ClaimedRun, Step } from "./types.js";
 
 type Json = { [key: string]: unknown };
@@ -96,7 +99,8 @@ export class RunContext {
         stepId: step.id,
         usage: reply.usage,
         sourceRef: step.id,
-        ...(reply.amount !== undefined ? { amount: reply.amount, currency: reply.currency ?? "USD" } : {}),
+        ...(reply.amount !== undefined ? { amount: reply.amount } : {}),
+        ...(reply.currency !== undefined ? { currency: reply.currency } : {}),
         ...(reply.provider !== undefined ? { provider: reply.provider } : {}),
         ...(reply.modelRef !== undefined ? { modelRef: reply.modelRef } : {}),
       });
@@ -127,7 +131,7 @@ export class RunContext {
   }
 
   /** The calls of one model turn, claimed and begun together, run concurrently ({@link toolCalls}). */
-  async toolCalls(calls: TurnCall[], options: { heartbeatSeconds?: number } = {}): Promise<unknown[]> {
+  async toolCalls(calls: TurnCall[], options: { heartbeatSeconds?: number } = {}): Promise<ToolCallResult[]> {
     return toolCalls(this.ledger, this.runId, calls, {
       leaseOwner: this.run.leaseOwner,
       runToken: this.run.runToken,
@@ -176,10 +180,15 @@ export interface WorkerOptions {
   /** Only runs of these modes / kinds. */
   modes?: string[];
   kinds?: string[];
-  /** Stops the loop: no new claim; the run in hand is finished first. */
+  /** Stops the loop: no new claim; the run in hand may finish within `shutdownGraceSeconds`. */
   signal?: AbortSignal;
-  /** Process signals that stop the loop the same way; default SIGTERM and SIGINT. */
+  /** Process signals that stop the loop the same way (a second one acts as usual); default SIGTERM and SIGINT. */
   stopOn?: NodeJS.Signals[];
+  /**
+   * After a stop, how long the run in hand may take to finish; then it is released for another
+   * worker (its token is over) and the agent's signal aborts. Default 30.
+   */
+  shutdownGraceSeconds?: number;
   /** Called with what happened to each run (for logs). */
   onRun?: (run: ClaimedRun, outcome: RunOutcome) => void;
   /**
@@ -204,11 +213,15 @@ export type RunOutcome =
 export async function work(ledger: ScopedLedger, agent: Agent, options: WorkerOptions = {}): Promise<void> {
   const leaseOwner = options.leaseOwner ?? `${hostname()}:${process.pid}`;
   const stop = new AbortController();
-  const onStop = (): void => stop.abort();
-  options.signal?.addEventListener("abort", onStop, { once: true });
-  if (options.signal?.aborted) stop.abort();
   const stopOn = options.stopOn ?? ["SIGTERM", "SIGINT"];
-  for (const s of stopOn) process.on(s, onStop);
+  const onSignal = (): void => {
+    for (const s of stopOn) process.removeListener(s, onSignal);
+    stop.abort();
+  };
+  const onAbort = (): void => stop.abort();
+  options.signal?.addEventListener("abort", onAbort, { once: true });
+  if (options.signal?.aborted) stop.abort();
+  for (const s of stopOn) process.on(s, onSignal);
   try {
     while (!stop.signal.aborted) {
       let busy = false;
@@ -218,25 +231,28 @@ export async function work(ledger: ScopedLedger, agent: Agent, options: WorkerOp
           ...(options.modes !== undefined ? { modes: options.modes } : {}),
           ...(options.kinds !== undefined ? { kinds: options.kinds } : {}),
         });
-        busy = run !== null && (await drive(ledger, run, agent, options));
+        busy = run !== null && (await drive(ledger, run, agent, options, stop.signal));
       } catch (error) {
         (options.onError ?? ((e: unknown) => console.error("ledger worker:", e)))(error);
       }
       if (!busy) await sleep((options.idleSeconds ?? 1) * 1000, undefined, { signal: stop.signal }).catch(() => undefined);
     }
   } finally {
-    options.signal?.removeEventListener("abort", onStop);
-    for (const s of stopOn) process.removeListener(s, onStop);
+    options.signal?.removeEventListener("abort", onAbort);
+    for (const s of stopOn) process.removeListener(s, onSignal);
   }
 }
 
+function isLeaseStale(error: unknown): boolean {
+  return error instanceof ConflictError && error.code === "LEASE_STALE";
+}
+
 /** Drives one claimed run; returns false when it was only released (nothing was done). */
-async function drive(ledger: ScopedLedger, run: ClaimedRun, agent: Agent, options: WorkerOptions): Promise<boolean> {
+async function drive(ledger: ScopedLedger, run: ClaimedRun, agent: Agent, options: WorkerOptions, stopping: AbortSignal): Promise<boolean> {
   const token = run.runToken;
   const lost = new AbortController();
-  const leaseSeconds = Math.max(1, (run.leaseExpiresAt.getTime() - Date.now()) / 1000);
   let beating = Promise.resolve();
-  const timer = setInterval(
+  const heartbeat = setInterval(
     () => {
       beating = beating.then(async () => {
         try {
@@ -247,46 +263,76 @@ async function drive(ledger: ScopedLedger, run: ClaimedRun, agent: Agent, option
         }
       });
     },
-    ((options.leaseSeconds ?? leaseSeconds) * 1000) / 3,
+    ((options.leaseSeconds ?? 60) * 1000) / 3,
   );
+  let grace: NodeJS.Timeout | undefined;
+  let arm = (): void => undefined;
+  const settle = async (): Promise<void> => {
+    clearInterval(heartbeat);
+    clearTimeout(grace);
+    stopping.removeEventListener("abort", arm);
+    await beating;
+  };
   const report = (outcome: RunOutcome): boolean => {
     options.onRun?.(run, outcome);
     return outcome.status !== "released";
   };
   try {
     if (run.status !== "running") await ledger.transitionRun(run.runId, "running", { runToken: token });
-    const reply = await agent(new RunContext(ledger, run, lost.signal));
-    clearInterval(timer);
-    await beating;
-    await ledger.transaction(async (tx) => {
-      // What the user is shown, and the end, at once.
-      await tx.recordResponseEvent(run.runId, "message", { text: reply });
-      await tx.transitionRun(run.runId, "succeeded", { outputSummary: reply, runToken: token });
+    const finished = agent(new RunContext(ledger, run, lost.signal)).then(
+      (reply) => ({ reply }),
+      (error: unknown) => ({ error }),
+    );
+    const deadline = new Promise<"deadline">((resolve) => {
+      arm = () => {
+        grace = setTimeout(() => resolve("deadline"), (options.shutdownGraceSeconds ?? 30) * 1000);
+      };
+      if (stopping.aborted) arm();
+      else stopping.addEventListener("abort", arm, { once: true });
     });
-    return report({ status: "succeeded", reply });
-  } catch (error) {
-    clearInterval(timer);
-    await beating;
-    const reason = error instanceof Error ? error.message : String(error);
-    if (error instanceof ConflictError && error.code === "LEASE_STALE") return report({ status: "lost", reason });
-    try {
-      if (error instanceof InDoubtError || error instanceof WaitingApprovalError) {
-        const parked = error instanceof InDoubtError ? "paused" : "waiting_approval";
-        await ledger.transitionRun(run.runId, parked, { runToken: token });
-        await ledger.releaseRun(run.runId, token);
-        return report({ status: parked, reason });
-      }
-      if (error instanceof BusyError) {
-        await ledger.releaseRun(run.runId, token);
-        return report({ status: "released", reason });
-      }
-      await ledger.transitionRun(run.runId, "failed", { errorMessage: reason, runToken: token });
-      return report({ status: "failed", error: reason });
-    } catch (writeError) {
-      if (writeError instanceof ConflictError && writeError.code === "LEASE_STALE") return report({ status: "lost", reason });
-      throw writeError;
+    const ended = await Promise.race([finished, deadline]);
+    await settle();
+    if (ended === "deadline") {
+      // The agent goes on alone: its run writes now fail LEASE_STALE, its tools see the abort.
+      await ledger.releaseRun(run.runId, token);
+      lost.abort(new Error("the worker stopped"));
+      return report({ status: "released", reason: "the worker stopped before the agent finished" });
     }
-  } finally {
-    clearInterval(timer);
+    if ("reply" in ended) {
+      await ledger.transaction(async (tx) => {
+        // What the user is shown, and the end, at once.
+        await tx.recordResponseEvent(run.runId, "message", { text: ended.reply });
+        await tx.transitionRun(run.runId, "succeeded", { outputSummary: ended.reply, runToken: token });
+      });
+      return report({ status: "succeeded", reply: ended.reply });
+    }
+    return report(await conclude(ledger, run, ended.error));
+  } catch (error) {
+    await settle();
+    if (isLeaseStale(error)) return report({ status: "lost", reason: error instanceof Error ? error.message : String(error) });
+    throw error;
   }
+}
+
+/** What a run becomes when its agent threw `error`. */
+async function conclude(ledger: ScopedLedger, run: ClaimedRun, error: unknown): Promise<RunOutcome> {
+  const reason = error instanceof Error ? error.message : String(error);
+  const token = run.runToken;
+  if (isLeaseStale(error)) return { status: "lost", reason };
+  if (error instanceof InDoubtError || error instanceof WaitingApprovalError) {
+    const parked = error instanceof InDoubtError ? "paused" : "waiting_approval";
+    await ledger.transitionRun(run.runId, parked, { runToken: token });
+    await ledger.releaseRun(run.runId, token);
+    return { status: parked, reason };
+  }
+  if (error instanceof BusyError) {
+    await ledger.releaseRun(run.runId, token);
+    return { status: "released", reason };
+  }
+  await ledger.transitionRun(run.runId, "failed", {
+    errorCode: error instanceof Error ? error.name : "Error",
+    errorMessage: reason,
+    runToken: token,
+  });
+  return { status: "failed", error: reason };
 }

@@ -133,3 +133,49 @@ test("run-lease heartbeats keep a slow run; a stop lets the run in hand finish; 
   assert.equal(broken?.status, "failed");
   assert.equal(broken?.errorMessage, "the model refused");
 });
+
+test("SIGTERM stops a worker process after the run in hand; past the grace period a run is released", async (t) => {
+  const db = await freshDb(t, "sigterm");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "support-2", inputs: { order: 8 } });
+  const effects = mkdtempSync(join(tmpdir(), "ledger-ts-effects-"));
+  const child = spawn(process.execPath, [join(here, "fixtures", "crash-worker.js")], {
+    env: { ...process.env, LEDGER_DSN: db.dsn, EFFECTS: effects, LOOKUP_SECONDS: "1" },
+    stdio: "inherit",
+  });
+  const exited = new Promise<number | null>((resolve) => child.once("exit", resolve));
+  t.after(() => child.kill("SIGKILL"));
+  await waitFor("the lookup's request", () => count(effects, "lookup") === 1);
+  child.kill("SIGTERM");
+  assert.equal(await exited, 0, "the worker process ended by itself");
+  // The run in hand was driven as far as it goes (the lookup answered, the refund waits), not abandoned.
+  assert.equal((await acme.getRun("support-2"))?.status, "waiting_approval");
+  const calls = await acme.query("SELECT tool_call_id, status FROM ledger.run_step_tool_calls ORDER BY created_at");
+  assert.deepEqual(calls, [
+    { tool_call_id: "lookup", status: "succeeded" },
+    { tool_call_id: "refund", status: "waiting_approval" },
+  ]);
+
+  // An agent that does not finish within the grace period: the run is released, its signal aborts.
+  await acme.createRun("agent", { runId: "stuck" });
+  const stop = new AbortController();
+  let aborted = false;
+  const outcomes: RunOutcome[] = [];
+  const loop = work(
+    acme,
+    async (ctx) => {
+      stop.abort();
+      await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve));
+      aborted = true;
+      return "too late";
+    },
+    { shutdownGraceSeconds: 0.3, idleSeconds: 0.05, signal: stop.signal, stopOn: [], onRun: (_run, o) => outcomes.push(o) },
+  );
+  await loop;
+  assert.deepEqual(outcomes, [{ status: "released", reason: "the worker stopped before the agent finished" }]);
+  await waitFor("the agent's signal", () => aborted);
+  const stuck = await acme.getRun("stuck");
+  assert.equal(stuck?.status, "running");
+  assert.equal(stuck?.leaseOwner, null, "released: claimable at once by another worker");
+  assert.equal((await acme.claimRun("next", { runId: "stuck" }))?.runId, "stuck");
+});
