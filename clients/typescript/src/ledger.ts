@@ -78,7 +78,10 @@ function call(fn: string, positional: unknown[], named: Record<string, unknown> 
   };
   const args = positional.map(placeholder);
   for (const [name, v] of Object.entries(named)) {
-    if (v !== undefined) args.push(`${name} => ${placeholder(v)}`);
+    if (v === undefined) continue;
+    // Names go into the SQL text: only argument names, never anything a caller slipped in.
+    if (!/^[a-z][a-z_]*$/.test(name)) throw new TypeError(`ledger: ${fn} has no argument ${JSON.stringify(name)}`);
+    args.push(`${name} => ${placeholder(v)}`);
   }
   return { text: `ledger.${fn}(${args.join(", ")})`, values };
 }

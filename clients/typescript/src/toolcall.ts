@@ -12,9 +12,11 @@
  * Every step is a transaction of its own, so each is committed before the next begins: the rules
  * (statuses, fencing by attempt, in-doubt marking) are the extension's.
  */
-import { ConflictError, InDoubtError, stopped, ToolFailedError } from "./errors.js";
+import { setTimeout as sleep } from "node:timers/promises";
+
+import { ConflictError, InDoubtError, LedgerError, stopped, ToolFailedError } from "./errors.js";
 import type { ClaimToolCallOptions, ScopedLedger, ToolCallSpec } from "./ledger.js";
-import type { ToolCallClaim } from "./types.js";
+import type { CompleteOutcome, ToolCall, ToolCallClaim } from "./types.js";
 
 type Json = { [key: string]: unknown };
 
@@ -61,6 +63,26 @@ function settled(claim: ToolCallClaim): unknown {
 }
 
 /**
+ * Records how the attempt ended, again across a dropped connection (the tool has run: its outcome
+ * must not be lost to a reconnect). Repeating a completion changes nothing.
+ */
+async function complete(
+  ledger: ScopedLedger,
+  call: ToolCall,
+  outcome: CompleteOutcome,
+  options: { result?: unknown; errorMessage?: string },
+): Promise<ToolCallClaim> {
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      return await ledger.completeToolCall(call.id, call.attempt, outcome, options);
+    } catch (error) {
+      if (error instanceof LedgerError || attempt >= 5) throw error;
+      await sleep(200 * 2 ** attempt);
+    }
+  }
+}
+
+/**
  * Executes a claimed and begun call: heartbeats while `execute` runs, then completes it. Returns
  * the tool's result; rethrows the tool's error after completing `failed`; throws
  * {@link InDoubtError} after completing `unknown` on a timeout.
@@ -99,19 +121,19 @@ async function executeBegun<A extends Json, R>(
     clearInterval(timer);
     await beating;
     if (isTimeout(error)) {
-      const answer = await ledger.completeToolCall(call.id, call.attempt, "unknown", {
+      const answer = await complete(ledger, call, "unknown", {
         errorMessage: error instanceof Error ? error.message : String(error),
       });
       throw new InDoubtError(answer, `${call.toolRef} (${call.toolCallId}): sent, no answer: in doubt`);
     }
-    await ledger.completeToolCall(call.id, call.attempt, "failed", {
+    await complete(ledger, call, "failed", {
       errorMessage: error instanceof Error ? error.message : String(error),
     });
     throw error;
   }
   clearInterval(timer);
   await beating;
-  await ledger.completeToolCall(call.id, call.attempt, "succeeded", { result: result === undefined ? null : result });
+  await complete(ledger, call, "succeeded", { result: result === undefined ? null : result });
   return result;
 }
 
