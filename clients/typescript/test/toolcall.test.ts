@@ -157,8 +157,8 @@ test("heartbeats keep a slow tool's lease alive", async (t) => {
   let rival = "";
   const slow = async (): Promise<string> => {
     // As if most of the lease had gone by: it ends in a second unless the helper heartbeats.
-    await db.sql("UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() + interval '1 second'");
-    await sleep(2500);
+    await db.sql("UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() + interval '2 seconds'");
+    await sleep(3500);
     rival = (await acme.claimToolCall("r", "report.build", {}, { toolCallId: "slow", leaseOwner: "rival" })).outcome;
     return "built";
   };

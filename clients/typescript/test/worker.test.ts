@@ -104,17 +104,17 @@ test("run-lease heartbeats keep a slow run; a stop lets the run in hand finish; 
     acme,
     async (ctx) => {
       stop.abort(); // a stop while the run is in hand: it is finished first
-      const until = Date.now() + 3000;
+      const until = Date.now() + 4000;
       while (Date.now() < until && thief === null) {
         thief = await acme.claimRun("thief");
         await sleep(200);
       }
       return ctx.step("work", "workflow_node", async () => "done");
     },
-    { leaseOwner: "worker", leaseSeconds: 1, idleSeconds: 0.05, signal: stop.signal, stopOn: [], onRun: (_run, o) => outcomes.push(o) },
+    { leaseOwner: "worker", leaseSeconds: 2, idleSeconds: 0.05, signal: stop.signal, stopOn: [], onRun: (_run, o) => outcomes.push(o) },
   );
   await loop;
-  assert.equal(thief, null, "the 1 s lease was renewed all along: nobody could take the run over");
+  assert.equal(thief, null, "the 2 s lease was renewed all along: nobody could take the run over");
   assert.deepEqual(outcomes, [{ status: "succeeded", reply: "done" }]);
   assert.equal((await acme.getRun("slow"))?.status, "succeeded");
 
