@@ -9,8 +9,8 @@
  *
  * The tool-call outcomes that mean "not executed" (`in_doubt`, `busy`, `waiting_approval`,
  * `rejected`, `purged`) are not server errors: the extension returns them. The tool-call helper
- * raises them as {@link ToolCallNotExecuted} subclasses so that a caller cannot mistake one for a
- * result.
+ * raises them as {@link ToolCallStopped} subclasses so that a caller cannot mistake one for a
+ * result; so is a replayed failure ({@link ToolFailedError}).
  */
 import pg from "pg";
 
@@ -90,6 +90,11 @@ export function toLedgerError(error: unknown): unknown {
   return new Class(error.message, error.code, parseDetail(error.detail), { cause: error });
 }
 
+/** How a message names the call: `tool_ref (tool_call_id)`. */
+function callName(claim: ToolCallClaim): string {
+  return claim.toolCall ? `${claim.toolCall.toolRef} (${claim.toolCall.toolCallId})` : "the tool call";
+}
+
 /**
  * The helper has no result for the call: it ran nothing (or, for {@link InDoubtError}, nobody
  * knows what the request did). `outcome` says why; `claim` is the whole answer (the record, the
@@ -100,8 +105,7 @@ export class ToolCallStopped extends Error {
   readonly claim: ToolCallClaim;
 
   constructor(claim: ToolCallClaim, message?: string) {
-    const ref = claim.toolCall ? `${claim.toolCall.toolRef} (${claim.toolCall.toolCallId})` : "the tool call";
-    super(message ?? `${ref}: ${claim.outcome}`);
+    super(message ?? `${callName(claim)}: ${claim.outcome}`);
     this.name = new.target.name;
     this.outcome = claim.outcome;
     this.claim = claim;
@@ -126,8 +130,7 @@ export class ToolFailedError extends ToolCallStopped {
   readonly error: string | null;
 
   constructor(claim: ToolCallClaim) {
-    const ref = claim.toolCall ? `${claim.toolCall.toolRef} (${claim.toolCall.toolCallId})` : "the tool call";
-    super(claim, `${ref} failed before: ${claim.response?.error ?? "no error recorded"}`);
+    super(claim, `${callName(claim)} failed before: ${claim.response?.error ?? "no error recorded"}`);
     this.error = claim.response?.error ?? null;
   }
 }

@@ -47,6 +47,8 @@ export interface ModelReply {
 /** Options of one tool call made from a run context. */
 export interface RunToolCallOptions {
   timeoutSeconds?: number;
+  /** The key to find the call by, instead of `tool:<run_id>:<tool_call_id>` (a re-run passes its source's: replayed). */
+  idempotencyKey?: string;
   /** A call that needs a person's approval: asked for on the first run, claimed once approved. */
   approval?: { title?: string; policyRef?: string; details?: Json };
   retryFailed?: boolean;
@@ -86,9 +88,10 @@ export class RunContext {
   }
 
   /**
-   * One model call as an `llm` step found again by `key`: done once, its reply read back after.
-   * Its cost (tokens, and `amount` when given) is recorded with the step's success, in one
-   * transaction, keyed on the step so it is never billed twice.
+   * One model call as an `llm` step found again by `key`: done once, its reply read back after (a
+   * call that a crash interrupted before its success was recorded is made again). Its cost
+   * (tokens, and `amount` when given) is recorded with the step's success, in one transaction,
+   * keyed on the step so it is never billed twice.
    */
   async llmStep(key: string, callModel: () => Promise<ModelReply>): Promise<string> {
     const step = await this.openStep(key, "llm");
