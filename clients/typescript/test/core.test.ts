@@ -8,9 +8,11 @@ import {
   ConflictError,
   IdempotencyMismatchError,
   InvalidArgumentError,
+  Ledger,
   LedgerError,
   NotFoundError,
   parseConninfo,
+  ReadOnlyError,
   ScopeError,
   toLedgerError,
   WrongStateError,
@@ -126,6 +128,13 @@ test("bad input: a typed error with its SQLSTATE and code, and nothing written",
   } finally {
     client.release();
   }
+  // A writer in a read-only transaction (as on a hot standby).
+  const readOnly = Ledger.connect(db.dsn, { options: "-c default_transaction_read_only=on" });
+  t.after(() => readOnly.close());
+  await assert.rejects(
+    readOnly.scoped("acme", "ts").createRun("agent"),
+    (e: unknown) => e instanceof ReadOnlyError && e.sqlstate === "25006" && e.code === "READ_ONLY",
+  );
   // An error that is not the ledger's passes through as node-postgres raised it.
   const syntax = await acme.query("SELECT FROM nowhere_at_all").catch((e: unknown) => e);
   assert.ok(syntax instanceof pg.DatabaseError && !(syntax instanceof LedgerError));
