@@ -57,7 +57,10 @@ for await (const event of follow(support, run.id)) {
   console.log(`  #${event.seq} ${event.eventType}${typeof to === "string" ? ` -> ${to}` : ""}`);
   if (event.eventType === "run.status" && to === "waiting_approval") {
     const [pending] = await support.query("SELECT id, title FROM ledger.pending_approvals WHERE run_id = $1", [run.id]);
-    const approval = await support.resolveApproval(String(pending?.["id"]), "approved", { actor: "lead@acme", note: "damage photo checked" });
+    const approval = await support.resolveApproval(String(pending?.["id"]), "approved", {
+      actor: "lead@acme",
+      note: "damage photo checked",
+    });
     console.log(`  person: approved "${String(pending?.["title"])}" (${approval.id})`);
   }
 }
@@ -68,5 +71,7 @@ const final = await support.getRun(run.id);
 const [overview] = await support.query("SELECT steps, tool_calls, cost FROM ledger.run_overview WHERE id = $1", [run.id]);
 const ready = await support.replayReady(run.id);
 console.log(`${run.id}: ${final?.status}: ${final?.outputSummary}`);
-console.log(`  steps ${String(overview?.["steps"])}, tool calls ${String(overview?.["tool_calls"])}, cost ${JSON.stringify(overview?.["cost"])}, replay_ready ${String(ready["status"])}`);
+const [steps, calls, cost] = [overview?.["steps"], overview?.["tool_calls"], overview?.["cost"]];
+console.log(`  steps ${String(steps)}, tool calls ${String(calls)}, cost ${JSON.stringify(cost)}`);
+console.log(`  replay_ready ${String(ready["status"])}`);
 await ledger.close();

@@ -297,7 +297,10 @@ export abstract class LedgerCalls {
 
   /** `claim_tool_calls`: one model turn's calls in one statement; one answer per call, in order. */
   async claimToolCalls(runId: string, calls: ToolCallSpec[], options: ClaimToolCallsOptions = {}): Promise<ToolCallClaim[]> {
-    const batch = calls.map(({ approval, ...rest }) => ({ ...snakeKeys({ ...rest }), ...(approval ? { approval: approvalJson(approval) } : {}) }));
+    const batch = calls.map(({ approval, ...rest }) => ({
+      ...snakeKeys({ ...rest }),
+      ...(approval ? { approval: approvalJson(approval) } : {}),
+    }));
     const rows = await this.select("claim_tool_calls", [runId, json(batch)], snakeKeys({ ...options }), "index, claim");
     return rows.sort((a, b) => Number(a["index"]) - Number(b["index"])).map((r) => parseClaim(r["claim"]));
   }
@@ -351,13 +354,22 @@ export abstract class LedgerCalls {
   }
 
   /** `resolve_approval`: `approved` or `rejected`, by whom and why. */
-  async resolveApproval(approvalId: string, decision: "approved" | "rejected", options: { actor?: string; note?: string } = {}): Promise<Approval> {
+  async resolveApproval(
+    approvalId: string,
+    decision: "approved" | "rejected",
+    options: { actor?: string; note?: string } = {},
+  ): Promise<Approval> {
     const row = one(await this.select("resolve_approval", [approvalId, decision], snakeKeys({ ...options }), "resolve_approval AS r"));
     return parseApproval(row["r"] as Row);
   }
 
   /** `record_cost`. Quantities and amounts are sent as `numeric`: exact, whatever their JS type. */
-  async recordCost(runId: string, billingBasis: string, billedQuantity: string | number, options: RecordCostOptions = {}): Promise<CostEntry> {
+  async recordCost(
+    runId: string,
+    billingBasis: string,
+    billedQuantity: string | number,
+    options: RecordCostOptions = {},
+  ): Promise<CostEntry> {
     const { amount, usage, pricingSnapshot, ...rest } = options;
     return parseCostEntry(
       one(

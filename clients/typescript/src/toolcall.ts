@@ -185,7 +185,12 @@ export interface ToolCallResult {
  * call has settled and been recorded; it never throws for one call's outcome (a refused batch
  * throws the ledger's error, and nothing was written).
  */
-export async function toolCalls(ledger: ScopedLedger, runId: string, calls: TurnCall[], options: TurnOptions = {}): Promise<ToolCallResult[]> {
+export async function toolCalls(
+  ledger: ScopedLedger,
+  runId: string,
+  calls: TurnCall[],
+  options: TurnOptions = {},
+): Promise<ToolCallResult[]> {
   const { leaseOwner, runToken, ...execute } = options;
   const specs = calls.map(({ execute: _execute, ...spec }) => spec);
   const claims = await ledger.claimToolCalls(runId, specs, {

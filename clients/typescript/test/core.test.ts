@@ -50,11 +50,15 @@ test("typed results: runs, steps, claimed runs, costs, events", async (t) => {
   const done = await acme.transitionStep(step.id, "succeeded", { outputSummary: "ok", metrics: { tokens: 3 } });
   assert.equal(done.status, "succeeded");
   assert.deepEqual(done.metrics, { model: "small", tokens: 3 });
-  const cost = await acme.recordCost("run-typed", "tokens", 120, { amount: 0.1, currency: "usd", usage: { input_tokens: 100, output_tokens: 20 } });
+  const cost = await acme.recordCost("run-typed", "tokens", 120, {
+    amount: 0.1,
+    currency: "usd",
+    usage: { input_tokens: 100, output_tokens: 20 },
+  });
   assert.equal(cost.amount, "0.1", "money is sent as numeric, read back as a decimal string");
   assert.equal(cost.currency, "USD");
   assert.deepEqual(cost.usage, { prompt_tokens: 100, completion_tokens: 20 });
-  assert.ok(await acme.heartbeatRun("run-typed", 1, 60) instanceof Date);
+  assert.ok((await acme.heartbeatRun("run-typed", 1, 60)) instanceof Date);
 
   const events = await acme.eventsSince("run-typed");
   assert.deepEqual(
@@ -72,7 +76,11 @@ test("typed results: runs, steps, claimed runs, costs, events", async (t) => {
   assert.equal(events[2]?.payload["to"], "running");
   assert.ok(events.every((e) => !e.endsRun));
   const rest = await acme.eventsSince("run-typed", events[3]?.eventId ?? null, 1);
-  assert.deepEqual(rest.map((e) => e.seq), [5], "the cursor is exclusive, max_events a page");
+  assert.deepEqual(
+    rest.map((e) => e.seq),
+    [5],
+    "the cursor is exclusive, max_events a page",
+  );
 
   await acme.transitionRun("run-typed", "succeeded", { runToken: 1 });
   const last = (await acme.eventsSince("run-typed")).at(-1);
@@ -113,10 +121,17 @@ test("bad input: a typed error with its SQLSTATE and code, and nothing written",
     (e: unknown) => e instanceof IdempotencyMismatchError && e.sqlstate === "23505" && e.code === "IDEMPOTENCY_MISMATCH",
   );
   await assert.rejects(
-    acme.claimToolCalls("r2", [{ toolRef: "a", toolCallId: "x" }, { toolRef: "b", toolCallId: "x" }]),
+    acme.claimToolCalls("r2", [
+      { toolRef: "a", toolCallId: "x" },
+      { toolRef: "b", toolCallId: "x" },
+    ]),
     (e: unknown) => e instanceof InvalidArgumentError && e.code === "CALLS_DUPLICATE" && e.detail["index"] === 1,
   );
-  assert.deepEqual(await db.sql("SELECT count(*)::int AS n FROM ledger.run_step_tool_calls"), [{ n: 1 }], "the refused batch wrote nothing");
+  assert.deepEqual(
+    await db.sql("SELECT count(*)::int AS n FROM ledger.run_step_tool_calls"),
+    [{ n: 1 }],
+    "the refused batch wrote nothing",
+  );
 
   // No scope at all: the scope error, from SQL of your own through the escape hatch's pool.
   const client = await db.ledger.pool.connect();

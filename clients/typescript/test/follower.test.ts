@@ -27,5 +27,8 @@ test("the follower yields every event once across pg_terminate_backend, and ends
     all.slice(3).map((e) => e.seq),
   );
   // An unknown run or cursor is the ledger's error, not a reconnect loop.
-  await assert.rejects(collect(follow(writer, "r", { cursor: "evt_unknown" })), (e: unknown) => e instanceof NotFoundError && e.code === "EVENT_NOT_FOUND");
+  await assert.rejects(
+    collect(follow(writer, "r", { cursor: "evt_unknown" })),
+    (e: unknown) => e instanceof NotFoundError && e.code === "EVENT_NOT_FOUND",
+  );
 });

@@ -30,7 +30,12 @@ export interface TestDb {
 }
 
 async function admin<T>(dbname: string, fn: (client: pg.Client) => Promise<T>): Promise<T> {
-  const client = new pg.Client({ host: env("LEDGER_TEST_HOST"), port: Number(env("LEDGER_TEST_PORT")), user: "postgres", database: dbname });
+  const client = new pg.Client({
+    host: env("LEDGER_TEST_HOST"),
+    port: Number(env("LEDGER_TEST_PORT")),
+    user: "postgres",
+    database: dbname,
+  });
   client.on("error", () => undefined);
   await client.connect();
   try {

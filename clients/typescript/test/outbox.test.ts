@@ -5,7 +5,7 @@ import { test } from "node:test";
 import { consumeOutbox, type OutboxEvent } from "../src/index.js";
 import { freshDb, waitFor } from "./helpers.js";
 
-test("the outbox consumer acks what it delivered and nacks what failed, which comes back after its backoff", { timeout: 60_000 }, async (t) => {
+test("the outbox consumer: ack on delivery, nack on failure, redelivery after the backoff", { timeout: 60_000 }, async (t) => {
   const db = await freshDb(t, "outbox");
   const acme = db.ledger.scoped("acme", "ts");
   const delivered: OutboxEvent[] = [];
@@ -27,7 +27,9 @@ test("the outbox consumer acks what it delivered and nacks what failed, which co
   await waitFor("the flaky delivery", () => delivered.length === 2);
   stop.abort();
   await consumer;
-  const rows = await db.sql("SELECT run_id, status, attempt_count, error_message, available_at > now() AS backing_off FROM ledger.outbox ORDER BY run_id");
+  const rows = await db.sql(
+    "SELECT run_id, status, attempt_count, error_message, available_at > now() AS backing_off FROM ledger.outbox ORDER BY run_id",
+  );
   assert.deepEqual(rows, [
     { run_id: "flaky", status: "pending", attempt_count: 1, error_message: "HTTP 503 from billing", backing_off: true },
     { run_id: "steady", status: "done", attempt_count: 1, error_message: null, backing_off: false },

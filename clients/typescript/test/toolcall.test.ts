@@ -110,9 +110,13 @@ test("every claim outcome: claimed, replayed, busy, in_doubt, waiting_approval, 
   await acme.transitionRun("old", "succeeded");
   await sleep(10);
   assert.equal(Number((await acme.query("SELECT ledger.purge_runs('0 seconds') AS n"))[0]?.["n"]), 1);
-  const purged = await toolCall(acme, { runId: "r", toolRef: "t", arguments: {}, idempotencyKey: "tool:old:k", execute: old.execute }).catch(
-    (e: unknown) => e,
-  );
+  const purged = await toolCall(acme, {
+    runId: "r",
+    toolRef: "t",
+    arguments: {},
+    idempotencyKey: "tool:old:k",
+    execute: old.execute,
+  }).catch((e: unknown) => e);
   assert.ok(purged instanceof PurgedError && purged.outcome === "purged", String(purged));
   assert.equal(purged.claim.toolCall, null);
   assert.equal((purged.claim.raw["tool_call"] as Record<string, unknown>)["idempotency_key"], "tool:old:k");
@@ -131,7 +135,14 @@ test("a timeout after sending leaves the call in doubt, and a second worker neve
     await sleep(60_000, undefined, { signal });
     return "never";
   };
-  const request = { runId: "r", toolRef: "email.send", arguments: { to: "c@example.com" }, toolCallId: "mail", execute: slow, timeoutSeconds: 1 };
+  const request = {
+    runId: "r",
+    toolRef: "email.send",
+    arguments: { to: "c@example.com" },
+    toolCallId: "mail",
+    execute: slow,
+    timeoutSeconds: 1,
+  };
   const first = await toolCall(acme, { ...request, leaseOwner: "worker-1" }).catch((e: unknown) => e);
   assert.ok(first instanceof InDoubtError, String(first));
   assert.equal(first.claim.toolCall?.status, "in_doubt");
@@ -162,7 +173,14 @@ test("heartbeats keep a slow tool's lease alive", async (t) => {
     rival = (await acme.claimToolCall("r", "report.build", {}, { toolCallId: "slow", leaseOwner: "rival" })).outcome;
     return "built";
   };
-  const result = await toolCall(acme, { runId: "r", toolRef: "report.build", arguments: {}, toolCallId: "slow", execute: slow, heartbeatSeconds: 0.2 });
+  const result = await toolCall(acme, {
+    runId: "r",
+    toolRef: "report.build",
+    arguments: {},
+    toolCallId: "slow",
+    execute: slow,
+    heartbeatSeconds: 0.2,
+  });
   assert.equal(result, "built");
   assert.equal(rival, "busy", "the lease was still alive: not in doubt, not claimable");
   const [row] = await db.sql("SELECT status, attempt FROM ledger.run_step_tool_calls");
@@ -192,7 +210,9 @@ test("the batch helper: two overlapping workers execute each call of a turn once
   assert.deepEqual(Object.fromEntries(runs), { weather: 1, fx: 1, news: 1 }, "each call executed once");
   // Per call, one worker executed it and the other found it busy (or replayed it, if it came late).
   for (let i = 0; i < 3; i += 1) {
-    const pair = [a[i], b[i]].map((r) => (r?.error === undefined ? `value:${r?.claim.outcome}` : r.error instanceof BusyError ? "busy" : String(r.error)));
+    const pair = [a[i], b[i]].map((r) =>
+      r?.error === undefined ? `value:${r?.claim.outcome}` : r.error instanceof BusyError ? "busy" : String(r.error),
+    );
     assert.ok(pair.includes("value:claimed"), pair.join());
     assert.ok(pair.includes("busy") || pair.includes("value:replayed"), pair.join());
   }

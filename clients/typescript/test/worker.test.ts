@@ -55,9 +55,16 @@ test("a worker killed mid-call; the takeover parks the run in doubt; a person re
   try {
     await waitFor("the run parked in doubt", async () => (await status()) === "paused");
     const doubt = await acme.query("SELECT id, lease_owner FROM ledger.tool_calls_in_doubt");
-    assert.deepEqual(doubt.map((r) => r["lease_owner"]), ["worker-1"]);
+    assert.deepEqual(
+      doubt.map((r) => r["lease_owner"]),
+      ["worker-1"],
+    );
     // 3. A person checks the CRM and resolves the call; the worker resumes and parks for approval.
-    await acme.resolveToolCall(String(doubt[0]?.["id"]), "succeeded", { result: { order: 7, paid: "12.50" }, actor: "ops@acme", note: "seen in the CRM" });
+    await acme.resolveToolCall(String(doubt[0]?.["id"]), "succeeded", {
+      result: { order: 7, paid: "12.50" },
+      actor: "ops@acme",
+      note: "seen in the CRM",
+    });
     await waitFor("the run parked for approval", async () => (await status()) === "waiting_approval");
     // 4. The person approves; the worker executes the refund and finishes the run.
     const [pending] = await acme.query("SELECT id FROM ledger.pending_approvals");
