@@ -140,6 +140,8 @@ export interface ClaimRunOptions {
   modes?: string[];
   kinds?: string[];
   leaseSeconds?: number;
+  /** Across scopes (a member of `ledger_operator`): see {@link Ledger.claimRun}. */
+  anyScope?: boolean;
 }
 
 /** An approval request attached to a claim: `{title, policy_ref, details}`. */
@@ -436,9 +438,12 @@ export abstract class LedgerCalls {
   }
 }
 
-/** One transaction of a {@link ScopedLedger}: every call runs in it. */
+/**
+ * One transaction of a {@link ScopedLedger}: every call runs in it. (Over a dedicated client, its
+ * session; over a pool, each call on its own, as the cross-scope calls of {@link Ledger} do.)
+ */
 export class LedgerTx extends LedgerCalls {
-  constructor(private readonly client: pg.PoolClient | pg.Client) {
+  constructor(private readonly client: pg.PoolClient | pg.Client | pg.Pool) {
     super();
   }
 
@@ -519,6 +524,15 @@ export class Ledger {
       // An idle client died (server restart, pg_terminate_backend): the pool already dropped it.
     });
     return new Ledger(pool);
+  }
+
+  /**
+   * `claim_run(..., any_scope => true)`: the oldest claimable run of every scope, for a worker pool
+   * serving many tenants (a member of `ledger_operator`, else 42501 `OPERATOR_REQUIRED`). The run
+   * comes back with its scope: drive it through `scoped(run.tenantId, run.workspaceId)`.
+   */
+  async claimRun(leaseOwner: string, options: Omit<ClaimRunOptions, "runId" | "anyScope"> = {}): Promise<ClaimedRun | null> {
+    return new LedgerTx(this.pool).claimRun(leaseOwner, { ...options, anyScope: true });
   }
 
   /** The handle of one (tenant, workspace). */

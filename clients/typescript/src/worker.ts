@@ -23,7 +23,7 @@ import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { BusyError, ConflictError, InDoubtError, WaitingApprovalError } from "./errors.js";
-import type { ScopedLedger } from "./ledger.js";
+import { Ledger, type ScopedLedger } from "./ledger.js";
 import { toolCall, toolCalls, type ToolCallResult, type ToolFn, type TurnCall } from "./toolcall.js";
 import type { ClaimedRun, Step } from "./types.js";
 
@@ -210,10 +210,12 @@ export type RunOutcome =
   | { status: "failed"; error: string };
 
 /**
- * The worker loop: claims the scope's runs one at a time and drives each with `agent` until the
- * signal (or a process signal) stops it. Resolves once the loop has stopped.
+ * The worker loop: claims runs one at a time, of one scope (a {@link ScopedLedger}) or of every
+ * scope (a {@link Ledger}: `any_scope`, for a member of `ledger_operator`; each run is driven in its
+ * own scope), and drives each with `agent` until the signal (or a process signal) stops it.
+ * Resolves once the loop has stopped.
  */
-export async function work(ledger: ScopedLedger, agent: Agent, options: WorkerOptions = {}): Promise<void> {
+export async function work(source: Ledger | ScopedLedger, agent: Agent, options: WorkerOptions = {}): Promise<void> {
   const leaseOwner = options.leaseOwner ?? `${hostname()}:${process.pid}`;
   const stop = new AbortController();
   const stopOn = options.stopOn ?? ["SIGTERM", "SIGINT"];
@@ -229,12 +231,15 @@ export async function work(ledger: ScopedLedger, agent: Agent, options: WorkerOp
     while (!stop.signal.aborted) {
       let busy = false;
       try {
-        const run = await ledger.claimRun(leaseOwner, {
+        const run = await source.claimRun(leaseOwner, {
           ...(options.leaseSeconds !== undefined ? { leaseSeconds: options.leaseSeconds } : {}),
           ...(options.modes !== undefined ? { modes: options.modes } : {}),
           ...(options.kinds !== undefined ? { kinds: options.kinds } : {}),
         });
-        busy = run !== null && (await drive(ledger, run, agent, options, stop.signal));
+        if (run !== null) {
+          const ledger = source instanceof Ledger ? source.scoped(run.tenantId, run.workspaceId) : source;
+          busy = await drive(ledger, run, agent, options, stop.signal);
+        }
       } catch (error) {
         (options.onError ?? ((e: unknown) => console.error("ledger worker:", e)))(error);
       }

@@ -8,7 +8,7 @@ import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 
-import { work, type ClaimedRun, type RunOutcome } from "../src/index.js";
+import { Ledger, ScopeError, work, type ClaimedRun, type RunOutcome } from "../src/index.js";
 import { supportAgent } from "./fixtures/support-agent.js";
 import { expireLeases, freshDb, waitFor } from "./helpers.js";
 
@@ -185,4 +185,41 @@ test("SIGTERM stops a worker process after the run in hand; past the grace perio
   assert.equal(stuck?.status, "running");
   assert.equal(stuck?.leaseOwner, null, "released: claimable at once by another worker");
   assert.equal((await acme.claimRun("next", { runId: "stuck" }))?.runId, "stuck");
+});
+
+test("a worker over every scope (any_scope) drives each run in its own scope; a non-operator is refused", async (t) => {
+  const db = await freshDb(t, "anyscope");
+  await db.ledger.scoped("acme", "support").createRun("agent", { runId: "a-1" });
+  await db.ledger.scoped("globex", "billing").createRun("agent", { runId: "g-1" });
+  const stop = new AbortController();
+  const done: string[] = [];
+  await work(db.ledger, async (ctx) => `${ctx.ledger.tenant}/${ctx.ledger.workspace}`, {
+    idleSeconds: 0.05,
+    signal: stop.signal,
+    stopOn: [],
+    onRun: (run) => {
+      done.push(`${run.tenantId}/${run.workspaceId}/${run.runId}`);
+      if (done.length === 2) stop.abort();
+    },
+  });
+  assert.deepEqual(done.sort(), ["acme/support/a-1", "globex/billing/g-1"]);
+  for (const [tenant, workspace, runId] of [
+    ["acme", "support", "a-1"],
+    ["globex", "billing", "g-1"],
+  ] as const) {
+    const run = await db.ledger.scoped(tenant, workspace).getRun(runId);
+    assert.equal(run?.status, "succeeded");
+    assert.equal(run?.outputSummary, `${tenant}/${workspace}`);
+  }
+
+  // A login role with ledger_writer only may not claim across scopes.
+  await db.sql("DO $$ BEGIN CREATE ROLE ledger_ts_app LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$");
+  await db.sql("GRANT ledger_writer TO ledger_ts_app");
+  const app = Ledger.connect(`${db.dsn} user=ledger_ts_app`);
+  try {
+    await assert.rejects(app.claimRun("w"), (e: unknown) => e instanceof ScopeError && e.code === "OPERATOR_REQUIRED");
+  } finally {
+    await app.close();
+    await db.sql("DROP ROLE ledger_ts_app");
+  }
 });
