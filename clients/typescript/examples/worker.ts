@@ -75,3 +75,4 @@ const [steps, calls, cost] = [overview?.["steps"], overview?.["tool_calls"], ove
 console.log(`  steps ${String(steps)}, tool calls ${String(calls)}, cost ${JSON.stringify(cost)}`);
 console.log(`  replay_ready ${String(ready["status"])}`);
 await ledger.close();
+process.exitCode = final?.status === "succeeded" ? 0 : 1;
