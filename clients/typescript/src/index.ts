@@ -1,0 +1,14 @@
+/**
+ * A thin TypeScript client of the `ledger` PostgreSQL extension over node-postgres: a scope-aware
+ * handle with typed results, typed errors, the tool-call helper, a worker loop, a follower of a
+ * run's events and an outbox consumer. Every rule (statuses, fencing, redaction, hashing) is the
+ * extension's: each helper is a sequence of its SQL calls.
+ */
+export { parseConninfo } from "./conninfo.js";
+export * from "./errors.js";
+export { follow, type FollowOptions } from "./follower.js";
+export * from "./ledger.js";
+export { consumeOutbox, type OutboxConsumerOptions } from "./outbox.js";
+export * from "./toolcall.js";
+export * from "./types.js";
+export * from "./worker.js";

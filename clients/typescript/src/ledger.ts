@@ -1,0 +1,547 @@
+/**
+ * The scope-aware handle: {@link Ledger} over a `pg.Pool`, {@link ScopedLedger} for one
+ * (tenant, workspace), and {@link LedgerTx}, one transaction of it.
+ *
+ * Every call of a {@link ScopedLedger} takes a pooled connection, opens a transaction, states the
+ * scope with `ledger.set_scope(tenant, workspace, is_local => true)` (transaction-local, so a
+ * pooled connection, or a pgbouncer in transaction mode, never carries a scope into someone else's
+ * work), makes the call and commits. {@link ScopedLedger.transaction} groups several calls (or any
+ * SQL of yours) in one transaction. The typed methods are the same on both: each is one SQL call
+ * of the ledger, whose rules the extension enforces.
+ */
+import pg from "pg";
+
+import { parseConninfo } from "./conninfo.js";
+import { toLedgerError } from "./errors.js";
+import {
+  parseApproval,
+  parseClaim,
+  parseClaimedRun,
+  parseCostEntry,
+  parseEvent,
+  parseOutboxEvent,
+  parseRun,
+  parseStep,
+  type Approval,
+  type ClaimedRun,
+  type CompleteOutcome,
+  type CostEntry,
+  type OutboxEvent,
+  type ResolveDecision,
+  type Run,
+  type RunEvent,
+  type RunStatus,
+  type Step,
+  type StepStatus,
+  type ToolCallClaim,
+} from "./types.js";
+
+/** A row as node-postgres returns it. */
+export type Row = Record<string, unknown>;
+type Json = { [key: string]: unknown };
+
+/** `snake_case` keys of a caller's options as the SQL's argument names (for JSON batch calls). */
+function snakeKeys(options: Json): Json {
+  const out: Json = {};
+  for (const [key, v] of Object.entries(options)) {
+    if (v !== undefined) out[key.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`)] = v;
+  }
+  return out;
+}
+
+/** A value sent with a cast, so that PostgreSQL picks the right overload and type. */
+class Cast {
+  constructor(
+    readonly value: unknown,
+    readonly type: string,
+  ) {}
+}
+
+/** A JSON argument: serialised by us (node-postgres would send an array as a PostgreSQL array). */
+function json(value: unknown): Cast | undefined {
+  return value === undefined ? undefined : new Cast(value === null ? null : JSON.stringify(value), "jsonb");
+}
+
+/**
+ * `ledger.<fn>(positional..., name => value...)`: named arguments left `undefined` are not sent,
+ * so the function's own default applies.
+ */
+function call(fn: string, positional: unknown[], named: Record<string, unknown> = {}): { text: string; values: unknown[] } {
+  const values: unknown[] = [];
+  const placeholder = (v: unknown): string => {
+    if (v instanceof Cast) {
+      values.push(v.value);
+      return `$${values.length}::${v.type}`;
+    }
+    values.push(v);
+    return `$${values.length}`;
+  };
+  const args = positional.map(placeholder);
+  for (const [name, v] of Object.entries(named)) {
+    if (v === undefined) continue;
+    // Names go into the SQL text: only argument names, never anything a caller slipped in.
+    if (!/^[a-z][a-z_]*$/.test(name)) throw new TypeError(`ledger: ${fn} has no argument ${JSON.stringify(name)}`);
+    args.push(`${name} => ${placeholder(v)}`);
+  }
+  return { text: `ledger.${fn}(${args.join(", ")})`, values };
+}
+
+/** Options of `create_run` (its named arguments, camelCase). */
+export interface CreateRunOptions {
+  inputs?: unknown;
+  kind?: string;
+  subjectKind?: string;
+  subjectId?: string;
+  subjectVersionId?: string;
+  requestId?: string;
+  parentRunId?: string;
+  sourceRunId?: string;
+  attemptNo?: number;
+  runId?: string;
+  userId?: string;
+  traceId?: string;
+  inputSummary?: string;
+}
+
+/** Options of `transition_run`. */
+export interface TransitionRunOptions {
+  expectedStatus?: RunStatus;
+  outputSummary?: string;
+  errorCode?: string;
+  errorMessage?: string;
+  errorStepId?: string;
+  runToken?: number;
+}
+
+/** Options of `create_step`. */
+export interface CreateStepOptions {
+  stepKey?: string;
+  nodeId?: string;
+  inputSummary?: string;
+  status?: StepStatus;
+  stepId?: string;
+  runToken?: number;
+}
+
+/** Options of `transition_step`. */
+export interface TransitionStepOptions {
+  expectedStatus?: StepStatus;
+  outputSummary?: string;
+  metrics?: Json;
+  errorCode?: string;
+  errorMessage?: string;
+  errorDetails?: unknown;
+  runToken?: number;
+}
+
+/** Options of `claim_run`. */
+export interface ClaimRunOptions {
+  runId?: string;
+  modes?: string[];
+  kinds?: string[];
+  leaseSeconds?: number;
+  /** Across scopes (a member of `ledger_operator`): see {@link Ledger.claimRun}. */
+  anyScope?: boolean;
+}
+
+/** An approval request attached to a claim: `{title, policy_ref, details}`. */
+export interface ApprovalRequest {
+  title?: string;
+  policyRef?: string;
+  details?: Json;
+}
+
+/** Options of `claim_tool_call` besides the run, the tool and its arguments. */
+export interface ClaimToolCallOptions {
+  toolCallId?: string;
+  idempotencyKey?: string;
+  stepId?: string;
+  leaseOwner?: string;
+  timeoutSeconds?: number;
+  retryFailed?: boolean;
+  approval?: ApprovalRequest;
+  runToken?: number;
+}
+
+/** One call of a model turn, for `claim_tool_calls`. */
+export interface ToolCallSpec {
+  toolRef: string;
+  arguments?: Json;
+  toolCallId?: string;
+  idempotencyKey?: string;
+  stepId?: string;
+  timeoutSeconds?: number;
+  retryFailed?: boolean;
+  approval?: ApprovalRequest;
+}
+
+/** Options of `claim_tool_calls`. */
+export interface ClaimToolCallsOptions {
+  leaseOwner?: string;
+  begin?: boolean;
+  runToken?: number;
+}
+
+/** Options of `record_cost` besides the run, the basis and the quantity. Money as a decimal string where you can. */
+export interface RecordCostOptions {
+  amount?: string | number;
+  currency?: string;
+  stepId?: string;
+  usage?: Json;
+  pricingSnapshot?: Json;
+  provider?: string;
+  modelRef?: string;
+  toolRef?: string;
+  sourcePort?: string;
+  operation?: string;
+  sourceRef?: string;
+}
+
+function approvalJson(approval: ApprovalRequest | undefined): Json | undefined {
+  return approval === undefined ? undefined : snakeKeys({ ...approval });
+}
+
+function one(rows: Row[]): Row {
+  const row = rows[0];
+  if (row === undefined) throw new Error("ledger: the call returned no row");
+  return row;
+}
+
+/**
+ * The ledger's functions, typed. {@link ScopedLedger} runs each in its own transaction,
+ * {@link LedgerTx} in the current one.
+ */
+export abstract class LedgerCalls {
+  /**
+   * Any SQL in the scoped transaction: the escape hatch for what the typed methods do not cover.
+   * A ledger error comes back as a {@link LedgerError}.
+   */
+  abstract query(text: string, values?: unknown[]): Promise<Row[]>;
+
+  private async select(fn: string, positional: unknown[], named: Record<string, unknown> = {}, columns = "*"): Promise<Row[]> {
+    const { text, values } = call(fn, positional, named);
+    return this.query(`SELECT ${columns} FROM ${text}`, values);
+  }
+
+  /** `create_run`: a new run (or, with `runId`/`requestId`, the existing one). */
+  async createRun(mode: string, options: CreateRunOptions = {}): Promise<Run> {
+    const { inputs, ...rest } = options;
+    return parseRun(one(await this.select("create_run", [mode], { inputs: json(inputs), ...snakeKeys({ ...rest }) })));
+  }
+
+  /**
+   * The run's row, or null when it is unknown in this scope. (The scope is in the query too:
+   * row-level security does not hide rows from a superuser.)
+   */
+  async getRun(runId: string): Promise<Run | null> {
+    const rows = await this.query(
+      "SELECT * FROM ledger.runs WHERE id = $1 AND tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace()",
+      [runId],
+    );
+    const row = rows[0];
+    return row === undefined ? null : parseRun(row);
+  }
+
+  /** `transition_run`: moves the run through the status machine. */
+  async transitionRun(runId: string, toStatus: RunStatus, options: TransitionRunOptions = {}): Promise<Run> {
+    return parseRun(one(await this.select("transition_run", [runId, toStatus], snakeKeys({ ...options }))));
+  }
+
+  /** `create_step`: a step, found again by `stepKey` (a resumed worker learns which steps are done). */
+  async createStep(runId: string, stepType: string, options: CreateStepOptions = {}): Promise<Step> {
+    return parseStep(one(await this.select("create_step", [runId, stepType], snakeKeys({ ...options }))));
+  }
+
+  /** `transition_step`. */
+  async transitionStep(stepId: string, toStatus: StepStatus, options: TransitionStepOptions = {}): Promise<Step> {
+    const { metrics, errorDetails, ...rest } = options;
+    return parseStep(
+      one(
+        await this.select("transition_step", [stepId, toStatus], {
+          ...snakeKeys({ ...rest }),
+          metrics: json(metrics),
+          error_details: json(errorDetails),
+        }),
+      ),
+    );
+  }
+
+  /** `claim_run`: the oldest claimable run of the scope (or `runId`), or null when there is none. */
+  async claimRun(leaseOwner: string, options: ClaimRunOptions = {}): Promise<ClaimedRun | null> {
+    const { modes, kinds, ...rest } = options;
+    const rows = await this.select("claim_run", [leaseOwner], {
+      ...snakeKeys({ ...rest }),
+      modes: modes === undefined ? undefined : new Cast(modes, "text[]"),
+      kinds: kinds === undefined ? undefined : new Cast(kinds, "text[]"),
+    });
+    return rows[0] === undefined ? null : parseClaimedRun(rows[0]);
+  }
+
+  /** `heartbeat_run`: extends the run's lease; returns when it now ends. */
+  async heartbeatRun(runId: string, runToken: number, extendSeconds?: number): Promise<Date> {
+    const row = one(await this.select("heartbeat_run", [runId, runToken], { extend_seconds: extendSeconds }, "heartbeat_run AS r"));
+    return row["r"] as Date;
+  }
+
+  /** `release_run`: gives the run up (claimable at once); the token is over. */
+  async releaseRun(runId: string, runToken: number): Promise<void> {
+    await this.select("release_run", [runId, runToken]);
+  }
+
+  /** `claim_tool_call`: the executor protocol's first step; the outcome is returned, not raised. */
+  async claimToolCall(runId: string, toolRef: string, args: Json = {}, options: ClaimToolCallOptions = {}): Promise<ToolCallClaim> {
+    const { approval, ...rest } = options;
+    return this.answer("claim_tool_call", [runId, toolRef, json(args)], {
+      ...snakeKeys({ ...rest }),
+      approval: json(approvalJson(approval)),
+    });
+  }
+
+  /** `claim_tool_calls`: one model turn's calls in one statement; one answer per call, in order. */
+  async claimToolCalls(runId: string, calls: ToolCallSpec[], options: ClaimToolCallsOptions = {}): Promise<ToolCallClaim[]> {
+    const batch = calls.map(({ approval, ...rest }) => ({
+      ...snakeKeys({ ...rest }),
+      ...(approval ? { approval: approvalJson(approval) } : {}),
+    }));
+    const rows = await this.select("claim_tool_calls", [runId, json(batch)], snakeKeys({ ...options }), "index, claim");
+    return rows.sort((a, b) => Number(a["index"]) - Number(b["index"])).map((r) => parseClaim(r["claim"]));
+  }
+
+  /** `begin_tool_call`: the outbound boundary; commit it before the request leaves. */
+  async beginToolCall(toolCallRecordId: string, attempt: number): Promise<ToolCallClaim> {
+    return this.answer("begin_tool_call", [toolCallRecordId, attempt]);
+  }
+
+  /** `heartbeat_tool_call`: extends the attempt's lease. */
+  async heartbeatToolCall(toolCallRecordId: string, attempt: number, extendSeconds?: number): Promise<ToolCallClaim> {
+    return this.answer("heartbeat_tool_call", [toolCallRecordId, attempt], { extend_seconds: extendSeconds });
+  }
+
+  /** `complete_tool_call`: `succeeded` (result), `failed` (errorMessage) or `unknown` (sent, no answer). */
+  async completeToolCall(
+    toolCallRecordId: string,
+    attempt: number,
+    outcome: CompleteOutcome,
+    options: { result?: unknown; errorMessage?: string; metadata?: Json } = {},
+  ): Promise<ToolCallClaim> {
+    return this.answer("complete_tool_call", [toolCallRecordId, attempt, outcome], {
+      result: json(options.result),
+      error_message: options.errorMessage,
+      metadata: json(options.metadata),
+    });
+  }
+
+  /** `resolve_tool_call`: a person's decision on an in-doubt call. */
+  async resolveToolCall(
+    toolCallRecordId: string,
+    decision: ResolveDecision,
+    options: { result?: unknown; actor?: string; note?: string } = {},
+  ): Promise<ToolCallClaim> {
+    return this.answer("resolve_tool_call", [toolCallRecordId, decision], {
+      result: json(options.result),
+      actor: options.actor,
+      note: options.note,
+    });
+  }
+
+  /** `request_tool_approval`: a call that waits for a person's decision. */
+  async requestToolApproval(
+    runId: string,
+    toolRef: string,
+    args: Json,
+    options: { toolCallId?: string; idempotencyKey?: string; title?: string; policyRef?: string; details?: Json; runToken?: number } = {},
+  ): Promise<ToolCallClaim> {
+    const { details, ...rest } = options;
+    return this.answer("request_tool_approval", [runId, toolRef, json(args)], { ...snakeKeys({ ...rest }), details: json(details) });
+  }
+
+  /** `resolve_approval`: `approved` or `rejected`, by whom and why. */
+  async resolveApproval(
+    approvalId: string,
+    decision: "approved" | "rejected",
+    options: { actor?: string; note?: string } = {},
+  ): Promise<Approval> {
+    const row = one(await this.select("resolve_approval", [approvalId, decision], snakeKeys({ ...options }), "resolve_approval AS r"));
+    return parseApproval(row["r"] as Row);
+  }
+
+  /** `record_cost`. Quantities and amounts are sent as `numeric`: exact, whatever their JS type. */
+  async recordCost(
+    runId: string,
+    billingBasis: string,
+    billedQuantity: string | number,
+    options: RecordCostOptions = {},
+  ): Promise<CostEntry> {
+    const { amount, usage, pricingSnapshot, ...rest } = options;
+    return parseCostEntry(
+      one(
+        await this.select("record_cost", [runId, billingBasis, new Cast(String(billedQuantity), "numeric")], {
+          amount: amount === undefined ? undefined : new Cast(String(amount), "numeric"),
+          usage: json(usage),
+          pricing_snapshot: json(pricingSnapshot),
+          ...snakeKeys({ ...rest }),
+        }),
+      ),
+    );
+  }
+
+  /** `record_response_event`: what the run showed its user. Returns the response event's id. */
+  async recordResponseEvent(runId: string, eventType: string, payload: Json = {}, stepId?: string): Promise<string> {
+    const row = one(await this.select("record_response_event", [runId, eventType, json(payload)], { step_id: stepId }, "id"));
+    return String(row["id"]);
+  }
+
+  /** `events_since`: the run's events after the cursor (exclusive), in seq order. */
+  async eventsSince(runId: string, afterEventId: string | null = null, maxEvents?: number): Promise<RunEvent[]> {
+    return (await this.select("events_since", [runId, afterEventId], { max_events: maxEvents })).map(parseEvent);
+  }
+
+  /** `run_channel`: the run's LISTEN/NOTIFY channel. */
+  async runChannel(runId: string): Promise<string> {
+    return String(one(await this.select("run_channel", [runId], {}, "run_channel AS r"))["r"]);
+  }
+
+  /** `claim_outbox_events`: due events of the scope under a lease. Delivery is at least once. */
+  async claimOutboxEvents(leaseOwner: string, options: { maxEvents?: number; leaseSeconds?: number } = {}): Promise<OutboxEvent[]> {
+    return (await this.select("claim_outbox_events", [leaseOwner], snakeKeys({ ...options }))).map(parseOutboxEvent);
+  }
+
+  /** `ack_outbox_events`: the held events become done; returns how many. */
+  async ackOutboxEvents(leaseOwner: string, eventIds: string[]): Promise<number> {
+    const row = one(await this.select("ack_outbox_events", [leaseOwner, new Cast(eventIds, "text[]")], {}, "ack_outbox_events AS r"));
+    return Number(row["r"]);
+  }
+
+  /** `nack_outbox_events`: a failed delivery; each event is due again after its backoff. */
+  async nackOutboxEvents(leaseOwner: string, eventIds: string[], errorMessage: string): Promise<OutboxEvent[]> {
+    return (await this.select("nack_outbox_events", [leaseOwner, new Cast(eventIds, "text[]"), errorMessage])).map(parseOutboxEvent);
+  }
+
+  /** `sweep_tool_calls`: expired leases to in_doubt (or claimable); returns how many moved. */
+  async sweepToolCalls(): Promise<number> {
+    return Number(one(await this.select("sweep_tool_calls", [], {}, "sweep_tool_calls AS r"))["r"]);
+  }
+
+  /** `replay_bundle`: everything about a run, as documented jsonb. */
+  async replayBundle(runId: string): Promise<Json> {
+    return one(await this.select("replay_bundle", [runId], {}, "replay_bundle AS r"))["r"] as Json;
+  }
+
+  /** `replay_ready`: whether the run can be replayed (`status` pass, or what is missing). */
+  async replayReady(runId: string): Promise<Json> {
+    return one(await this.select("replay_ready", [runId], {}, "replay_ready AS r"))["r"] as Json;
+  }
+
+  private async answer(fn: string, positional: unknown[], named: Record<string, unknown> = {}): Promise<ToolCallClaim> {
+    const row = one(await this.select(fn, positional, named, `${fn} AS r`));
+    return parseClaim(row["r"]);
+  }
+}
+
+/**
+ * One transaction of a {@link ScopedLedger}: every call runs in it. (Over a dedicated client, its
+ * session; over a pool, each call on its own, as the cross-scope calls of {@link Ledger} do.)
+ */
+export class LedgerTx extends LedgerCalls {
+  constructor(private readonly client: pg.PoolClient | pg.Client | pg.Pool) {
+    super();
+  }
+
+  override async query(text: string, values: unknown[] = []): Promise<Row[]> {
+    try {
+      return (await this.client.query<Row>(text, values)).rows;
+    } catch (error) {
+      throw toLedgerError(error);
+    }
+  }
+}
+
+/** The ledger of one (tenant, workspace): each call in its own transaction with the scope stated. */
+export class ScopedLedger extends LedgerCalls {
+  constructor(
+    readonly ledger: Ledger,
+    readonly tenant: string,
+    readonly workspace: string,
+  ) {
+    super();
+  }
+
+  /**
+   * Runs `fn` in one transaction with the scope set transaction-locally, commits, and returns what
+   * it returned; rolls back if it throws. Do not wait for anything slow inside (a tool, a model):
+   * the transaction holds a pooled connection and the rows it wrote stay locked.
+   */
+  async transaction<T>(fn: (tx: LedgerTx) => Promise<T>): Promise<T> {
+    const client = await this.ledger.pool.connect();
+    // A connection that breaks between our statements must not crash the process (pg emits
+    // 'error' on a checked-out client that has no query running); the next query fails instead.
+    let broken: Error | undefined;
+    const onError = (error: Error): void => {
+      broken = error;
+    };
+    client.on("error", onError);
+    try {
+      await client.query("BEGIN");
+      await client.query("SELECT ledger.set_scope($1, $2, is_local => true)", [this.tenant, this.workspace]);
+      const out = await fn(new LedgerTx(client));
+      await client.query("COMMIT");
+      return out;
+    } catch (error) {
+      try {
+        await client.query("ROLLBACK");
+      } catch (rollbackError) {
+        broken ??= rollbackError as Error;
+      }
+      throw toLedgerError(error);
+    } finally {
+      client.removeListener("error", onError);
+      client.release(broken ?? false);
+    }
+  }
+
+  /** One statement in its own scoped transaction. */
+  override async query(text: string, values: unknown[] = []): Promise<Row[]> {
+    return this.transaction((tx) => tx.query(text, values));
+  }
+}
+
+/** The ledger over a node-postgres pool. */
+export class Ledger {
+  /**
+   * @param pool the pool the handles take their connections from (yours: size and close it as you
+   *   like, and listen to its `error` event).
+   */
+  constructor(readonly pool: pg.Pool) {}
+
+  /**
+   * A ledger over a new pool for `dsn`: a URL (`postgresql://...`) or a libpq conninfo
+   * (`host=/run/postgresql port=5432 user=app dbname=app`). Idle connections the server drops
+   * (a restart) are discarded silently; {@link close} ends the pool.
+   */
+  static connect(dsn: string, options: pg.PoolConfig = {}): Ledger {
+    const pool = new pg.Pool({ ...parseConninfo(dsn), ...options });
+    pool.on("error", () => {
+      // An idle client died (server restart, pg_terminate_backend): the pool already dropped it.
+    });
+    return new Ledger(pool);
+  }
+
+  /**
+   * `claim_run(..., any_scope => true)`: the oldest claimable run of every scope, for a worker pool
+   * serving many tenants (a member of `ledger_operator`, else 42501 `OPERATOR_REQUIRED`). The run
+   * comes back with its scope: drive it through `scoped(run.tenantId, run.workspaceId)`.
+   */
+  async claimRun(leaseOwner: string, options: Omit<ClaimRunOptions, "runId" | "anyScope"> = {}): Promise<ClaimedRun | null> {
+    return new LedgerTx(this.pool).claimRun(leaseOwner, { ...options, anyScope: true });
+  }
+
+  /** The handle of one (tenant, workspace). */
+  scoped(tenant: string, workspace: string): ScopedLedger {
+    return new ScopedLedger(this, tenant, workspace);
+  }
+
+  /** Ends the pool. */
+  async close(): Promise<void> {
+    await this.pool.end();
+  }
+}

@@ -1,0 +1,220 @@
+/**
+ * The tool-call helper: the executor protocol in one call.
+ *
+ * claim (committed) → `replayed`: the recorded result, nothing executed → `claimed`: begin and
+ * COMMIT before the request leaves → execute, heartbeating the attempt's lease on a timer →
+ * complete `succeeded` (the result) or `failed` (the error's message) → a timeout after sending
+ * (the tool throws a `TimeoutError` or `AbortError`) completes `unknown`: the call is in doubt and
+ * {@link InDoubtError} is thrown. Any other outcome (`in_doubt`, `busy`, `waiting_approval`,
+ * `rejected`, `purged`) is thrown as its {@link ToolCallStopped} subclass, and nothing runs; a
+ * replayed failure as {@link ToolFailedError}.
+ *
+ * Every step is a transaction of its own, so each is committed before the next begins: the rules
+ * (statuses, fencing by attempt, in-doubt marking) are the extension's.
+ */
+import { setTimeout as sleep } from "node:timers/promises";
+
+import { ConflictError, InDoubtError, LedgerError, stopped, ToolFailedError } from "./errors.js";
+import type { ClaimToolCallOptions, ScopedLedger, ToolCallSpec } from "./ledger.js";
+import type { CompleteOutcome, ToolCall, ToolCallClaim } from "./types.js";
+
+type Json = { [key: string]: unknown };
+
+/**
+ * The tool itself: called with the arguments and a signal that aborts when the call's
+ * `timeoutSeconds` is over, when the caller's signal aborts, or when the attempt's lease is lost.
+ * Throw a `TimeoutError` or `AbortError` (what `fetch(..., { signal })` throws) when the request
+ * may have left and no answer came: the call is then in doubt, never retried.
+ */
+export type ToolFn<A extends Json = Json, R = unknown> = (args: A, signal: AbortSignal) => Promise<R>;
+
+/** How the helper runs a claimed call. */
+export interface ExecuteOptions {
+  /** Aborts the tool's signal too (a worker stopping, a run taken over). */
+  signal?: AbortSignal;
+  /** Seconds between lease heartbeats while the tool runs; default a third of the lease. */
+  heartbeatSeconds?: number;
+}
+
+/** One tool call through the helper. */
+export interface ToolCallRequest<A extends Json = Json, R = unknown> extends ClaimToolCallOptions, ExecuteOptions {
+  runId: string;
+  toolRef: string;
+  arguments: A;
+  execute: ToolFn<A, R>;
+}
+
+/** `claim_tool_call`'s default `timeout_seconds`: the tool's signal aborts after it. */
+const DEFAULT_TIMEOUT_SECONDS = 30;
+
+/** A `TimeoutError` or `AbortError` (an `Error` or a `DOMException`, as `fetch` and timers throw). */
+function isTimeout(error: unknown): boolean {
+  const name = typeof error === "object" && error !== null && "name" in error ? error.name : undefined;
+  return name === "TimeoutError" || name === "AbortError";
+}
+
+/** The recorded result of a `replayed` claim, or the exception of a claim that runs nothing. */
+function settled(claim: ToolCallClaim): unknown {
+  if (claim.outcome === "replayed" && claim.response !== null) {
+    if (!claim.response.success) throw new ToolFailedError(claim);
+    return claim.response.result;
+  }
+  throw stopped(claim);
+}
+
+/**
+ * Records how the attempt ended, again across a dropped connection (the tool has run: its outcome
+ * must not be lost to a reconnect). Repeating a completion changes nothing.
+ */
+async function complete(
+  ledger: ScopedLedger,
+  call: ToolCall,
+  outcome: CompleteOutcome,
+  options: { result?: unknown; errorMessage?: string },
+): Promise<ToolCallClaim> {
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      return await ledger.completeToolCall(call.id, call.attempt, outcome, options);
+    } catch (error) {
+      if (error instanceof LedgerError || attempt >= 5) throw error;
+      await sleep(200 * 2 ** attempt);
+    }
+  }
+}
+
+/**
+ * Executes a claimed and begun call: heartbeats while `execute` runs, then completes it. Returns
+ * the tool's result; rethrows the tool's error after completing `failed`; throws
+ * {@link InDoubtError} after completing `unknown` on a timeout.
+ */
+async function executeBegun<A extends Json, R>(
+  ledger: ScopedLedger,
+  claim: ToolCallClaim,
+  args: A,
+  execute: ToolFn<A, R>,
+  timeoutSeconds: number,
+  options: ExecuteOptions,
+): Promise<R> {
+  const call = claim.toolCall;
+  if (call === null) throw new Error("ledger: a claimed answer without its tool_call");
+  const lost = new AbortController();
+  const signals = [lost.signal];
+  if (timeoutSeconds > 0) signals.push(AbortSignal.timeout(timeoutSeconds * 1000));
+  if (options.signal) signals.push(options.signal);
+  const heartbeatMs = (options.heartbeatSeconds ?? call.leaseSeconds / 3) * 1000;
+  let beating = Promise.resolve();
+  const timer = setInterval(() => {
+    beating = beating.then(async () => {
+      try {
+        await ledger.heartbeatToolCall(call.id, call.attempt);
+      } catch (error) {
+        // The attempt is over (a sweep released it, a person resolved it): stop the tool. Any
+        // other failure (a dropped connection) is retried at the next beat.
+        if (error instanceof ConflictError) lost.abort(error);
+      }
+    });
+  }, heartbeatMs);
+  let result: R;
+  try {
+    result = await execute(args, AbortSignal.any(signals));
+  } catch (error) {
+    clearInterval(timer);
+    await beating;
+    if (isTimeout(error)) {
+      const answer = await complete(ledger, call, "unknown", {
+        errorMessage: error instanceof Error ? error.message : String(error),
+      });
+      throw new InDoubtError(answer, `${call.toolRef} (${call.toolCallId}): sent, no answer: in doubt`);
+    }
+    await complete(ledger, call, "failed", {
+      errorMessage: error instanceof Error ? error.message : String(error),
+    });
+    throw error;
+  }
+  clearInterval(timer);
+  await beating;
+  await complete(ledger, call, "succeeded", { result: result === undefined ? null : result });
+  return result;
+}
+
+/**
+ * One tool call, executed at most once whoever asks again: returns the tool's result, or the
+ * recorded one on a replay. Throws {@link ToolCallStopped} subclasses for the outcomes that run
+ * nothing, {@link InDoubtError} after a timeout past the begin, {@link ToolFailedError} for a
+ * replayed failure, and the tool's own error after recording it as `failed`.
+ */
+export async function toolCall<A extends Json, R>(ledger: ScopedLedger, request: ToolCallRequest<A, R>): Promise<R> {
+  const { runId, toolRef, arguments: args, execute, signal, heartbeatSeconds, ...claimOptions } = request;
+  const claim = await ledger.claimToolCall(runId, toolRef, args, claimOptions);
+  if (claim.outcome !== "claimed" || claim.toolCall === null) return settled(claim) as R;
+  // Committed before the request leaves: from here a crash leaves the call in doubt, never resent.
+  await ledger.beginToolCall(claim.toolCall.id, claim.toolCall.attempt);
+  return executeBegun(ledger, claim, args, execute, claimOptions.timeoutSeconds ?? DEFAULT_TIMEOUT_SECONDS, {
+    ...(signal ? { signal } : {}),
+    ...(heartbeatSeconds ? { heartbeatSeconds } : {}),
+  });
+}
+
+/** One call of a model turn for {@link toolCalls}. */
+export interface TurnCall<A extends Json = Json, R = unknown> extends ToolCallSpec {
+  arguments: A;
+  execute: ToolFn<A, R>;
+}
+
+/** Options of {@link toolCalls}: the batch's lease owner and run token, and how calls run. */
+export interface TurnOptions extends ExecuteOptions {
+  leaseOwner?: string;
+  runToken?: number;
+}
+
+/** How one call of a turn ended: its result (`value`) or what stopped it (`error`). */
+export interface ToolCallResult {
+  /** The call's answer from `claim_tool_calls`. */
+  claim: ToolCallClaim;
+  value?: unknown;
+  /** A {@link ToolCallStopped}, or what the tool threw. */
+  error?: unknown;
+  /** The result, or the error thrown. */
+  get(): unknown;
+}
+
+/**
+ * The calls of one model turn: claimed and begun together (`claim_tool_calls(..., begin => true)`,
+ * one commit before any request leaves), the claimed ones executed concurrently, each heartbeated
+ * and completed as it ends. Returns one {@link ToolCallResult} per call, in input order, once every
+ * call has settled and been recorded; it never throws for one call's outcome (a refused batch
+ * throws the ledger's error, and nothing was written).
+ */
+export async function toolCalls(
+  ledger: ScopedLedger,
+  runId: string,
+  calls: TurnCall[],
+  options: TurnOptions = {},
+): Promise<ToolCallResult[]> {
+  const { leaseOwner, runToken, ...execute } = options;
+  const specs = calls.map(({ execute: _execute, ...spec }) => spec);
+  const claims = await ledger.claimToolCalls(runId, specs, {
+    begin: true,
+    ...(leaseOwner !== undefined ? { leaseOwner } : {}),
+    ...(runToken !== undefined ? { runToken } : {}),
+  });
+  const outcomes = await Promise.allSettled(
+    claims.map(async (claim, i) => {
+      const spec = calls[i];
+      if (spec === undefined) throw new Error("ledger: claim_tool_calls answered more rows than calls");
+      if (claim.outcome !== "claimed") return settled(claim);
+      return executeBegun(ledger, claim, spec.arguments, spec.execute, spec.timeoutSeconds ?? DEFAULT_TIMEOUT_SECONDS, execute);
+    }),
+  );
+  return outcomes.map((o, i) => {
+    const claim = claims[i] as ToolCallClaim;
+    if (o.status === "fulfilled") return { claim, value: o.value, get: () => o.value };
+    return {
+      claim,
+      error: o.reason,
+      get: () => {
+        throw o.reason;
+      },
+    };
+  });
+}

@@ -1,0 +1,509 @@
+/**
+ * Typed results: the rows and JSON answers of the ledger's functions, in camelCase, and the
+ * parsers that build them from what node-postgres returns.
+ *
+ * Counters the server keeps as `bigint` (`runToken`, `seq`, `attempt`, `stepNo`) are numbers: they
+ * stay far below 2^53. Money stays a decimal string, as the ledger returns it. JSON values the
+ * caller gave (inputs, arguments, results, payloads) are plain objects, as stored (redacted).
+ */
+
+/** The statuses of runs (and tasks). */
+export const RUN_STATUSES = [
+  "queued",
+  "preparing",
+  "running",
+  "waiting_input",
+  "waiting_approval",
+  "paused",
+  "retrying",
+  "succeeded",
+  "failed",
+  "canceled",
+  "expired",
+] as const;
+export type RunStatus = (typeof RUN_STATUSES)[number];
+/** Steps have the run statuses plus `skipped`. */
+export type StepStatus = RunStatus | "skipped";
+/** Statuses after which nothing moves the run but a retry. */
+export const TERMINAL_STATUSES: readonly StepStatus[] = ["succeeded", "failed", "canceled", "expired", "skipped"];
+
+/** What a tool-call claim answers (returned by the server, never raised). */
+export const CLAIM_OUTCOMES = ["claimed", "replayed", "in_doubt", "busy", "waiting_approval", "rejected", "purged"] as const;
+export type ClaimOutcome = (typeof CLAIM_OUTCOMES)[number];
+
+/** The statuses of a tool-call record. */
+export type ToolCallStatus = "waiting_approval" | "claimed" | "running" | "succeeded" | "failed" | "in_doubt" | "rejected";
+/** The statuses of an approval request. */
+export type ApprovalStatus = "pending" | "approved" | "rejected" | "expired" | "canceled";
+/** The statuses of an outbox event. */
+export type OutboxStatus = "pending" | "processing" | "done" | "failed";
+/** A person's decision on an in-doubt call. */
+export type ResolveDecision = "succeeded" | "failed" | "retry";
+/** How an executor reports the end of an attempt (`unknown`: sent, no answer). */
+export type CompleteOutcome = "succeeded" | "failed" | "unknown";
+
+type Json = { [key: string]: unknown };
+
+/** A row of `ledger.runs` (without the scope columns). */
+export interface Run {
+  id: string;
+  mode: string;
+  kind: string;
+  subjectKind: string;
+  subjectId: string | null;
+  subjectVersionId: string | null;
+  userId: string | null;
+  traceId: string | null;
+  requestId: string | null;
+  parentRunId: string | null;
+  sourceRunId: string | null;
+  rootRunId: string;
+  attemptNo: number;
+  controlAction: string | null;
+  status: RunStatus;
+  inputSummary: string | null;
+  inputs: unknown;
+  outputSummary: string | null;
+  errorCode: string | null;
+  errorMessage: string | null;
+  errorStepId: string | null;
+  lastSeq: number;
+  queuedAt: Date;
+  startedAt: Date | null;
+  endedAt: Date | null;
+  durationMs: number | null;
+  createdAt: Date;
+  updatedAt: Date;
+  leaseOwner: string | null;
+  leaseExpiresAt: Date | null;
+  runToken: number;
+}
+
+/** A row of `ledger.run_steps`. */
+export interface Step {
+  id: string;
+  runId: string;
+  stepNo: number;
+  stepKey: string | null;
+  stepType: string;
+  nodeId: string | null;
+  status: StepStatus;
+  inputSummary: string | null;
+  outputSummary: string | null;
+  metrics: Json;
+  errorCode: string | null;
+  errorMessage: string | null;
+  errorDetails: unknown;
+  startedAt: Date | null;
+  endedAt: Date | null;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+/** A `ledger.claimed_run`: a run handed to a worker, with what it needs to resume it. */
+export interface ClaimedRun {
+  tenantId: string;
+  workspaceId: string;
+  runId: string;
+  /** The fencing token: pass it to the run's writes. */
+  runToken: number;
+  leaseOwner: string;
+  leaseExpiresAt: Date;
+  /** True when the lease of `previousOwner` had expired. */
+  takeover: boolean;
+  previousOwner: string | null;
+  status: RunStatus;
+  mode: string;
+  kind: string;
+  attemptNo: number;
+  sourceRunId: string | null;
+  inputs: unknown;
+  steps: { id: string; stepKey: string | null; stepType: string; status: StepStatus }[];
+  toolCalls: { id: string; toolCallId: string; idempotencyKey: string; toolRef: string; status: ToolCallStatus; attempt: number }[];
+  approvals: { id: string; toolCallRecordId: string | null; stepId: string | null }[];
+  /** The feed's newest event: where a follower starting now begins. */
+  lastEventId: string | null;
+}
+
+/** A tool-call record as the tool-call functions return it. */
+export interface ToolCall {
+  /** The ledger's id of the record (`tc_...`): the `tool_call_record_id` of later calls. */
+  id: string;
+  runId: string;
+  stepId: string;
+  /** The caller's (the model's) id of the call. */
+  toolCallId: string;
+  toolRef: string;
+  idempotencyKey: string;
+  requestHash: string;
+  arguments: Json;
+  status: ToolCallStatus;
+  /** The fencing token of every write after the claim. */
+  attempt: number;
+  leaseOwner: string | null;
+  leaseSeconds: number;
+  leaseExpiresAt: Date | null;
+  outboundStartedAt: Date | null;
+  resultArtifactId: string | null;
+  metadata: Json;
+  errorCode: string | null;
+  errorMessage: string | null;
+  approvalId: string | null;
+  completedAt: Date | null;
+  createdAt: Date;
+  updatedAt: Date;
+}
+
+/** An approval request (`ledger.approval_requests` without the scope columns). */
+export interface Approval {
+  id: string;
+  runId: string;
+  stepId: string | null;
+  toolCallRecordId: string | null;
+  status: ApprovalStatus;
+  title: string | null;
+  policyRef: string | null;
+  details: Json;
+  actor: string | null;
+  note: string | null;
+  decidedAt: Date | null;
+  createdAt: Date;
+}
+
+/** The recorded result a `replayed` claim carries. */
+export interface ToolResponse {
+  result: unknown;
+  success: boolean;
+  error: string | null;
+  metadata: Json;
+}
+
+/** What every tool-call function answers: `{outcome, tool_call, approval, response}`. */
+export interface ToolCallClaim {
+  outcome: ClaimOutcome;
+  /** The record; null for `purged` (the tombstone is in `raw.tool_call`). */
+  toolCall: ToolCall | null;
+  approval: Approval | null;
+  /** For `replayed` only. */
+  response: ToolResponse | null;
+  /** The answer as the server returned it. */
+  raw: Json;
+}
+
+/** One event of a run's feed (`events_since`). */
+export interface RunEvent {
+  eventId: string;
+  /** Gapless per run, in commit order. */
+  seq: number;
+  eventType: string;
+  stepId: string | null;
+  payload: Json;
+  createdAt: Date;
+  /** True on the event that moved the run to a terminal status: the stream is over. */
+  endsRun: boolean;
+}
+
+/** A `ledger.outbox_event`. */
+export interface OutboxEvent {
+  tenantId: string;
+  workspaceId: string;
+  id: string;
+  eventType: string;
+  runId: string | null;
+  taskId: string | null;
+  subject: string;
+  payload: Json;
+  status: OutboxStatus;
+  attemptCount: number;
+  replayCount: number;
+  availableAt: Date;
+  leaseExpiresAt: Date | null;
+  errorMessage: string | null;
+  occurredAt: Date;
+  processedAt: Date | null;
+}
+
+/** A row of `ledger.run_cost_entries` as far as a worker needs it. */
+export interface CostEntry {
+  id: string;
+  runId: string;
+  stepId: string | null;
+  billingBasis: string;
+  billedQuantity: string;
+  amount: string | null;
+  currency: string | null;
+  usage: Json;
+}
+
+// Parsers. Columns come from node-postgres (timestamps as Date, bigint and numeric as strings,
+// jsonb parsed); members of jsonb answers are JSON (timestamps as ISO strings).
+
+type Row = Record<string, unknown>;
+
+function value(row: Row, key: string): unknown {
+  const v = row[key];
+  return v === undefined ? null : v;
+}
+
+function str(row: Row, key: string): string {
+  const v = value(row, key);
+  if (typeof v !== "string") throw new TypeError(`ledger: expected text in ${key}, got ${typeof v}`);
+  return v;
+}
+
+function optStr(row: Row, key: string): string | null {
+  const v = value(row, key);
+  return v === null ? null : String(v);
+}
+
+function num(row: Row, key: string): number {
+  const v = value(row, key);
+  if (v === null) throw new TypeError(`ledger: expected a number in ${key}`);
+  return Number(v);
+}
+
+function optNum(row: Row, key: string): number | null {
+  const v = value(row, key);
+  return v === null ? null : Number(v);
+}
+
+function optDate(row: Row, key: string): Date | null {
+  const v = value(row, key);
+  if (v === null) return null;
+  return v instanceof Date ? v : new Date(String(v));
+}
+
+function date(row: Row, key: string): Date {
+  const v = optDate(row, key);
+  if (v === null) throw new TypeError(`ledger: expected a timestamp in ${key}`);
+  return v;
+}
+
+function obj(row: Row, key: string): Json {
+  const v = value(row, key);
+  return typeof v === "object" && v !== null && !Array.isArray(v) ? (v as Json) : {};
+}
+
+function list(row: Row, key: string): Row[] {
+  const v = value(row, key);
+  return Array.isArray(v) ? (v as Row[]) : [];
+}
+
+/** Parses a `ledger.runs` row. */
+export function parseRun(row: Row): Run {
+  return {
+    id: str(row, "id"),
+    mode: str(row, "mode"),
+    kind: str(row, "kind"),
+    subjectKind: str(row, "subject_kind"),
+    subjectId: optStr(row, "subject_id"),
+    subjectVersionId: optStr(row, "subject_version_id"),
+    userId: optStr(row, "user_id"),
+    traceId: optStr(row, "trace_id"),
+    requestId: optStr(row, "request_id"),
+    parentRunId: optStr(row, "parent_run_id"),
+    sourceRunId: optStr(row, "source_run_id"),
+    rootRunId: str(row, "root_run_id"),
+    attemptNo: num(row, "attempt_no"),
+    controlAction: optStr(row, "control_action"),
+    status: str(row, "status") as RunStatus,
+    inputSummary: optStr(row, "input_summary"),
+    inputs: value(row, "inputs"),
+    outputSummary: optStr(row, "output_summary"),
+    errorCode: optStr(row, "error_code"),
+    errorMessage: optStr(row, "error_message"),
+    errorStepId: optStr(row, "error_step_id"),
+    lastSeq: num(row, "last_seq"),
+    queuedAt: date(row, "queued_at"),
+    startedAt: optDate(row, "started_at"),
+    endedAt: optDate(row, "ended_at"),
+    durationMs: optNum(row, "duration_ms"),
+    createdAt: date(row, "created_at"),
+    updatedAt: date(row, "updated_at"),
+    leaseOwner: optStr(row, "lease_owner"),
+    leaseExpiresAt: optDate(row, "lease_expires_at"),
+    runToken: num(row, "run_token"),
+  };
+}
+
+/** Parses a `ledger.run_steps` row. */
+export function parseStep(row: Row): Step {
+  return {
+    id: str(row, "id"),
+    runId: str(row, "run_id"),
+    stepNo: num(row, "step_no"),
+    stepKey: optStr(row, "step_key"),
+    stepType: str(row, "step_type"),
+    nodeId: optStr(row, "node_id"),
+    status: str(row, "status") as StepStatus,
+    inputSummary: optStr(row, "input_summary"),
+    outputSummary: optStr(row, "output_summary"),
+    metrics: obj(row, "metrics"),
+    errorCode: optStr(row, "error_code"),
+    errorMessage: optStr(row, "error_message"),
+    errorDetails: value(row, "error_details"),
+    startedAt: optDate(row, "started_at"),
+    endedAt: optDate(row, "ended_at"),
+    createdAt: date(row, "created_at"),
+    updatedAt: date(row, "updated_at"),
+  };
+}
+
+/** Parses a `ledger.claimed_run` row. */
+export function parseClaimedRun(row: Row): ClaimedRun {
+  return {
+    tenantId: str(row, "tenant_id"),
+    workspaceId: str(row, "workspace_id"),
+    runId: str(row, "run_id"),
+    runToken: num(row, "run_token"),
+    leaseOwner: str(row, "lease_owner"),
+    leaseExpiresAt: date(row, "lease_expires_at"),
+    takeover: value(row, "takeover") === true,
+    previousOwner: optStr(row, "previous_owner"),
+    status: str(row, "status") as RunStatus,
+    mode: str(row, "mode"),
+    kind: str(row, "kind"),
+    attemptNo: num(row, "attempt_no"),
+    sourceRunId: optStr(row, "source_run_id"),
+    inputs: value(row, "inputs"),
+    steps: list(row, "steps").map((s) => ({
+      id: str(s, "id"),
+      stepKey: optStr(s, "step_key"),
+      stepType: str(s, "step_type"),
+      status: str(s, "status") as StepStatus,
+    })),
+    toolCalls: list(row, "tool_calls").map((c) => ({
+      id: str(c, "id"),
+      toolCallId: str(c, "tool_call_id"),
+      idempotencyKey: str(c, "idempotency_key"),
+      toolRef: str(c, "tool_ref"),
+      status: str(c, "status") as ToolCallStatus,
+      attempt: num(c, "attempt"),
+    })),
+    approvals: list(row, "approvals").map((a) => ({
+      id: str(a, "id"),
+      toolCallRecordId: optStr(a, "tool_call_record_id"),
+      stepId: optStr(a, "step_id"),
+    })),
+    lastEventId: optStr(row, "last_event_id"),
+  };
+}
+
+/** Parses the `tool_call` member of a tool-call answer. */
+export function parseToolCall(row: Row): ToolCall {
+  return {
+    id: str(row, "id"),
+    runId: str(row, "run_id"),
+    stepId: str(row, "step_id"),
+    toolCallId: str(row, "tool_call_id"),
+    toolRef: str(row, "tool_ref"),
+    idempotencyKey: str(row, "idempotency_key"),
+    requestHash: str(row, "request_hash"),
+    arguments: obj(row, "arguments"),
+    status: str(row, "status") as ToolCallStatus,
+    attempt: num(row, "attempt"),
+    leaseOwner: optStr(row, "lease_owner"),
+    leaseSeconds: num(row, "lease_seconds"),
+    leaseExpiresAt: optDate(row, "lease_expires_at"),
+    outboundStartedAt: optDate(row, "outbound_started_at"),
+    resultArtifactId: optStr(row, "result_artifact_id"),
+    metadata: obj(row, "metadata"),
+    errorCode: optStr(row, "error_code"),
+    errorMessage: optStr(row, "error_message"),
+    approvalId: optStr(row, "approval_id"),
+    completedAt: optDate(row, "completed_at"),
+    createdAt: date(row, "created_at"),
+    updatedAt: date(row, "updated_at"),
+  };
+}
+
+/** Parses an approval (a `resolve_approval` answer, or the `approval` of a tool-call answer). */
+export function parseApproval(row: Row): Approval {
+  return {
+    id: str(row, "id"),
+    runId: str(row, "run_id"),
+    stepId: optStr(row, "step_id"),
+    toolCallRecordId: optStr(row, "tool_call_record_id"),
+    status: str(row, "status") as ApprovalStatus,
+    title: optStr(row, "title"),
+    policyRef: optStr(row, "policy_ref"),
+    details: obj(row, "details"),
+    actor: optStr(row, "actor"),
+    note: optStr(row, "note"),
+    decidedAt: optDate(row, "decided_at"),
+    createdAt: date(row, "created_at"),
+  };
+}
+
+/** Parses a tool-call function's answer. */
+export function parseClaim(answer: unknown): ToolCallClaim {
+  const raw = typeof answer === "object" && answer !== null ? (answer as Json) : {};
+  const outcome = str(raw, "outcome") as ClaimOutcome;
+  const call = value(raw, "tool_call");
+  const approval = value(raw, "approval");
+  const response = value(raw, "response") as Row | null;
+  return {
+    outcome,
+    toolCall: outcome !== "purged" && call !== null ? parseToolCall(call as Row) : null,
+    approval: approval !== null ? parseApproval(approval as Row) : null,
+    response:
+      response !== null
+        ? {
+            result: value(response, "result"),
+            success: value(response, "success") === true,
+            error: optStr(response, "error"),
+            metadata: obj(response, "metadata"),
+          }
+        : null,
+    raw,
+  };
+}
+
+/** Parses an `events_since` row. */
+export function parseEvent(row: Row): RunEvent {
+  return {
+    eventId: str(row, "event_id"),
+    seq: num(row, "seq"),
+    eventType: str(row, "event_type"),
+    stepId: optStr(row, "step_id"),
+    payload: obj(row, "payload"),
+    createdAt: date(row, "created_at"),
+    endsRun: value(row, "ends_run") === true,
+  };
+}
+
+/** Parses a `ledger.outbox_event` row. */
+export function parseOutboxEvent(row: Row): OutboxEvent {
+  return {
+    tenantId: str(row, "tenant_id"),
+    workspaceId: str(row, "workspace_id"),
+    id: str(row, "id"),
+    eventType: str(row, "event_type"),
+    runId: optStr(row, "run_id"),
+    taskId: optStr(row, "task_id"),
+    subject: str(row, "subject"),
+    payload: obj(row, "payload"),
+    status: str(row, "status") as OutboxStatus,
+    attemptCount: num(row, "attempt_count"),
+    replayCount: num(row, "replay_count"),
+    availableAt: date(row, "available_at"),
+    leaseExpiresAt: optDate(row, "lease_expires_at"),
+    errorMessage: optStr(row, "error_message"),
+    occurredAt: date(row, "occurred_at"),
+    processedAt: optDate(row, "processed_at"),
+  };
+}
+
+/** Parses a `ledger.run_cost_entries` row. */
+export function parseCostEntry(row: Row): CostEntry {
+  return {
+    id: str(row, "id"),
+    runId: str(row, "run_id"),
+    stepId: optStr(row, "step_id"),
+    billingBasis: str(row, "billing_basis"),
+    billedQuantity: str(row, "billed_quantity"),
+    amount: optStr(row, "amount"),
+    currency: optStr(row, "currency"),
+    usage: obj(row, "usage"),
+  };
+}

@@ -1,0 +1,346 @@
+/**
+ * The worker loop over `claim_run`, and the run context an agent is written against.
+ *
+ * A worker holds no state of its own: it claims a run, drives it with your agent from what the
+ * ledger holds, and lets it go when it needs a person. An agent is written as if it ran from the
+ * start every time: its steps are found again by key (a finished one returns its recorded output)
+ * and its tool calls by `tool_call_id` (a finished one replays its result), so a worker that takes
+ * a run over after a crash redoes nothing.
+ *
+ * Per run: to `running` if needed; heartbeats of the run's lease while the agent runs; then
+ * - the agent returns: its reply is recorded as a `message` response event and the run succeeds,
+ *   in one transaction;
+ * - a call is in doubt or waits for approval: the run is parked (`paused` or `waiting_approval`)
+ *   and released; a person's decision makes it claimable again;
+ * - a call is busy (another executor's live attempt): the run is released, to be claimed later;
+ * - the run was taken over (40001 `LEASE_STALE`): it is dropped, the new owner has it;
+ * - anything else: the run fails with the error's message.
+ *
+ * A stop (the signal, SIGTERM, SIGINT) ends the claims; the run in hand may finish within
+ * `shutdownGraceSeconds`, after which it is released for another worker.
+ */
+import { hostname } from "node:os";
+import { setTimeout as sleep } from "node:timers/promises";
+
+import { BusyError, ConflictError, InDoubtError, WaitingApprovalError } from "./errors.js";
+import { Ledger, type ScopedLedger } from "./ledger.js";
+import { toolCall, toolCalls, type ToolCallResult, type ToolFn, type TurnCall } from "./toolcall.js";
+import type { ClaimedRun, Step } from "./types.js";
+
+type Json = { [key: string]: unknown };
+
+/** A model's token usage, as the OpenAI or Anthropic SDKs return it (or the ledger's own keys). */
+export type Usage = { [key: string]: unknown };
+
+/** What a model step returns to {@link RunContext.llmStep}. */
+export interface ModelReply {
+  /** The reply's text: stored as the step's output, returned again on a resume. */
+  text: string;
+  usage: Usage;
+  /** What the call cost, as a decimal string where you can. */
+  amount?: string | number;
+  currency?: string;
+  provider?: string;
+  modelRef?: string;
+}
+
+/** Options of one tool call made from a run context. */
+export interface RunToolCallOptions {
+  timeoutSeconds?: number;
+  /** The key to find the call by, instead of `tool:<run_id>:<tool_call_id>` (a re-run passes its source's: replayed). */
+  idempotencyKey?: string;
+  /** A call that needs a person's approval: asked for on the first run, claimed once approved. */
+  approval?: { title?: string; policyRef?: string; details?: Json };
+  retryFailed?: boolean;
+  heartbeatSeconds?: number;
+}
+
+/** What an agent gets: the claimed run and helpers fenced by its token. */
+export class RunContext {
+  constructor(
+    /** The run's scope. */
+    readonly ledger: ScopedLedger,
+    /** The claimed run: inputs, token, and what the ledger knows of its steps and calls. */
+    readonly run: ClaimedRun,
+    /** Aborts when the worker loses the run (taken over) or stops hard. */
+    readonly signal: AbortSignal,
+  ) {}
+
+  get runId(): string {
+    return this.run.runId;
+  }
+
+  get inputs(): Json {
+    const inputs = this.run.inputs;
+    return typeof inputs === "object" && inputs !== null ? (inputs as Json) : {};
+  }
+
+  /**
+   * One step found again by `key`: if it already succeeded its recorded output is returned and
+   * `fn` does not run; else the step runs `fn` and records its output (or its failure).
+   */
+  async step(key: string, stepType: string, fn: () => Promise<string>): Promise<string> {
+    const step = await this.openStep(key, stepType);
+    if (step.status === "succeeded") return step.outputSummary ?? "";
+    const output = await this.guard(step, fn);
+    await this.ledger.transitionStep(step.id, "succeeded", { outputSummary: output, runToken: this.run.runToken });
+    return output;
+  }
+
+  /**
+   * One model call as an `llm` step found again by `key`: done once, its reply read back after (a
+   * call that a crash interrupted before its success was recorded is made again). Its cost
+   * (tokens, and `amount` when given) is recorded with the step's success, in one transaction,
+   * keyed on the step so it is never billed twice.
+   */
+  async llmStep(key: string, callModel: () => Promise<ModelReply>): Promise<string> {
+    const step = await this.openStep(key, "llm");
+    if (step.status === "succeeded") return step.outputSummary ?? "";
+    const reply = await this.guard(step, callModel);
+    await this.ledger.transaction(async (tx) => {
+      await tx.recordCost(this.runId, "tokens", tokens(reply.usage), {
+        stepId: step.id,
+        usage: reply.usage,
+        sourceRef: step.id,
+        ...(reply.amount !== undefined ? { amount: reply.amount } : {}),
+        ...(reply.currency !== undefined ? { currency: reply.currency } : {}),
+        ...(reply.provider !== undefined ? { provider: reply.provider } : {}),
+        ...(reply.modelRef !== undefined ? { modelRef: reply.modelRef } : {}),
+      });
+      await tx.transitionStep(step.id, "succeeded", { outputSummary: reply.text, runToken: this.run.runToken });
+    });
+    return reply.text;
+  }
+
+  /** One tool call through the executor protocol ({@link toolCall}), keyed by `toolCallId`. */
+  async toolCall<A extends Json, R>(
+    toolCallId: string,
+    toolRef: string,
+    args: A,
+    execute: ToolFn<A, R>,
+    options: RunToolCallOptions = {},
+  ): Promise<R> {
+    return toolCall(this.ledger, {
+      runId: this.runId,
+      toolRef,
+      arguments: args,
+      execute,
+      toolCallId,
+      leaseOwner: this.run.leaseOwner,
+      runToken: this.run.runToken,
+      signal: this.signal,
+      ...options,
+    });
+  }
+
+  /** The calls of one model turn, claimed and begun together, run concurrently ({@link toolCalls}). */
+  async toolCalls(calls: TurnCall[], options: { heartbeatSeconds?: number } = {}): Promise<ToolCallResult[]> {
+    return toolCalls(this.ledger, this.runId, calls, {
+      leaseOwner: this.run.leaseOwner,
+      runToken: this.run.runToken,
+      signal: this.signal,
+      ...options,
+    });
+  }
+
+  private async openStep(key: string, stepType: string): Promise<Step> {
+    return this.ledger.createStep(this.runId, stepType, { stepKey: key, runToken: this.run.runToken });
+  }
+
+  /** Runs `fn` as the step's work: the step is `running` meanwhile and `failed` if `fn` throws. */
+  private async guard<T>(step: Step, fn: () => Promise<T>): Promise<T> {
+    if (step.status !== "running") await this.ledger.transitionStep(step.id, "running", { runToken: this.run.runToken });
+    try {
+      return await fn();
+    } catch (error) {
+      await this.ledger.transitionStep(step.id, "failed", {
+        errorMessage: error instanceof Error ? error.message : String(error),
+        runToken: this.run.runToken,
+      });
+      throw error;
+    }
+  }
+}
+
+/** Billed tokens of a usage object: its total, else input + output (either naming). */
+function tokens(usage: Usage): number {
+  const n = (key: string): number => (typeof usage[key] === "number" ? (usage[key] as number) : 0);
+  if (typeof usage["total_tokens"] === "number") return usage["total_tokens"];
+  return n("input_tokens") + n("prompt_tokens") + n("output_tokens") + n("completion_tokens");
+}
+
+/** An agent: your code, written as if it ran from the start every time. Returns the reply shown to the user. */
+export type Agent = (ctx: RunContext) => Promise<string>;
+
+/** Options of {@link work}. */
+export interface WorkerOptions {
+  /** Who holds the runs' leases; default `<hostname>:<pid>`. */
+  leaseOwner?: string;
+  /** The run lease (heartbeats renew it every third of it); default 60. */
+  leaseSeconds?: number;
+  /** Seconds between claims when nothing is claimable; default 1. */
+  idleSeconds?: number;
+  /** Only runs of these modes / kinds. */
+  modes?: string[];
+  kinds?: string[];
+  /** Stops the loop: no new claim; the run in hand may finish within `shutdownGraceSeconds`. */
+  signal?: AbortSignal;
+  /** Process signals that stop the loop the same way (a second one acts as usual); default SIGTERM and SIGINT. */
+  stopOn?: NodeJS.Signals[];
+  /**
+   * After a stop, how long the run in hand may take to finish; then it is released for another
+   * worker (its token is over) and the agent's signal aborts. Default 30.
+   */
+  shutdownGraceSeconds?: number;
+  /** Called with what happened to each run (for logs). */
+  onRun?: (run: ClaimedRun, outcome: RunOutcome) => void;
+  /**
+   * Called with an error that is not a run's (the server unreachable, a write that failed after
+   * the agent's end); the loop goes on after `idleSeconds`. Default: written to stderr.
+   */
+  onError?: (error: unknown) => void;
+}
+
+/** What the worker did with a claimed run. */
+export type RunOutcome =
+  | { status: "succeeded"; reply: string }
+  | { status: "paused" | "waiting_approval"; reason: string }
+  | { status: "released"; reason: string }
+  | { status: "lost"; reason: string }
+  | { status: "failed"; error: string };
+
+/**
+ * The worker loop: claims runs one at a time, of one scope (a {@link ScopedLedger}) or of every
+ * scope (a {@link Ledger}: `any_scope`, for a member of `ledger_operator`; each run is driven in its
+ * own scope), and drives each with `agent` until the signal (or a process signal) stops it.
+ * Resolves once the loop has stopped.
+ */
+export async function work(source: Ledger | ScopedLedger, agent: Agent, options: WorkerOptions = {}): Promise<void> {
+  const leaseOwner = options.leaseOwner ?? `${hostname()}:${process.pid}`;
+  const stop = new AbortController();
+  const stopOn = options.stopOn ?? ["SIGTERM", "SIGINT"];
+  const onSignal = (): void => {
+    for (const s of stopOn) process.removeListener(s, onSignal);
+    stop.abort();
+  };
+  const onAbort = (): void => stop.abort();
+  options.signal?.addEventListener("abort", onAbort, { once: true });
+  if (options.signal?.aborted) stop.abort();
+  for (const s of stopOn) process.on(s, onSignal);
+  try {
+    while (!stop.signal.aborted) {
+      let busy = false;
+      try {
+        const run = await source.claimRun(leaseOwner, {
+          ...(options.leaseSeconds !== undefined ? { leaseSeconds: options.leaseSeconds } : {}),
+          ...(options.modes !== undefined ? { modes: options.modes } : {}),
+          ...(options.kinds !== undefined ? { kinds: options.kinds } : {}),
+        });
+        if (run !== null) {
+          const ledger = source instanceof Ledger ? source.scoped(run.tenantId, run.workspaceId) : source;
+          busy = await drive(ledger, run, agent, options, stop.signal);
+        }
+      } catch (error) {
+        (options.onError ?? ((e: unknown) => console.error("ledger worker:", e)))(error);
+      }
+      if (!busy) await sleep((options.idleSeconds ?? 1) * 1000, undefined, { signal: stop.signal }).catch(() => undefined);
+    }
+  } finally {
+    options.signal?.removeEventListener("abort", onAbort);
+    for (const s of stopOn) process.removeListener(s, onSignal);
+  }
+}
+
+function isLeaseStale(error: unknown): boolean {
+  return error instanceof ConflictError && error.code === "LEASE_STALE";
+}
+
+/** Drives one claimed run; returns false when it was only released (nothing was done). */
+async function drive(ledger: ScopedLedger, run: ClaimedRun, agent: Agent, options: WorkerOptions, stopping: AbortSignal): Promise<boolean> {
+  const token = run.runToken;
+  const lost = new AbortController();
+  let beating = Promise.resolve();
+  const heartbeat = setInterval(
+    () => {
+      beating = beating.then(async () => {
+        try {
+          await ledger.heartbeatRun(run.runId, token);
+        } catch (error) {
+          // Taken over: stop the agent. A dropped connection is retried at the next beat.
+          if (error instanceof ConflictError) lost.abort(error);
+        }
+      });
+    },
+    ((options.leaseSeconds ?? 60) * 1000) / 3,
+  );
+  let grace: NodeJS.Timeout | undefined;
+  let arm = (): void => undefined;
+  const settle = async (): Promise<void> => {
+    clearInterval(heartbeat);
+    clearTimeout(grace);
+    stopping.removeEventListener("abort", arm);
+    await beating;
+  };
+  const report = (outcome: RunOutcome): boolean => {
+    options.onRun?.(run, outcome);
+    return outcome.status !== "released";
+  };
+  try {
+    if (run.status !== "running") await ledger.transitionRun(run.runId, "running", { runToken: token });
+    const finished = agent(new RunContext(ledger, run, lost.signal)).then(
+      (reply) => ({ reply }),
+      (error: unknown) => ({ error }),
+    );
+    const deadline = new Promise<"deadline">((resolve) => {
+      arm = () => {
+        grace = setTimeout(() => resolve("deadline"), (options.shutdownGraceSeconds ?? 30) * 1000);
+      };
+      if (stopping.aborted) arm();
+      else stopping.addEventListener("abort", arm, { once: true });
+    });
+    const ended = await Promise.race([finished, deadline]);
+    await settle();
+    if (ended === "deadline") {
+      // The agent goes on alone: its run writes now fail LEASE_STALE, its tools see the abort.
+      await ledger.releaseRun(run.runId, token);
+      lost.abort(new Error("the worker stopped"));
+      return report({ status: "released", reason: "the worker stopped before the agent finished" });
+    }
+    if ("reply" in ended) {
+      await ledger.transaction(async (tx) => {
+        // What the user is shown, and the end, at once.
+        await tx.recordResponseEvent(run.runId, "message", { text: ended.reply });
+        await tx.transitionRun(run.runId, "succeeded", { outputSummary: ended.reply, runToken: token });
+      });
+      return report({ status: "succeeded", reply: ended.reply });
+    }
+    return report(await conclude(ledger, run, ended.error));
+  } catch (error) {
+    await settle();
+    if (isLeaseStale(error)) return report({ status: "lost", reason: error instanceof Error ? error.message : String(error) });
+    throw error;
+  }
+}
+
+/** What a run becomes when its agent threw `error`. */
+async function conclude(ledger: ScopedLedger, run: ClaimedRun, error: unknown): Promise<RunOutcome> {
+  const reason = error instanceof Error ? error.message : String(error);
+  const token = run.runToken;
+  if (isLeaseStale(error)) return { status: "lost", reason };
+  if (error instanceof InDoubtError || error instanceof WaitingApprovalError) {
+    const parked = error instanceof InDoubtError ? "paused" : "waiting_approval";
+    await ledger.transitionRun(run.runId, parked, { runToken: token });
+    await ledger.releaseRun(run.runId, token);
+    return { status: parked, reason };
+  }
+  if (error instanceof BusyError) {
+    await ledger.releaseRun(run.runId, token);
+    return { status: "released", reason };
+  }
+  await ledger.transitionRun(run.runId, "failed", {
+    errorCode: error instanceof Error ? error.name : "Error",
+    errorMessage: reason,
+    runToken: token,
+  });
+  return { status: "failed", error: reason };
+}

@@ -1,0 +1,219 @@
+/** The scoped handle: typed results, typed errors, the transaction escape hatch, the conninfo reader. */
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import pg from "pg";
+
+import {
+  ConflictError,
+  IdempotencyMismatchError,
+  InvalidArgumentError,
+  Ledger,
+  LedgerError,
+  NotFoundError,
+  parseConninfo,
+  ReadOnlyError,
+  ScopeError,
+  toLedgerError,
+  WrongStateError,
+} from "../src/index.js";
+import { freshDb } from "./helpers.js";
+
+test("typed results: runs, steps, claimed runs, costs, events", async (t) => {
+  const db = await freshDb(t, "typed");
+  const acme = db.ledger.scoped("acme", "ts");
+  const run = await acme.createRun("agent", { inputs: { order: 7 }, runId: "run-typed", userId: "u-1" });
+  assert.equal(run.id, "run-typed");
+  assert.equal(run.status, "queued");
+  assert.deepEqual(run.inputs, { order: 7 });
+  assert.ok(run.createdAt instanceof Date);
+  assert.equal(run.runToken, 0);
+
+  const claimed = await acme.claimRun("w-1", { leaseSeconds: 30 });
+  assert.ok(claimed);
+  assert.equal(claimed.runId, "run-typed");
+  assert.equal(claimed.runToken, 1);
+  assert.equal(claimed.takeover, false);
+  assert.equal(claimed.tenantId, "acme");
+  assert.ok(claimed.leaseExpiresAt.getTime() > Date.now());
+  assert.deepEqual(claimed.inputs, { order: 7 });
+  assert.equal(await acme.claimRun("w-2"), null, "nothing else is claimable");
+
+  const running = await acme.transitionRun("run-typed", "running", { runToken: 1 });
+  assert.equal(running.status, "running");
+  assert.ok(running.startedAt instanceof Date);
+  const step = await acme.createStep("run-typed", "llm", { stepKey: "plan", runToken: 1 });
+  assert.equal(step.stepNo, 1);
+  assert.equal(step.status, "queued");
+  assert.equal((await acme.createStep("run-typed", "llm", { stepKey: "plan" })).id, step.id, "found again by key");
+  await acme.transitionStep(step.id, "running", { metrics: { model: "small" } });
+  const done = await acme.transitionStep(step.id, "succeeded", { outputSummary: "ok", metrics: { tokens: 3 } });
+  assert.equal(done.status, "succeeded");
+  assert.deepEqual(done.metrics, { model: "small", tokens: 3 });
+  const cost = await acme.recordCost("run-typed", "tokens", 120, {
+    amount: 0.1,
+    currency: "usd",
+    usage: { input_tokens: 100, output_tokens: 20 },
+  });
+  assert.equal(cost.amount, "0.1", "money is sent as numeric, read back as a decimal string");
+  assert.equal(cost.currency, "USD");
+  assert.deepEqual(cost.usage, { prompt_tokens: 100, completion_tokens: 20 });
+  assert.ok((await acme.heartbeatRun("run-typed", 1, 60)) instanceof Date);
+
+  const events = await acme.eventsSince("run-typed");
+  assert.deepEqual(
+    events.map((e) => [e.seq, e.eventType]),
+    [
+      [1, "run.created"],
+      [2, "run.claimed"],
+      [3, "run.status"],
+      [4, "step.created"],
+      [5, "step.status"],
+      [6, "step.status"],
+      [7, "cost.recorded"],
+    ],
+  );
+  assert.equal(events[2]?.payload["to"], "running");
+  assert.ok(events.every((e) => !e.endsRun));
+  const rest = await acme.eventsSince("run-typed", events[3]?.eventId ?? null, 1);
+  assert.deepEqual(
+    rest.map((e) => e.seq),
+    [5],
+    "the cursor is exclusive, max_events a page",
+  );
+
+  await acme.transitionRun("run-typed", "succeeded", { runToken: 1 });
+  const last = (await acme.eventsSince("run-typed")).at(-1);
+  assert.equal(last?.endsRun, true);
+  assert.equal((await acme.getRun("run-typed"))?.status, "succeeded");
+  assert.equal(await db.ledger.scoped("acme", "other").getRun("run-typed"), null, "another workspace sees nothing");
+});
+
+test("bad input: a typed error with its SQLSTATE and code, and nothing written", async (t) => {
+  const db = await freshDb(t, "errors");
+  const acme = db.ledger.scoped("acme", "ts");
+  const bad = await acme.createRun("agent", { runId: "has space" }).catch((e: unknown) => e);
+  assert.ok(bad instanceof InvalidArgumentError);
+  assert.ok(bad instanceof LedgerError);
+  assert.equal(bad.sqlstate, "22023");
+  assert.equal(bad.code, "ID_INVALID");
+  assert.equal(bad.detail["code"], "ID_INVALID");
+  assert.match(bad.message, /^ledger: /);
+  assert.ok(bad.cause instanceof pg.DatabaseError, "the driver's error is kept as the cause");
+  assert.deepEqual(await db.sql("SELECT count(*)::int AS n FROM ledger.runs"), [{ n: 0 }], "nothing written");
+
+  await acme.createRun("agent", { runId: "r" });
+  await assert.rejects(acme.transitionRun("missing", "running"), (e: unknown) => e instanceof NotFoundError && e.code === "RUN_NOT_FOUND");
+  await assert.rejects(
+    db.ledger.scoped("acme", "elsewhere").transitionRun("r", "running"),
+    (e: unknown) => e instanceof NotFoundError && e.sqlstate === "P0002",
+  );
+  await acme.transitionRun("r", "running");
+  await acme.transitionRun("r", "succeeded");
+  await assert.rejects(
+    acme.transitionRun("r", "failed"),
+    (e: unknown) => e instanceof WrongStateError && e.code === "TRANSITION_INVALID" && e.detail["from"] === "succeeded",
+  );
+  await acme.createRun("agent", { runId: "r2" });
+  await acme.claimToolCall("r2", "crm.lookup", { order: 1 }, { toolCallId: "c1" });
+  await assert.rejects(
+    acme.claimToolCall("r2", "crm.lookup", { order: 2 }, { toolCallId: "c1" }),
+    (e: unknown) => e instanceof IdempotencyMismatchError && e.sqlstate === "23505" && e.code === "IDEMPOTENCY_MISMATCH",
+  );
+  await assert.rejects(
+    acme.claimToolCalls("r2", [
+      { toolRef: "a", toolCallId: "x" },
+      { toolRef: "b", toolCallId: "x" },
+    ]),
+    (e: unknown) => e instanceof InvalidArgumentError && e.code === "CALLS_DUPLICATE" && e.detail["index"] === 1,
+  );
+  assert.deepEqual(
+    await db.sql("SELECT count(*)::int AS n FROM ledger.run_step_tool_calls"),
+    [{ n: 1 }],
+    "the refused batch wrote nothing",
+  );
+
+  // No scope at all: the scope error, from SQL of your own through the escape hatch's pool.
+  const client = await db.ledger.pool.connect();
+  try {
+    const err = await client.query("SELECT * FROM ledger.create_run('agent')").catch((e: unknown) => e);
+    assert.ok(err instanceof pg.DatabaseError);
+    const mapped = toLedgerError(err);
+    assert.ok(mapped instanceof ScopeError && mapped.code === "SCOPE_MISSING");
+  } finally {
+    client.release();
+  }
+  // A writer in a read-only transaction (as on a hot standby).
+  const readOnly = Ledger.connect(db.dsn, { options: "-c default_transaction_read_only=on" });
+  t.after(() => readOnly.close());
+  await assert.rejects(
+    readOnly.scoped("acme", "ts").createRun("agent"),
+    (e: unknown) => e instanceof ReadOnlyError && e.sqlstate === "25006" && e.code === "READ_ONLY",
+  );
+  // An error that is not the ledger's passes through as node-postgres raised it.
+  const syntax = await acme.query("SELECT FROM nowhere_at_all").catch((e: unknown) => e);
+  assert.ok(syntax instanceof pg.DatabaseError && !(syntax instanceof LedgerError));
+  assert.equal(syntax.code, "42P01");
+});
+
+test("a stale run_token is the conflict error, and writes nothing", async (t) => {
+  const db = await freshDb(t, "stale");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "r" });
+  const first = await acme.claimRun("w-1", { leaseSeconds: 30 });
+  assert.ok(first);
+  await acme.releaseRun("r", first.runToken);
+  const second = await acme.claimRun("w-2");
+  assert.equal(second?.runToken, first.runToken + 1);
+  const stale = await acme.createStep("r", "llm", { stepKey: "s", runToken: first.runToken }).catch((e: unknown) => e);
+  assert.ok(stale instanceof ConflictError);
+  assert.equal(stale.sqlstate, "40001");
+  assert.equal(stale.code, "LEASE_STALE");
+  assert.equal(stale.detail["run_token"], first.runToken);
+  assert.equal(stale.detail["current_run_token"], first.runToken + 1);
+  assert.deepEqual(await db.sql("SELECT count(*)::int AS n FROM ledger.run_steps"), [{ n: 0 }]);
+  await assert.rejects(acme.heartbeatRun("r", first.runToken), (e: unknown) => e instanceof ConflictError && e.code === "LEASE_STALE");
+});
+
+test("the escape hatch: any SQL in the scoped transaction, rolled back as a whole on error", async (t) => {
+  const db = await freshDb(t, "tx");
+  const acme = db.ledger.scoped("acme", "ts");
+  const scope = await acme.transaction(async (tx) => {
+    await tx.createRun("agent", { runId: "a" });
+    return tx.query("SELECT ledger.scope_tenant() AS t, ledger.scope_workspace() AS w, current_setting('ledger.tenant_id') AS g");
+  });
+  assert.deepEqual(scope, [{ t: "acme", w: "ts", g: "acme" }]);
+  const err = await acme
+    .transaction(async (tx) => {
+      await tx.createRun("agent", { runId: "b" });
+      await tx.transitionRun("a", "succeeded");
+    })
+    .catch((e: unknown) => e);
+  assert.ok(err instanceof WrongStateError && err.code === "TRANSITION_INVALID");
+  assert.equal(await acme.getRun("b"), null, "the first write was rolled back with the second");
+  // The scope was transaction-local: the pooled connection carries none afterwards.
+  const client = await db.ledger.pool.connect();
+  try {
+    const { rows } = await client.query("SELECT current_setting('ledger.tenant_id', true) AS t");
+    assert.ok(rows[0].t === null || rows[0].t === "", `no scope left on the connection: ${String(rows[0].t)}`);
+  } finally {
+    client.release();
+  }
+});
+
+test("connection strings: libpq conninfo and URLs", () => {
+  assert.deepEqual(parseConninfo("host=/tmp/x port=28915 user=postgres dbname=ledger_demo"), {
+    host: "/tmp/x",
+    port: 28915,
+    user: "postgres",
+    database: "ledger_demo",
+  });
+  assert.deepEqual(parseConninfo("host='/tmp/a b' password='it\\'s' connect_timeout=3"), {
+    host: "/tmp/a b",
+    password: "it's",
+    connectionTimeoutMillis: 3000,
+  });
+  assert.deepEqual(parseConninfo("postgresql://u@h:5/db"), { connectionString: "postgresql://u@h:5/db" });
+  assert.throws(() => parseConninfo("sslmode=require"), /sslmode/);
+  assert.throws(() => parseConninfo("host=x 'oops"), /cannot read/);
+});
