@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
-from psycopg.abc import Query
+from psycopg.abc import QueryNoTemplate as Query
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
