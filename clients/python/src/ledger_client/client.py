@@ -109,8 +109,10 @@ class LedgerCalls:
         )[0])
 
     def get_run(self, run_id: str) -> Run | None:
-        """The run as it is now, or None when the scope has no such run."""
-        rows = self._rows("SELECT * FROM ledger.runs WHERE id = %s", (run_id,))
+        """The run as it is now, or None when the scope has no such run (the scope is stated in the
+        query too: row-level security does not bind a superuser)."""
+        rows = self._rows("SELECT * FROM ledger.runs WHERE id = %s AND tenant_id = ledger.scope_tenant()"
+                          " AND workspace_id = ledger.scope_workspace()", (run_id,))
         return Run.from_row(rows[0]) if rows else None
 
     def transition_run(
