@@ -38,7 +38,8 @@ def test_typed_results_through_a_pool(pooled: Ledger) -> None:
     assert run.inputs == {"order": 1042} and isinstance(run.queued_at, datetime) and run.run_token == 0
     assert ledger.create_run("agent", {"order": 1042}, run_id="r-typed", user_id="customer-7") == run  # idempotent
 
-    claimed = ledger.claim_run("worker-1", lease_seconds=30)
+    assert ledger.claim_run("worker-1", modes=["chat"], kinds=["agent"]) is None  # filtered out
+    claimed = ledger.claim_run("worker-1", modes=["agent"], lease_seconds=30)
     assert isinstance(claimed, ClaimedRun)
     assert (claimed.run_id, claimed.run_token, claimed.takeover, claimed.status) == ("r-typed", 1, False, RunStatus.QUEUED)
     assert (claimed.tenant_id, claimed.workspace_id) == SCOPE and claimed.last_event_id is not None
@@ -94,7 +95,7 @@ def test_scoped_transaction_commits_together_or_not_at_all(scoped: ScopedLedger)
 
 
 def count(person: psycopg.Connection[DictRow], table: str) -> int:
-    value: int = one(person, f"SELECT count(*) FROM ledger.{table}")  # type: ignore[arg-type]
+    value: int = one(person, f"SELECT count(*) FROM ledger.{table}")
     return value
 
 

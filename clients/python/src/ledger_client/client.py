@@ -45,8 +45,8 @@ Row = dict[str, Any]
 
 
 def _json(value: Any) -> Any:
-    """Dicts and lists as jsonb parameters; anything else as it is."""
-    return Jsonb(value) if isinstance(value, (dict, list)) else value
+    """Dicts as jsonb parameters (lists stay arrays: ``text[]``); anything else as it is."""
+    return Jsonb(value) if isinstance(value, dict) else value
 
 
 def _call(function: str, args: Sequence[Any], named: Mapping[str, Any] | None = None) -> tuple[sql.Composed, list[Any]]:
@@ -376,13 +376,14 @@ class LedgerCalls:
 
     def ack_outbox_events(self, lease_owner: str, event_ids: Sequence[str]) -> int:
         """Marks the listed events this owner holds as done; returns how many."""
-        count: int = self._value("ack_outbox_events", lease_owner, list(event_ids))
+        rows = self._rows("SELECT ledger.ack_outbox_events(%s, %s::text[]) AS n", (lease_owner, list(event_ids)))
+        count: int = rows[0]["n"]
         return count
 
     def nack_outbox_events(self, lease_owner: str, event_ids: Sequence[str], error_message: str) -> list[OutboxEvent]:
         """Reports a failed delivery: each event is due again after the ledger's backoff."""
-        return [OutboxEvent.from_row(r) for r in self._fn(
-            "nack_outbox_events", lease_owner, list(event_ids), error_message)]
+        return [OutboxEvent.from_row(r) for r in self._rows(
+            "SELECT * FROM ledger.nack_outbox_events(%s, %s::text[], %s)", (lease_owner, list(event_ids), error_message))]
 
 
 class Transaction(LedgerCalls):
