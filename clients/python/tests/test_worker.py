@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -98,6 +99,29 @@ def test_an_approval_round_trip(
     assert {n: count(effects, n) for n in ("model-plan", "lookup", "refund", "model-answer")} == {
         "model-plan": 1, "lookup": 1, "refund": 1, "model-answer": 1}
     assert scoped.replay_ready("r-refund").ready
+
+
+def test_a_call_another_attempt_holds_keeps_the_run_until_that_attempt_ends(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path
+) -> None:
+    scoped.create_run("agent", {"order": 9}, run_id="r-busy")
+    # Someone else's attempt at the lookup is out (a previous owner, still at work).
+    held = scoped.claim_tool_call("r-busy", "crm.lookup_order", {"order": 9}, tool_call_id="lookup",
+                                  lease_owner="worker-0", timeout_seconds=600).tool_call
+    assert held is not None
+    scoped.begin_tool_call(held.id, held.attempt)
+    with running(Worker(ledger, support_agent, scope=SCOPE, lease_owner="worker-1", idle_s=0.05)):
+        wait_for("the worker's first try", lambda: count(effects, "model-plan") == 1)
+        time.sleep(0.5)  # time for several more tries
+        row = person.execute("SELECT status, lease_owner FROM ledger.runs WHERE id = 'r-busy'").fetchone()
+        assert row == {"status": "running", "lease_owner": "worker-1"}  # kept, not parked
+        scoped.complete_tool_call(held.id, held.attempt, "succeeded", {"order": 9, "paid": "3.00"})
+        wait_for("the run to finish", lambda: status(person, "r-busy") in ("succeeded", "failed"))
+    assert status(person, "r-busy") == "succeeded" and count(effects, "lookup") == 0
+    said = scoped.execute("SELECT payload FROM ledger.response_events WHERE run_id = 'r-busy'")
+    assert said == [{"payload": {"text": "Order 9 was paid 3.00."}}]
+    claims = one(person, "SELECT count(*) FROM ledger.run_events WHERE run_id = 'r-busy' AND event_type = 'run.claimed'")
+    assert claims == 1  # held all along: no churn through the claim queue
 
 
 def test_sigterm_lets_the_current_run_finish_and_claims_no_more(

@@ -8,8 +8,10 @@ again by ``step_key`` (finished ones return their recorded output) and its tool 
 - heartbeats the run's lease while the agent runs (the agent runs in its own thread);
 - on the agent's answer: records it as a ``message`` response event and moves the run to
   ``succeeded``, in one transaction;
-- on :class:`InDoubt` or :class:`Busy`: parks the run ``paused``; on :class:`WaitingApproval`:
-  ``waiting_approval``; then releases it (a person's decision makes it claimable again);
+- on :class:`InDoubt`: parks the run ``paused``; on :class:`WaitingApproval`: ``waiting_approval``;
+  then releases it (a person's decision makes it claimable again);
+- on :class:`Busy` (another attempt, such as a previous owner's, holds a call): keeps the run and
+  runs the agent again after ``idle_s`` (parked ``paused`` if the worker is stopping);
 - on any other exception: moves the run to ``failed`` with the error;
 - on ``LEASE_STALE`` (another worker took the run over): writes nothing more.
 
@@ -29,6 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
+
+import psycopg
 
 from ._signals import stop_on_signals
 from .client import Ledger, ScopedLedger
@@ -189,7 +193,12 @@ class Worker:
         waiting ``idle_s`` when nothing is claimable."""
         with stop_on_signals(self.stopping, handle_signals):
             while not self.stopping.is_set():
-                if not self.run_once():
+                try:
+                    claimed = self.run_once()
+                except psycopg.OperationalError as e:  # the server restarts, the network drops
+                    log.warning("worker %s: %s; claiming again in %s s", self.lease_owner, e, self.idle_s)
+                    claimed = False
+                if not claimed:
                     self.stopping.wait(self.idle_s)
 
     def run_once(self) -> bool:
@@ -212,21 +221,29 @@ class Worker:
         ledger = self.ledger.scoped(run.tenant_id, run.workspace_id)
         if run.status is not RunStatus.RUNNING:
             ledger.transition_run(run.run_id, RunStatus.RUNNING, run_token=run.run_token)
-        answer: list[str] = []
-        failure: list[BaseException] = []
-        done = threading.Event()
+        lease = _Lease(self, ledger, run)
+        while True:
+            answer: list[str] = []
+            failure: list[BaseException] = []
+            done = threading.Event()
 
-        def agent() -> None:
-            try:
-                answer.append(self.agent(RunContext(ledger, run)))
-            except BaseException as e:  # handed to the driving thread, which decides
-                failure.append(e)
-            finally:
-                done.set()
+            def agent() -> None:
+                try:
+                    answer.append(self.agent(RunContext(ledger, run)))
+                except BaseException as e:  # handed to the driving thread, which decides
+                    failure.append(e)
+                finally:
+                    done.set()
 
-        threading.Thread(target=agent, name=f"agent {run.run_id}", daemon=True).start()
-        if not self._supervise(ledger, run, done):
-            return
+            threading.Thread(target=agent, name=f"agent {run.run_id}", daemon=True).start()
+            if not lease.hold(done):
+                return
+            if not (failure and isinstance(failure[0], Busy)) or self.stopping.is_set():
+                break
+            # Another attempt holds a call (a previous owner still at work): keep the run and ask
+            # again shortly; parking it would hand it straight back to the claim queue.
+            if not lease.hold(threading.Event(), timeout=self.idle_s):
+                return
         if answer:
             with ledger.transaction() as tx:  # what the user is shown, and the end, at once
                 tx.record_response_event(run.run_id, "message", {"text": answer[0]})
@@ -248,23 +265,36 @@ class Worker:
             ledger.release_run(run.run_id, run.run_token)
             raise error
 
-    def _supervise(self, ledger: ScopedLedger, run: ClaimedRun, done: threading.Event) -> bool:
-        """Heartbeats the run's lease until the agent is done (True); releases the run when a stop
-        request's grace period runs out first (False)."""
-        next_beat = time.monotonic() + self.heartbeat_s
-        deadline: float | None = None
+
+class _Lease:
+    """The claimed run's lease while the worker drives it: heartbeats, and the grace deadline
+    once a stop was requested."""
+
+    def __init__(self, worker: Worker, ledger: ScopedLedger, run: ClaimedRun) -> None:
+        self._worker = worker
+        self._ledger = ledger
+        self._run = run
+        self._next_beat = time.monotonic() + worker.heartbeat_s
+        self._deadline: float | None = None
+
+    def hold(self, done: threading.Event, timeout: float | None = None) -> bool:
+        """Heartbeats until ``done`` is set or ``timeout`` passed (True), or releases the run when
+        the grace period of a stop request runs out first (False)."""
+        until = None if timeout is None else time.monotonic() + timeout
         while not done.wait(0.1):
             now = time.monotonic()
-            if deadline is None and self.stopping.is_set():
-                deadline = now + self.shutdown_grace_s
-            if deadline is not None and now >= deadline:
-                ledger.release_run(run.run_id, run.run_token)
-                log.warning("run %s released at shutdown, its agent unfinished", run.run_id)
+            if until is not None and now >= until:
+                return True
+            if self._deadline is None and self._worker.stopping.is_set():
+                self._deadline = now + self._worker.shutdown_grace_s
+            if self._deadline is not None and now >= self._deadline:
+                self._ledger.release_run(self._run.run_id, self._run.run_token)
+                log.warning("run %s released at shutdown, its agent unfinished", self._run.run_id)
                 return False
-            if now >= next_beat:
+            if now >= self._next_beat:
                 try:
-                    ledger.heartbeat_run(run.run_id, run.run_token)
-                except LedgerError as e:
-                    log.warning("run %s: heartbeat refused (%s); its writes will say more", run.run_id, e)
-                next_beat = now + self.heartbeat_s
+                    self._ledger.heartbeat_run(self._run.run_id, self._run.run_token)
+                except (LedgerError, psycopg.OperationalError) as e:
+                    log.warning("run %s: heartbeat failed (%s); its next write will say more", self._run.run_id, e)
+                self._next_beat = now + self._worker.heartbeat_s
         return True
