@@ -55,16 +55,27 @@ class OutboxConsumer:
         self.stopping.set()
 
     def run(self, *, handle_signals: bool = False) -> None:
-        """Consumes until :meth:`stop` (or SIGTERM/SIGINT with ``handle_signals``). LISTENs before
-        the first claim, so no notification between a claim and the wait is lost."""
-        with stop_on_signals(self.stopping, handle_signals), self.ledger.connection(autocommit=True) as listener:
+        """Consumes until :meth:`stop` (or SIGTERM/SIGINT with ``handle_signals``); a dropped
+        connection (a server restart) is opened again a second later."""
+        with stop_on_signals(self.stopping, handle_signals):
+            while not self.stopping.is_set():
+                try:
+                    self._consume()
+                except psycopg.OperationalError as e:
+                    log.warning("outbox consumer %s: %s; connecting again in 1 s", self.lease_owner, e)
+                    self.stopping.wait(1.0)
+
+    def _consume(self) -> None:
+        """LISTENs before the first claim, so that no notification between a claim and the wait
+        is lost, then claims and waits in turn."""
+        with self.ledger.connection(autocommit=True) as listener:
             listener.execute(f"LISTEN {CHANNEL}")
             try:
                 while not self.stopping.is_set():
                     if self.run_once() < self.max_events:
                         self._wait(listener)
             finally:
-                if not listener.closed:
+                if not listener.closed and not listener.broken:
                     listener.execute(f"UNLISTEN {CHANNEL}")
 
     def run_once(self) -> int:
