@@ -10,7 +10,7 @@ import time
 from decimal import Decimal
 from typing import Any
 
-from ledger_client import Ledger, ModelReply, RunContext, Worker
+from ledger_client import Ledger, ModelReply, RunContext, ToolRequest, Worker
 
 SCOPE = ("acme", "examples-py")
 
@@ -24,7 +24,11 @@ def call_model(prompt: str) -> ModelReply:
 
 def lookup_order(arguments: dict[str, Any]) -> Any:
     """A read-only tool (your CRM client; raise TimeoutError when a sent request gets no answer)."""
-    return {"order": arguments["order"], "status": "delivered", "paid": "12.50"}
+    return {"order": arguments["order"], "paid": "12.50"}
+
+
+def track_parcel(arguments: dict[str, Any]) -> Any:
+    return {"order": arguments["order"], "status": "delivered"}
 
 
 def refund(arguments: dict[str, Any]) -> Any:
@@ -37,12 +41,16 @@ def support_agent(ctx: RunContext) -> str:
     return what they recorded instead of running again."""
     order = ctx.inputs["order"]
     ctx.llm_step("plan", lambda: call_model(f"plan: {ctx.inputs['question']}"))
-    found = ctx.tool_call("lookup", "crm.lookup_order", {"order": order}, lookup_order, timeout_seconds=10)
+    # The model asked for two tools at once: claimed and begun in one statement, run in parallel.
+    found, parcel = (result.get() for result in ctx.tool_calls([
+        ToolRequest("lookup", "crm.lookup_order", {"order": order}, lookup_order, timeout_seconds=10),
+        ToolRequest("track", "shipping.track", {"order": order}, track_parcel, timeout_seconds=10),
+    ]))
     if ctx.inputs.get("refund"):
         ctx.tool_call("refund", "payments.refund", {"order": order, "amount": found["paid"]}, refund,
                       approval={"title": f"Refund order {order}", "policy_ref": "refunds/v1"})
         return ctx.llm_step("answer", lambda: call_model("answer: refunded"))
-    return f"Order {order} is {found['status']}."
+    return f"Order {order} is {parcel['status']}."
 
 
 def main() -> None:

@@ -51,7 +51,7 @@ def test_the_example_runs_and_leaves_its_runs_in_the_ledger(dsn: str) -> None:
                              " ORDER BY tool_ref").fetchall()
         assert [(c["tool_ref"], c["status"], c["attempt"]) for c in calls] == [
             ("crm.lookup_order", "succeeded", 1), ("crm.lookup_order", "succeeded", 1),
-            ("payments.refund", "succeeded", 1)]
+            ("payments.refund", "succeeded", 1), ("shipping.track", "succeeded", 1), ("shipping.track", "succeeded", 1)]
         approval = conn.execute("SELECT status, actor FROM ledger.approval_requests").fetchall()
         assert approval == [{"status": "approved", "actor": "lead@acme"}]
         costs = conn.execute("SELECT count(*) AS n, sum(amount) AS usd FROM ledger.run_cost_entries").fetchone()

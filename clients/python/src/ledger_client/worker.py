@@ -50,11 +50,11 @@ def default_lease_owner() -> str:
 
 @dataclass(frozen=True)
 class ModelReply:
-    """What a model call returns to :meth:`RunContext.llm_step`: the reply and its usage (the
-    ledger stores OpenAI's and Anthropic's usage names as they come), optionally its price."""
+    """What a model call returns to :meth:`RunContext.llm_step`: the reply, its usage as the
+    model's SDK reports it (the ledger maps OpenAI's and Anthropic's names), optionally its price."""
 
     text: str
-    usage: Mapping[str, int] = field(default_factory=dict)
+    usage: Mapping[str, Any] = field(default_factory=dict)
     model_ref: str | None = None
     provider: str | None = None
     amount: Decimal | None = None
@@ -63,9 +63,10 @@ class ModelReply:
     @property
     def tokens(self) -> int:
         """The billed quantity: ``total_tokens``, else the sum of input and output tokens."""
-        if "total_tokens" in self.usage:
-            return self.usage["total_tokens"]
-        return sum(self.usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens"))
+        if self.usage.get("total_tokens") is not None:
+            return int(self.usage["total_tokens"])
+        names = ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens")
+        return sum(int(self.usage.get(name) or 0) for name in names)
 
 
 class RunContext:
@@ -110,7 +111,8 @@ class RunContext:
 
     def llm_step(self, step_key: str, call_model: Callable[[], ModelReply]) -> str:
         """A model call as an ``llm`` step found again by ``step_key``: its cost and its success
-        are recorded together (the cost idempotent on the step), its reply read back on a resume."""
+        are recorded together (the cost idempotent on the step). On a resume the reply is read
+        back from the step's ``output_summary`` (as stored: redacted, at most 8192 characters)."""
         step = self.ledger.create_step(self.run_id, "llm", step_key=step_key, run_token=self.run_token)
         if step.status is StepStatus.SUCCEEDED:
             return step.output_summary or ""
