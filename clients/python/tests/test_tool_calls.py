@@ -16,6 +16,7 @@ from ledger_client import (
     Busy,
     ClaimOutcome,
     InDoubt,
+    InvalidArgumentError,
     Ledger,
     Purged,
     Rejected,
@@ -235,3 +236,16 @@ def test_one_turn_in_parallel_with_overlapping_workers_executes_each_call_once(
     assert [r.get() for r in again] == [{"city": c, "temp": 4} for c in ("Lyon", "Oslo", "Lima", "Pune")]
     assert tool.total == 4
     assert one(person, "SELECT count(*) FROM ledger.run_step_tool_calls WHERE status = 'succeeded'") == 4
+
+
+def test_a_refused_turn_executes_and_writes_nothing(scoped: ScopedLedger, person: psycopg.Connection[DictRow]) -> None:
+    run = running_run(scoped, "r-refused")
+    tool = Tool("never")
+    events = one(person, "SELECT count(*) FROM ledger.run_events")
+    twice = [ToolRequest("call-1", "weather.now", {"key": "Lyon"}, tool), ToolRequest("call-1", "weather.now", {}, tool)]
+    with pytest.raises(InvalidArgumentError) as refused:
+        tool_calls(scoped, run, twice)
+    assert (refused.value.sqlstate, refused.value.code) == ("22023", "CALLS_DUPLICATE")
+    assert (refused.value.detail["index"], refused.value.detail["same_as"]) == (1, 0)
+    assert tool.total == 0 and one(person, "SELECT count(*) FROM ledger.run_events") == events
+    assert one(person, "SELECT count(*) FROM ledger.run_step_tool_calls") == 0

@@ -257,10 +257,10 @@ def tool_calls(
     (``claim_tool_calls(..., begin => true)``), then each claimed call executed in its own thread
     and completed as :func:`tool_call` does. Returns one result per request, in order; it never
     raises for one call's outcome (a refused batch raises the ledger's error, nothing written)."""
-    claims = ledger.claim_tool_calls(run_id, [r.spec() for r in requests], lease_owner=lease_owner,
-                                     begin=True, run_token=run_token)
     if not requests:
         return []
+    claims = ledger.claim_tool_calls(run_id, [r.spec() for r in requests], lease_owner=lease_owner,
+                                     begin=True, run_token=run_token)
     with ThreadPoolExecutor(max_workers=max_workers or len(requests), thread_name_prefix="tool-call") as pool:
         futures = [
             pool.submit(_settle, ledger, claim, r.tool_ref, dict(r.arguments), r.execute, begun=True,
