@@ -38,8 +38,9 @@ def test_the_worker_and_the_consumer_survive_a_server_restart(dsn: str, ledger: 
     def handler(event: OutboxEvent) -> None:
         delivered.append((event.event_type, event.run_id))
 
-    worker = Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1", idle_s=0.1)
-    consumer = OutboxConsumer(ledger, handler, lease_owner="sync", scope=SCOPE, wait_s=2.0)
+    stopping = threading.Event()  # one stop for both
+    worker = Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1", idle_s=0.1, stopping=stopping)
+    consumer = OutboxConsumer(ledger, handler, lease_owner="sync", scope=SCOPE, wait_s=2.0, stopping=stopping)
     threads = [threading.Thread(target=worker.run), threading.Thread(target=consumer.run)]
     for t in threads:
         t.start()
@@ -49,8 +50,7 @@ def test_the_worker_and_the_consumer_survive_a_server_restart(dsn: str, ledger: 
         ledger.scoped(*SCOPE).create_run("agent", run_id="r-after")
         wait_for("the run's end to be delivered", lambda: ("run.status.updated", "r-after") in delivered, 60)
     finally:
-        worker.stop()
-        consumer.stop()
+        stopping.set()
         for t in threads:
             t.join(30)
     assert not any(t.is_alive() for t in threads)

@@ -177,6 +177,8 @@ def test_heartbeats_keep_a_slow_tools_lease_alive_past_its_timeout(
 
     def slow(arguments: dict[str, Any]) -> Any:
         started = time.monotonic()
+        # begin_tool_call was committed before the tool runs: another session sees it.
+        assert one(person, "SELECT status FROM ledger.run_step_tool_calls WHERE tool_call_id = 'slow'") == "running"
         # The lease runs out (as it would after `timeout_seconds` plus a tenth) ...
         person.execute("UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() - interval '1 second'"
                        " WHERE tool_call_id = 'slow'")

@@ -128,7 +128,7 @@ def test_sigterm_lets_the_current_run_finish_and_claims_no_more(
     dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path
 ) -> None:
     scoped.create_run("agent", {"order": 1}, run_id="r-current")
-    worker = spawn(dsn, "worker-1", effects, lookup_seconds=1.0)
+    worker = spawn(dsn, "worker-1", effects, lookup_seconds=2.0)
     try:
         wait_for("the lookup's request", lambda: count(effects, "lookup") == 1)
         scoped.create_run("agent", {"order": 2}, run_id="r-next")

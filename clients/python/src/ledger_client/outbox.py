@@ -40,6 +40,7 @@ class OutboxConsumer:
         max_events: int = 50,
         lease_seconds: int = 60,
         wait_s: float = 5.0,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.ledger = ledger
         self.handler = handler
@@ -48,7 +49,7 @@ class OutboxConsumer:
         self.max_events = max_events
         self.lease_seconds = lease_seconds
         self.wait_s = wait_s
-        self.stopping = threading.Event()
+        self.stopping = stopping or threading.Event()  # shared with a Worker: one stop for both
 
     def stop(self) -> None:
         """Stops after the current batch is acked and nacked."""

@@ -173,6 +173,7 @@ class Worker:
         heartbeat_s: float | None = None,
         idle_s: float = 1.0,
         shutdown_grace_s: float = 30.0,
+        stopping: threading.Event | None = None,
     ) -> None:
         self.ledger = ledger
         self.agent = agent
@@ -184,7 +185,7 @@ class Worker:
         self.heartbeat_s = heartbeat_s or lease_seconds / 3
         self.idle_s = idle_s
         self.shutdown_grace_s = shutdown_grace_s
-        self.stopping = threading.Event()
+        self.stopping = stopping or threading.Event()  # shared with an OutboxConsumer: one stop for both
 
     def stop(self) -> None:
         """Stops claiming; the current run finishes (or is released at the grace deadline)."""
