@@ -37,8 +37,9 @@ def test_ack_nack_and_the_backoff(ledger: Ledger, scoped: ScopedLedger, person: 
 
 
 def test_listen_wakes_the_consumer_of_every_scope_and_it_stops_gracefully(
-    ledger: Ledger, person: psycopg.Connection[DictRow]
+    pooled: Ledger, person: psycopg.Connection[DictRow]
 ) -> None:
+    ledger = pooled  # the LISTEN connection is one of the pool's, given back without its LISTEN
     seen: list[tuple[str, str, str | None]] = []
     both = threading.Event()
 
@@ -65,3 +66,6 @@ def test_listen_wakes_the_consumer_of_every_scope_and_it_stops_gracefully(
     assert sorted(seen) == [("acme", "support", "r-support"), ("globex", "billing", "r-billing")]
     done = person.execute("SELECT tenant_id, status FROM ledger.outbox ORDER BY tenant_id").fetchall()
     assert done == [{"tenant_id": "acme", "status": "done"}, {"tenant_id": "globex", "status": "done"}]
+    with pooled.connection() as conn:
+        row = conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()
+        assert row == (0,) and not conn.autocommit

@@ -85,10 +85,10 @@ def test_a_killed_worker_is_taken_over_parked_in_doubt_and_finished_after_a_pers
 
 
 def test_an_approval_round_trip(
-    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path
+    pooled: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path
 ) -> None:
     scoped.create_run("agent", {"order": 8, "refund": True}, run_id="r-refund")
-    with running(Worker(ledger, support_agent, scope=SCOPE, lease_owner="worker-1", idle_s=0.05)):
+    with running(Worker(pooled, support_agent, scope=SCOPE, lease_owner="worker-1", idle_s=0.05)):
         wait_for("the run parked for approval", lambda: status(person, "r-refund") == "waiting_approval")
         pending = person.execute("SELECT id, title FROM ledger.pending_approvals").fetchall()
         assert [p["title"] for p in pending] == ["Refund order 8"] and count(effects, "refund") == 0
