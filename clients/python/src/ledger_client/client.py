@@ -10,6 +10,7 @@ other SQL in the same scoped transaction.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -60,11 +61,12 @@ def _call(function: str, args: Sequence[Any], named: Mapping[str, Any] | None = 
     return query, [_json(a) for a in args] + [_json(v) for v in given.values()]
 
 
-class LedgerCalls:
+class LedgerCalls(ABC):
     """The ledger's functions, typed. Subclasses say where each statement runs."""
 
+    @abstractmethod
     def _rows(self, query: Query, params: Sequence[Any] = ()) -> list[Row]:
-        raise NotImplementedError
+        """Runs one statement; its rows as dicts."""
 
     def _fn(self, function: str, *args: Any, **named: Any) -> list[Row]:
         query, params = _call(function, args, named)
