@@ -255,8 +255,9 @@ class Worker:
         error = failure[0]
         if isinstance(error, (InDoubt, Busy, WaitingApproval)):
             parked = RunStatus.WAITING_APPROVAL if isinstance(error, WaitingApproval) else RunStatus.PAUSED
-            ledger.transition_run(run.run_id, parked, run_token=run.run_token)
-            ledger.release_run(run.run_id, run.run_token)
+            with ledger.transaction() as tx:  # parked and let go at once
+                tx.transition_run(run.run_id, parked, run_token=run.run_token)
+                tx.release_run(run.run_id, run.run_token)
             log.info("run %s parked %s: %s", run.run_id, parked, error)
         elif isinstance(error, ConflictError) and error.code == "LEASE_STALE":
             raise error
