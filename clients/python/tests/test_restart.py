@@ -9,7 +9,7 @@ import psycopg
 from conftest import SCOPE, wait_for
 from psycopg.rows import dict_row
 
-from ledger_client import Ledger, OutboxConsumer, OutboxEvent, RunContext, Worker
+from ledger_client import Ledger, OutboxConsumer, OutboxEvent, RunContext, Worker, tool_call
 
 
 def restart_server() -> None:
@@ -59,3 +59,18 @@ def test_the_worker_and_the_consumer_survive_a_server_restart(dsn: str, ledger: 
         conn.execute("SELECT ledger.set_scope(%s, %s)", SCOPE)
         row = conn.execute("SELECT status, output_summary FROM ledger.runs WHERE id = 'r-after'").fetchone()
     assert row == {"status": "succeeded", "output_summary": "after the restart"}
+
+
+def test_a_completion_survives_a_restart_while_the_tool_runs(pooled: Ledger) -> None:
+    ledger = pooled.scoped(*SCOPE)  # the pool's connections all break with the restart
+    ledger.create_run("agent", run_id="r-restart")
+    ledger.transition_run("r-restart", "running")
+
+    def send(arguments: dict[str, object]) -> object:
+        restart_server()  # the request went out; the connection the helper held is gone
+        return {"message_id": "<7@mail>"}
+
+    assert tool_call(ledger, "r-restart", "email", "email.send", {"to": "x@example.com"}, send) == {
+        "message_id": "<7@mail>"}
+    calls = ledger.execute("SELECT status, attempt FROM ledger.run_step_tool_calls")
+    assert calls == [{"status": "succeeded", "attempt": 1}]

@@ -15,9 +15,9 @@ import psycopg
 import pytest
 from conftest import SCOPE, one, wait_for
 from psycopg.rows import DictRow
-from support_agent import count, support_agent
+from support_agent import count, lookup_order, support_agent
 
-from ledger_client import InDoubt, Ledger, RunContext, ScopedLedger, Worker
+from ledger_client import InDoubt, Ledger, RunContext, ScopedLedger, ScopeError, Worker
 
 HERE = Path(__file__).parent
 
@@ -185,3 +185,50 @@ def test_an_agent_exception_fails_the_run_and_a_stopped_call_parks_it(
     assert failed is not None and failed.status == "failed"
     assert (failed.error_code, failed.error_message) == ("ValueError", "the model answered nonsense")
     assert status(person, "r-doubt") == "paused"
+
+
+def test_a_worker_of_every_scope_and_a_login_role_that_is_no_operator(
+    dsn: str, ledger: Ledger, person: psycopg.Connection[DictRow]
+) -> None:
+    ledger.scoped("acme", "support").create_run("agent", run_id="r-acme")
+    ledger.scoped("globex", "billing").create_run("agent", run_id="r-globex")
+
+    def agent(ctx: RunContext) -> str:
+        return f"served in {ctx.ledger.tenant_id}/{ctx.ledger.workspace_id}"
+
+    worker = Worker(ledger, agent, lease_owner="pool-1")  # no scope: claim_run(any_scope => true)
+    assert worker.run_once() and worker.run_once() and not worker.run_once()
+    ended = person.execute("SELECT id, status, output_summary FROM ledger.runs ORDER BY id").fetchall()
+    assert ended == [{"id": "r-acme", "status": "succeeded", "output_summary": "served in acme/support"},
+                     {"id": "r-globex", "status": "succeeded", "output_summary": "served in globex/billing"}]
+    person.execute("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ledger_py_app') THEN"
+                   " CREATE ROLE ledger_py_app LOGIN IN ROLE ledger_writer; END IF; END $$")
+    app = Ledger(dsn.replace("user=postgres", "user=ledger_py_app"))
+    with pytest.raises(ScopeError) as refused:
+        Worker(app, agent).run_once()
+    assert (refused.value.sqlstate, refused.value.code) == ("42501", "OPERATOR_REQUIRED")
+
+
+def test_a_retry_reuses_the_failed_runs_finished_calls(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path
+) -> None:
+    scoped.create_run("agent", {"order": 3}, run_id="r-first")
+
+    def agent(ctx: RunContext) -> str:
+        source = ctx.run.source_run_id  # a re-run names its source's calls by their keys
+        found = ctx.tool_call("lookup", "crm.lookup_order", {"order": ctx.inputs["order"]}, lookup_order,
+                              idempotency_key=f"tool:{source}:lookup" if source else None)
+        if source is None:
+            raise RuntimeError("the model timed out")
+        return f"paid {found['paid']}"
+
+    worker = Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1")
+    assert worker.run_once() and status(person, "r-first") == "failed"
+    retry = scoped.retry_run("r-first")
+    assert (retry.source_run_id, retry.attempt_no, retry.status) == ("r-first", 2, "queued")
+    assert worker.run_once()
+    done = scoped.get_run(retry.id)
+    assert done is not None and (done.status, done.output_summary) == ("succeeded", "paid 12.50")
+    assert count(effects, "lookup") == 1  # executed by the first run only
+    reused = scoped.replay_bundle(retry.id)["reused_tool_calls"]
+    assert [r["source_run_id"] for r in reused] == ["r-first"]

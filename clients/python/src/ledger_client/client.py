@@ -135,6 +135,15 @@ class LedgerCalls(ABC):
             error_step_id=error_step_id, run_token=run_token,
         )[0])
 
+    def retry_run(self, run_id: str, inputs: Mapping[str, Any] | None = None) -> Run:
+        """A new attempt of a failed (or canceled, expired) run, queued; pass its source's
+        idempotency keys to reuse finished tool calls' results."""
+        return Run.from_row(self._fn("retry_run", run_id, inputs=dict(inputs) if inputs is not None else None)[0])
+
+    def replay_run(self, run_id: str, inputs: Mapping[str, Any] | None = None) -> Run:
+        """A new run replaying a finished one (any terminal status)."""
+        return Run.from_row(self._fn("replay_run", run_id, inputs=dict(inputs) if inputs is not None else None)[0])
+
     def claim_run(
         self,
         lease_owner: str,

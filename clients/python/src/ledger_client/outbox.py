@@ -18,6 +18,7 @@ import psycopg
 
 from ._signals import stop_on_signals
 from .client import Ledger
+from .errors import WrongStateError
 from .types import OutboxEvent
 
 log = logging.getLogger("ledger_client.outbox")
@@ -80,25 +81,32 @@ class OutboxConsumer:
                     listener.execute(f"UNLISTEN {CHANNEL}")
 
     def run_once(self) -> int:
-        """One batch: claims, delivers, acks and nacks; returns how many events were claimed."""
+        """One batch: claims, delivers, acks the delivered events, then nacks the failed ones
+        (a refused nack cannot cost the acks); returns how many events were claimed."""
         if self.scope is None:
             events = self.ledger.claim_outbox_events(self.lease_owner, self.max_events, self.lease_seconds)
         else:
             events = self.ledger.scoped(*self.scope).claim_outbox_events(
                 self.lease_owner, self.max_events, self.lease_seconds)
         delivered: list[OutboxEvent] = []
+        failed: list[tuple[OutboxEvent, Exception]] = []
         for event in events:
             try:
                 self.handler(event)
             except Exception as e:
                 log.warning("outbox event %s (%s) failed: %r", event.id, event.event_type, e)
-                self.ledger.scoped(event.tenant_id, event.workspace_id).nack_outbox_events(
-                    self.lease_owner, [event.id], str(e) or repr(e))
+                failed.append((event, e))
             else:
                 delivered.append(event)
         scope_of: Callable[[OutboxEvent], tuple[str, str]] = lambda e: (e.tenant_id, e.workspace_id)  # noqa: E731
         for (tenant, workspace), batch in groupby(sorted(delivered, key=scope_of), key=scope_of):
             self.ledger.scoped(tenant, workspace).ack_outbox_events(self.lease_owner, [e.id for e in batch])
+        for event, error in failed:
+            try:
+                self.ledger.scoped(event.tenant_id, event.workspace_id).nack_outbox_events(
+                    self.lease_owner, [event.id], str(error) or repr(error))
+            except WrongStateError as e:  # OUTBOX_NOT_LEASED: the lease ran out and another consumer has it
+                log.warning("outbox event %s: not nacked (%s)", event.id, e)
         return len(events)
 
     def _wait(self, listener: psycopg.Connection[Any]) -> None:

@@ -11,6 +11,7 @@ subclass, and nothing is executed.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -130,6 +131,18 @@ class _Heartbeat:
                 continue  # the server is unreachable now: try again at the next beat
 
 
+def _complete(ledger: ScopedLedger, record: ToolCall, outcome: str, result: Any = None,
+              error_message: str | None = None) -> ToolCall:
+    """Records how the attempt ended, again across a dropped connection (the tool has run: its
+    outcome must not be lost to a reconnect); repeating a completion changes nothing."""
+    for pause in (0.2, 0.4, 0.8, 1.6, 3.2):
+        try:
+            return ledger.complete_tool_call(record.id, record.attempt, outcome, result, error_message=error_message)
+        except psycopg.OperationalError:
+            time.sleep(pause)
+    return ledger.complete_tool_call(record.id, record.attempt, outcome, result, error_message=error_message)
+
+
 def _settle(
     ledger: ScopedLedger,
     claim: ToolCallClaim,
@@ -158,12 +171,12 @@ def _settle(
         with _Heartbeat(ledger, record, heartbeat_s or record.lease_seconds / 3):
             result = execute(arguments)
     except in_doubt_on as e:
-        done = ledger.complete_tool_call(record.id, record.attempt, "unknown", error_message=str(e) or repr(e))
+        done = _complete(ledger, record, "unknown", error_message=str(e) or repr(e))
         raise InDoubt(f"tool call {tool_ref}: no answer after sending ({e!r})", tool_call=done) from e
     except Exception as e:
-        ledger.complete_tool_call(record.id, record.attempt, "failed", error_message=str(e) or repr(e))
+        _complete(ledger, record, "failed", error_message=str(e) or repr(e))
         raise
-    ledger.complete_tool_call(record.id, record.attempt, "succeeded", result)
+    _complete(ledger, record, "succeeded", result)
     return result
 
 

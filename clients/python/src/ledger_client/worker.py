@@ -135,14 +135,17 @@ class RunContext:
         execute: Execute,
         *,
         approval: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
         timeout_seconds: int = 30,
         retry_failed: bool = False,
         heartbeat_s: float | None = None,
         in_doubt_on: tuple[type[BaseException], ...] = (TimeoutError,),
     ) -> Any:
-        """:func:`~ledger_client.tool_call` for this run."""
+        """:func:`~ledger_client.tool_call` for this run (a re-run passes its source run's
+        ``idempotency_key``, ``tool:<source_run_id>:<tool_call_id>``, to reuse its results)."""
         return tool_call(self.ledger, self.run_id, tool_call_id, tool_ref, arguments, execute,
-                         lease_owner=self.lease_owner, timeout_seconds=timeout_seconds, approval=approval,
+                         idempotency_key=idempotency_key, lease_owner=self.lease_owner,
+                         timeout_seconds=timeout_seconds, approval=approval,
                          retry_failed=retry_failed, run_token=self.run_token, heartbeat_s=heartbeat_s,
                          in_doubt_on=in_doubt_on)
 
