@@ -18,6 +18,7 @@ from ledger_client import (
     Ledger,
     LedgerError,
     NotFoundError,
+    ReadOnlyError,
     ResponseEvent,
     Run,
     RunEvent,
@@ -138,6 +139,11 @@ def test_scope_errors_and_errors_that_are_not_the_ledgers(ledger: Ledger, scoped
     with pytest.raises(psycopg.errors.UndefinedFunction) as other:
         scoped.execute("SELECT ledger.no_such_function()")
     assert not isinstance(other.value, LedgerError) and translate(other.value) is other.value
+    with pytest.raises(ReadOnlyError) as read_only:
+        with scoped.transaction() as tx:
+            tx.execute("SET TRANSACTION READ ONLY")  # as on a hot standby
+            tx.create_run("agent")
+    assert (read_only.value.sqlstate, read_only.value.code) == ("25006", "READ_ONLY")
     plain = ValueError("not a database error")
     assert translate(plain) is plain
 
