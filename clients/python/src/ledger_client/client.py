@@ -430,7 +430,7 @@ class Ledger:
             try:
                 yield conn
             finally:
-                if not conn.closed:
+                if not conn.closed and not conn.broken:  # a broken one the pool discards
                     conn.rollback()
                     conn.autocommit = before
 
