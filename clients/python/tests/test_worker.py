@@ -49,7 +49,7 @@ def status(person: psycopg.Connection[DictRow], run_id: str) -> str:
 def spawn(dsn: str, owner: str, effects: Path, lookup_seconds: float) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, str(HERE / "support_agent.py"), dsn, SCOPE[1], owner, str(effects)],
-        env={**os.environ, "LOOKUP_SECONDS": str(lookup_seconds)},
+        env={**os.environ, "LOOKUP_SECONDS": str(lookup_seconds), "PYTHONPATH": str(HERE.parent / "src")},
     )
 
 
