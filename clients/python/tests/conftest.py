@@ -3,11 +3,17 @@ LEDGER_TEST_HOST / LEDGER_TEST_PORT (a socket directory and port; user postgres)
 
 import os
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, LiteralString
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import ConnectionPool
+
+from ledger_client import Ledger, ScopedLedger
 
 
 def server_dsn(dbname: str) -> str:
@@ -28,3 +34,48 @@ def dsn(request: pytest.FixtureRequest) -> Iterator[str]:
     yield server_dsn(name)
     with psycopg.connect(server_dsn("postgres"), autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+SCOPE = ("acme", "tests")
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Polls `check` until it holds; the timeout only stops a hung test (no timing is asserted)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def ledger(dsn: str) -> Ledger:
+    """The client over a conninfo string (a connection per transaction)."""
+    return Ledger(dsn)
+
+
+@pytest.fixture
+def pooled(dsn: str) -> Iterator[Ledger]:
+    """The client over a psycopg_pool ConnectionPool."""
+    with ConnectionPool(dsn, min_size=1, max_size=8, open=True) as pool:
+        yield Ledger(pool)
+
+
+@pytest.fixture
+def scoped(ledger: Ledger) -> ScopedLedger:
+    return ledger.scoped(*SCOPE)
+
+
+@pytest.fixture
+def person(dsn: str) -> Iterator[psycopg.Connection[DictRow]]:
+    """Someone at a psql prompt: an autocommit session in the tests' scope (the superuser, so it
+    may also end leases early instead of waiting for them)."""
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute("SELECT ledger.set_scope(%s, %s)", SCOPE)
+        yield conn
+
+
+def one(conn: psycopg.Connection[DictRow], query: LiteralString, params: Sequence[Any] = ()) -> Any:
+    """The single value of a one-row, one-column query."""
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return next(iter(row.values()))

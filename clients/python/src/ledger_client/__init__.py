@@ -1,1 +1,65 @@
 """A thin client for the ledger PostgreSQL extension: every rule stays in the extension's SQL."""
+
+from .client import Ledger, LedgerCalls, ScopedLedger, Transaction
+from .errors import (
+    ConflictError,
+    CorruptedError,
+    IdempotencyMismatchError,
+    InternalError,
+    InvalidArgumentError,
+    LedgerError,
+    NotFoundError,
+    ReadOnlyError,
+    ScopeError,
+    WrongStateError,
+    translate,
+    translated,
+)
+from .outbox import OutboxConsumer
+from .tool_calls import (
+    Busy,
+    InDoubt,
+    Purged,
+    Rejected,
+    ToolCallResult,
+    ToolCallStopped,
+    ToolFailed,
+    ToolRequest,
+    WaitingApproval,
+    tool_call,
+    tool_calls,
+)
+from .types import (
+    Approval,
+    ApprovalStatus,
+    ClaimedRun,
+    ClaimOutcome,
+    CostEntry,
+    EvidenceItem,
+    OutboxEvent,
+    OutboxStatus,
+    ReplayReady,
+    ResponseEvent,
+    Run,
+    RunEvent,
+    RunStatus,
+    Step,
+    StepStatus,
+    ToolCall,
+    ToolCallClaim,
+    ToolCallStatus,
+    ToolCallTombstone,
+    ToolResponse,
+)
+from .worker import ModelReply, RunContext, Worker
+
+__all__ = [
+    "Approval", "ApprovalStatus", "Busy", "ClaimOutcome", "ClaimedRun", "ConflictError", "CorruptedError",
+    "CostEntry", "EvidenceItem", "IdempotencyMismatchError", "InDoubt", "InternalError", "InvalidArgumentError",
+    "Ledger", "LedgerCalls", "LedgerError", "ModelReply", "NotFoundError", "OutboxConsumer", "OutboxEvent",
+    "OutboxStatus", "Purged", "ReadOnlyError", "Rejected", "ReplayReady", "ResponseEvent", "Run", "RunContext",
+    "RunEvent", "RunStatus", "ScopeError", "ScopedLedger", "Step", "StepStatus", "ToolCall", "ToolCallClaim",
+    "ToolCallResult", "ToolCallStatus", "ToolCallStopped", "ToolCallTombstone", "ToolFailed", "ToolRequest",
+    "ToolResponse", "Transaction", "WaitingApproval", "Worker", "WrongStateError", "tool_call", "tool_calls",
+    "translate", "translated",
+]

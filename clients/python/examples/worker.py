@@ -1,0 +1,92 @@
+"""A support agent on the ledger: a worker drives two runs, a person approves a refund.
+
+Run it against `make demo` (`export LEDGER_DSN=...` as the demo prints it):
+    PYTHONPATH=clients/python/src python3 clients/python/examples/worker.py
+"""
+
+import os
+import threading
+import time
+from decimal import Decimal
+from typing import Any
+
+from ledger_client import Ledger, ModelReply, RunContext, ToolRequest, Worker
+
+SCOPE = ("acme", "examples-py")
+
+
+def call_model(prompt: str) -> ModelReply:
+    """Stands in for your model client: the reply, its usage as the SDK reports it, its price."""
+    reply = "Let me look order 1042 up." if "plan" in prompt else "Order 1042 was refunded: 12.50."
+    return ModelReply(reply, {"input_tokens": 120, "output_tokens": 30}, model_ref="small",
+                      provider="example", amount=Decimal("0.0006"), currency="USD")
+
+
+def lookup_order(arguments: dict[str, Any]) -> Any:
+    """A read-only tool (your CRM client; raise TimeoutError when a sent request gets no answer)."""
+    return {"order": arguments["order"], "paid": "12.50"}
+
+
+def track_parcel(arguments: dict[str, Any]) -> Any:
+    return {"order": arguments["order"], "status": "delivered"}
+
+
+def refund(arguments: dict[str, Any]) -> Any:
+    """A tool with a side effect: it runs only once a person approved exactly these arguments."""
+    return {"refund_id": f"rf-{arguments['order']}", "amount": arguments["amount"]}
+
+
+def support_agent(ctx: RunContext) -> str:
+    """Written as if it ran from the start every time: on a resume, finished steps and calls
+    return what they recorded instead of running again."""
+    order = ctx.inputs["order"]
+    ctx.llm_step("plan", lambda: call_model(f"plan: {ctx.inputs['question']}"))
+    # The model asked for two tools at once: claimed and begun in one statement, run in parallel.
+    found, parcel = (result.get() for result in ctx.tool_calls([
+        ToolRequest("lookup", "crm.lookup_order", {"order": order}, lookup_order, timeout_seconds=10),
+        ToolRequest("track", "shipping.track", {"order": order}, track_parcel, timeout_seconds=10),
+    ]))
+    if ctx.inputs.get("refund"):
+        ctx.tool_call("refund", "payments.refund", {"order": order, "amount": found["paid"]}, refund,
+                      approval={"title": f"Refund order {order}", "policy_ref": "refunds/v1"})
+        return ctx.llm_step("answer", lambda: call_model("answer: refunded"))
+    return f"Order {order} is {parcel['status']}."
+
+
+def main() -> None:
+    ledger = Ledger(os.environ["LEDGER_DSN"])
+    support = ledger.scoped(*SCOPE)
+    runs = [
+        support.create_run("agent", {"order": 1042, "question": "Where is my order?"},
+                           user_id="customer-7", subject_id="support-agent", subject_version_id="support-agent@v1"),
+        support.create_run("agent", {"order": 1042, "question": "Refund me, it came broken.", "refund": True},
+                           user_id="customer-7", subject_id="support-agent", subject_version_id="support-agent@v1"),
+    ]
+    worker = Worker(ledger, support_agent, scope=SCOPE, lease_owner="example-worker", idle_s=0.2)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not all(r.status.terminal for r in (support.get_run(run.id) or run for run in runs)):
+            assert time.monotonic() < deadline, "the runs did not finish within a minute"
+            # A person at the approval queue (a web page, or psql: SELECT * FROM ledger.pending_approvals).
+            for approval in support.execute("SELECT id, title FROM ledger.pending_approvals"):
+                support.resolve_approval(approval["id"], "approved", actor="lead@acme", note="broken on arrival")
+                print(f"person: approved {approval['title']!r}")
+            time.sleep(0.2)
+    finally:
+        worker.stop()
+        thread.join()
+
+    for run in runs:
+        done = support.get_run(run.id)
+        assert done is not None
+        print(f"\n{done.id}: {done.status}, answered {done.output_summary!r}")
+        for event in support.events_since(run.id):
+            print(f"  {event.seq:3} {event.event_type:24} {event.payload.get('to', '')}")
+        costs = support.replay_bundle(run.id)["trace_spec"]["charge_summary"]["amounts"]
+        print(f"  cost {costs}, replay_ready {support.replay_ready(run.id).status}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""The executor protocol as one call: :func:`tool_call` (one call) and :func:`tool_calls` (the
+calls of one model turn, executed in parallel threads).
+
+claim -> ``replayed``: the recorded result, nothing executed -> ``claimed``: ``begin_tool_call``
+COMMITTED before the tool runs -> heartbeats while it runs -> complete ``succeeded`` (its result)
+or ``failed`` (the tool raised) -> a timeout after sending (``in_doubt_on``) completes ``unknown``
+and raises :class:`InDoubt`. Every other outcome raises its own :class:`ToolCallStopped`
+subclass, and nothing is executed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import psycopg
+
+from .client import ScopedLedger
+from .errors import LedgerError
+from .types import Approval, ClaimOutcome, ToolCall, ToolCallClaim, ToolCallTombstone
+
+Execute = Callable[[dict[str, Any]], Any]
+"""A tool: called with the call's arguments, returns its JSON result."""
+
+
+class ToolCallStopped(Exception):
+    """The helper has no result for the call; ``outcome`` says why, ``tool_call`` is the record."""
+
+    outcome: ClassVar[ClaimOutcome]
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tool_call: ToolCall | None = None,
+        approval: Approval | None = None,
+        tombstone: ToolCallTombstone | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.tool_call = tool_call
+        self.approval = approval
+        self.tombstone = tombstone
+
+    @classmethod
+    def from_claim(cls, claim: ToolCallClaim, tool_ref: str) -> ToolCallStopped:
+        stopped = _STOPPED[claim.outcome]
+        return stopped(f"tool call {tool_ref}: {claim.outcome}", tool_call=claim.tool_call,
+                       approval=claim.approval, tombstone=claim.tombstone)
+
+
+class InDoubt(ToolCallStopped):
+    """The request may have left and no answer was recorded: never executed again; a person
+    resolves it (``resolve_tool_call``)."""
+
+    outcome = ClaimOutcome.IN_DOUBT
+
+
+class Busy(ToolCallStopped):
+    """Another attempt holds a live lease: claim again later."""
+
+    outcome = ClaimOutcome.BUSY
+
+
+class WaitingApproval(ToolCallStopped):
+    """The call waits for a person's approval (``approval`` is the request)."""
+
+    outcome = ClaimOutcome.WAITING_APPROVAL
+
+
+class Rejected(ToolCallStopped):
+    """The approval was rejected: the call is never executed."""
+
+    outcome = ClaimOutcome.REJECTED
+
+
+class Purged(ToolCallStopped):
+    """The call's run was purged; ``tombstone`` is what its key left."""
+
+    outcome = ClaimOutcome.PURGED
+
+
+class ToolFailed(ToolCallStopped):
+    """The call failed before and its failure was replayed (``error`` is the recorded error);
+    pass ``retry_failed=True`` to execute it again."""
+
+    outcome = ClaimOutcome.REPLAYED
+
+    def __init__(self, message: str, error: Any, *, tool_call: ToolCall | None = None) -> None:
+        super().__init__(message, tool_call=tool_call)
+        self.error = error
+
+
+_STOPPED: dict[ClaimOutcome, type[ToolCallStopped]] = {
+    ClaimOutcome.IN_DOUBT: InDoubt,
+    ClaimOutcome.BUSY: Busy,
+    ClaimOutcome.WAITING_APPROVAL: WaitingApproval,
+    ClaimOutcome.REJECTED: Rejected,
+    ClaimOutcome.PURGED: Purged,
+}
+
+
+class _Heartbeat:
+    """Extends the attempt's lease every ``interval`` seconds while the tool runs, so that a
+    slow tool is not found expired (and in doubt) by another claim or a sweep."""
+
+    def __init__(self, ledger: ScopedLedger, record: ToolCall, interval: float) -> None:
+        self._ledger = ledger
+        self._record = record
+        self._interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat {record.id}", daemon=True)
+
+    def __enter__(self) -> None:
+        self._thread.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._ledger.heartbeat_tool_call(self._record.id, self._record.attempt)
+            except LedgerError:
+                return  # the attempt is over (released, resolved): its completion will say so
+            except psycopg.OperationalError:
+                continue  # the server is unreachable now: try again at the next beat
+
+
+def _complete(ledger: ScopedLedger, record: ToolCall, outcome: str, result: Any = None,
+              error_message: str | None = None) -> ToolCall:
+    """Records how the attempt ended, again across a dropped connection (the tool has run: its
+    outcome must not be lost to a reconnect); repeating a completion changes nothing."""
+    for pause in (0.2, 0.4, 0.8, 1.6, 3.2):
+        try:
+            return ledger.complete_tool_call(record.id, record.attempt, outcome, result, error_message=error_message)
+        except psycopg.OperationalError:
+            time.sleep(pause)
+    return ledger.complete_tool_call(record.id, record.attempt, outcome, result, error_message=error_message)
+
+
+def _settle(
+    ledger: ScopedLedger,
+    claim: ToolCallClaim,
+    tool_ref: str,
+    arguments: dict[str, Any],
+    execute: Execute,
+    *,
+    begun: bool,
+    heartbeat_s: float | None,
+    in_doubt_on: tuple[type[BaseException], ...],
+) -> Any:
+    """What the helper does with one claim's answer (see the module's docstring)."""
+    if claim.outcome is ClaimOutcome.REPLAYED:
+        assert claim.response is not None
+        if claim.response.success:
+            return claim.response.result
+        raise ToolFailed(f"tool call {tool_ref} failed before: {claim.response.error}", claim.response.error,
+                         tool_call=claim.tool_call)
+    if claim.outcome is not ClaimOutcome.CLAIMED:
+        raise ToolCallStopped.from_claim(claim, tool_ref)
+    record = claim.tool_call
+    assert record is not None
+    if not begun:
+        ledger.begin_tool_call(record.id, record.attempt)  # committed: from here the request may leave
+    try:
+        with _Heartbeat(ledger, record, heartbeat_s or record.lease_seconds / 3):
+            result = execute(arguments)
+    except in_doubt_on as e:
+        done = _complete(ledger, record, "unknown", error_message=str(e) or repr(e))
+        raise InDoubt(f"tool call {tool_ref}: no answer after sending ({e!r})", tool_call=done) from e
+    except Exception as e:
+        _complete(ledger, record, "failed", error_message=str(e) or repr(e))
+        raise
+    _complete(ledger, record, "succeeded", result)
+    return result
+
+
+def tool_call(
+    ledger: ScopedLedger,
+    run_id: str,
+    tool_call_id: str,
+    tool_ref: str,
+    arguments: Mapping[str, Any],
+    execute: Execute,
+    *,
+    idempotency_key: str | None = None,
+    lease_owner: str | None = None,
+    timeout_seconds: int = 30,
+    approval: Mapping[str, Any] | None = None,
+    retry_failed: bool = False,
+    run_token: int | None = None,
+    heartbeat_s: float | None = None,
+    in_doubt_on: tuple[type[BaseException], ...] = (TimeoutError,),
+) -> Any:
+    """Executes the call at most once, whoever asks again, and returns its result.
+
+    ``tool_call_id`` is the call's key within the run (the model's id): asking again with it
+    returns the recorded result. ``timeout_seconds`` sets the lease (a tenth more, at least 10 s);
+    the helper heartbeats every ``heartbeat_s`` (a third of the lease) while ``execute`` runs, so a
+    slower tool keeps its lease. ``execute`` raising one of ``in_doubt_on`` (your HTTP client's
+    timeout) means the request left and no answer came: the call is completed ``unknown`` and
+    :class:`InDoubt` is raised; any other exception completes it ``failed`` and propagates.
+    ``approval`` (``{title, policy_ref, details}``): the call waits for a person first.
+    """
+    claim = ledger.claim_tool_call(
+        run_id, tool_ref, arguments, tool_call_id=tool_call_id, idempotency_key=idempotency_key,
+        lease_owner=lease_owner, timeout_seconds=timeout_seconds, retry_failed=retry_failed,
+        approval=approval, run_token=run_token,
+    )
+    return _settle(ledger, claim, tool_ref, dict(arguments), execute, begun=False,
+                   heartbeat_s=heartbeat_s, in_doubt_on=in_doubt_on)
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """One call of a model turn, for :func:`tool_calls`."""
+
+    tool_call_id: str
+    tool_ref: str
+    arguments: Mapping[str, Any]
+    execute: Execute
+    idempotency_key: str | None = None
+    timeout_seconds: int | None = None
+    approval: Mapping[str, Any] | None = None
+    retry_failed: bool | None = None
+
+    def spec(self) -> dict[str, Any]:
+        """The element of ``claim_tool_calls``' ``calls`` (absent keys take the SQL defaults)."""
+        spec = {"tool_call_id": self.tool_call_id, "tool_ref": self.tool_ref, "arguments": dict(self.arguments),
+                "idempotency_key": self.idempotency_key, "timeout_seconds": self.timeout_seconds,
+                "approval": dict(self.approval) if self.approval is not None else None,
+                "retry_failed": self.retry_failed}
+        return {k: v for k, v in spec.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class ToolCallResult:
+    """How one call of a turn ended: ``value`` (its result) or ``error`` (a
+    :class:`ToolCallStopped`, or what the tool raised)."""
+
+    request: ToolRequest
+    claim: ToolCallClaim
+    value: Any = None
+    error: Exception | None = None
+
+    def get(self) -> Any:
+        """The result, or the error raised."""
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def tool_calls(
+    ledger: ScopedLedger,
+    run_id: str,
+    requests: Sequence[ToolRequest],
+    *,
+    lease_owner: str | None = None,
+    run_token: int | None = None,
+    heartbeat_s: float | None = None,
+    in_doubt_on: tuple[type[BaseException], ...] = (TimeoutError,),
+    max_workers: int | None = None,
+) -> list[ToolCallResult]:
+    """The calls of one model turn: claimed and begun in one committed statement
+    (``claim_tool_calls(..., begin => true)``), then each claimed call executed in its own thread
+    and completed as :func:`tool_call` does. Returns one result per request, in order; it never
+    raises for one call's outcome (a refused batch raises the ledger's error, nothing written)."""
+    if not requests:
+        return []
+    claims = ledger.claim_tool_calls(run_id, [r.spec() for r in requests], lease_owner=lease_owner,
+                                     begin=True, run_token=run_token)
+    with ThreadPoolExecutor(max_workers=max_workers or len(requests), thread_name_prefix="tool-call") as pool:
+        futures = [
+            pool.submit(_settle, ledger, claim, r.tool_ref, dict(r.arguments), r.execute, begun=True,
+                        heartbeat_s=heartbeat_s, in_doubt_on=in_doubt_on)
+            for r, claim in zip(requests, claims, strict=True)
+        ]
+        results = []
+        for r, claim, future in zip(requests, claims, futures, strict=True):
+            error = future.exception()
+            if error is not None and not isinstance(error, Exception):
+                raise error
+            results.append(ToolCallResult(r, claim, None if error else future.result(), error))
+    return results

@@ -1,0 +1,307 @@
+"""A worker loop over ``claim_run``: it claims a run, drives it with your agent and lets it go.
+
+The agent is written as if it ran from the start every time: on a resume its steps are found
+again by ``step_key`` (finished ones return their recorded output) and its tool calls by
+``tool_call_id`` (finished ones return their recorded result). The loop:
+
+- moves a claimed run to ``running`` (a resume may find it queued, paused, waiting, retrying);
+- heartbeats the run's lease while the agent runs (the agent runs in its own thread);
+- on the agent's answer: records it as a ``message`` response event and moves the run to
+  ``succeeded``, in one transaction;
+- on :class:`InDoubt`: parks the run ``paused``; on :class:`WaitingApproval`: ``waiting_approval``;
+  then releases it (a person's decision makes it claimable again);
+- on :class:`Busy` (another attempt, such as a previous owner's, holds a call): keeps the run and
+  runs the agent again after ``idle_s`` (parked ``paused`` if the worker is stopping);
+- on any other exception: moves the run to ``failed`` with the error;
+- on ``LEASE_STALE`` (another worker took the run over): writes nothing more.
+
+Shutdown: :meth:`Worker.stop` (or SIGTERM/SIGINT with ``handle_signals``) stops claiming; the
+current run may finish within ``shutdown_grace_s``, after which it is released for another worker
+(its token is over: the abandoned agent's writes fail ``LEASE_STALE``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+
+from ._signals import stop_on_signals
+from .client import Ledger, ScopedLedger
+from .errors import ConflictError, LedgerError
+from .tool_calls import Busy, Execute, InDoubt, ToolCallResult, ToolRequest, WaitingApproval, tool_call, tool_calls
+from .types import ClaimedRun, RunStatus, StepStatus
+
+log = logging.getLogger("ledger_client.worker")
+
+
+def default_lease_owner() -> str:
+    """``<host>:<pid>``: whom ``ledger.runs.lease_owner`` and ``tool_calls_in_doubt`` name."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class ModelReply:
+    """What a model call returns to :meth:`RunContext.llm_step`: the reply, its usage as the
+    model's SDK reports it (the ledger maps OpenAI's and Anthropic's names), optionally its price."""
+
+    text: str
+    usage: Mapping[str, Any] = field(default_factory=dict)
+    model_ref: str | None = None
+    provider: str | None = None
+    amount: Decimal | None = None
+    currency: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        """The billed quantity: ``total_tokens``, else the sum of input and output tokens."""
+        if self.usage.get("total_tokens") is not None:
+            return int(self.usage["total_tokens"])
+        names = ("prompt_tokens", "completion_tokens", "input_tokens", "output_tokens")
+        return sum(int(self.usage.get(name) or 0) for name in names)
+
+
+class RunContext:
+    """What the agent gets: the claimed run, its scoped handle, and helpers that carry the run's
+    ``run_token`` and the worker's ``lease_owner`` for it."""
+
+    def __init__(self, ledger: ScopedLedger, run: ClaimedRun) -> None:
+        self.ledger = ledger
+        self.run = run
+
+    @property
+    def run_id(self) -> str:
+        return self.run.run_id
+
+    @property
+    def run_token(self) -> int:
+        return self.run.run_token
+
+    @property
+    def lease_owner(self) -> str:
+        return self.run.lease_owner
+
+    @property
+    def inputs(self) -> Any:
+        return self.run.inputs
+
+    def step(self, step_key: str, step_type: str, work: Callable[[], str]) -> str:
+        """A step found again by ``step_key``: done once (``work`` returns its output summary),
+        its recorded output returned on a resume."""
+        step = self.ledger.create_step(self.run_id, step_type, step_key=step_key, run_token=self.run_token)
+        if step.status is StepStatus.SUCCEEDED:
+            return step.output_summary or ""
+        self.ledger.transition_step(step.id, StepStatus.RUNNING, run_token=self.run_token)
+        try:
+            summary = work()
+        except Exception as e:
+            self.ledger.transition_step(step.id, StepStatus.FAILED, error_message=str(e) or repr(e),
+                                        run_token=self.run_token)
+            raise
+        self.ledger.transition_step(step.id, StepStatus.SUCCEEDED, output_summary=summary, run_token=self.run_token)
+        return summary
+
+    def llm_step(self, step_key: str, call_model: Callable[[], ModelReply]) -> str:
+        """A model call as an ``llm`` step found again by ``step_key``: its cost and its success
+        are recorded together (the cost idempotent on the step). On a resume the reply is read
+        back from the step's ``output_summary`` (as stored: redacted, at most 8192 characters)."""
+        step = self.ledger.create_step(self.run_id, "llm", step_key=step_key, run_token=self.run_token)
+        if step.status is StepStatus.SUCCEEDED:
+            return step.output_summary or ""
+        self.ledger.transition_step(step.id, StepStatus.RUNNING, run_token=self.run_token)
+        reply = call_model()
+        with self.ledger.transaction() as tx:
+            tx.record_cost(self.run_id, "tokens", reply.tokens, reply.amount, reply.currency, step_id=step.id,
+                           usage=reply.usage, provider=reply.provider, model_ref=reply.model_ref,
+                           source_ref=step.id)
+            tx.transition_step(step.id, StepStatus.SUCCEEDED, output_summary=reply.text,
+                               metrics={"model_ref": reply.model_ref} if reply.model_ref else None,
+                               run_token=self.run_token)
+        return reply.text
+
+    def tool_call(
+        self,
+        tool_call_id: str,
+        tool_ref: str,
+        arguments: Mapping[str, Any],
+        execute: Execute,
+        *,
+        approval: Mapping[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        timeout_seconds: int = 30,
+        retry_failed: bool = False,
+        heartbeat_s: float | None = None,
+        in_doubt_on: tuple[type[BaseException], ...] = (TimeoutError,),
+    ) -> Any:
+        """:func:`~ledger_client.tool_call` for this run (a re-run passes its source run's
+        ``idempotency_key``, ``tool:<source_run_id>:<tool_call_id>``, to reuse its results)."""
+        return tool_call(self.ledger, self.run_id, tool_call_id, tool_ref, arguments, execute,
+                         idempotency_key=idempotency_key, lease_owner=self.lease_owner,
+                         timeout_seconds=timeout_seconds, approval=approval,
+                         retry_failed=retry_failed, run_token=self.run_token, heartbeat_s=heartbeat_s,
+                         in_doubt_on=in_doubt_on)
+
+    def tool_calls(self, requests: Sequence[ToolRequest], *, heartbeat_s: float | None = None) -> list[ToolCallResult]:
+        """:func:`~ledger_client.tool_calls` (one model turn, in parallel) for this run."""
+        return tool_calls(self.ledger, self.run_id, requests, lease_owner=self.lease_owner,
+                          run_token=self.run_token, heartbeat_s=heartbeat_s)
+
+
+Agent = Callable[[RunContext], str]
+"""Your agent: drives one run through its context and returns the answer shown to the user."""
+
+
+class Worker:
+    """Claims runs (of ``scope``, or of every scope for a member of ``ledger_operator``) and drives
+    each with ``agent``; see the module's docstring for what happens to a run."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        agent: Agent,
+        *,
+        scope: tuple[str, str] | None = None,
+        lease_owner: str | None = None,
+        modes: Sequence[str] | None = None,
+        kinds: Sequence[str] | None = None,
+        lease_seconds: int = 60,
+        heartbeat_s: float | None = None,
+        idle_s: float = 1.0,
+        shutdown_grace_s: float = 30.0,
+        stopping: threading.Event | None = None,
+    ) -> None:
+        self.ledger = ledger
+        self.agent = agent
+        self.scope = scope
+        self.lease_owner = lease_owner or default_lease_owner()
+        self.modes = modes
+        self.kinds = kinds
+        self.lease_seconds = lease_seconds
+        self.heartbeat_s = heartbeat_s or lease_seconds / 3
+        self.idle_s = idle_s
+        self.shutdown_grace_s = shutdown_grace_s
+        self.stopping = stopping or threading.Event()  # shared with an OutboxConsumer: one stop for both
+
+    def stop(self) -> None:
+        """Stops claiming; the current run finishes (or is released at the grace deadline)."""
+        self.stopping.set()
+
+    def run(self, *, handle_signals: bool = False) -> None:
+        """Claims and drives runs until :meth:`stop` (or SIGTERM/SIGINT with ``handle_signals``),
+        waiting ``idle_s`` when nothing is claimable."""
+        with stop_on_signals(self.stopping, handle_signals):
+            while not self.stopping.is_set():
+                try:
+                    claimed = self.run_once()
+                except psycopg.OperationalError as e:  # the server restarts, the network drops
+                    log.warning("worker %s: %s; claiming again in %s s", self.lease_owner, e, self.idle_s)
+                    claimed = False
+                if not claimed:
+                    self.stopping.wait(self.idle_s)
+
+    def run_once(self) -> bool:
+        """Claims one run and drives it; False when nothing was claimable."""
+        if self.scope is None:
+            run = self.ledger.claim_run(self.lease_owner, modes=self.modes, kinds=self.kinds,
+                                        lease_seconds=self.lease_seconds)
+        else:
+            run = self.ledger.scoped(*self.scope).claim_run(self.lease_owner, modes=self.modes, kinds=self.kinds,
+                                                            lease_seconds=self.lease_seconds)
+        if run is None:
+            return False
+        try:
+            self._drive(run)
+        except LedgerError as e:  # LEASE_STALE: taken over; else changed by someone (canceled, ...)
+            log.warning("run %s: %s; it stays as the ledger has it", run.run_id, e)
+        return True
+
+    def _drive(self, run: ClaimedRun) -> None:
+        ledger = self.ledger.scoped(run.tenant_id, run.workspace_id)
+        if run.status is not RunStatus.RUNNING:
+            ledger.transition_run(run.run_id, RunStatus.RUNNING, run_token=run.run_token)
+        lease = _Lease(self, ledger, run)
+        while True:
+            answer: list[str] = []
+            failure: list[BaseException] = []
+            done = threading.Event()
+
+            def agent() -> None:
+                try:
+                    answer.append(self.agent(RunContext(ledger, run)))
+                except BaseException as e:  # handed to the driving thread, which decides
+                    failure.append(e)
+                finally:
+                    done.set()
+
+            threading.Thread(target=agent, name=f"agent {run.run_id}", daemon=True).start()
+            if not lease.hold(done):
+                return
+            if not (failure and isinstance(failure[0], Busy)) or self.stopping.is_set():
+                break
+            # Another attempt holds a call (a previous owner still at work): keep the run and ask
+            # again shortly; parking it would hand it straight back to the claim queue.
+            if not lease.hold(threading.Event(), timeout=self.idle_s):
+                return
+        if answer:
+            with ledger.transaction() as tx:  # what the user is shown, and the end, at once
+                tx.record_response_event(run.run_id, "message", {"text": answer[0]})
+                tx.transition_run(run.run_id, RunStatus.SUCCEEDED, output_summary=answer[0], run_token=run.run_token)
+            return
+        error = failure[0]
+        if isinstance(error, (InDoubt, Busy, WaitingApproval)):
+            parked = RunStatus.WAITING_APPROVAL if isinstance(error, WaitingApproval) else RunStatus.PAUSED
+            with ledger.transaction() as tx:  # parked and let go at once
+                tx.transition_run(run.run_id, parked, run_token=run.run_token)
+                tx.release_run(run.run_id, run.run_token)
+            log.info("run %s parked %s: %s", run.run_id, parked, error)
+        elif isinstance(error, ConflictError) and error.code == "LEASE_STALE":
+            raise error
+        elif isinstance(error, Exception):
+            ledger.transition_run(run.run_id, RunStatus.FAILED, error_code=type(error).__name__,
+                                  error_message=str(error) or repr(error), run_token=run.run_token)
+            log.info("run %s failed: %r", run.run_id, error)
+        else:
+            ledger.release_run(run.run_id, run.run_token)
+            raise error
+
+
+class _Lease:
+    """The claimed run's lease while the worker drives it: heartbeats, and the grace deadline
+    once a stop was requested."""
+
+    def __init__(self, worker: Worker, ledger: ScopedLedger, run: ClaimedRun) -> None:
+        self._worker = worker
+        self._ledger = ledger
+        self._run = run
+        self._next_beat = time.monotonic() + worker.heartbeat_s
+        self._deadline: float | None = None
+
+    def hold(self, done: threading.Event, timeout: float | None = None) -> bool:
+        """Heartbeats until ``done`` is set or ``timeout`` passed (True), or releases the run when
+        the grace period of a stop request runs out first (False)."""
+        until = None if timeout is None else time.monotonic() + timeout
+        while not done.wait(0.1):
+            now = time.monotonic()
+            if until is not None and now >= until:
+                return True
+            if self._deadline is None and self._worker.stopping.is_set():
+                self._deadline = now + self._worker.shutdown_grace_s
+            if self._deadline is not None and now >= self._deadline:
+                self._ledger.release_run(self._run.run_id, self._run.run_token)
+                log.warning("run %s released at shutdown, its agent unfinished", self._run.run_id)
+                return False
+            if now >= self._next_beat:
+                try:
+                    self._ledger.heartbeat_run(self._run.run_id, self._run.run_token)
+                except (LedgerError, psycopg.OperationalError) as e:
+                    log.warning("run %s: heartbeat failed (%s); its next write will say more", self._run.run_id, e)
+                self._next_beat = now + self._worker.heartbeat_s
+        return True

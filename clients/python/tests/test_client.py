@@ -1,0 +1,172 @@
+"""The scoped handle: typed results, the escape hatch, transactions, and typed errors (with their
+SQLSTATE and DETAIL code, and nothing written by a refused call)."""
+
+from datetime import datetime
+from decimal import Decimal
+
+import psycopg
+import pytest
+from conftest import SCOPE, one
+from psycopg.rows import DictRow
+
+from ledger_client import (
+    ClaimedRun,
+    ConflictError,
+    CostEntry,
+    IdempotencyMismatchError,
+    InvalidArgumentError,
+    Ledger,
+    LedgerError,
+    NotFoundError,
+    ReadOnlyError,
+    ResponseEvent,
+    Run,
+    RunEvent,
+    RunStatus,
+    ScopedLedger,
+    ScopeError,
+    Step,
+    StepStatus,
+    WrongStateError,
+    translate,
+)
+
+
+def test_typed_results_through_a_pool(pooled: Ledger) -> None:
+    ledger = pooled.scoped(*SCOPE)
+    run = ledger.create_run("agent", {"order": 1042}, run_id="r-typed", user_id="customer-7")
+    assert isinstance(run, Run) and run.id == "r-typed" and run.status is RunStatus.QUEUED
+    assert run.inputs == {"order": 1042} and isinstance(run.queued_at, datetime) and run.run_token == 0
+    assert ledger.create_run("agent", {"order": 1042}, run_id="r-typed", user_id="customer-7") == run  # idempotent
+
+    assert ledger.claim_run("worker-1", modes=["chat"], kinds=["agent"]) is None  # filtered out
+    claimed = ledger.claim_run("worker-1", modes=["agent"], lease_seconds=30)
+    assert isinstance(claimed, ClaimedRun)
+    assert (claimed.run_id, claimed.run_token, claimed.takeover, claimed.status) == ("r-typed", 1, False, RunStatus.QUEUED)
+    assert (claimed.tenant_id, claimed.workspace_id) == SCOPE and claimed.last_event_id is not None
+    assert ledger.claim_run("worker-2") is None  # held: nothing else claimable
+
+    running = ledger.transition_run("r-typed", RunStatus.RUNNING, run_token=1)
+    assert running.status is RunStatus.RUNNING and running.started_at is not None
+    step = ledger.create_step("r-typed", "llm", step_key="plan", run_token=1)
+    assert isinstance(step, Step) and step.status is StepStatus.QUEUED and step.step_no == 1
+    assert ledger.create_step("r-typed", "llm", step_key="plan").id == step.id  # found again by key
+    ledger.transition_step(step.id, StepStatus.RUNNING)
+    done = ledger.transition_step(step.id, StepStatus.SUCCEEDED, metrics={"model": "small"}, output_summary="plan")
+    assert done.status is StepStatus.SUCCEEDED and done.metrics == {"model": "small"}
+
+    cost = ledger.record_cost("r-typed", "tokens", 1200, Decimal("0.0125"), "usd", step_id=step.id,
+                              usage={"input_tokens": 1000, "output_tokens": 200})
+    assert isinstance(cost, CostEntry) and cost.amount == Decimal("0.0125") and cost.currency == "USD"
+    assert cost.usage == {"prompt_tokens": 1000, "completion_tokens": 200}  # the ledger's names
+    assert ledger.record_cost("r-typed", "requests", 1, 0.1, "USD").amount == Decimal("0.1")  # a float's text
+
+    said = ledger.record_response_event("r-typed", "message", {"text": "shipped"})
+    assert isinstance(said, ResponseEvent) and said.payload == {"text": "shipped"}
+    assert ledger.heartbeat_run("r-typed", 1, extend_seconds=60) > claimed.lease_expires_at
+    ended = ledger.transition_run("r-typed", RunStatus.SUCCEEDED, output_summary="shipped", run_token=1)
+    assert ended.status.terminal and ended.lease_expires_at is None
+
+    events = ledger.events_since("r-typed")
+    assert all(isinstance(e, RunEvent) for e in events)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.event_type for e in events if e.ends_run] == ["run.status"] and events[-1].ends_run
+    assert ledger.events_since("r-typed", events[2].event_id, max_events=2) == events[3:5]
+
+    assert ledger.replay_ready("r-typed").ready
+    evidence = ledger.run_evidence("r-typed")
+    assert [e.key for e in evidence][:2] == ["actor_scope", "subject_version"] and len(evidence) == 13
+    assert set(ledger.replay_bundle("r-typed")) >= {"run", "steps", "costs", "trace_spec"}
+
+
+def test_scoped_transaction_commits_together_or_not_at_all(scoped: ScopedLedger) -> None:
+    with scoped.transaction() as tx:
+        tx.create_run("agent", run_id="r-tx")
+        tx.transition_run("r-tx", "running")
+    assert scoped.get_run("r-tx") is not None
+    with pytest.raises(WrongStateError):
+        with scoped.transaction() as tx:
+            tx.create_step("r-tx", "llm", step_key="written-then-rolled-back")
+            tx.transition_run("r-tx", "queued")  # running -> queued is not allowed
+    assert scoped.execute("SELECT step_key FROM ledger.run_steps") == []
+    # The escape hatch: any SQL in the scoped transaction, rows as dicts.
+    assert scoped.execute("SELECT ledger.scope_tenant() AS t, ledger.scope_workspace() AS w") == [
+        {"t": "acme", "w": "tests"}]
+    assert scoped.ledger.scoped("acme", "elsewhere").get_run("r-tx") is None  # another scope's run
+
+
+def count(person: psycopg.Connection[DictRow], table: str) -> int:
+    value: int = one(person, f"SELECT count(*) FROM ledger.{table}")
+    return value
+
+
+def test_bad_input_is_a_typed_error_and_writes_nothing(scoped: ScopedLedger, person: psycopg.Connection[DictRow]) -> None:
+    with pytest.raises(InvalidArgumentError) as bad_id:
+        scoped.create_run("agent", {"order": 1}, run_id="has a space")
+    assert (bad_id.value.sqlstate, bad_id.value.code) == ("22023", "ID_INVALID")
+    assert bad_id.value.message.startswith("ledger: ") and isinstance(bad_id.value.__cause__, psycopg.Error)
+    assert count(person, "runs") == 0 and count(person, "outbox") == 0
+
+    scoped.create_run("agent", run_id="r-bad")
+    before = count(person, "run_events")
+    with pytest.raises(InvalidArgumentError) as quantity:
+        scoped.record_cost("r-bad", "tokens", Decimal(-1))
+    assert quantity.value.code == "QUANTITY_INVALID"
+    with pytest.raises(InvalidArgumentError) as status:
+        scoped.transition_run("r-bad", "finished")
+    assert status.value.code == "STATUS_UNKNOWN" and status.value.detail["status"] == "finished"
+    with pytest.raises(NotFoundError) as missing:
+        scoped.transition_run("r-none", "running")
+    assert (missing.value.sqlstate, missing.value.code, missing.value.detail["id"]) == ("P0002", "RUN_NOT_FOUND", "r-none")
+    with pytest.raises(WrongStateError) as invalid:
+        scoped.transition_run("r-bad", "succeeded")  # queued -> succeeded is not in the table
+    assert (invalid.value.sqlstate, invalid.value.code) == ("55000", "TRANSITION_INVALID")
+    assert invalid.value.detail == {"code": "TRANSITION_INVALID", "resource": "run", "from": "queued", "to": "succeeded"}
+    scoped.create_step("r-bad", "llm", step_key="plan")
+    with pytest.raises(IdempotencyMismatchError) as mismatch:
+        scoped.create_step("r-bad", "retrieval", step_key="plan")
+    assert (mismatch.value.sqlstate, mismatch.value.detail["fields"]) == ("23505", ["step_type"])
+    assert count(person, "run_events") == before + 1  # only the step that was created
+    assert count(person, "run_cost_entries") == 0
+    assert one(person, "SELECT status FROM ledger.runs WHERE id = 'r-bad'") == "queued"
+
+
+def test_scope_errors_and_errors_that_are_not_the_ledgers(ledger: Ledger, scoped: ScopedLedger) -> None:
+    with pytest.raises(ScopeError) as no_scope:
+        with ledger.transaction() as tx:
+            tx.create_run("agent")
+    assert (no_scope.value.sqlstate, no_scope.value.code) == ("42501", "SCOPE_MISSING")
+    with pytest.raises(psycopg.errors.UndefinedFunction) as other:
+        scoped.execute("SELECT ledger.no_such_function()")
+    assert not isinstance(other.value, LedgerError) and translate(other.value) is other.value
+    with pytest.raises(ReadOnlyError) as read_only:
+        with scoped.transaction() as tx:
+            tx.execute("SET TRANSACTION READ ONLY")  # as on a hot standby
+            tx.create_run("agent")
+    assert (read_only.value.sqlstate, read_only.value.code) == ("25006", "READ_ONLY")
+    plain = ValueError("not a database error")
+    assert translate(plain) is plain
+
+
+def test_a_stale_run_token_is_the_conflict_error(scoped: ScopedLedger, person: psycopg.Connection[DictRow]) -> None:
+    scoped.create_run("agent", run_id="r-stale")
+    first = scoped.claim_run("worker-1", run_id="r-stale")
+    assert first is not None
+    scoped.release_run("r-stale", first.run_token)
+    second = scoped.claim_run("worker-2", run_id="r-stale")
+    assert second is not None and second.run_token == first.run_token + 1
+    events = count(person, "run_events")
+    for write in (
+        lambda: scoped.transition_run("r-stale", "running", run_token=first.run_token),
+        lambda: scoped.create_step("r-stale", "llm", step_key="late", run_token=first.run_token),
+        lambda: scoped.heartbeat_run("r-stale", first.run_token),
+    ):
+        with pytest.raises(ConflictError) as stale:
+            write()
+        assert (stale.value.sqlstate, stale.value.code) == ("40001", "LEASE_STALE")
+        assert stale.value.detail["current_run_token"] == second.run_token
+    assert count(person, "run_events") == events and count(person, "run_steps") == 0
+    assert scoped.transition_run("r-stale", "running", run_token=second.run_token).status is RunStatus.RUNNING
+    with pytest.raises(ConflictError) as conflict:
+        scoped.transition_run("r-stale", "paused", expected_status="queued")
+    assert conflict.value.code == "TRANSITION_CONFLICT"

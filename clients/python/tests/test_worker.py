@@ -1,0 +1,234 @@
+"""The worker loop against the real extension: a worker process killed mid-call and taken over, an
+approval round trip, graceful shutdown (SIGTERM, and a release at the grace deadline), failures."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+import pytest
+from conftest import SCOPE, one, wait_for
+from psycopg.rows import DictRow
+from support_agent import count, lookup_order, support_agent
+
+from ledger_client import InDoubt, Ledger, RunContext, ScopedLedger, ScopeError, Worker
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+def effects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("EFFECTS_DIR", str(tmp_path))
+    return tmp_path
+
+
+@contextmanager
+def running(worker: Worker) -> Iterator[Worker]:
+    """The worker's loop in a thread, stopped and joined at the end."""
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(30)
+        assert not thread.is_alive(), "the worker did not stop"
+
+
+def status(person: psycopg.Connection[DictRow], run_id: str) -> str:
+    value: str = one(person, "SELECT status FROM ledger.runs WHERE id = %s", (run_id,))
+    return value
+
+
+def spawn(dsn: str, owner: str, effects: Path, lookup_seconds: float) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "support_agent.py"), dsn, SCOPE[1], owner, str(effects)],
+        env={**os.environ, "LOOKUP_SECONDS": str(lookup_seconds), "PYTHONPATH": str(HERE.parent / "src")},
+    )
+
+
+def test_a_killed_worker_is_taken_over_parked_in_doubt_and_finished_after_a_person_decides(
+    dsn: str, ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path
+) -> None:
+    scoped.create_run("agent", {"order": 7}, run_id="r-killed")
+    first = spawn(dsn, "worker-1", effects, lookup_seconds=600)
+    try:
+        wait_for("the lookup's request", lambda: count(effects, "lookup") == 1)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    # Its leases would run out in a minute; the test ends them now instead of waiting.
+    person.execute("UPDATE ledger.runs SET lease_expires_at = now() WHERE id = 'r-killed'")
+    person.execute("UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() WHERE run_id = 'r-killed'")
+
+    with running(Worker(ledger, support_agent, scope=SCOPE, lease_owner="worker-2", idle_s=0.05)):
+        wait_for("the run parked in doubt", lambda: status(person, "r-killed") == "paused")
+        doubt = person.execute("SELECT id, lease_owner FROM ledger.tool_calls_in_doubt").fetchall()
+        assert [d["lease_owner"] for d in doubt] == ["worker-1"]
+        run = person.execute("SELECT lease_owner, run_token FROM ledger.runs WHERE id = 'r-killed'").fetchone()
+        assert run == {"lease_owner": None, "run_token": 2}  # taken over (token 2), then released
+        scoped.resolve_tool_call(doubt[0]["id"], "succeeded", {"order": 7, "paid": "12.50"},
+                                 actor="ops@acme", note="seen in the CRM")
+        wait_for("the run to finish", lambda: status(person, "r-killed") in ("succeeded", "failed"))
+    assert status(person, "r-killed") == "succeeded"
+    assert {n: count(effects, n) for n in ("model-plan", "lookup", "model-answer")} == {
+        "model-plan": 1, "lookup": 1, "model-answer": 1}
+    assert scoped.replay_ready("r-killed").ready
+    said = scoped.execute("SELECT payload FROM ledger.response_events WHERE run_id = 'r-killed'")
+    assert said == [{"payload": {"text": "Order 7 was paid 12.50."}}]
+
+
+def test_an_approval_round_trip(
+    pooled: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path
+) -> None:
+    scoped.create_run("agent", {"order": 8, "refund": True}, run_id="r-refund")
+    with running(Worker(pooled, support_agent, scope=SCOPE, lease_owner="worker-1", idle_s=0.05)):
+        wait_for("the run parked for approval", lambda: status(person, "r-refund") == "waiting_approval")
+        pending = person.execute("SELECT id, title FROM ledger.pending_approvals").fetchall()
+        assert [p["title"] for p in pending] == ["Refund order 8"] and count(effects, "refund") == 0
+        assert one(person, "SELECT lease_owner FROM ledger.runs WHERE id = 'r-refund'") is None  # released
+        scoped.resolve_approval(pending[0]["id"], "approved", actor="lead@acme", note="paid twice")
+        wait_for("the run to finish", lambda: status(person, "r-refund") in ("succeeded", "failed"))
+    assert status(person, "r-refund") == "succeeded"
+    assert {n: count(effects, n) for n in ("model-plan", "lookup", "refund", "model-answer")} == {
+        "model-plan": 1, "lookup": 1, "refund": 1, "model-answer": 1}
+    assert scoped.replay_ready("r-refund").ready
+
+
+def test_a_call_another_attempt_holds_keeps_the_run_until_that_attempt_ends(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path
+) -> None:
+    scoped.create_run("agent", {"order": 9}, run_id="r-busy")
+    # Someone else's attempt at the lookup is out (a previous owner, still at work).
+    held = scoped.claim_tool_call("r-busy", "crm.lookup_order", {"order": 9}, tool_call_id="lookup",
+                                  lease_owner="worker-0", timeout_seconds=600).tool_call
+    assert held is not None
+    scoped.begin_tool_call(held.id, held.attempt)
+    with running(Worker(ledger, support_agent, scope=SCOPE, lease_owner="worker-1", idle_s=0.05)):
+        wait_for("the worker's first try", lambda: count(effects, "model-plan") == 1)
+        time.sleep(0.5)  # time for several more tries
+        row = person.execute("SELECT status, lease_owner FROM ledger.runs WHERE id = 'r-busy'").fetchone()
+        assert row == {"status": "running", "lease_owner": "worker-1"}  # kept, not parked
+        scoped.complete_tool_call(held.id, held.attempt, "succeeded", {"order": 9, "paid": "3.00"})
+        wait_for("the run to finish", lambda: status(person, "r-busy") in ("succeeded", "failed"))
+    assert status(person, "r-busy") == "succeeded" and count(effects, "lookup") == 0
+    said = scoped.execute("SELECT payload FROM ledger.response_events WHERE run_id = 'r-busy'")
+    assert said == [{"payload": {"text": "Order 9 was paid 3.00."}}]
+    claims = one(person, "SELECT count(*) FROM ledger.run_events WHERE run_id = 'r-busy' AND event_type = 'run.claimed'")
+    assert claims == 1  # held all along: no churn through the claim queue
+
+
+def test_sigterm_lets_the_current_run_finish_and_claims_no_more(
+    dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path
+) -> None:
+    scoped.create_run("agent", {"order": 1}, run_id="r-current")
+    worker = spawn(dsn, "worker-1", effects, lookup_seconds=2.0)
+    try:
+        wait_for("the lookup's request", lambda: count(effects, "lookup") == 1)
+        scoped.create_run("agent", {"order": 2}, run_id="r-next")
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    finally:
+        worker.kill()
+    assert status(person, "r-current") == "succeeded"
+    waiting = person.execute("SELECT status, run_token FROM ledger.runs WHERE id = 'r-next'").fetchone()
+    assert waiting == {"status": "queued", "run_token": 0}  # never claimed
+
+
+def test_at_the_grace_deadline_the_run_is_released(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped.create_run("agent", run_id="r-stuck")
+    started, unblock = threading.Event(), threading.Event()
+
+    def stuck_agent(ctx: RunContext) -> str:
+        started.set()
+        unblock.wait(60)
+        ctx.ledger.create_step(ctx.run_id, "llm", step_key="too-late", run_token=ctx.run_token)
+        return "never recorded"
+
+    worker = Worker(ledger, stuck_agent, scope=SCOPE, lease_owner="worker-1", shutdown_grace_s=0.3, idle_s=0.05)
+    try:
+        with running(worker):
+            assert started.wait(30)
+        row = person.execute("SELECT status, lease_owner, run_token FROM ledger.runs WHERE id = 'r-stuck'").fetchone()
+        assert row == {"status": "running", "lease_owner": None, "run_token": 1}
+        taken = scoped.claim_run("worker-2")
+        assert taken is not None and taken.run_id == "r-stuck" and not taken.takeover  # released, claimable
+    finally:
+        unblock.set()
+    # The abandoned agent's write carried the old token: refused, nothing written.
+    wait_for("the abandoned agent", lambda: all(t.name != "agent r-stuck" for t in threading.enumerate()))
+    assert one(person, "SELECT count(*) FROM ledger.run_steps WHERE run_id = 'r-stuck'") == 0
+
+
+def test_an_agent_exception_fails_the_run_and_a_stopped_call_parks_it(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped.create_run("agent", {"fail": True}, run_id="r-error")
+    scoped.create_run("agent", {"fail": False}, run_id="r-doubt")
+
+    def agent(ctx: RunContext) -> str:
+        if ctx.inputs["fail"]:
+            raise ValueError("the model answered nonsense")
+        raise InDoubt("a call nobody can vouch for")
+
+    worker = Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1")
+    assert worker.run_once() and worker.run_once()
+    failed = scoped.get_run("r-error")
+    assert failed is not None and failed.status == "failed"
+    assert (failed.error_code, failed.error_message) == ("ValueError", "the model answered nonsense")
+    assert status(person, "r-doubt") == "paused"
+
+
+def test_a_worker_of_every_scope_and_a_login_role_that_is_no_operator(
+    dsn: str, ledger: Ledger, person: psycopg.Connection[DictRow]
+) -> None:
+    ledger.scoped("acme", "support").create_run("agent", run_id="r-acme")
+    ledger.scoped("globex", "billing").create_run("agent", run_id="r-globex")
+
+    def agent(ctx: RunContext) -> str:
+        return f"served in {ctx.ledger.tenant_id}/{ctx.ledger.workspace_id}"
+
+    worker = Worker(ledger, agent, lease_owner="pool-1")  # no scope: claim_run(any_scope => true)
+    assert worker.run_once() and worker.run_once() and not worker.run_once()
+    ended = person.execute("SELECT id, status, output_summary FROM ledger.runs ORDER BY id").fetchall()
+    assert ended == [{"id": "r-acme", "status": "succeeded", "output_summary": "served in acme/support"},
+                     {"id": "r-globex", "status": "succeeded", "output_summary": "served in globex/billing"}]
+    person.execute("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ledger_py_app') THEN"
+                   " CREATE ROLE ledger_py_app LOGIN IN ROLE ledger_writer; END IF; END $$")
+    app = Ledger(dsn.replace("user=postgres", "user=ledger_py_app"))
+    with pytest.raises(ScopeError) as refused:
+        Worker(app, agent).run_once()
+    assert (refused.value.sqlstate, refused.value.code) == ("42501", "OPERATOR_REQUIRED")
+
+
+def test_a_retry_reuses_the_failed_runs_finished_calls(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path
+) -> None:
+    scoped.create_run("agent", {"order": 3}, run_id="r-first")
+
+    def agent(ctx: RunContext) -> str:
+        source = ctx.run.source_run_id  # a re-run names its source's calls by their keys
+        found = ctx.tool_call("lookup", "crm.lookup_order", {"order": ctx.inputs["order"]}, lookup_order,
+                              idempotency_key=f"tool:{source}:lookup" if source else None)
+        if source is None:
+            raise RuntimeError("the model timed out")
+        return f"paid {found['paid']}"
+
+    worker = Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1")
+    assert worker.run_once() and status(person, "r-first") == "failed"
+    retry = scoped.retry_run("r-first")
+    assert (retry.source_run_id, retry.attempt_no, retry.status) == ("r-first", 2, "queued")
+    assert worker.run_once()
+    done = scoped.get_run(retry.id)
+    assert done is not None and (done.status, done.output_summary) == ("succeeded", "paid 12.50")
+    assert count(effects, "lookup") == 1  # executed by the first run only
+    reused = scoped.replay_bundle(retry.id)["reused_tool_calls"]
+    assert [r["source_run_id"] for r in reused] == ["r-first"]
