@@ -25,7 +25,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from psycopg.types.json import Jsonb
 
-from ledger_client.otel import OTLPExportError, export_trace, fetch_trace, send_trace
+from ledger_client import Ledger, NotFoundError
+from ledger_client.otel import OTLPExportError, export_trace, send_trace
 
 
 class Receiver(ThreadingHTTPServer):
@@ -157,8 +158,9 @@ def attributes(span: Span) -> dict[str, Any]:
 def test_a_run_reaches_an_otlp_receiver_as_genai_spans(dsn: str, receiver: Receiver) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         a_run_with_everything(conn)
-        sent = export_trace(conn, "run-otel", receiver.url, service_name="support-agent")
-        export_trace(conn, "run-otel", receiver.url, service_name="support-agent", protobuf=True)
+    scoped = Ledger(dsn).scoped("acme", "otel")
+    sent = export_trace(scoped, "run-otel", receiver.url, service_name="support-agent")
+    export_trace(scoped, "run-otel", receiver.url, service_name="support-agent", protobuf=True)
     assert [content_type for content_type, _ in receiver.received] == ["application/json", "application/x-protobuf"]
     as_json, as_protobuf = (message for _, message in receiver.received)
     # Both encodings carry the same request.
@@ -220,14 +222,14 @@ def test_a_run_reaches_an_otlp_receiver_as_genai_spans(dsn: str, receiver: Recei
             (record,),
         ).fetchone()
         assert found == (1,)
-        # A finished run exports the same trace again.
-        assert fetch_trace(conn, "run-otel", "support-agent") == sent
+    # A finished run exports the same trace again.
+    assert scoped.otel_trace("run-otel", "support-agent") == sent
 
 
 def test_a_refusing_or_absent_collector_is_an_error(dsn: str, receiver: Receiver) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         a_run_with_everything(conn)
-        trace = fetch_trace(conn, "run-otel")
+    trace = Ledger(dsn).scoped("acme", "otel").otel_trace("run-otel")
     receiver.refuse_with = 503
     with pytest.raises(OTLPExportError) as refused:
         send_trace(trace, receiver.url)
@@ -241,11 +243,9 @@ def test_a_refusing_or_absent_collector_is_an_error(dsn: str, receiver: Receiver
 def test_a_run_of_another_scope_is_not_exported(dsn: str, receiver: Receiver) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         a_run_with_everything(conn)
-        conn.execute("SELECT ledger.set_scope('acme', 'elsewhere')")
-        with pytest.raises(psycopg.errors.NoDataFound) as missing:
-            export_trace(conn, "run-otel", receiver.url)
-        assert missing.value.diag.sqlstate == "P0002"
-        assert json.loads(missing.value.diag.message_detail or "{}")["code"] == "RUN_NOT_FOUND"
+    with pytest.raises(NotFoundError) as missing:
+        export_trace(Ledger(dsn).scoped("acme", "elsewhere"), "run-otel", receiver.url)
+    assert (missing.value.sqlstate, missing.value.code) == ("P0002", "RUN_NOT_FOUND")
     assert receiver.received == []
 
 

@@ -264,6 +264,11 @@ class LedgerCalls(ABC):
         bundle: dict[str, Any] = self._value("replay_bundle", run_id)
         return bundle
 
+    def otel_trace(self, run_id: str, service_name: str = "ledger") -> dict[str, Any]:
+        """The run as an OpenTelemetry trace, OTLP/JSON (send it with :mod:`ledger_client.otel`)."""
+        trace: dict[str, Any] = self._value("otel_trace", run_id, service_name=service_name)
+        return trace
+
     # Tool calls
 
     def claim_tool_call(

@@ -17,9 +17,9 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-import psycopg
+from .client import LedgerCalls
 
-__all__ = ["OTLPExportError", "export_trace", "fetch_trace", "send_trace", "to_protobuf", "traces_endpoint"]
+__all__ = ["OTLPExportError", "export_trace", "send_trace", "to_protobuf", "traces_endpoint"]
 
 DEFAULT_ENDPOINT = "http://localhost:4318"
 
@@ -31,14 +31,6 @@ class OTLPExportError(Exception):
         super().__init__(message)
         self.status = status
         self.body = body
-
-
-def fetch_trace(conn: psycopg.Connection[Any], run_id: str, service_name: str = "ledger") -> dict[str, Any]:
-    """The run's trace as OTLP/JSON, read in the connection's current scope."""
-    row = conn.execute("SELECT ledger.otel_trace(%s, %s)", (run_id, service_name)).fetchone()
-    assert row is not None  # a function call always returns a row
-    trace: dict[str, Any] = row[0]
-    return trace
 
 
 def traces_endpoint(endpoint: str | None = None) -> str:
@@ -119,7 +111,7 @@ def send_trace(
 
 
 def export_trace(
-    conn: psycopg.Connection[Any],
+    ledger: LedgerCalls,
     run_id: str,
     endpoint: str | None = None,
     *,
@@ -128,8 +120,8 @@ def export_trace(
     protobuf: bool = False,
     timeout: float = 10.0,
 ) -> dict[str, Any]:
-    """Reads the run's trace (in the connection's scope) and sends it; returns what was sent.
-    Exporting a finished run again sends the same trace and span ids, which collectors dedupe."""
-    trace = fetch_trace(conn, run_id, service_name)
+    """Reads the run's trace (``ledger.scoped(...)``, or a transaction of it) and sends it;
+    returns what was sent. Exporting a finished run again sends the same trace and span ids."""
+    trace = ledger.otel_trace(run_id, service_name)
     send_trace(trace, endpoint, headers=headers, protobuf=protobuf, timeout=timeout)
     return trace
