@@ -58,8 +58,16 @@ def eventually(check: Callable[[], object], timeout: float = 20.0) -> None:
 class Stream:
     """A browser stream: GET with the headers EventSource would send, parsed frame by frame."""
 
-    def __init__(self, port: int, run_id: str, *, scope: tuple[str, str] | None = SCOPE, last_event_id: str | None = None):
-        headers = {"accept": "text/event-stream"}
+    def __init__(
+        self,
+        port: int,
+        run_id: str,
+        *,
+        scope: tuple[str, str] | None = SCOPE,
+        last_event_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
+        headers = {"accept": "text/event-stream", **(headers or {})}
         if scope is not None:
             headers["x-scope"] = "/".join(scope)
         if last_event_id is not None:
