@@ -11,10 +11,11 @@ from contextlib import closing, contextmanager
 from typing import Any
 
 import psycopg
+import pytest
 import uvicorn
 
 from ledger_client.sse import EventHub, Scope, sse_app
-from test_follow import FAST, SCOPE, feed, scoped, start_run, write_steps
+from test_follow import FAST, SCOPE, feed, restart_server, scoped, start_run, write_steps
 from test_follow import watchdog  # noqa: F401 - the autouse fixture, for this module too
 
 
@@ -231,14 +232,18 @@ def test_heartbeats_then_a_client_disconnect_unlistens(dsn: str) -> None:
         eventually(lambda: listeners(dsn) == [(pid, f'UNLISTEN "{channel(dsn, "r")}"')])
 
 
-def test_the_hub_listens_again_after_its_connection_is_dropped(dsn: str) -> None:
+@pytest.mark.parametrize("disruption", ["terminate", "restart"])
+def test_the_hub_listens_again_after_its_connection_is_dropped(dsn: str, disruption: str) -> None:
     start_run(dsn, "r")
     with sse_server(dsn) as (port, hub):
         s = Stream(port, "r")
         head = s.events(limit=2)
         [(pid, _)] = listeners(dsn)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        if disruption == "terminate":
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        else:  # the pool's connections are gone too
+            restart_server()
         # Written while the hub reconnects, and after: the stream is woken when the hub LISTENs
         # again, then by notifications (the backstop is far away).
         write_steps(dsn, "r", range(4), finish=True)

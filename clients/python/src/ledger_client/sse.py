@@ -23,8 +23,8 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import TupleRow, class_row
-from psycopg_pool import AsyncConnectionPool
+from psycopg.rows import BaseRowFactory, TupleRow, class_row, tuple_row
+from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from .follow import (
     CURSOR_ENDS_RUN,
@@ -41,7 +41,7 @@ from .follow import (
 __all__ = ["EventHub", "RunStream", "sse_app"]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+R = TypeVar("R")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -60,7 +60,8 @@ class EventHub:
     hub`) and keeps reconnecting its LISTEN connection after a drop, forever, backing off per
     `reconnect`; a stream that cannot get its LISTEN in place within `listen_timeout_s` fails with
     TimeoutError. Pass `pool` to share an application's AsyncConnectionPool; otherwise the hub
-    opens its own of `pool_size` connections on `conninfo` (and closes it in `close`).
+    opens its own of `pool_size` connections on `conninfo` (and closes it in `close`, which is
+    final).
     """
 
     def __init__(
@@ -108,6 +109,7 @@ class EventHub:
             with suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+            self._listening.clear()
         if self._own_pool:
             await self._pool.close()
 
@@ -133,55 +135,42 @@ class EventHub:
         hub), then the first read, so that an unknown run or cursor, a bad id or a refused scope
         raises here, before anything is sent. Iterate the stream for the events."""
         await self.open()
-        stream = RunStream(self, tenant, workspace, run_id, cursor, wait_s, page)
-        channel = _first(await self.read(tenant, workspace, RUN_CHANNEL, (run_id,)))
-        self._streams.setdefault(channel, set()).add(stream.wake)
+        stream = RunStream(self, (tenant, workspace), run_id, cursor, wait_s, page)
+        channel = _first(await self._read(stream.scope, RUN_CHANNEL, (run_id,), tuple_row))
+        self._streams.setdefault(channel, set()).add(stream._wake)
         self._changed.set()
         try:
             async with self._synced:
                 await asyncio.wait_for(
                     self._synced.wait_for(lambda: channel in self._listening), self._listen_timeout_s
                 )
-            await stream.start()
+            await stream._start()
             yield stream
         finally:
             wakes = self._streams[channel]
-            wakes.discard(stream.wake)
+            wakes.discard(stream._wake)
             if not wakes:
                 del self._streams[channel]
                 self._changed.set()
 
-    async def read(self, tenant: str, workspace: str, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        """Run one query in a short transaction of a pooled connection, in the scope (set
-        transaction-locally, so the connection leaves the pool's hands with no scope)."""
-        return await self._retrying(self._read_once, tenant, workspace, query, params)
-
-    async def events(self, tenant: str, workspace: str, run_id: str, cursor: str | None, page: int) -> list[Event]:
-        """A page of `events_since`, read like `read`."""
-        return await self._retrying(self._events_once, tenant, workspace, run_id, cursor, page)
-
-    async def _retrying(self, once: Callable[..., Awaitable[T]], *args: Any) -> T:
+    async def _read(
+        self, scope: LedgerScope, query: str, params: tuple[Any, ...], rows: BaseRowFactory[R]
+    ) -> list[R]:
+        """One query in a short transaction of a pooled connection, with the scope set
+        transaction-locally (the connection goes back to the pool with none), retried per
+        `reconnect` after a lost connection or a restart."""
         failures = 0
         while True:
             try:
-                return await once(*args)
+                async with self._pool.connection() as conn, conn.transaction():
+                    await conn.execute(SET_SCOPE_LOCAL, scope)
+                    return await (await conn.cursor(row_factory=rows).execute(query, params)).fetchall()
             except psycopg.Error as exc:
                 failures += 1
-                delay = retry_after(exc, self._reconnect, failures)
-                if delay is None:
+                delay = None if isinstance(exc, PoolClosed) else retry_after(exc, self._reconnect, failures)
+                if delay is None:  # a ledger error, the retries are used up, or the hub was closed
                     raise
                 await asyncio.sleep(delay)
-
-    async def _read_once(self, tenant: str, workspace: str, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        async with self._pool.connection() as conn, conn.transaction():
-            await conn.execute(SET_SCOPE_LOCAL, (tenant, workspace))
-            return await (await conn.execute(query, params)).fetchall()
-
-    async def _events_once(self, tenant: str, workspace: str, run_id: str, cursor: str | None, page: int) -> list[Event]:
-        async with self._pool.connection() as conn, conn.transaction():
-            await conn.execute(SET_SCOPE_LOCAL, (tenant, workspace))
-            events = conn.cursor(row_factory=class_row(Event))
-            return await (await events.execute(EVENTS_SINCE, (run_id, cursor, page))).fetchall()
 
     async def _serve(self) -> None:
         """The LISTEN connection's life: connect, LISTEN/UNLISTEN to match the streams, hand
@@ -224,16 +213,7 @@ class EventHub:
                 for wake in self._streams.get(note.channel, ()):
                     wake.set()
 
-        notes = asyncio.create_task(dispatch())
-        changed = asyncio.create_task(self._changed.wait())
-        try:
-            done, _ = await asyncio.wait({notes, changed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (notes, changed):
-                task.cancel()
-            await asyncio.gather(notes, changed, return_exceptions=True)
-        if notes in done:
-            notes.result()  # the connection was lost: raises
+        await _until(dispatch(), self._changed.wait())
 
 
 class RunStream:
@@ -246,23 +226,28 @@ class RunStream:
     """
 
     def __init__(
-        self, hub: EventHub, tenant: str, workspace: str, run_id: str, cursor: str | None, wait_s: float, page: int
+        self, hub: EventHub, scope: LedgerScope, run_id: str, cursor: str | None, wait_s: float, page: int
     ) -> None:
         self._hub = hub
-        self._scope = (tenant, workspace)
+        self.scope = scope
         self.run_id = run_id
         self.cursor = cursor
         self._wait_s = wait_s
         self._page = page
-        self.wake = asyncio.Event()
+        self._wake = asyncio.Event()
         self.ended = False
         self._pending: list[Event] = []
 
-    async def start(self) -> None:
-        self.wake.clear()
+    async def _start(self) -> None:
         if self.cursor is not None:
-            self.ended = bool(_first(await self._hub.read(*self._scope, CURSOR_ENDS_RUN, (self.run_id, self.cursor))))
-        self._pending = await self._hub.events(*self._scope, self.run_id, self.cursor, self._page)
+            ends = await self._hub._read(self.scope, CURSOR_ENDS_RUN, (self.run_id, self.cursor), tuple_row)
+            self.ended = bool(_first(ends))
+        await self._next_page()
+
+    async def _next_page(self) -> None:
+        self._wake.clear()  # before the read: a notification during it wakes the next wait
+        params = (self.run_id, self.cursor, self._page)
+        self._pending = await self._hub._read(self.scope, EVENTS_SINCE, params, class_row(Event))
 
     async def __aiter__(self) -> AsyncIterator[Event | None]:
         if self.ended:
@@ -275,11 +260,10 @@ class RunStream:
                     return
             if len(self._pending) < self._page:
                 try:
-                    await asyncio.wait_for(self.wake.wait(), self._wait_s)
+                    await asyncio.wait_for(self._wake.wait(), self._wait_s)
                 except TimeoutError:
                     yield None
-            self.wake.clear()  # before the read: a notification during it wakes the next wait
-            self._pending = await self._hub.events(*self._scope, self.run_id, self.cursor, self._page)
+            await self._next_page()
 
 
 def _first(rows: list[tuple[Any, ...]]) -> Any:
@@ -403,20 +387,26 @@ async def _until_disconnect(writing: Awaitable[None], receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
 
-    write = asyncio.ensure_future(writing)
-    gone = asyncio.ensure_future(disconnected())
+    await _until(writing, disconnected())
+
+
+async def _until(main: Awaitable[None], stop: Awaitable[object]) -> None:
+    """Run `main` until it ends or `stop` does, then cancel the other; an error of `main` is
+    raised."""
+    work, stopped = asyncio.ensure_future(main), asyncio.ensure_future(stop)
     try:
-        done, _ = await asyncio.wait({write, gone}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (write, gone):
+        for task in (work, stopped):
             task.cancel()
-        await asyncio.gather(write, gone, return_exceptions=True)
-    if write in done:
-        write.result()
+        await asyncio.gather(work, stopped, return_exceptions=True)
+    if not work.cancelled():
+        work.result()
 
 
-async def _plain(send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = text.encode() if status != 204 else b""
+async def _plain(
+    send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -424,7 +414,7 @@ async def _plain(send: Send, status: int, text: str, headers: list[tuple[bytes, 
             "headers": [(b"content-type", b"text/plain; charset=utf-8"), *(headers or [])],
         }
     )
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.body", "body": text.encode()})
 
 
 async def _lifespan(hub: EventHub, receive: Receive, send: Send) -> None:
