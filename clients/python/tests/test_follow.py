@@ -53,7 +53,8 @@ def write_steps(
 def feed(dsn: str, run_id: str, scope: tuple[str, str] = SCOPE) -> list[str]:
     """The run's event ids as the ledger has them."""
     with scoped(dsn, scope) as conn:
-        return [r[0] for r in conn.execute("SELECT event_id FROM ledger.events_since(%s, NULL, 10000)", (run_id,))]
+        rows = conn.execute("SELECT event_id FROM ledger.events_since(%s, NULL, 10000)", (run_id,))
+        return [r[0] for r in rows]
 
 
 def collect(
@@ -121,7 +122,8 @@ def terminate(dsn: str, application_name: str) -> int:
     """pg_terminate_backend on the backends of `application_name`; how many there were."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s",
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))"
+            "  FROM pg_stat_activity WHERE application_name = %s",
             (application_name,),
         ).fetchone()
         assert row is not None

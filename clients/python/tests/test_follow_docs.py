@@ -56,7 +56,7 @@ def test_the_sse_example_serves_a_signed_in_browser_only(dsn: str, tmp_path: Pat
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "--app-dir", str(tmp_path), "--port", str(port), "streaming_app:app"],
+        [sys.executable, "-m", "uvicorn", "--app-dir", str(tmp_path), f"--port={port}", "streaming_app:app"],
         env=env(dsn),
         stderr=subprocess.PIPE,
         text=True,

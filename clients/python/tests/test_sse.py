@@ -14,6 +14,7 @@ import psycopg
 import pytest
 import uvicorn
 
+from ledger_client.follow import Reconnect
 from ledger_client.sse import EventHub, Scope, sse_app
 from test_follow import FAST, SCOPE, feed, restart_server, scoped, start_run, write_steps
 from test_follow import watchdog  # noqa: F401 - the autouse fixture, for this module too
@@ -29,13 +30,14 @@ def scope_from_header(scope: Scope) -> tuple[str, str] | None:
 
 
 @contextmanager
-def sse_server(dsn: str, *, wait_s: float = 600.0) -> Iterator[tuple[int, EventHub]]:
+def sse_server(
+    dsn: str, *, wait_s: float = 600.0, reconnect: Reconnect = FAST
+) -> Iterator[tuple[int, EventHub]]:
     """uvicorn serving `sse_app` on a free port in a thread; its lifespan opens and closes the hub.
     wait_s (the backstop) defaults to far beyond a test's length: notifications must do it."""
-    hub = EventHub(dsn, pool_size=2, reconnect=FAST)
-    server = uvicorn.Server(
-        uvicorn.Config(sse_app(hub, scope_from_header, wait_s=wait_s), log_level="warning", timeout_graceful_shutdown=5)
-    )
+    hub = EventHub(dsn, pool_size=2, reconnect=reconnect)
+    app = sse_app(hub, scope_from_header, wait_s=wait_s)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
@@ -112,8 +114,8 @@ def listeners(dsn: str) -> list[tuple[int, str]]:
 def backends(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
         ).fetchone()
         assert row is not None
         return int(row[0])
@@ -235,7 +237,8 @@ def test_heartbeats_then_a_client_disconnect_unlistens(dsn: str) -> None:
 @pytest.mark.parametrize("disruption", ["terminate", "restart"])
 def test_the_hub_listens_again_after_its_connection_is_dropped(dsn: str, disruption: str) -> None:
     start_run(dsn, "r")
-    with sse_server(dsn) as (port, hub):
+    # The hub waits half a second or more before it reconnects: the writes below are done by then.
+    with sse_server(dsn, reconnect=Reconnect(initial_s=1.0, max_s=1.0)) as (port, hub):
         s = Stream(port, "r")
         head = s.events(limit=2)
         [(pid, _)] = listeners(dsn)
@@ -244,8 +247,8 @@ def test_the_hub_listens_again_after_its_connection_is_dropped(dsn: str, disrupt
                 conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
         else:  # the pool's connections are gone too
             restart_server()
-        # Written while the hub reconnects, and after: the stream is woken when the hub LISTENs
-        # again, then by notifications (the backstop is far away).
+        # Written while the hub is away: the stream is woken when the hub LISTENs again (the
+        # backstop is far away), and reads them from its cursor.
         write_steps(dsn, "r", range(4), finish=True)
         assert_stream_of(head + s.events(), dsn, "r")
         s.close()
