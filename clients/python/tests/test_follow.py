@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from ledger_client.follow import Event, Reconnect, afollow, follow, ledger_code
 
@@ -167,8 +168,9 @@ def test_follower_loses_and_repeats_nothing_across(dsn: str, flavour: str, disru
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_follower_resumes_after_its_cursor_and_returns_at_once_after_the_end(dsn: str, flavour: str) -> None:
-    start_run(dsn, "r")
-    write_steps(dsn, "r", range(3), finish=True)
+    for scope in (("acme", "twin"), SCOPE):  # the same run id in another scope changes nothing
+        start_run(dsn, "r", scope=scope)
+        write_steps(dsn, "r", range(3), finish=True, scope=scope)
     ids = feed(dsn, "r")
     # Written before the follower came: no notification is coming, every full page is read again.
     assert [e.event_id for e in collect(flavour, dsn, "r", page=2)] == ids
@@ -209,3 +211,22 @@ def test_follower_gives_up_after_its_retries(dsn: str, flavour: str) -> None:
     with pytest.raises(psycopg.OperationalError):
         collect(flavour, nobody, "r", reconnect=Counting(retries=3))
     assert attempts == [1, 2, 3]
+
+
+def test_follower_needs_no_more_than_ledger_reader(dsn: str) -> None:
+    """The tests connect as a superuser (BYPASSRLS); an application's reader role is not one."""
+    role = "ledger_py_follow_reader"
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE ledger_reader").format(sql.Identifier(role)))
+    try:
+        start_run(dsn, "r")
+        write_steps(dsn, "r", range(2), finish=True)
+        ids = feed(dsn, "r")
+        reader = dsn.replace("user=postgres", f"user={role}")
+        assert [e.event_id for e in collect("sync", reader, "r")] == ids
+        assert [e.event_id for e in collect("async", reader, "r", cursor=ids[-2])] == ids[-1:]
+        assert collect("sync", reader, "r", cursor=ids[-1]) == []
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -99,15 +99,19 @@ EVENTS_SINCE = (
 # Whether the cursor itself is the event that ended the run (a follower resumed after the end
 # returns at once instead of waiting): the extension's own ends_run of that row, read by asking
 # for the one event after its predecessor. No row: the cursor is not an event of the run (the
-# read that follows fails EVENT_NOT_FOUND).
+# read that follows fails EVENT_NOT_FOUND). The scope is explicit because a role with BYPASSRLS
+# sees every scope's rows.
 CURSOR_ENDS_RUN = """
 SELECT e.ends_run
   FROM ledger.run_events c
  CROSS JOIN LATERAL ledger.events_since(
          c.run_id,
-         (SELECT p.id FROM ledger.run_events p WHERE p.run_id = c.run_id AND p.seq = c.seq - 1),
+         (SELECT p.id FROM ledger.run_events p
+           WHERE (p.tenant_id, p.workspace_id, p.run_id, p.seq)
+               = (c.tenant_id, c.workspace_id, c.run_id, c.seq - 1)),
          1) e
- WHERE c.run_id = %s AND c.id = %s
+ WHERE (c.tenant_id, c.workspace_id) = (ledger.scope_tenant(), ledger.scope_workspace())
+   AND c.run_id = %s AND c.id = %s
 """
 
 
