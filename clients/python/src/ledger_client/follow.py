@@ -183,7 +183,10 @@ async def afollow(
     page: int = 1000,
     reconnect: Reconnect = Reconnect(),
 ) -> AsyncIterator[Event]:
-    """`follow` for asyncio, on a psycopg AsyncConnection: the same contract, step for step."""
+    """`follow` for asyncio, on a psycopg AsyncConnection: the same contract, step for step.
+
+    Leaving the loop early leaves the connection open until the generator is collected; wrap it
+    in `contextlib.aclosing` to close it at once."""
     failures = 0
     while True:
         try:

@@ -128,7 +128,7 @@ class EventHub:
         run_id: str,
         *,
         cursor: str | None = None,
-        wait_s: float = 10.0,
+        wait_s: float = 15.0,
         page: int = 1000,
     ) -> AsyncIterator[RunStream]:
         """Follow a run in the scope (tenant, workspace) after `cursor`: LISTEN first (through the
