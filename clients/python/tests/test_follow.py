@@ -7,6 +7,7 @@ import os
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -213,20 +214,25 @@ def test_follower_gives_up_after_its_retries(dsn: str, flavour: str) -> None:
     assert attempts == [1, 2, 3]
 
 
+@contextmanager
+def reader_role(dsn: str, name: str) -> Iterator[str]:
+    """A login role with ledger_reader and nothing more; the conninfo to connect as it."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE ledger_reader").format(sql.Identifier(name)))
+    try:
+        yield dsn.replace("user=postgres", f"user={name}")
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
 def test_follower_needs_no_more_than_ledger_reader(dsn: str) -> None:
     """The tests connect as a superuser (BYPASSRLS); an application's reader role is not one."""
-    role = "ledger_py_follow_reader"
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
-        admin.execute(sql.SQL("CREATE ROLE {} LOGIN IN ROLE ledger_reader").format(sql.Identifier(role)))
-    try:
-        start_run(dsn, "r")
-        write_steps(dsn, "r", range(2), finish=True)
-        ids = feed(dsn, "r")
-        reader = dsn.replace("user=postgres", f"user={role}")
+    start_run(dsn, "r")
+    write_steps(dsn, "r", range(2), finish=True)
+    ids = feed(dsn, "r")
+    with reader_role(dsn, "ledger_py_follow_reader") as reader:
         assert [e.event_id for e in collect("sync", reader, "r")] == ids
         assert [e.event_id for e in collect("async", reader, "r", cursor=ids[-2])] == ids[-1:]
         assert collect("sync", reader, "r", cursor=ids[-1]) == []
-    finally:
-        with psycopg.connect(dsn, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -16,7 +16,7 @@ import uvicorn
 
 from ledger_client.follow import Reconnect
 from ledger_client.sse import EventHub, Scope, sse_app
-from test_follow import FAST, SCOPE, feed, restart_server, scoped, start_run, write_steps
+from test_follow import FAST, SCOPE, feed, reader_role, restart_server, scoped, start_run, write_steps
 from test_follow import watchdog  # noqa: F401 - the autouse fixture, for this module too
 
 
@@ -217,6 +217,24 @@ def test_errors_are_plain_http_responses(dsn: str) -> None:
             assert (response.status, response.getheader("allow")) == (405, "GET")
         # Refused requests leave no LISTEN behind (the unknown run's channel was LISTENed first).
         eventually(lambda: hub.channels == frozenset())
+
+
+def test_a_scope_the_database_refuses_is_403(dsn: str) -> None:
+    """The hub's role is bound to one scope by ledger.grant_scope; an application that hands it
+    another (a bug in scope_of, say) is refused by the ledger, not served."""
+    start_run(dsn, "r")
+    start_run(dsn, "r", scope=("acme", "other"))
+    with reader_role(dsn, "ledger_py_sse_bound") as bound:
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute("SELECT ledger.grant_scope('ledger_py_sse_bound', %s, %s)", SCOPE)
+        with sse_server(bound) as (port, hub):
+            refused = Stream(port, "r", scope=("acme", "other"))
+            assert (refused.response.status, refused.response.read()) == (403, b"forbidden")
+            refused.close()
+            allowed = Stream(port, "r")
+            assert allowed.response.status == 200
+            assert [e["event"] for e in allowed.events(limit=1)] == ["run.created"]
+            allowed.close()
 
 
 def test_heartbeats_then_a_client_disconnect_unlistens(dsn: str) -> None:

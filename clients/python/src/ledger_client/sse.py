@@ -339,7 +339,9 @@ def sse_app(
                 status = _http_status(exc)
                 if status is None:
                     raise
-                await _plain(send, status, exc.diag.message_primary or "error")
+                # The ledger's message says what was wrong with the request; a refused scope's
+                # says nothing the caller needs.
+                await _plain(send, status, "forbidden" if status == 403 else exc.diag.message_primary or "")
                 return
             except TimeoutError:
                 await _plain(send, 503, "no LISTEN connection")
