@@ -1,5 +1,6 @@
-"""STREAMING.md's examples, run as written: the follower block as a script against a test database,
-the SSE block as the module a real uvicorn serves, read over HTTP."""
+"""The examples of "Following a run" and "Server-Sent Events (ASGI)", run as written: the
+follower block as a script against a test database, the SSE block as the module a real uvicorn
+serves, read over HTTP."""
 
 import os
 import re
@@ -14,13 +15,20 @@ from test_follow import feed, start_run, write_steps
 from test_follow import watchdog  # noqa: F401 - the autouse fixture, for this module too
 from test_sse import Stream
 
-DOC = Path(__file__).parent.parent / "STREAMING.md"
-SRC = str(Path(__file__).parent.parent / "src")
+ROOT = Path(__file__).parent.parent
+SRC = str(ROOT / "src")
 
 
 def examples() -> list[str]:
-    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
-    assert len(blocks) == 2, "STREAMING.md: a follower example and an SSE example"
+    """The python block of each subsection, from STREAMING.md until it is pasted into the README."""
+    doc = ROOT / "STREAMING.md"
+    text = (doc if doc.exists() else ROOT.parent.parent / "README.md").read_text(encoding="utf-8")
+    blocks = []
+    for heading in ("### Following a run", "### Server-Sent Events (ASGI)"):
+        section = re.search(rf"^{re.escape(heading)}\n(.*?)(?=^##|\Z)", text, re.S | re.M)
+        assert section, f"no {heading!r}"
+        [block] = re.findall(r"```python\n(.*?)```", section.group(1), re.S)
+        blocks.append(block)
     return blocks
 
 
