@@ -1,0 +1,89 @@
+"""The examples of "Following a run" and "Server-Sent Events (ASGI)", run as written: the
+follower block as a script against a test database, the SSE block as the module a real uvicorn
+serves, read over HTTP."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_follow import feed, start_run, write_steps
+from test_follow import watchdog  # noqa: F401 - the autouse fixture, for this module too
+from test_sse import Stream
+
+ROOT = Path(__file__).parent.parent
+SRC = str(ROOT / "src")
+
+
+def examples() -> list[str]:
+    """The python block of each subsection, from STREAMING.md until it is pasted into the README."""
+    doc = ROOT / "STREAMING.md"
+    text = (doc if doc.exists() else ROOT.parent.parent / "README.md").read_text(encoding="utf-8")
+    blocks = []
+    for heading in ("### Following a run", "### Server-Sent Events (ASGI)"):
+        section = re.search(rf"^{re.escape(heading)}\n(.*?)(?=^##|\Z)", text, re.S | re.M)
+        assert section, f"no {heading!r}"
+        [block] = re.findall(r"```python\n(.*?)```", section.group(1), re.S)
+        blocks.append(block)
+    return blocks
+
+
+def env(dsn: str) -> dict[str, str]:
+    return {**os.environ, "LEDGER_DSN": dsn, "PYTHONPATH": SRC}
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_follower_example_follows_its_run_to_the_end_and_resumes(dsn: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", examples()[0]], env=env(dsn), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "1 run.created ",
+        "2 run.status running",
+        "3 step.created ",
+        "4 step.created ",
+        "5 run.status succeeded",
+        "again: 3 step.created",
+        "again: 4 step.created",
+        "again: 5 run.status",
+    ]
+
+
+def test_the_sse_example_serves_a_signed_in_browser_only(dsn: str, tmp_path: Path) -> None:
+    (tmp_path / "streaming_app.py").write_text(examples()[1], encoding="utf-8")
+    with socket.socket() as probe:  # a free port (uvicorn binds it a moment later)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "--app-dir", str(tmp_path), f"--port={port}", "streaming_app:app"],
+        env=env(dsn),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not listening(port):
+            assert server.poll() is None, server.communicate()[1]
+            time.sleep(0.05)
+        scope = ("acme", "streaming")
+        start_run(dsn, "example", scope=scope)
+        write_steps(dsn, "example", range(2), finish=True, scope=scope)
+        alice = Stream(port, "example", scope=None, headers={"cookie": "session=session-of-alice"})
+        assert alice.response.status == 200
+        assert [e["id"] for e in alice.events()] == feed(dsn, "example", scope=scope)
+        alice.close()
+        stranger = Stream(port, "example", scope=None)
+        assert stranger.response.status == 403
+        stranger.close()
+    finally:
+        server.send_signal(signal.SIGINT)
+        _, log = server.communicate(timeout=30)
+        assert server.returncode == 0 and "Traceback" not in log, log
