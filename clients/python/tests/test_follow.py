@@ -14,7 +14,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from ledger_client.follow import Event, Reconnect, afollow, follow, ledger_code
+from ledger_client import InvalidArgumentError, NotFoundError, RunEvent
+from ledger_client.follow import Reconnect, afollow, follow
 
 SCOPE = ("acme", "stream")
 FAST = Reconnect(initial_s=0.05, max_s=0.5)
@@ -63,16 +64,16 @@ def collect(
     flavour: str,
     conninfo: str,
     run_id: str,
-    on_event: Callable[[list[Event]], None] = lambda seen: None,
+    on_event: Callable[[list[RunEvent]], None] = lambda seen: None,
     *,
     cursor: str | None = None,
     wait_s: float = 600,
     page: int = 1000,
     reconnect: Reconnect = FAST,
-) -> list[Event]:
+) -> list[RunEvent]:
     """Follow with `follow` or `afollow` to the end; `on_event` sees the list after each event.
     wait_s is far beyond a test's length: only notifications wake the follower in time."""
-    seen: list[Event] = []
+    seen: list[RunEvent] = []
     kw: dict[str, Any] = {"cursor": cursor, "wait_s": wait_s, "page": page, "reconnect": reconnect}
     if flavour == "sync":
         for event in follow(conninfo, *SCOPE, run_id, **kw):
@@ -89,7 +90,7 @@ def collect(
     return seen
 
 
-def assert_whole_feed(seen: list[Event], dsn: str, run_id: str) -> None:
+def assert_whole_feed(seen: list[RunEvent], dsn: str, run_id: str) -> None:
     """Every event once, in seq order, and the follower stopped at the one that ended the run."""
     assert [e.event_id for e in seen] == feed(dsn, run_id)
     assert [e.seq for e in seen] == list(range(1, len(seen) + 1))
@@ -187,16 +188,16 @@ def test_follower_raises_ledger_errors_without_retrying(dsn: str, flavour: str) 
     start_run(dsn, "r")
     start_run(dsn, "elsewhere", scope=("acme", "other"))
     cases = [
-        ("nope", None, psycopg.errors.NoDataFound, "RUN_NOT_FOUND"),
-        ("elsewhere", None, psycopg.errors.NoDataFound, "RUN_NOT_FOUND"),  # another scope's run
-        ("r", "evt_00000000000000000000000000", psycopg.errors.NoDataFound, "EVENT_NOT_FOUND"),
-        ("bad id", None, psycopg.errors.InvalidParameterValue, "ID_INVALID"),
+        ("nope", None, NotFoundError, "RUN_NOT_FOUND"),
+        ("elsewhere", None, NotFoundError, "RUN_NOT_FOUND"),  # another scope's run
+        ("r", "evt_00000000000000000000000000", NotFoundError, "EVENT_NOT_FOUND"),
+        ("bad id", None, InvalidArgumentError, "ID_INVALID"),
     ]
     for run_id, cursor, error, code in cases:
         # retries=None: an error that were retried would hang here (and the watchdog would fire).
         with pytest.raises(error) as raised:
             collect(flavour, dsn, run_id, cursor=cursor, reconnect=Reconnect(retries=None))
-        assert ledger_code(raised.value) == code
+        assert raised.value.code == code
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])

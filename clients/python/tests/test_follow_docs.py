@@ -20,9 +20,8 @@ SRC = str(ROOT / "src")
 
 
 def examples() -> list[str]:
-    """The python block of each subsection, from STREAMING.md until it is pasted into the README."""
-    doc = ROOT / "STREAMING.md"
-    text = (doc if doc.exists() else ROOT.parent.parent / "README.md").read_text(encoding="utf-8")
+    """The python block of each of the README's two subsections."""
+    text = (ROOT.parent.parent / "README.md").read_text(encoding="utf-8")
     blocks = []
     for heading in ("### Following a run", "### Server-Sent Events (ASGI)"):
         section = re.search(rf"^{re.escape(heading)}\n(.*?)(?=^##|\Z)", text, re.S | re.M)

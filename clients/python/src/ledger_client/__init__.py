@@ -15,6 +15,7 @@ from .errors import (
     translate,
     translated,
 )
+from .follow import Reconnect, afollow, follow
 from .outbox import OutboxConsumer
 from .tool_calls import (
     Busy,
@@ -57,9 +58,9 @@ __all__ = [
     "Approval", "ApprovalStatus", "Busy", "ClaimOutcome", "ClaimedRun", "ConflictError", "CorruptedError",
     "CostEntry", "EvidenceItem", "IdempotencyMismatchError", "InDoubt", "InternalError", "InvalidArgumentError",
     "Ledger", "LedgerCalls", "LedgerError", "ModelReply", "NotFoundError", "OutboxConsumer", "OutboxEvent",
-    "OutboxStatus", "Purged", "ReadOnlyError", "Rejected", "ReplayReady", "ResponseEvent", "Run", "RunContext",
+    "OutboxStatus", "Purged", "ReadOnlyError", "Reconnect", "Rejected", "ReplayReady", "ResponseEvent", "Run", "RunContext",
     "RunEvent", "RunStatus", "ScopeError", "ScopedLedger", "Step", "StepStatus", "ToolCall", "ToolCallClaim",
     "ToolCallResult", "ToolCallStatus", "ToolCallStopped", "ToolCallTombstone", "ToolFailed", "ToolRequest",
-    "ToolResponse", "Transaction", "WaitingApproval", "Worker", "WrongStateError", "tool_call", "tool_calls",
+    "ToolResponse", "Transaction", "WaitingApproval", "Worker", "WrongStateError", "afollow", "follow", "tool_call", "tool_calls",
     "translate", "translated",
 ]

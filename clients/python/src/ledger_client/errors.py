@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 
@@ -99,13 +99,18 @@ def translate(exc: BaseException) -> BaseException:
     return error
 
 
+def raise_translated(exc: psycopg.Error) -> NoReturn:
+    """Raises ``exc`` as its :class:`LedgerError` (chained to it), or as it is."""
+    error = translate(exc)
+    if error is exc:
+        raise exc
+    raise error from exc
+
+
 @contextmanager
 def translated() -> Iterator[None]:
     """Raises the ledger's errors of the block as :class:`LedgerError` (others unchanged)."""
     try:
         yield
     except psycopg.Error as exc:
-        error = translate(exc)
-        if error is exc:
-            raise
-        raise error from exc
+        raise_translated(exc)

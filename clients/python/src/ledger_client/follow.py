@@ -12,35 +12,20 @@ after the event with `ends_run = true`.
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import class_row
 
-__all__ = ["Event", "Reconnect", "afollow", "follow"]
+from .errors import LedgerError, raise_translated, translate
+from .types import RunEvent
 
-
-@dataclass(frozen=True)
-class Event:
-    """One row of `ledger.events_since`: an event of a run's feed."""
-
-    event_id: str
-    """The ledger's id of the event: the cursor to resume after it (and an SSE `id:`)."""
-    seq: int
-    """Gapless per run, in commit order."""
-    event_type: str
-    step_id: str | None
-    payload: dict[str, Any]
-    created_at: datetime
-    ends_run: bool
-    """True on the event that moved the run to a terminal status: the follower stops after it."""
+__all__ = ["Reconnect", "afollow", "follow"]
 
 
 @dataclass(frozen=True)
@@ -64,23 +49,13 @@ class Reconnect:
 # --- Errors: the one place that decides which server errors a reader retries. ---
 
 
-def ledger_code(exc: psycopg.Error) -> str | None:
-    """The `code` of an error the ledger raised (its DETAIL is a JSON object), else None."""
-    try:
-        detail = json.loads(exc.diag.message_detail or "")
-    except ValueError:
-        return None
-    code = detail.get("code") if isinstance(detail, dict) else None
-    return code if isinstance(code, str) else None
-
-
 def retry_after(exc: psycopg.Error, policy: Reconnect, failures: int) -> float | None:
     """Seconds to wait before reconnecting after `exc`, or None when it must be raised.
 
     Only a lost connection or a server shutting down or starting up is worth a retry; an error the
     ledger raised (an unknown run or cursor, a bad id, a missing scope) stays the caller's.
     """
-    if not isinstance(exc, psycopg.OperationalError) or ledger_code(exc) is not None:
+    if not isinstance(exc, psycopg.OperationalError) or isinstance(translate(exc), LedgerError):
         return None
     if policy.retries is not None and failures > policy.retries:
         return None
@@ -133,7 +108,7 @@ def follow(
     wait_s: float = 5.0,
     page: int = 1000,
     reconnect: Reconnect = Reconnect(),
-) -> Iterator[Event]:
+) -> Iterator[RunEvent]:
     """Yield the run's events after `cursor` (from the start when None), each once, in seq order,
     and return after the event that ended the run (at once if `cursor` is that event).
 
@@ -152,7 +127,7 @@ def follow(
                 conn.execute(listen(_first(conn.execute(RUN_CHANNEL, (run_id,)).fetchone())))
                 if cursor is not None and _first(conn.execute(CURSOR_ENDS_RUN, (run_id, cursor)).fetchone()):
                     return
-                events = conn.cursor(row_factory=class_row(Event))
+                events = conn.cursor(row_factory=class_row(RunEvent))
                 while True:
                     rows = events.execute(EVENTS_SINCE, (run_id, cursor, page)).fetchall()
                     failures = 0
@@ -168,7 +143,7 @@ def follow(
             failures += 1
             delay = retry_after(exc, reconnect, failures)
             if delay is None:
-                raise
+                raise_translated(exc)
             time.sleep(delay)
 
 
@@ -182,7 +157,7 @@ async def afollow(
     wait_s: float = 5.0,
     page: int = 1000,
     reconnect: Reconnect = Reconnect(),
-) -> AsyncIterator[Event]:
+) -> AsyncIterator[RunEvent]:
     """`follow` for asyncio, on a psycopg AsyncConnection: the same contract, step for step.
 
     Leaving the loop early leaves the connection open until the generator is collected; wrap it
@@ -198,7 +173,7 @@ async def afollow(
                     await (await conn.execute(CURSOR_ENDS_RUN, (run_id, cursor))).fetchone()
                 ):
                     return
-                events = conn.cursor(row_factory=class_row(Event))
+                events = conn.cursor(row_factory=class_row(RunEvent))
                 while True:
                     rows = await (await events.execute(EVENTS_SINCE, (run_id, cursor, page))).fetchall()
                     failures = 0
@@ -214,5 +189,5 @@ async def afollow(
             failures += 1
             delay = retry_after(exc, reconnect, failures)
             if delay is None:
-                raise
+                raise_translated(exc)
             await asyncio.sleep(delay)

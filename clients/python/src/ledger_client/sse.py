@@ -26,17 +26,17 @@ from psycopg import sql
 from psycopg.rows import BaseRowFactory, TupleRow, class_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
+from .errors import LedgerError, ScopeError, raise_translated
 from .follow import (
     CURSOR_ENDS_RUN,
     EVENTS_SINCE,
     RUN_CHANNEL,
     SET_SCOPE_LOCAL,
-    Event,
     Reconnect,
-    ledger_code,
     listen,
     retry_after,
 )
+from .types import RunEvent
 
 __all__ = ["EventHub", "RunStream", "sse_app"]
 
@@ -169,7 +169,7 @@ class EventHub:
                 failures += 1
                 delay = None if isinstance(exc, PoolClosed) else retry_after(exc, self._reconnect, failures)
                 if delay is None:  # a ledger error, the retries are used up, or the hub was closed
-                    raise
+                    raise_translated(exc)
                 await asyncio.sleep(delay)
 
     async def _serve(self) -> None:
@@ -236,7 +236,7 @@ class RunStream:
         self._page = page
         self._wake = asyncio.Event()
         self.ended = False
-        self._pending: list[Event] = []
+        self._pending: list[RunEvent] = []
 
     async def _start(self) -> None:
         if self.cursor is not None:
@@ -247,9 +247,9 @@ class RunStream:
     async def _next_page(self) -> None:
         self._wake.clear()  # before the read: a notification during it wakes the next wait
         params = (self.run_id, self.cursor, self._page)
-        self._pending = await self._hub._read(self.scope, EVENTS_SINCE, params, class_row(Event))
+        self._pending = await self._hub._read(self.scope, EVENTS_SINCE, params, class_row(RunEvent))
 
-    async def __aiter__(self) -> AsyncIterator[Event | None]:
+    async def __aiter__(self) -> AsyncIterator[RunEvent | None]:
         if self.ended:
             return
         while True:
@@ -280,11 +280,10 @@ _STATUS = {
 }
 
 
-def _http_status(exc: psycopg.Error) -> int | None:
-    code = ledger_code(exc)
-    if code in _STATUS:
-        return _STATUS[code]
-    if exc.sqlstate == "42501":  # the scope the application chose is refused
+def _http_status(exc: LedgerError) -> int | None:
+    if exc.code in _STATUS:
+        return _STATUS[exc.code]
+    if isinstance(exc, ScopeError):  # the scope the application chose is refused
         return 403
     return None
 
@@ -335,13 +334,13 @@ def sse_app(
                 stream = await stack.enter_async_context(
                     hub.follow(*ledger_scope, run_id_of(scope), cursor=cursor, wait_s=wait_s, page=page)
                 )
-            except psycopg.Error as exc:
+            except LedgerError as exc:
                 status = _http_status(exc)
                 if status is None:
                     raise
                 # The ledger's message says what was wrong with the request; a refused scope's
                 # says nothing the caller needs.
-                await _plain(send, status, "forbidden" if status == 403 else exc.diag.message_primary or "")
+                await _plain(send, status, "forbidden" if status == 403 else exc.message)
                 return
             except TimeoutError:
                 await _plain(send, 503, "no LISTEN connection")
@@ -369,12 +368,12 @@ async def _write(stream: RunStream, send: Send) -> None:
     try:
         async for event in stream:
             await send({"type": "http.response.body", "body": _frame(event), "more_body": True})
-    except psycopg.Error as exc:  # the reads kept failing: end; the browser resumes with Last-Event-ID
+    except (psycopg.Error, LedgerError) as exc:  # the reads kept failing: end; the browser resumes with Last-Event-ID
         log.warning("ledger SSE stream of run %s ended by %s", stream.run_id, exc)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _frame(event: Event | None) -> bytes:
+def _frame(event: RunEvent | None) -> bytes:
     if event is None:
         return b": keepalive\n\n"
     data = json.dumps({**asdict(event), "created_at": event.created_at.isoformat()}, separators=(",", ":"))
