@@ -120,6 +120,12 @@ CREATE INDEX runs_live_idx ON ledger.runs (tenant_id, workspace_id, queued_at, i
     WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
 CREATE INDEX runs_live_dispatch_idx ON ledger.runs (queued_at, id)
     WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
+-- The operator console lists a scope's runs newest first with keyset paging on (created_at, id):
+-- all of them, by status, or by user; each page is one short index scan at any number of runs.
+CREATE INDEX runs_created_idx ON ledger.runs (tenant_id, workspace_id, created_at, id);
+CREATE INDEX runs_status_created_idx ON ledger.runs (tenant_id, workspace_id, status, created_at, id);
+CREATE INDEX runs_user_created_idx ON ledger.runs (tenant_id, workspace_id, user_id, created_at, id)
+    WHERE user_id IS NOT NULL;
 COMMENT ON COLUMN ledger.runs.lease_owner IS 'The worker that claimed the run (ledger.claim_run); NULL when no one ever did or the owner released it.';
 COMMENT ON COLUMN ledger.runs.lease_expires_at IS 'When the owner''s lease ends unless ledger.heartbeat_run extends it; NULL when released or the run is terminal. An expired lease lets another worker take the run over.';
 COMMENT ON COLUMN ledger.runs.run_token IS 'The fencing token: + 1 on every claim. Writes that carry a run_token must carry this one while the owner holds the run (40001 LEASE_STALE otherwise).';

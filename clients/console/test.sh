@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The operator console's tests: strict type checking, then pytest against a running server with
+# the extension installed (LEDGER_TEST_HOST, LEDGER_TEST_PORT; user postgres; each test makes its
+# own database), end to end in headless Chromium (/usr/bin/chromium through /usr/bin/chromedriver).
+# pgrx-tests/test.sh calls it; LEDGER_PYTHON overrides the interpreter.
+set -euo pipefail
+cd "$(dirname "$0")"
+py=${LEDGER_PYTHON:-/opt/ledger-venv/bin/python}
+: "${LEDGER_TEST_HOST:?}" "${LEDGER_TEST_PORT:?}"
+export PYTHONPATH=../python/src:src
+"$py" -m mypy --strict src tests
+"$py" -m pytest -q -p no:cacheprovider "$@"
