@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import parse_qs, urlencode
 
 from jinja2 import Environment, PackageLoader
 from markupsafe import Markup
@@ -48,6 +48,14 @@ DONE = {
     "rejected": "Rejected: the call will not execute.",
     "replayed": "The outbox event is pending again.",
 }
+# The feed's event types (docs/reference.md): the live page listens to each by name.
+FEED_TYPES = (
+    "run.created", "run.status", "run.claimed", "step.created", "step.status", "tool_call.claimed",
+    "tool_call.running", "tool_call.completed", "tool_call.in_doubt", "tool_call.lease_expired",
+    "tool_call.rejected", "tool_call.replayed", "tool_call.resolved", "approval.requested",
+    "approval.resolved", "artifact.created", "audit.recorded", "cost.recorded", "response_event.recorded",
+    "citation.recorded", "feedback.recorded",
+)
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self';"
     " form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -104,14 +112,14 @@ def create_app(config: ConsoleConfig) -> Starlette:
     def session_of(request: Request) -> Session | None:
         return signer.load(request.cookies.get(COOKIE))
 
-    def render(request: Request, template: str, status: int = 200, session: Session | None = None,
+    def render(request: Request, template: str, http_status: int = 200, session: Session | None = None,
                **context: Any) -> HTMLResponse:
         session = session or session_of(request)
         body = env.get_template(template).render(
             session=session, role=role, can_act=role.writer, scopes=config.scopes, statuses=data.STATUSES,
             path=request.url.path, **context,
         )
-        return HTMLResponse(body, status_code=status)
+        return HTMLResponse(body, status_code=http_status)
 
     def with_cookie(response: Response, session: Session) -> Response:
         response.set_cookie(COOKIE, signer.dump(session), max_age=MAX_AGE_S, path="/", httponly=True,
@@ -253,21 +261,22 @@ def create_app(config: ConsoleConfig) -> Starlette:
                       first_page=cursor is None)
 
     async def run(request: Request, session: Session) -> Response:
-        run_id = request.path_params["run_id"]
+        run_id = request.query_params.get("id", "")
         view = await run_in_threadpool(data.run_view, scoped(session), run_id)
         if view is None:
             raise Refused(404, f"No run {run_id} in this scope.")
         done = DONE.get(request.query_params.get("done", ""))
-        return render(request, "run.html", v=view, svg=Markup(timeline_svg(view)), done=done)
+        types = sorted(set(FEED_TYPES) | {e["event_type"] for e in view.events})
+        return render(request, "run.html", v=view, svg=Markup(timeline_svg(view)), done=done, feed_types=types)
 
     async def timeline(request: Request, session: Session) -> Response:
-        view = await run_in_threadpool(data.run_view, scoped(session), request.path_params["run_id"])
+        view = await run_in_threadpool(data.run_view, scoped(session), request.query_params.get("id", ""))
         if view is None:
             raise Refused(404, "No such run in this scope.")
         return Response(timeline_svg(view), media_type="image/svg+xml")
 
     async def bundle(request: Request, session: Session) -> Response:
-        run_id = request.path_params["run_id"]
+        run_id = request.query_params.get("id", "")
         body = await run_in_threadpool(data.replay_bundle, scoped(session), run_id)
         return Response(json.dumps(body, indent=2), media_type="application/json", headers={
             "content-disposition": f'attachment; filename="replay-bundle-{_filename(run_id)}.json"'})
@@ -298,7 +307,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         assert session.user is not None
         done = await run_in_threadpool(data.resolve_tool_call, scoped(session), request.path_params["id"],
                                        decision, result, session.user, note)
-        return RedirectResponse(f"/runs/{_quote(done['run_id'])}?done=resolved#audit", 303)
+        return RedirectResponse(f"/run?{urlencode({'id': done['run_id'], 'done': 'resolved'})}#audit", 303)
 
     async def decide(request: Request, session: Session, fields: dict[str, str]) -> Response:
         decision = fields.get("decision", "")
@@ -332,10 +341,11 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/scope", scope_form, methods=["GET"]),
         Route("/scope", pick_scope, methods=["POST"]),
         Route("/runs", page(runs)),
-        Route("/runs/{run_id}", page(run)),
-        Route("/runs/{run_id}/timeline.svg", page(timeline)),
-        Route("/runs/{run_id}/bundle.json", page(bundle)),
-        Mount("/live", app=sse_app(hub, live_scope)),
+        # A run id may hold any printable character, "/" included: it travels in the query.
+        Route("/run", page(run)),
+        Route("/run/timeline.svg", page(timeline)),
+        Route("/run/bundle.json", page(bundle)),
+        Mount("/live", app=sse_app(hub, live_scope, run_id_of=_run_id_of)),
         Route("/in-doubt", page(in_doubt)),
         Route("/in-doubt/{id}", action(resolve), methods=["POST"]),
         Route("/approvals", page(approvals)),
@@ -378,8 +388,9 @@ def _local(target: str | None) -> str:
     return target if target and target.startswith("/") and not target.startswith("//") and "\\" not in target else "/runs"
 
 
-def _quote(run_id: str) -> str:
-    return quote(run_id, safe="")
+def _run_id_of(scope: Scope) -> str:
+    """The run of a live-feed request: /live/?id=<run id>."""
+    return parse_qs(scope.get("query_string", b"").decode("latin-1")).get("id", [""])[0]
 
 
 def _filename(run_id: str) -> str:
