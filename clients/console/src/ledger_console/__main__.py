@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ledger console: nobody may sign in yet; add a person with"
               f" `python -m ledger_console --users-file {args.users_file} users add NAME`", file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
-                                           access_log=False, lifespan="on"))
+                                           access_log=False, lifespan="on",
+                                           timeout_graceful_shutdown=2))  # open live streams end then
     host = f"[{args.host}]" if ":" in args.host else args.host
 
     async def run() -> None:

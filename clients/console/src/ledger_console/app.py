@@ -390,7 +390,7 @@ def _local(target: str | None) -> str:
 
 def _run_id_of(scope: Scope) -> str:
     """The run of a live-feed request: /live/?id=<run id>."""
-    return parse_qs(scope.get("query_string", b"").decode("latin-1")).get("id", [""])[0]
+    return str(parse_qs(scope.get("query_string", b"").decode("latin-1")).get("id", [""])[0])
 
 
 def _filename(run_id: str) -> str:

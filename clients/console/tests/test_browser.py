@@ -1,0 +1,319 @@
+"""The console end to end: a person in headless Chromium, the console in its own process as a
+login role, the ledger on the real server. Each test saves pictures of the pages it visits."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+from collections.abc import Callable, Iterator
+from decimal import Decimal
+
+import psycopg
+import pytest
+from psycopg.rows import DictRow
+from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import Select
+
+from conftest import READER, Browser, Console, one
+from ledger_client import ClaimOutcome, ScopedLedger
+
+
+def in_doubt_call(scoped: ScopedLedger, run_id: str) -> str:
+    """A call whose request left and whose answer never came (completed `unknown`): in doubt."""
+    scoped.create_run("agent", {"ticket": 42}, run_id=run_id, user_id="u-17", input_summary="refund order 1042")
+    claim = scoped.claim_tool_call(run_id, "email.send", {"to": "c@example.com", "api_key": "sk-live-0123456789abcdefghij"},
+                                   tool_call_id="call-email", lease_owner="worker-7")
+    assert claim.outcome is ClaimOutcome.CLAIMED and claim.tool_call is not None
+    call = claim.tool_call
+    scoped.begin_tool_call(call.id, call.attempt)
+    scoped.complete_tool_call(call.id, call.attempt, "unknown", error_message="timeout after send")
+    return call.id
+
+
+def test_sign_in_find_a_run_and_watch_an_event_arrive_live(browser: Browser, scoped: ScopedLedger) -> None:
+    for i in range(3):
+        scoped.create_run("chat", run_id=f"run-other-{i}", user_id="someone")
+    scoped.create_run("agent", run_id="run-live", request_id="req-live-1", user_id="u-live", subject_kind="agent",
+                      subject_id="support-bot", input_summary="where is my order?")
+    step = scoped.create_step("run-live", "llm", step_key="plan")
+    scoped.transition_run("run-live", "running")
+    scoped.transition_step(step.id, "running")
+
+    browser.open("/runs")  # not signed in: sent to sign in
+    assert browser.driver.current_url.startswith(browser.console.url + "/login")
+    browser.shot("sign-in")
+    browser.sign_in(password="wrong password")
+    assert "Unknown name or wrong password" in browser.text("#error")
+    browser.sign_in()
+    browser.wait("the runs list", lambda: "/runs" in browser.driver.current_url)
+    assert browser.text("#user") == "ops@acme" and browser.text("#scope") == "acme / support"
+    assert "run-live" in browser.text("#runs")
+    browser.shot("runs")
+
+    browser.driver.find_element(By.ID, "q").send_keys("req-live-1")  # search by request id
+    browser.submit(browser.driver.find_element(By.ID, "search"))
+    links = browser.driver.find_elements(By.CSS_SELECTOR, "#runs a.run-link")
+    assert [a.text for a in links] == ["run-live"]
+    browser.submit(links[0])
+    browser.wait("the run page", lambda: browser.text("#run-id") == "run-live")
+    browser.wait("the live stream", lambda: browser.text("#live") == "live")
+    assert browser.driver.find_elements(By.CSS_SELECTOR, "#timeline svg g.bar[data-status=running]")
+
+    # The worker goes on; the page shows it without a reload.
+    scoped.record_cost("run-live", "tokens", 1200, Decimal("0.0042"), "USD", step_id=step.id)
+    scoped.record_response_event("run-live", "message", {"text": "It ships tomorrow."}, step_id=step.id)
+    scoped.transition_step(step.id, "succeeded")
+    browser.wait("the response event, live", lambda: "response_event.recorded" in browser.text("#events"))
+    browser.wait("the timeline redrawn", lambda: bool(browser.driver.find_elements(
+        By.CSS_SELECTOR, "#timeline svg g.bar[data-status=succeeded]")))
+    assert browser.driver.find_elements(By.CSS_SELECTOR, "#timeline svg g.mark-costs")
+    assert browser.driver.find_elements(By.CSS_SELECTOR, "#timeline svg g.mark-responses")
+    scoped.transition_run("run-live", "succeeded", output_summary="answered")
+    browser.wait("the run's end, live", lambda: browser.text("#live") == "ended")
+    assert "run.status" in browser.text("#events")
+    assert len(browser.driver.find_elements(By.CSS_SELECTOR, "#evidence tbody tr")) == 13
+    assert browser.text("#replay-ready").startswith("replay_ready:")
+    browser.shot("run")
+
+
+def test_paging_and_filters(browser: Browser, scoped: ScopedLedger) -> None:
+    ids = [f"run-{i:03}" for i in range(60)]
+    for run_id in ids:
+        scoped.create_run("chat", run_id=run_id, user_id="pat" if run_id.endswith("7") else "kim")
+    scoped.transition_run("run-013", "failed", error_code="E")
+    browser.sign_in()
+    browser.open("/runs")
+    first = [a.text for a in browser.driver.find_elements(By.CSS_SELECTOR, "#runs a.run-link")]
+    browser.submit(browser.driver.find_element(By.ID, "older"))
+    second = [a.text for a in browser.driver.find_elements(By.CSS_SELECTOR, "#runs a.run-link")]
+    assert len(first) == 50 and len(second) == 10 and sorted(first + second) == ids  # each once
+    assert not browser.driver.find_elements(By.ID, "older")
+    browser.open("/runs")
+    Select(browser.driver.find_element(By.ID, "status")).select_by_value("failed")
+    browser.submit(browser.driver.find_element(By.ID, "search"))
+    assert [a.text for a in browser.driver.find_elements(By.CSS_SELECTOR, "#runs a.run-link")] == ["run-013"]
+    browser.open("/runs?user=pat")
+    assert sorted(a.text for a in browser.driver.find_elements(By.CSS_SELECTOR, "#runs a.run-link")) == \
+        [i for i in ids if i.endswith("7")]
+
+
+def test_resolve_an_in_doubt_call_and_see_the_audit_record(
+    browser: Browser, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    record_id = in_doubt_call(scoped, "run-doubt")
+    browser.sign_in()
+    browser.open("/in-doubt")
+    card = browser.driver.find_element(By.ID, f"call-{record_id}")
+    assert "email.send" in card.text and "worker-7" in card.text
+    assert "[REDACTED]" in card.text and "sk-live" not in card.text  # the arguments as the ledger keeps them
+    browser.shot("in-doubt")
+
+    # A result that is not JSON: a clear message, nothing written.
+    card.find_element(By.NAME, "result").send_keys("{message_id: 42")
+    card.find_element(By.NAME, "note").send_keys("found in the mail log")
+    browser.submit(card.find_element(By.CSS_SELECTOR, "button[type=submit]"))
+    assert "the result is not JSON" in browser.text("#error")
+    assert one(person, "SELECT status FROM ledger.run_step_tool_calls WHERE id = %s", (record_id,)) == "in_doubt"
+    assert one(person, "SELECT count(*) FROM ledger.audit_events WHERE gateway_type = 'tool_call.resolve'") == 0
+
+    browser.open("/in-doubt")
+    card = browser.driver.find_element(By.ID, f"call-{record_id}")
+    card.find_element(By.NAME, "result").send_keys('{"message_id": "<42@mail>"}')
+    card.find_element(By.NAME, "note").send_keys("found in the mail log")
+    browser.submit(card.find_element(By.CSS_SELECTOR, "button[type=submit]"))
+    browser.wait("the run page", lambda: "/run?" in browser.driver.current_url)
+    assert "resolved" in browser.text("#notice")
+    audit = browser.text("#audit-records")
+    assert "tool_call.resolve" in audit and "ops@acme" in audit
+    browser.shot("resolved")
+    row = person.execute("SELECT actor, outcome, payload->>'note' AS note FROM ledger.audit_events"
+                         " WHERE gateway_type = 'tool_call.resolve'").fetchone()
+    assert row == {"actor": "ops@acme", "outcome": "succeeded", "note": "found in the mail log"}
+    assert one(person, "SELECT result FROM ledger.run_step_tool_calls WHERE id = %s", (record_id,)) == \
+        {"message_id": "<42@mail>"}
+    browser.open("/in-doubt")
+    assert browser.text("#none") == "No call is in doubt."
+
+
+def test_approve_a_call_and_the_next_claim_is_claimed(
+    browser: Browser, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped.create_run("agent", run_id="run-pay")
+    args = {"supplier": "ACME Parts", "amount": "1200.00"}
+    asked = scoped.request_tool_approval("run-pay", "payments.transfer", args, tool_call_id="call-pay",
+                                         title="Pay supplier <ACME>", policy_ref="payments/v2")
+    assert asked.outcome is ClaimOutcome.WAITING_APPROVAL and asked.approval is not None
+    assert scoped.claim_tool_call("run-pay", "payments.transfer", args, tool_call_id="call-pay").outcome \
+        is ClaimOutcome.WAITING_APPROVAL
+    browser.sign_in()
+    browser.open("/approvals")
+    card = browser.driver.find_element(By.ID, f"approval-{asked.approval.id}")
+    assert "Pay supplier <ACME>" in card.text and "ACME Parts" in card.text
+    browser.shot("approvals")
+    card.find_element(By.NAME, "note").send_keys("invoice checked")
+    browser.submit(card.find_element(By.CSS_SELECTOR, "button.approve"))
+    assert "Approved" in browser.text("#notice")
+    assert browser.text("#none") == "No approval is pending."
+    decided = person.execute("SELECT status, actor, note FROM ledger.approval_requests WHERE id = %s",
+                             (asked.approval.id,)).fetchone()
+    assert decided == {"status": "approved", "actor": "ops@acme", "note": "invoice checked"}
+    assert scoped.claim_tool_call("run-pay", "payments.transfer", args, tool_call_id="call-pay").outcome \
+        is ClaimOutcome.CLAIMED
+
+
+def test_replay_a_failed_outbox_event(browser: Browser, scoped: ScopedLedger, person: psycopg.Connection[DictRow]) -> None:
+    scoped.create_run("chat", run_id="run-obx")
+    # Setup only (the superuser writes the table): an event that used up its attempts.
+    event_id = one(person, "UPDATE ledger.outbox SET status = 'failed', attempt_count = 64,"
+                           " error_message = 'HTTP 503 from billing' WHERE run_id = 'run-obx' RETURNING id")
+    browser.sign_in()
+    browser.open("/outbox")
+    assert "HTTP 503 from billing" in browser.text("#outbox")
+    browser.shot("outbox")
+    browser.submit(browser.driver.find_element(By.CSS_SELECTOR, "#outbox button.replay"))
+    assert "pending again" in browser.text("#notice")
+    row = person.execute("SELECT status, replay_count FROM ledger.outbox WHERE id = %s", (event_id,)).fetchone()
+    assert row == {"status": "pending", "replay_count": 1}
+
+
+def test_a_reader_sees_everything_and_can_act_on_nothing(
+    chromium: object, start_console: Callable[[str], Console], scoped: ScopedLedger,
+    person: psycopg.Connection[DictRow], screenshots: object,
+) -> None:
+    from pathlib import Path
+
+    from selenium.webdriver.remote.webdriver import WebDriver
+
+    assert isinstance(chromium, WebDriver) and isinstance(screenshots, Path)
+    record_id = in_doubt_call(scoped, "run-read")
+    chromium.delete_all_cookies()
+    browser = Browser(chromium, start_console(READER), screenshots)
+    browser.sign_in()
+    browser.wait("the runs list", lambda: "run-read" in browser.text("#runs"))
+    assert "(read-only)" in browser.text("#role")
+    browser.open("/in-doubt")
+    card = browser.driver.find_element(By.ID, f"call-{record_id}")
+    assert "email.send" in card.text
+    assert not card.find_elements(By.TAG_NAME, "form")  # no action offered
+    browser.shot("in-doubt-read-only")
+    # A POST made anyway (with the session's own token, from the console's page) is refused.
+    token = browser.driver.find_element(By.CSS_SELECTOR, "header input[name=csrf]").get_attribute("value")
+    submit_form(browser, f"/in-doubt/{record_id}", {"csrf": str(token), "decision": "failed", "note": "x"})
+    assert "read-only" in browser.text("#error")
+    assert one(person, "SELECT status FROM ledger.run_step_tool_calls WHERE id = %s", (record_id,)) == "in_doubt"
+
+
+def submit_form(browser: Browser, action: str, fields: dict[str, str]) -> None:
+    """Builds and submits a form on the current page, as a forger's script would (WebDriver's
+    scripts are not bound by the page's CSP)."""
+    page = browser.driver.find_element(By.TAG_NAME, "html")
+    browser.driver.execute_script(
+        "const f = document.createElement('form'); f.method = 'post'; f.action = arguments[0];"
+        "for (const [k, v] of Object.entries(arguments[1])) {"
+        "  const i = document.createElement('input'); i.type = 'hidden'; i.name = k; i.value = v; f.appendChild(i); }"
+        "document.body.appendChild(f); f.submit();", action, fields)
+    browser.wait("the answer", lambda: _gone(page))
+
+
+def _gone(element: WebElement) -> bool:
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    return False
+
+
+@pytest.fixture
+def evil_site(console: Console) -> Iterator[str]:
+    """A page on another origin that posts a decision to the console as soon as it loads."""
+    class Evil(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            target = self.path.removeprefix("/?target=")
+            page = (f'<!doctype html><form id="f" method="post" action="{console.url}{target}">'
+                    '<input name="decision" value="approved"><input name="note" value="forged"></form>'
+                    '<script>document.getElementById("f").submit()</script>').encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Evil)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://localhost:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_forged_posts_are_refused_and_write_nothing(
+    browser: Browser, scoped: ScopedLedger, person: psycopg.Connection[DictRow], evil_site: str
+) -> None:
+    scoped.create_run("agent", run_id="run-forged")
+    asked = scoped.request_tool_approval("run-forged", "payments.transfer", {"amount": "9999"}, tool_call_id="call-x")
+    assert asked.approval is not None
+    target = f"/approvals/{asked.approval.id}"
+    browser.sign_in()
+    browser.wait("signed in", lambda: "/runs" in browser.driver.current_url)
+
+    # A page on another origin posts to the console while the person is signed in.
+    browser.driver.get(f"{evil_site}/?target={target}")
+    browser.wait("the console's answer", lambda: browser.driver.current_url.startswith(browser.console.url))
+    assert "Refused" in browser.text("#error")
+    browser.shot("forged-post-refused")
+    # From the console's own origin, without the token and with a wrong one.
+    browser.open("/approvals")
+    submit_form(browser, target, {"decision": "approved"})
+    assert "security token" in browser.text("#error")
+    browser.open("/approvals")
+    submit_form(browser, target, {"decision": "approved", "csrf": "not-the-token"})
+    assert "security token" in browser.text("#error")
+    row = person.execute("SELECT status, actor FROM ledger.approval_requests WHERE id = %s", (asked.approval.id,)).fetchone()
+    assert row == {"status": "pending", "actor": None}
+    assert one(person, "SELECT count(*) FROM ledger.audit_events WHERE gateway_type = 'approval.decision'") == 0
+
+
+def test_malformed_input_is_refused_with_nothing_written(
+    browser: Browser, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    record_id = in_doubt_call(scoped, "run-bad")
+    browser.sign_in()
+    browser.open("/in-doubt")
+    token = str(browser.driver.find_element(By.CSS_SELECTOR, "header input[name=csrf]").get_attribute("value"))
+    submit_form(browser, f"/in-doubt/{record_id}", {"csrf": token, "decision": "maybe"})
+    assert "Pick a decision" in browser.text("#error")
+    browser.open("/in-doubt")
+    submit_form(browser, "/in-doubt/tc_unknown", {"csrf": token, "decision": "failed"})
+    assert "TOOL_CALL_NOT_FOUND" in browser.text("#error")  # the ledger's refusal, shown
+    browser.open("/in-doubt")
+    submit_form(browser, f"/in-doubt/{record_id}", {"csrf": token, "decision": "succeeded", "result": "[1, 2"})
+    assert "not JSON" in browser.text("#error")
+    assert one(person, "SELECT status FROM ledger.run_step_tool_calls WHERE id = %s", (record_id,)) == "in_doubt"
+    assert one(person, "SELECT count(*) FROM ledger.audit_events WHERE gateway_type = 'tool_call.resolve'") == 0
+
+
+def test_markup_in_a_run_is_shown_as_text(browser: Browser, scoped: ScopedLedger) -> None:
+    evil = "<script>alert('xss')</script>"
+    scoped.create_run("chat", run_id="run-<img/src=x/onerror=alert(1)>", user_id=evil, input_summary=evil,
+                      subject_kind="chat", subject_id=evil)
+    browser.sign_in()
+    browser.open("/runs")
+    assert evil in browser.text("#runs")
+    browser.submit(browser.driver.find_element(By.CSS_SELECTOR, "#runs a.run-link"))
+    browser.wait("the run page", lambda: browser.text("#run-id") == "run-<img/src=x/onerror=alert(1)>")
+    assert browser.text("#input-summary") == evil
+    assert evil in browser.text("#subject")
+    assert not browser.driver.find_elements(By.CSS_SELECTOR, "main script, main img")
+    with pytest.raises(NoAlertPresentException):
+        browser.driver.switch_to.alert.text  # noqa: B018 (no script ran)
+    browser.shot("escaping")
+
+
+def test_unknown_run_is_not_found(browser: Browser) -> None:
+    browser.sign_in()
+    browser.open("/run?id=run-nowhere")
+    assert "No run run-nowhere" in browser.text("#error")
+    with pytest.raises(NoSuchElementException):
+        browser.driver.find_element(By.ID, "timeline")

@@ -1,0 +1,78 @@
+"""The console without a browser: who it refuses to run as, its users file, its sessions, the live
+feed's access check."""
+
+from __future__ import annotations
+
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import SCOPE, WRITER, Console, _env, console_command, server_dsn
+from ledger_console.data import NotAllowed, check_role
+from ledger_console.sessions import Session, Signer
+from ledger_console.users import Users
+
+
+def test_refuses_to_run_as_a_superuser(dbname: str, tmp_path: Path) -> None:
+    with pytest.raises(NotAllowed, match="refuses to run as postgres"):
+        check_role(server_dsn(dbname))
+    done = subprocess.run(console_command("--users-file", str(tmp_path / "u.json"), "serve", "--port", "1"),
+                          env={**_env(), "LEDGER_CONSOLE_DSN": server_dsn(dbname), "LEDGER_CONSOLE_SCOPES": "acme/support"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "refuses to run as postgres" in done.stderr
+    assert check_role(server_dsn(dbname, WRITER)).writer
+
+
+def test_refuses_a_scope_its_role_may_not_use(dbname: str, tmp_path: Path) -> None:
+    proc = subprocess.run(console_command("--users-file", str(tmp_path / "u.json"), "serve", "--port", "1"),
+                          env={**_env(), "LEDGER_CONSOLE_DSN": server_dsn(dbname, WRITER),
+                               "LEDGER_CONSOLE_SCOPES": "globex/support"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "SCOPE_NOT_GRANTED" in proc.stdout + proc.stderr
+
+
+def test_users_file_stores_scrypt_hashes_only(tmp_path: Path) -> None:
+    users = Users(tmp_path / "users.json")
+    users.set("ops@acme", "long enough")
+    text = (tmp_path / "users.json").read_text()
+    assert "long enough" not in text and "scrypt$" in text
+    assert (tmp_path / "users.json").stat().st_mode & 0o777 == 0o600
+    assert users.authenticate("ops@acme", "long enough")
+    assert not users.authenticate("ops@acme", "long enougH")
+    assert not users.authenticate("nobody", "long enough")
+    with pytest.raises(ValueError):
+        users.set("ops@acme", "short")
+
+
+def test_sessions_are_signed_and_expire() -> None:
+    signer = Signer(b"k" * 32)
+    cookie = signer.dump(Session.new().signed_in("ops@acme").with_scope(*SCOPE))
+    loaded = signer.load(cookie)
+    assert loaded is not None and loaded.user == "ops@acme" and loaded.scope == SCOPE
+    body, mac = cookie.rsplit(".", 1)
+    assert signer.load(body + "." + mac[:-2] + "AA") is None  # forged
+    assert Signer(b"x" * 32).load(cookie) is None  # another console's
+    old = Session(csrf="t", issued=0, user="ops@acme")
+    assert signer.load(signer.dump(old)) is None  # expired
+    assert loaded.csrf_ok(loaded.csrf) and not loaded.csrf_ok("t")
+
+
+def test_the_live_feed_needs_a_signed_in_person(console: Console) -> None:
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{console.url}/live/?id=run-x", timeout=10)
+    assert refused.value.code == 403
+    with urllib.request.urlopen(f"{console.url}/in-doubt", timeout=10) as page:  # sent to sign in
+        assert page.url == f"{console.url}/login?next=%2Fin-doubt"
+
+
+def test_cli_adds_and_lists_people(tmp_path: Path) -> None:
+    users = str(tmp_path / "users.json")
+    add = subprocess.run(console_command("--users-file", users, "users", "add", "ana", "--password-stdin"),
+                         input="a good password\n", text=True, capture_output=True, env=_env(), timeout=60)
+    assert add.returncode == 0
+    listed = subprocess.run(console_command("--users-file", users, "users", "list"), text=True,
+                            capture_output=True, env=_env(), timeout=60)
+    assert listed.stdout.split() == ["ana"]
