@@ -23,11 +23,11 @@ import pytest
 from psycopg import sql
 from psycopg.rows import DictRow, dict_row
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from ledger_client import Ledger, ScopedLedger
@@ -93,7 +93,7 @@ def _free_port() -> int:
         return port
 
 
-def _env() -> dict[str, str]:
+def console_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{CONSOLE_DIR.parent / 'python' / 'src'}:{CONSOLE_DIR / 'src'}"}
 
 
@@ -105,6 +105,7 @@ def console_command(*args: str) -> list[str]:
 class Console:
     url: str
     user: str
+    users: Path
     process: subprocess.Popen[str]
 
 
@@ -114,20 +115,20 @@ def start_console(dbname: str, tmp_path: Path) -> Iterator[Callable[[str], Conso
     stopped after the test."""
     users = tmp_path / "users.json"
     subprocess.run(console_command("--users-file", str(users), "users", "add", "ops@acme", "--password-stdin"),
-                   input=PASSWORD + "\n", text=True, check=True, env=_env(), capture_output=True)
+                   input=PASSWORD + "\n", text=True, check=True, env=console_env(), capture_output=True)
     started: list[Console] = []
 
     def start(role: str) -> Console:
         port = _free_port()
         proc = subprocess.Popen(
             console_command("--users-file", str(users), "serve", "--port", str(port)),
-            env={**_env(), "LEDGER_CONSOLE_DSN": server_dsn(dbname, role), "LEDGER_CONSOLE_SCOPES": "/".join(SCOPE)},
+            env={**console_env(), "LEDGER_CONSOLE_DSN": server_dsn(dbname, role), "LEDGER_CONSOLE_SCOPES": "/".join(SCOPE)},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the URL, once it serves (or why it did not start)
         assert line.startswith("ledger console: http://127.0.0.1:"), line + proc.stdout.read()
-        console = Console(url=line.split()[2].rstrip("/"), user="ops@acme", process=proc)
+        console = Console(url=line.split()[2].rstrip("/"), user="ops@acme", users=users, process=proc)
         started.append(console)
         return console
 
@@ -196,16 +197,24 @@ class Browser:
 
     def submit(self, element: WebElement) -> None:
         """Clicks something that loads a new page, and waits for it."""
-        page = self.driver.find_element(By.TAG_NAME, "html")
-        element.click()
-        WebDriverWait(self.driver, 20).until(expected_conditions.staleness_of(page), "the next page")
+        self.navigating(element.click)
+
+    def navigating(self, action: Callable[[], object]) -> None:
+        """Runs `action`, which loads a new page, and waits until the new page has loaded (the old
+        page's window carries a mark the new one lacks)."""
+        self.driver.execute_script("window.__leaving = true")
+        action()
+        self.wait("the next page", lambda: bool(self.driver.execute_script(
+            "return !window.__leaving && document.readyState === 'complete'")))
 
     def text(self, css: str) -> str:
         return str(self.driver.find_element(By.CSS_SELECTOR, css).text)
 
     def wait(self, what: str, check: Callable[[], bool], timeout_s: float = 20.0) -> None:
-        """Waits until `check` holds; the timeout only stops a hung test."""
-        WebDriverWait(self.driver, timeout_s, poll_frequency=0.1).until(lambda _: check(), what)
+        """Waits until `check` holds, asking again after an element or the page went away under
+        it (a navigation); the timeout only stops a hung test."""
+        WebDriverWait(self.driver, timeout_s, poll_frequency=0.1, ignored_exceptions=(WebDriverException,)).until(
+            lambda _: check(), what)
 
     def shot(self, name: str) -> None:
         self.driver.save_screenshot(str(self.shots / f"{name}.png"))

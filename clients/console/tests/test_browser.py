@@ -4,6 +4,7 @@ login role, the ledger on the real server. Each test saves pictures of the pages
 from __future__ import annotations
 
 import http.server
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from decimal import Decimal
@@ -11,12 +12,11 @@ from decimal import Decimal
 import psycopg
 import pytest
 from psycopg.rows import DictRow
-from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select
 
-from conftest import READER, Browser, Console, one
+from conftest import READER, Browser, Console, console_command, console_env, one
 from ledger_client import ClaimOutcome, ScopedLedger
 
 
@@ -208,21 +208,11 @@ def test_a_reader_sees_everything_and_can_act_on_nothing(
 def submit_form(browser: Browser, action: str, fields: dict[str, str]) -> None:
     """Builds and submits a form on the current page, as a forger's script would (WebDriver's
     scripts are not bound by the page's CSP)."""
-    page = browser.driver.find_element(By.TAG_NAME, "html")
-    browser.driver.execute_script(
+    browser.navigating(lambda: browser.driver.execute_script(
         "const f = document.createElement('form'); f.method = 'post'; f.action = arguments[0];"
         "for (const [k, v] of Object.entries(arguments[1])) {"
         "  const i = document.createElement('input'); i.type = 'hidden'; i.name = k; i.value = v; f.appendChild(i); }"
-        "document.body.appendChild(f); f.submit();", action, fields)
-    browser.wait("the answer", lambda: _gone(page))
-
-
-def _gone(element: WebElement) -> bool:
-    try:
-        element.is_enabled()
-    except StaleElementReferenceException:
-        return True
-    return False
+        "document.body.appendChild(f); f.submit();", action, fields))
 
 
 @pytest.fixture
@@ -260,8 +250,8 @@ def test_forged_posts_are_refused_and_write_nothing(
 
     # A page on another origin posts to the console while the person is signed in.
     browser.driver.get(f"{evil_site}/?target={target}")
-    browser.wait("the console's answer", lambda: browser.driver.current_url.startswith(browser.console.url))
-    assert "Refused" in browser.text("#error")
+    browser.wait("the console's refusal", lambda: browser.driver.current_url.startswith(browser.console.url)
+                 and "Refused" in browser.text("#error"))
     browser.shot("forged-post-refused")
     # From the console's own origin, without the token and with a wrong one.
     browser.open("/approvals")
@@ -311,9 +301,13 @@ def test_markup_in_a_run_is_shown_as_text(browser: Browser, scoped: ScopedLedger
     browser.shot("escaping")
 
 
-def test_unknown_run_is_not_found(browser: Browser) -> None:
+def test_unknown_run_is_not_found_and_a_removed_person_is_signed_out(browser: Browser) -> None:
     browser.sign_in()
     browser.open("/run?id=run-nowhere")
     assert "No run run-nowhere" in browser.text("#error")
     with pytest.raises(NoSuchElementException):
         browser.driver.find_element(By.ID, "timeline")
+    subprocess.run(console_command("--users-file", str(browser.console.users), "users", "remove", "ops@acme"),
+                   check=True, env=console_env(), capture_output=True, timeout=60)
+    browser.open("/runs")
+    assert browser.driver.current_url.startswith(browser.console.url + "/login")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCOPE, WRITER, Console, _env, console_command, server_dsn
+from conftest import SCOPE, WRITER, Console, console_command, console_env, server_dsn
 from ledger_console.data import NotAllowed, check_role
 from ledger_console.sessions import Session, Signer
 from ledger_console.users import Users
@@ -20,7 +20,7 @@ def test_refuses_to_run_as_a_superuser(dbname: str, tmp_path: Path) -> None:
     with pytest.raises(NotAllowed, match="refuses to run as postgres"):
         check_role(server_dsn(dbname))
     done = subprocess.run(console_command("--users-file", str(tmp_path / "u.json"), "serve", "--port", "1"),
-                          env={**_env(), "LEDGER_CONSOLE_DSN": server_dsn(dbname), "LEDGER_CONSOLE_SCOPES": "acme/support"},
+                          env={**console_env(), "LEDGER_CONSOLE_DSN": server_dsn(dbname), "LEDGER_CONSOLE_SCOPES": "acme/support"},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "refuses to run as postgres" in done.stderr
     assert check_role(server_dsn(dbname, WRITER)).writer
@@ -28,7 +28,7 @@ def test_refuses_to_run_as_a_superuser(dbname: str, tmp_path: Path) -> None:
 
 def test_refuses_a_scope_its_role_may_not_use(dbname: str, tmp_path: Path) -> None:
     proc = subprocess.run(console_command("--users-file", str(tmp_path / "u.json"), "serve", "--port", "1"),
-                          env={**_env(), "LEDGER_CONSOLE_DSN": server_dsn(dbname, WRITER),
+                          env={**console_env(), "LEDGER_CONSOLE_DSN": server_dsn(dbname, WRITER),
                                "LEDGER_CONSOLE_SCOPES": "globex/support"},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "SCOPE_NOT_GRANTED" in proc.stdout + proc.stderr
@@ -71,8 +71,8 @@ def test_the_live_feed_needs_a_signed_in_person(console: Console) -> None:
 def test_cli_adds_and_lists_people(tmp_path: Path) -> None:
     users = str(tmp_path / "users.json")
     add = subprocess.run(console_command("--users-file", users, "users", "add", "ana", "--password-stdin"),
-                         input="a good password\n", text=True, capture_output=True, env=_env(), timeout=60)
+                         input="a good password\n", text=True, capture_output=True, env=console_env(), timeout=60)
     assert add.returncode == 0
     listed = subprocess.run(console_command("--users-file", users, "users", "list"), text=True,
-                            capture_output=True, env=_env(), timeout=60)
+                            capture_output=True, env=console_env(), timeout=60)
     assert listed.stdout.split() == ["ana"]

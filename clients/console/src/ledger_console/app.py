@@ -110,7 +110,13 @@ def create_app(config: ConsoleConfig) -> Starlette:
     # --- Sessions and the checks every request goes through ---
 
     def session_of(request: Request) -> Session | None:
-        return signer.load(request.cookies.get(COOKIE))
+        return known(signer.load(request.cookies.get(COOKIE)))
+
+    def known(session: Session | None) -> Session | None:
+        """The session, signed out when its person was removed from the users file since."""
+        if session is not None and session.user is not None and not users.exists(session.user):
+            return Session.new()
+        return session
 
     def render(request: Request, template: str, http_status: int = 200, session: Session | None = None,
                **context: Any) -> HTMLResponse:
@@ -329,7 +335,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
             if name == b"cookie":
                 cookie.load(value.decode("latin-1"))
         morsel = cookie.get(COOKIE)
-        session = signer.load(morsel.value if morsel else None)
+        session = known(signer.load(morsel.value if morsel else None))
         return session.scope if session is not None and session.user is not None else None
 
     static = Path(__file__).parent / "static"

@@ -75,6 +75,9 @@ class Users:
         users[name] = hash_password(password)
         self._save(users)
 
+    def exists(self, name: str) -> bool:
+        return name in self._load()
+
     def remove(self, name: str) -> bool:
         users = self._load()
         if users.pop(name, None) is None:
