@@ -3,14 +3,19 @@ feed's access check."""
 
 from __future__ import annotations
 
+import http.cookiejar
+import json
+import re
 import subprocess
+import urllib.parse
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import SCOPE, WRITER, Console, console_command, console_env, server_dsn
+from conftest import PASSWORD, SCOPE, WRITER, Console, console_command, console_env, server_dsn
+from ledger_client import ScopedLedger
 from ledger_console.data import NotAllowed, check_role
 from ledger_console.sessions import Session, Signer
 from ledger_console.users import Users
@@ -76,3 +81,30 @@ def test_cli_adds_and_lists_people(tmp_path: Path) -> None:
     listed = subprocess.run(console_command("--users-file", users, "users", "list"), text=True,
                             capture_output=True, env=console_env(), timeout=60)
     assert listed.stdout.split() == ["ana"]
+
+
+def signed_in_opener(console: Console) -> urllib.request.OpenerDirector:
+    """An HTTP client signed in to the console as a browser would be (cookie, token, Origin)."""
+    jar = http.cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    page = opener.open(f"{console.url}/login", timeout=10).read().decode()
+    token = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert token is not None
+    form = urllib.parse.urlencode({"csrf": token[1], "user": console.user, "password": PASSWORD}).encode()
+    opener.open(urllib.request.Request(f"{console.url}/login", data=form, headers={"Origin": console.url}), timeout=10)
+    return opener
+
+
+def test_the_live_feed_resumes_after_last_event_id(console: Console, scoped: ScopedLedger) -> None:
+    scoped.create_run("agent", run_id="run-resume")
+    for key in ("a", "b", "c"):
+        scoped.create_step("run-resume", "llm", step_key=key)
+    events = scoped.events_since("run-resume")
+    opener = signed_in_opener(console)
+    request = urllib.request.Request(f"{console.url}/live/?id=run-resume",
+                                     headers={"Last-Event-ID": events[1].event_id})
+    with opener.open(request, timeout=10) as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        first = [stream.readline().decode().rstrip("\n") for _ in range(3)]
+    assert first[0] == f"id: {events[2].event_id}" and first[1] == "event: step.created"
+    assert json.loads(first[2].removeprefix("data: "))["seq"] == 3
