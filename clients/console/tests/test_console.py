@@ -108,3 +108,18 @@ def test_the_live_feed_resumes_after_last_event_id(console: Console, scoped: Sco
         first = [stream.readline().decode().rstrip("\n") for _ in range(3)]
     assert first[0] == f"id: {events[2].event_id}" and first[1] == "event: step.created"
     assert json.loads(first[2].removeprefix("data: "))["seq"] == 3
+
+
+def test_a_runs_lineage_and_its_replay_bundle(console: Console, scoped: ScopedLedger) -> None:
+    scoped.create_run("agent", run_id="run-first")
+    scoped.transition_run("run-first", "failed", error_code="TOOL_DOWN")
+    retry = scoped.retry_run("run-first")
+    opener = signed_in_opener(console)
+    page = opener.open(f"{console.url}/run?id={retry.id}", timeout=10).read().decode()
+    lineage = page[page.index('id="lineage"'):page.index("</ol>", page.index('id="lineage"'))]
+    assert '<a href="/run?id=run-first">run-first</a>' in lineage and "attempt 1" in lineage
+    assert f"<strong>{retry.id}</strong>" in lineage and "retry of run-first" in lineage
+    with opener.open(f"{console.url}/run/bundle.json?id=run-first", timeout=10) as download:
+        assert download.headers["content-disposition"] == 'attachment; filename="replay-bundle-run-first.json"'
+        bundle = json.loads(download.read())
+    assert bundle == scoped.replay_bundle("run-first")

@@ -30,9 +30,11 @@
     const row = document.createElement("tr");
     row.dataset.event = event.event_id;
     row.className = "new";
-    for (const text of [String(event.seq), event.event_type, event.created_at, JSON.stringify(event.payload)]) {
+    const texts = [String(event.seq), event.event_type, event.created_at.replace("T", " "), JSON.stringify(event.payload)];
+    for (const [i, text] of texts.entries()) {
       const cell = document.createElement("td");
-      cell.textContent = text;
+      const holder = i === 3 ? cell.appendChild(document.createElement("code")) : cell;
+      holder.textContent = text;
       row.appendChild(cell);
     }
     body.appendChild(row);
