@@ -234,7 +234,9 @@ def evil_site(console: Console) -> Iterator[str]:
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Evil)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://localhost:{server.server_address[1]}"
+    # Same host, another port: another origin but the same site, so the browser even sends the
+    # console's SameSite=Strict cookie; the Origin check and the token must refuse it.
+    yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
 
 

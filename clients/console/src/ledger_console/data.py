@@ -181,12 +181,17 @@ def in_doubt(ledger: ScopedLedger) -> list[Row]:
 
 
 def pending_approvals(ledger: ScopedLedger) -> list[Row]:
-    return ledger.execute(
+    """The pending approvals with their call's arguments; `details` keeps only what the requester
+    added (the ledger also copies the call's identity and arguments into it)."""
+    rows = ledger.execute(
         "SELECT a.id, a.run_id, a.tool_ref, a.title, a.policy_ref, a.details, a.created_at,"
         " t.arguments, t.tool_call_id FROM ledger.pending_approvals a"
         " LEFT JOIN ledger.run_step_tool_calls t ON t.tenant_id = ledger.scope_tenant()"
         " AND t.workspace_id = ledger.scope_workspace() AND t.id = a.tool_call_record_id"
         " ORDER BY a.created_at, a.id")
+    for row in rows:
+        row["details"] = {k: v for k, v in row["details"].items() if k not in ("arguments", "tool_call_id", "tool_ref")}
+    return rows
 
 
 def failed_outbox(ledger: ScopedLedger) -> list[Row]:
