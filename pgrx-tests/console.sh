@@ -26,8 +26,10 @@ DO $$ BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'ledger_console') THEN
     CREATE ROLE ledger_console LOGIN;
   END IF;
+  IF NOT pg_has_role('ledger_console', 'ledger_writer', 'MEMBER') THEN
+    GRANT ledger_writer TO ledger_console;
+  END IF;
 END $$;
-GRANT ledger_writer TO ledger_console;
 SELECT ledger.grant_scope('ledger_console', 'acme', 'support') \g /dev/null
 SQL
 

@@ -8,12 +8,14 @@ import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from decimal import Decimal
+from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg.rows import DictRow
 from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException
 from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
 from conftest import READER, Browser, Console, console_command, console_env, one
@@ -179,14 +181,9 @@ def test_replay_a_failed_outbox_event(browser: Browser, scoped: ScopedLedger, pe
 
 
 def test_a_reader_sees_everything_and_can_act_on_nothing(
-    chromium: object, start_console: Callable[[str], Console], scoped: ScopedLedger,
-    person: psycopg.Connection[DictRow], screenshots: object,
+    chromium: WebDriver, start_console: Callable[[str], Console], scoped: ScopedLedger,
+    person: psycopg.Connection[DictRow], screenshots: Path,
 ) -> None:
-    from pathlib import Path
-
-    from selenium.webdriver.remote.webdriver import WebDriver
-
-    assert isinstance(chromium, WebDriver) and isinstance(screenshots, Path)
     record_id = in_doubt_call(scoped, "run-read")
     chromium.delete_all_cookies()
     browser = Browser(chromium, start_console(READER), screenshots)

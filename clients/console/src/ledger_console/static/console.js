@@ -12,13 +12,16 @@
   const timeline = document.getElementById("timeline");
   const source = new EventSource(table.dataset.stream);
   let redraw = null;
+  let asked = 0;  // the newest drawing asked for: an older answer arriving late is dropped
 
   function refreshTimeline() {
     if (redraw) return;
     redraw = setTimeout(async () => {
       redraw = null;
+      const mine = ++asked;
       const answer = await fetch(timeline.dataset.src, { credentials: "same-origin" });
-      if (answer.ok) timeline.innerHTML = await answer.text();  // an SVG the server escaped
+      const svg = answer.ok ? await answer.text() : null;
+      if (svg !== null && mine === asked) timeline.innerHTML = svg;  // an SVG the server escaped
     }, 200);
   }
 
