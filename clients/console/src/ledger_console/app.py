@@ -325,7 +325,8 @@ def create_app(config: ConsoleConfig) -> Starlette:
         return RedirectResponse(f"/approvals?done={decision}", 303)
 
     async def replay(request: Request, session: Session, fields: dict[str, str]) -> Response:
-        await run_in_threadpool(data.replay_outbox_event, scoped(session), request.path_params["id"])
+        assert session.user is not None
+        await run_in_threadpool(data.replay_outbox_event, scoped(session), request.path_params["id"], session.user)
         return RedirectResponse("/outbox?done=replayed", 303)
 
     def live_scope(scope: Scope) -> tuple[str, str] | None:

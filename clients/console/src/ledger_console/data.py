@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, LiteralString
 
 import psycopg
+from psycopg.types.json import Jsonb
 from psycopg import sql
 
 from ledger_client import Ledger, ScopedLedger
@@ -222,5 +223,15 @@ def resolve_approval(ledger: ScopedLedger, approval_id: str, decision: str, acto
     return ledger.resolve_approval(approval_id, decision, actor=actor, note=note).run_id
 
 
-def replay_outbox_event(ledger: ScopedLedger, event_id: str) -> None:
-    ledger.execute("SELECT id FROM ledger.replay_outbox_event(%s)", (event_id,))
+def replay_outbox_event(ledger: ScopedLedger, event_id: str, actor: str) -> None:
+    """Replays the event and, when it belongs to a run, records who did in that run's audit
+    (`replay_outbox_event` takes no actor), in one transaction."""
+    with ledger.transaction() as tx:
+        (event,) = tx.execute(
+            "SELECT id, event_type, run_id, replay_count FROM ledger.replay_outbox_event(%s)", (event_id,))
+        if event["run_id"] is not None:
+            tx.execute(
+                "SELECT ledger.record_audit(%s, 'operator_console', 'outbox_replayed', %s, actor => %s)",
+                (event["run_id"], Jsonb({
+                    "outbox_event_id": event["id"], "event_type": event["event_type"],
+                    "replay_count": event["replay_count"]}), actor))
