@@ -105,6 +105,8 @@ COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, numeric, text, text,
     'Records a cost entry: billed_quantity >= 0, amount >= 0 with a currency, usage with the known keys (or the OpenAI and Anthropic names, stored under the known keys) as non-negative integers. source_ref is idempotent per scope. Writes cost.recorded to the feed and the outbox.';
 COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, double precision, text, text, jsonb, jsonb, text, text, text, text, text, text) IS
     'ledger.record_cost with a double precision amount (a client''s float), taken as its shortest decimal text: 0.1 is stored as 0.1.';
+COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, bigint, text, text, jsonb, jsonb, text, text, text, text, text, text) IS
+    'ledger.record_cost with a bigint amount (an integer literal past int4, a client''s large integer), stored exactly.';
 COMMENT ON FUNCTION ledger.record_audit(text, text, text, jsonb, text, text) IS
     'Records an audit event for a run (gateway decisions, human interventions). The payload is redacted.';
 COMMENT ON FUNCTION ledger.record_response_event(text, text, jsonb, text) IS
@@ -162,14 +164,16 @@ COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
 COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
     'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
 COMMENT ON FUNCTION ledger.grant_scope(text, text, text) IS
-    'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. A role with at least one grant is bound: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED). Returns false when the grant existed. For the extension''s owner and superusers only.';
+    'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. The first grant binds the role: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED), and any_scope => true reaches only its granted scopes. Returns false when the grant existed. For the extension''s owner and superusers only.';
 COMMENT ON FUNCTION ledger.revoke_scope(text, text, text) IS
-    'Removes the grant of exactly this tenant and workspace (NULL: the every-workspace grant) from role_name; returns whether it existed. A role left with no grant is unbound again. For the extension''s owner and superusers only.';
+    'Removes the grant of exactly this tenant and workspace (NULL: the every-workspace grant) from role_name; returns whether it existed. The role stays bound: with no grant left it may state no scope (ledger.unbind_scope unbinds it). For the extension''s owner and superusers only.';
+COMMENT ON FUNCTION ledger.unbind_scope(text) IS
+    'Unbinds login role role_name: removes its scope grants and its binding, so that it may state any scope again; returns whether it was bound. For the extension''s owner and superusers only.';
 
 -- Grants decide who may state which scope: no application role may read or change them.
-REVOKE SELECT ON ledger.scope_grants FROM ledger_reader;
-REVOKE EXECUTE ON FUNCTION ledger.grant_scope(text, text, text), ledger.revoke_scope(text, text, text)
-    FROM ledger_writer;
+REVOKE SELECT ON ledger.scope_grants, ledger.scope_bindings FROM ledger_reader;
+REVOKE EXECUTE ON FUNCTION ledger.grant_scope(text, text, text), ledger.revoke_scope(text, text, text),
+    ledger.unbind_scope(text) FROM ledger_writer;
 
 -- ledger_dispatcher: owns the functions that find work across scopes (see schema.sql).
 ALTER FUNCTION ledger_dispatch.next_run(text[], text[]) OWNER TO ledger_dispatcher;
@@ -184,6 +188,8 @@ GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_a
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status) ON ledger.approval_requests TO ledger_dispatcher;
+GRANT SELECT (grantee, tenant_id, workspace_id) ON ledger.scope_grants TO ledger_dispatcher;
+GRANT SELECT (grantee) ON ledger.scope_bindings TO ledger_dispatcher;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;
 GRANT USAGE ON SCHEMA ledger_dispatch TO ledger_owner, ledger_reader;
 GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),

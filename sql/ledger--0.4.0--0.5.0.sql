@@ -85,6 +85,55 @@ CREATE POLICY dispatch_read ON ledger.run_step_tool_calls FOR SELECT TO ledger_d
 CREATE POLICY dispatch_read ON ledger.approval_requests FOR SELECT TO ledger_dispatcher USING (true);
 CREATE INDEX outbox_dispatch_idx ON ledger.outbox (available_at, id) WHERE status IN ('pending', 'processing');
 
+-- Scope grants: which scopes a login role may state with ledger.set_scope. A role is bound by
+-- its first grant and stays bound (with no grant left it may state no scope) until
+-- ledger.unbind_scope: revoking never fails open. A role never bound is unbound (any scope, as
+-- before 0.5.0). Only ledger_owner's functions write the tables; ledger_dispatcher reads the
+-- session's own login role's rows, to keep a bound operator's cross-scope work in its scopes.
+CREATE TABLE ledger.scope_grants (
+    grantee      regrole NOT NULL,
+    tenant_id    text NOT NULL,
+    workspace_id text,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX scope_grants_key ON ledger.scope_grants (grantee, tenant_id, workspace_id) NULLS NOT DISTINCT;
+COMMENT ON TABLE ledger.scope_grants IS 'The scopes a bound login role may state with ledger.set_scope (workspace_id NULL: every workspace of the tenant); set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED). Written by ledger.grant_scope, ledger.revoke_scope and ledger.unbind_scope; no role but ledger_owner has any privilege on it.';
+CREATE TABLE ledger.scope_bindings (
+    grantee    regrole NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX scope_bindings_key ON ledger.scope_bindings (grantee);
+COMMENT ON TABLE ledger.scope_bindings IS 'The login roles bound to their scope grants (ledger.scope_grants): bound by their first grant, unbound only by ledger.unbind_scope. A bound role with no grant left may state no scope.';
+DO $bind$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['scope_grants', 'scope_bindings'] LOOP
+        EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
+        EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
+        EXECUTE format('CREATE POLICY owner_only ON ledger.%I TO ledger_owner USING (true) WITH CHECK (true)', t);
+        EXECUTE format('CREATE POLICY dispatch_read ON ledger.%I FOR SELECT TO ledger_dispatcher'
+                       ' USING (grantee = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = session_user))', t);
+        EXECUTE format('ALTER TABLE ledger.%I OWNER TO ledger_owner', t);
+        PERFORM pg_catalog.pg_extension_config_dump(format('ledger.%I', t)::regclass, '');
+    END LOOP;
+END
+$bind$;
+
+-- set_scope runs as its caller, who cannot read the grants: it asks this function, which
+-- answers for the session's login role only.
+CREATE FUNCTION ledger_dispatch.scope_granted(tenant_id text, workspace_id text) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM ledger.scope_bindings b
+                        WHERE b.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user))
+        OR EXISTS (SELECT 1 FROM ledger.scope_grants g
+                    WHERE g.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user)
+                      AND g.tenant_id = $1 AND (g.workspace_id IS NULL OR g.workspace_id = $2))
+$$;
+COMMENT ON FUNCTION ledger_dispatch.scope_granted(text, text) IS 'Whether the session''s login role (session_user, which SET ROLE does not change) may state this scope: it was never bound, or it has a grant for the tenant and this workspace or every workspace.';
+
+
 CREATE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
     RETURNS TABLE (tenant_id text, workspace_id text, id text)
     LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -94,6 +143,9 @@ AS $$
        AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= clock_timestamp())
        AND (r.status IN ('queued', 'retrying') OR r.run_token > 0)
        AND (modes IS NULL OR r.mode = ANY (modes)) AND (kinds IS NULL OR r.kind = ANY (kinds))
+       AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+            OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = r.tenant_id
+                          AND (g.workspace_id IS NULL OR g.workspace_id = r.workspace_id)))
        AND NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t
                         WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
                           AND t.run_id = r.id AND t.status = 'in_doubt')
@@ -103,7 +155,7 @@ AS $$
      ORDER BY r.queued_at, r.id LIMIT 1
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope (see ledger.claim_run) that waits for no person, locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope the session''s login role may state (see ledger.claim_run) that waits for no person, locked; skips runs another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
     RETURNS TABLE (tenant_id text, workspace_id text, id text)
@@ -112,10 +164,13 @@ AS $$
     SELECT o.tenant_id, o.workspace_id, o.id FROM ledger.outbox o
      WHERE o.status IN ('pending', 'processing') AND o.available_at <= clock_timestamp()
        AND (o.status = 'pending' OR o.lease_expires_at <= clock_timestamp())
+       AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+            OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = o.tenant_id
+                          AND (g.workspace_id IS NULL OR g.workspace_id = o.workspace_id)))
      ORDER BY o.available_at, o.id LIMIT max_events
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION ledger_dispatch.due_outbox_events(integer) IS 'Up to max_events due outbox events of any scope (see ledger.claim_outbox_events), oldest first, locked; skips events another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.due_outbox_events(integer) IS 'Up to max_events due outbox events of any scope the session''s login role may state (see ledger.claim_outbox_events), oldest first, locked; skips events another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.expired_tool_call_scopes()
     RETURNS TABLE (tenant_id text, workspace_id text)
@@ -123,37 +178,12 @@ CREATE FUNCTION ledger_dispatch.expired_tool_call_scopes()
 AS $$
     SELECT DISTINCT t.tenant_id, t.workspace_id FROM ledger.run_step_tool_calls t
      WHERE t.completed_at IS NULL AND t.lease_expires_at <= clock_timestamp()
+       AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+            OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = t.tenant_id
+                          AND (g.workspace_id IS NULL OR g.workspace_id = t.workspace_id)))
 $$;
-COMMENT ON FUNCTION ledger_dispatch.expired_tool_call_scopes() IS 'The scopes that have a tool call whose lease expired (see ledger.sweep_tool_calls).';
+COMMENT ON FUNCTION ledger_dispatch.expired_tool_call_scopes() IS 'The scopes the session''s login role may state that have a tool call whose lease expired (see ledger.sweep_tool_calls).';
 
--- Scope grants: which scopes a login role may state with ledger.set_scope. A role with no
--- grant is unbound (any scope, as before 0.5.0). Only ledger_owner's functions read the table.
-CREATE TABLE ledger.scope_grants (
-    grantee      regrole NOT NULL,
-    tenant_id    text NOT NULL,
-    workspace_id text,
-    created_at   timestamptz NOT NULL DEFAULT now()
-);
-CREATE UNIQUE INDEX scope_grants_key ON ledger.scope_grants (grantee, tenant_id, workspace_id) NULLS NOT DISTINCT;
-COMMENT ON TABLE ledger.scope_grants IS 'The scopes a login role may state with ledger.set_scope (workspace_id NULL: every workspace of the tenant). A role with at least one grant is bound: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED). Written by ledger.grant_scope and ledger.revoke_scope; no role but ledger_owner has any privilege on it.';
-ALTER TABLE ledger.scope_grants ENABLE ROW LEVEL SECURITY;
-ALTER TABLE ledger.scope_grants FORCE ROW LEVEL SECURITY;
-CREATE POLICY owner_only ON ledger.scope_grants TO ledger_owner USING (true) WITH CHECK (true);
-ALTER TABLE ledger.scope_grants OWNER TO ledger_owner;
-SELECT pg_catalog.pg_extension_config_dump('ledger.scope_grants', '');
-
--- set_scope runs as its caller, who cannot read the grants: it asks this function, which
--- answers for the session's login role only.
-CREATE FUNCTION ledger_dispatch.scope_granted(tenant_id text, workspace_id text) RETURNS boolean
-    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT NOT EXISTS (SELECT 1 FROM ledger.scope_grants g
-                        WHERE g.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user))
-        OR EXISTS (SELECT 1 FROM ledger.scope_grants g
-                    WHERE g.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user)
-                      AND g.tenant_id = $1 AND (g.workspace_id IS NULL OR g.workspace_id = $2))
-$$;
-COMMENT ON FUNCTION ledger_dispatch.scope_granted(text, text) IS 'Whether the session''s login role (session_user, which SET ROLE does not change) may state this scope: it has no grant at all (unbound), or one for the tenant and this workspace or every workspace.';
 
 -- The scope predicate of every policy becomes a C function of this library, so that a policy's
 -- first use loads the library and its check hooks drop a scope set by hand before it loaded.
@@ -253,7 +283,7 @@ COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and
 
 -- Functions: every one is dropped and created again from this version's library (new ones for
 -- run ownership and scope grants; run_token, approval and any_scope arguments; events_since
--- gains ends_run, record_cost a double precision overload; the others change behaviour only),
+-- gains ends_run, record_cost a double precision and a bigint overload; the others change behaviour only),
 -- so that none is left bound to another library: two libraries of
 -- the extension in one session define the same GUCs ("attempt to redefine parameter"). The views
 -- and policies depend only on scope_tenant() and scope_workspace(), SQL functions that stay, and
@@ -630,6 +660,28 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'record_cost_float_amount_wrapper';
 
+CREATE  FUNCTION "record_cost"(
+	"run_id" TEXT, /* Option < & str > */
+	"billing_basis" TEXT, /* Option < & str > */
+	"billed_quantity" NUMERIC, /* Option < AnyNumeric > */
+	"amount" bigint, /* Option < i64 > */
+	"currency" TEXT DEFAULT NULL, /* Option < & str > */
+	"step_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"usage" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"pricing_snapshot" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"provider" TEXT DEFAULT NULL, /* Option < & str > */
+	"model_ref" TEXT DEFAULT NULL, /* Option < & str > */
+	"tool_ref" TEXT DEFAULT NULL, /* Option < & str > */
+	"source_port" TEXT DEFAULT NULL, /* Option < & str > */
+	"operation" TEXT DEFAULT NULL, /* Option < & str > */
+	"source_ref" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS ledger.run_cost_entries /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE  
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'record_cost_integer_amount_wrapper';
+
 CREATE  FUNCTION "record_feedback"(
 	"run_id" TEXT, /* Option < & str > */
 	"rating" INT, /* Option < i32 > */
@@ -819,6 +871,14 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'revoke_scope_wrapper';
+
+CREATE  FUNCTION "unbind_scope"(
+	"role_name" TEXT /* Option < & str > */
+) RETURNS bool /* std :: result :: Result < bool, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'unbind_scope_wrapper';
 
 CREATE  FUNCTION "run_channel"(
 	"run_id" TEXT /* Option < & str > */
@@ -1036,6 +1096,8 @@ COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, numeric, text, text,
     'Records a cost entry: billed_quantity >= 0, amount >= 0 with a currency, usage with the known keys (or the OpenAI and Anthropic names, stored under the known keys) as non-negative integers. source_ref is idempotent per scope. Writes cost.recorded to the feed and the outbox.';
 COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, double precision, text, text, jsonb, jsonb, text, text, text, text, text, text) IS
     'ledger.record_cost with a double precision amount (a client''s float), taken as its shortest decimal text: 0.1 is stored as 0.1.';
+COMMENT ON FUNCTION ledger.record_cost(text, text, numeric, bigint, text, text, jsonb, jsonb, text, text, text, text, text, text) IS
+    'ledger.record_cost with a bigint amount (an integer literal past int4, a client''s large integer), stored exactly.';
 COMMENT ON FUNCTION ledger.record_audit(text, text, text, jsonb, text, text) IS
     'Records an audit event for a run (gateway decisions, human interventions). The payload is redacted.';
 COMMENT ON FUNCTION ledger.record_response_event(text, text, jsonb, text) IS
@@ -1093,14 +1155,16 @@ COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
 COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
     'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
 COMMENT ON FUNCTION ledger.grant_scope(text, text, text) IS
-    'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. A role with at least one grant is bound: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED). Returns false when the grant existed. For the extension''s owner and superusers only.';
+    'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. The first grant binds the role: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED), and any_scope => true reaches only its granted scopes. Returns false when the grant existed. For the extension''s owner and superusers only.';
 COMMENT ON FUNCTION ledger.revoke_scope(text, text, text) IS
-    'Removes the grant of exactly this tenant and workspace (NULL: the every-workspace grant) from role_name; returns whether it existed. A role left with no grant is unbound again. For the extension''s owner and superusers only.';
+    'Removes the grant of exactly this tenant and workspace (NULL: the every-workspace grant) from role_name; returns whether it existed. The role stays bound: with no grant left it may state no scope (ledger.unbind_scope unbinds it). For the extension''s owner and superusers only.';
+COMMENT ON FUNCTION ledger.unbind_scope(text) IS
+    'Unbinds login role role_name: removes its scope grants and its binding, so that it may state any scope again; returns whether it was bound. For the extension''s owner and superusers only.';
 
 -- Grants decide who may state which scope: no application role may read or change them.
-REVOKE SELECT ON ledger.scope_grants FROM ledger_reader;
-REVOKE EXECUTE ON FUNCTION ledger.grant_scope(text, text, text), ledger.revoke_scope(text, text, text)
-    FROM ledger_writer;
+REVOKE SELECT ON ledger.scope_grants, ledger.scope_bindings FROM ledger_reader;
+REVOKE EXECUTE ON FUNCTION ledger.grant_scope(text, text, text), ledger.revoke_scope(text, text, text),
+    ledger.unbind_scope(text) FROM ledger_writer;
 
 -- ledger_dispatcher: owns the functions that find work across scopes (see schema.sql).
 ALTER FUNCTION ledger_dispatch.next_run(text[], text[]) OWNER TO ledger_dispatcher;
@@ -1115,6 +1179,8 @@ GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_a
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status) ON ledger.approval_requests TO ledger_dispatcher;
+GRANT SELECT (grantee, tenant_id, workspace_id) ON ledger.scope_grants TO ledger_dispatcher;
+GRANT SELECT (grantee) ON ledger.scope_bindings TO ledger_dispatcher;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;
 GRANT USAGE ON SCHEMA ledger_dispatch TO ledger_owner, ledger_reader;
 GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),

@@ -492,6 +492,55 @@ CREATE POLICY dispatch_read ON ledger.run_step_tool_calls FOR SELECT TO ledger_d
 CREATE POLICY dispatch_read ON ledger.approval_requests FOR SELECT TO ledger_dispatcher USING (true);
 CREATE INDEX outbox_dispatch_idx ON ledger.outbox (available_at, id) WHERE status IN ('pending', 'processing');
 
+-- Scope grants: which scopes a login role may state with ledger.set_scope. A role is bound by
+-- its first grant and stays bound (with no grant left it may state no scope) until
+-- ledger.unbind_scope: revoking never fails open. A role never bound is unbound (any scope, as
+-- before 0.5.0). Only ledger_owner's functions write the tables; ledger_dispatcher reads the
+-- session's own login role's rows, to keep a bound operator's cross-scope work in its scopes.
+CREATE TABLE ledger.scope_grants (
+    grantee      regrole NOT NULL,
+    tenant_id    text NOT NULL,
+    workspace_id text,
+    created_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX scope_grants_key ON ledger.scope_grants (grantee, tenant_id, workspace_id) NULLS NOT DISTINCT;
+COMMENT ON TABLE ledger.scope_grants IS 'The scopes a bound login role may state with ledger.set_scope (workspace_id NULL: every workspace of the tenant); set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED). Written by ledger.grant_scope, ledger.revoke_scope and ledger.unbind_scope; no role but ledger_owner has any privilege on it.';
+CREATE TABLE ledger.scope_bindings (
+    grantee    regrole NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX scope_bindings_key ON ledger.scope_bindings (grantee);
+COMMENT ON TABLE ledger.scope_bindings IS 'The login roles bound to their scope grants (ledger.scope_grants): bound by their first grant, unbound only by ledger.unbind_scope. A bound role with no grant left may state no scope.';
+DO $bind$
+DECLARE
+    t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['scope_grants', 'scope_bindings'] LOOP
+        EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
+        EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
+        EXECUTE format('CREATE POLICY owner_only ON ledger.%I TO ledger_owner USING (true) WITH CHECK (true)', t);
+        EXECUTE format('CREATE POLICY dispatch_read ON ledger.%I FOR SELECT TO ledger_dispatcher'
+                       ' USING (grantee = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = session_user))', t);
+        EXECUTE format('ALTER TABLE ledger.%I OWNER TO ledger_owner', t);
+        PERFORM pg_catalog.pg_extension_config_dump(format('ledger.%I', t)::regclass, '');
+    END LOOP;
+END
+$bind$;
+
+-- set_scope runs as its caller, who cannot read the grants: it asks this function, which
+-- answers for the session's login role only.
+CREATE FUNCTION ledger_dispatch.scope_granted(tenant_id text, workspace_id text) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM ledger.scope_bindings b
+                        WHERE b.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user))
+        OR EXISTS (SELECT 1 FROM ledger.scope_grants g
+                    WHERE g.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user)
+                      AND g.tenant_id = $1 AND (g.workspace_id IS NULL OR g.workspace_id = $2))
+$$;
+COMMENT ON FUNCTION ledger_dispatch.scope_granted(text, text) IS 'Whether the session''s login role (session_user, which SET ROLE does not change) may state this scope: it was never bound, or it has a grant for the tenant and this workspace or every workspace.';
+
+
 CREATE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
     RETURNS TABLE (tenant_id text, workspace_id text, id text)
     LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -501,6 +550,9 @@ AS $$
        AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= clock_timestamp())
        AND (r.status IN ('queued', 'retrying') OR r.run_token > 0)
        AND (modes IS NULL OR r.mode = ANY (modes)) AND (kinds IS NULL OR r.kind = ANY (kinds))
+       AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+            OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = r.tenant_id
+                          AND (g.workspace_id IS NULL OR g.workspace_id = r.workspace_id)))
        AND NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t
                         WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
                           AND t.run_id = r.id AND t.status = 'in_doubt')
@@ -510,7 +562,7 @@ AS $$
      ORDER BY r.queued_at, r.id LIMIT 1
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope (see ledger.claim_run) that waits for no person, locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope the session''s login role may state (see ledger.claim_run) that waits for no person, locked; skips runs another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
     RETURNS TABLE (tenant_id text, workspace_id text, id text)
@@ -519,10 +571,13 @@ AS $$
     SELECT o.tenant_id, o.workspace_id, o.id FROM ledger.outbox o
      WHERE o.status IN ('pending', 'processing') AND o.available_at <= clock_timestamp()
        AND (o.status = 'pending' OR o.lease_expires_at <= clock_timestamp())
+       AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+            OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = o.tenant_id
+                          AND (g.workspace_id IS NULL OR g.workspace_id = o.workspace_id)))
      ORDER BY o.available_at, o.id LIMIT max_events
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION ledger_dispatch.due_outbox_events(integer) IS 'Up to max_events due outbox events of any scope (see ledger.claim_outbox_events), oldest first, locked; skips events another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.due_outbox_events(integer) IS 'Up to max_events due outbox events of any scope the session''s login role may state (see ledger.claim_outbox_events), oldest first, locked; skips events another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.expired_tool_call_scopes()
     RETURNS TABLE (tenant_id text, workspace_id text)
@@ -530,34 +585,9 @@ CREATE FUNCTION ledger_dispatch.expired_tool_call_scopes()
 AS $$
     SELECT DISTINCT t.tenant_id, t.workspace_id FROM ledger.run_step_tool_calls t
      WHERE t.completed_at IS NULL AND t.lease_expires_at <= clock_timestamp()
+       AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+            OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = t.tenant_id
+                          AND (g.workspace_id IS NULL OR g.workspace_id = t.workspace_id)))
 $$;
-COMMENT ON FUNCTION ledger_dispatch.expired_tool_call_scopes() IS 'The scopes that have a tool call whose lease expired (see ledger.sweep_tool_calls).';
+COMMENT ON FUNCTION ledger_dispatch.expired_tool_call_scopes() IS 'The scopes the session''s login role may state that have a tool call whose lease expired (see ledger.sweep_tool_calls).';
 
--- Scope grants: which scopes a login role may state with ledger.set_scope. A role with no
--- grant is unbound (any scope, as before 0.5.0). Only ledger_owner's functions read the table.
-CREATE TABLE ledger.scope_grants (
-    grantee      regrole NOT NULL,
-    tenant_id    text NOT NULL,
-    workspace_id text,
-    created_at   timestamptz NOT NULL DEFAULT now()
-);
-CREATE UNIQUE INDEX scope_grants_key ON ledger.scope_grants (grantee, tenant_id, workspace_id) NULLS NOT DISTINCT;
-COMMENT ON TABLE ledger.scope_grants IS 'The scopes a login role may state with ledger.set_scope (workspace_id NULL: every workspace of the tenant). A role with at least one grant is bound: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED). Written by ledger.grant_scope and ledger.revoke_scope; no role but ledger_owner has any privilege on it.';
-ALTER TABLE ledger.scope_grants ENABLE ROW LEVEL SECURITY;
-ALTER TABLE ledger.scope_grants FORCE ROW LEVEL SECURITY;
-CREATE POLICY owner_only ON ledger.scope_grants TO ledger_owner USING (true) WITH CHECK (true);
-ALTER TABLE ledger.scope_grants OWNER TO ledger_owner;
-SELECT pg_catalog.pg_extension_config_dump('ledger.scope_grants', '');
-
--- set_scope runs as its caller, who cannot read the grants: it asks this function, which
--- answers for the session's login role only.
-CREATE FUNCTION ledger_dispatch.scope_granted(tenant_id text, workspace_id text) RETURNS boolean
-    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT NOT EXISTS (SELECT 1 FROM ledger.scope_grants g
-                        WHERE g.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user))
-        OR EXISTS (SELECT 1 FROM ledger.scope_grants g
-                    WHERE g.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user)
-                      AND g.tenant_id = $1 AND (g.workspace_id IS NULL OR g.workspace_id = $2))
-$$;
-COMMENT ON FUNCTION ledger_dispatch.scope_granted(text, text) IS 'Whether the session''s login role (session_user, which SET ROLE does not change) may state this scope: it has no grant at all (unbound), or one for the tenant and this workspace or every workspace.';

@@ -111,7 +111,49 @@ fn record_cost_float_amount(
     )?)
 }
 
-/// What both `record_cost`s do, once their amount is a decimal. `labels`: provider, model_ref,
+/// `record_cost` with a bigint amount, so that an integer stays exact: an integer literal past
+/// int4 (or a client's large integer) is a bigint, which PostgreSQL would otherwise convert to
+/// double precision, the preferred numeric type, and round past 2^53.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(
+    name = "record_cost",
+    volatile,
+    parallel_unsafe,
+    security_definer,
+    requires = ["ledger_schema"]
+)]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn record_cost_integer_amount(
+    run_id: Option<&str>,
+    billing_basis: Option<&str>,
+    billed_quantity: Option<AnyNumeric>,
+    amount: Option<i64>,
+    currency: default!(Option<&str>, "NULL"),
+    step_id: default!(Option<&str>, "NULL"),
+    usage: default!(Option<Jsonb>, "'{}'"),
+    pricing_snapshot: default!(Option<Jsonb>, "'{}'"),
+    provider: default!(Option<&str>, "NULL"),
+    model_ref: default!(Option<&str>, "NULL"),
+    tool_ref: default!(Option<&str>, "NULL"),
+    source_port: default!(Option<&str>, "NULL"),
+    operation: default!(Option<&str>, "NULL"),
+    source_ref: default!(Option<&str>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), SqlError> {
+    Ok(record(
+        run_id,
+        billing_basis,
+        billed_quantity,
+        amount.map(AnyNumeric::from),
+        currency,
+        step_id,
+        usage,
+        pricing_snapshot,
+        [provider, model_ref, tool_ref, source_port, operation],
+        source_ref,
+    )?)
+}
+
+/// What every `record_cost` does, once its amount is a decimal. `labels`: provider, model_ref,
 /// tool_ref, source_port, operation.
 #[allow(clippy::too_many_arguments)]
 fn record(
@@ -254,6 +296,10 @@ mod tests {
             ("1.10::numeric", "1.10"),
             ("12345678901234567890.123", "12345678901234567890.123"),
             ("1e-7::float8", "0.0000001"),
+            // An integer literal past int4 is a bigint: exact, not rounded through a double.
+            ("9007199254740993", "9007199254740993"),
+            ("9223372036854775807", "9223372036854775807"),
+            ("2147483647", "2147483647"),
         ] {
             assert_eq!(
                 one::<String>(&format!(
@@ -266,7 +312,12 @@ mod tests {
         assert!(one::<bool>(
             "SELECT amount IS NULL FROM ledger.record_cost('r', 'tokens', 1, NULL::float8)"
         ));
-        for bad in ["'NaN'::float8", "'Infinity'::float8", "-0.5::float8"] {
+        for bad in [
+            "'NaN'::float8",
+            "'Infinity'::float8",
+            "-0.5::float8",
+            "(-9007199254740993)",
+        ] {
             assert_error(
                 &format!("SELECT ledger.record_cost('r', 'tokens', 1, {bad}, 'USD')"),
                 "22023",
@@ -283,7 +334,7 @@ mod tests {
         );
         assert_eq!(
             one::<i64>("SELECT count(*) FROM ledger.run_cost_entries"),
-            9
+            12
         );
     }
 

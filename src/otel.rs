@@ -135,6 +135,30 @@ mod tests {
         assert_eq!(trace("turn"), trace("turn"));
     }
 
+    /// Token counts that sum past i64::MAX (each one fits record_cost's u64) still export: the
+    /// sum stays exact while it fits an int64, and becomes a double past it.
+    #[pg_test]
+    fn token_sums_past_i64_export() {
+        set_scope("t-otel-big", "w");
+        Spi::run("SELECT ledger.create_run('chat', run_id => 'big')").unwrap();
+        Spi::run(
+            "SELECT ledger.record_cost('big', 'tokens', 1, usage => '{\"prompt_tokens\": 9223372036854775807, \"completion_tokens\": 9223372036854775806}'); \
+             SELECT ledger.record_cost('big', 'tokens', 1, usage => '{\"prompt_tokens\": 9223372036854775807, \"completion_tokens\": 1}')",
+        )
+        .unwrap();
+        let t = trace("big");
+        let run = &t["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
+        assert_eq!(
+            attr(run, "gen_ai.usage.output_tokens")["intValue"],
+            "9223372036854775807"
+        );
+        assert_eq!(
+            attr(run, "gen_ai.usage.input_tokens")["doubleValue"].as_f64(),
+            Some(2.0 * 9223372036854775807.0)
+        );
+        assert_eq!(trace("big"), trace("big"));
+    }
+
     #[pg_test]
     fn otel_trace_refuses_what_it_cannot_export() {
         set_scope("t-otel-bad", "w");

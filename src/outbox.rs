@@ -143,8 +143,8 @@ fn claim_outbox_events(
         )?));
     }
     run_lease::check_any_scope(scope::is_operator()?, None)?;
-    // Found and locked across scopes, then leased in each one's scope (this function's SET
-    // clause takes the scope back at exit).
+    // Found and locked across the caller's scopes (its granted ones, when its login role is
+    // bound), then leased in each one's scope, which is taken back after.
     let (tenants, workspaces, ids) = db::write_one(
         "SELECT array_agg(tenant_id), array_agg(workspace_id), array_agg(id) \
            FROM ledger_dispatch.due_outbox_events($1)",
@@ -170,14 +170,15 @@ fn claim_outbox_events(
     }
     let mut claimed = Vec::new();
     for (scope, listed) in by_scope {
-        scope::enter(&scope)?;
-        let due = db::select_one(
-            "SELECT array_agg(id), array_agg(attempt_count), array_agg(replay_count) \
-               FROM ledger.outbox WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
-            &scope.args([listed.into()]),
-            batch,
-        )?;
-        claimed.extend(lease_batch(&scope, due, lease_owner, lease)?);
+        claimed.extend(scope::within(&scope, || {
+            let due = db::select_one(
+                "SELECT array_agg(id), array_agg(attempt_count), array_agg(replay_count) \
+                   FROM ledger.outbox WHERE tenant_id = $1 AND workspace_id = $2 AND id = ANY($3)",
+                &scope.args([listed.into()]),
+                batch,
+            )?;
+            lease_batch(&scope, due, lease_owner, lease)
+        })?);
     }
     Ok(SetOfIterator::new(claimed))
 }

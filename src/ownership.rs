@@ -135,8 +135,8 @@ fn claim_run(
         rules::lease_seconds(lease_seconds.ok_or_else(|| LedgerError::required("lease_seconds"))?)?;
     let claimed = if any_scope.unwrap_or(false) {
         run_lease::check_any_scope(scope::is_operator()?, run_id)?;
-        // The candidate is found and locked across scopes, then claimed in its own scope, which
-        // this function's SET clause takes back at exit.
+        // The candidate is found and locked across the caller's scopes (its granted ones, when
+        // its login role is bound), then claimed in its own scope, which is taken back after.
         let next = db::write_one(
             "SELECT tenant_id, workspace_id, id FROM ledger_dispatch.next_run($1, $2)",
             &[modes.into(), kinds.into()],
@@ -151,10 +151,9 @@ fn claim_run(
             },
         )?;
         match next {
-            Some((scope, id)) => {
-                scope::enter(&scope)?;
-                claim(&scope, Some(&id), None, None, owner, lease)?
-            }
+            Some((scope, id)) => scope::within(&scope, || {
+                claim(&scope, Some(&id), None, None, owner, lease)
+            })?,
             None => None,
         }
     } else {
@@ -509,8 +508,23 @@ mod tests {
         assert!(one::<bool>(
             "SELECT ledger.revoke_scope(session_user, 't-other', 'w1')"
         ));
-        // No grant left: unbound again.
+        // No grant left: still bound, to no scope at all (revoking never opens every scope).
+        for (tenant, workspace) in [("t-third", "w"), ("t-bound", "any")] {
+            assert_error(
+                &format!("SELECT ledger.set_scope('{tenant}', '{workspace}')"),
+                "42501",
+                "SCOPE_NOT_GRANTED",
+            );
+        }
+        // Only an explicit unbind_scope unbinds it.
+        assert!(one::<bool>("SELECT ledger.unbind_scope(session_user)"));
+        assert!(!one::<bool>("SELECT ledger.unbind_scope(session_user)"));
         set_scope("t-third", "w");
+        assert_error(
+            "SELECT ledger.unbind_scope('no_such_role')",
+            "P0002",
+            "ROLE_NOT_FOUND",
+        );
         assert_error(
             "SELECT ledger.grant_scope('no_such_role', 't')",
             "P0002",
@@ -521,7 +535,9 @@ mod tests {
         for call in [
             "SELECT ledger.grant_scope('ledger_writer', 't')",
             "SELECT ledger.revoke_scope('ledger_writer', 't')",
+            "SELECT ledger.unbind_scope('ledger_writer')",
             "SELECT count(*) FROM ledger.scope_grants",
+            "SELECT count(*) FROM ledger.scope_bindings",
         ] {
             assert_eq!(crate::testing::error_of(call).sqlstate, "42501", "{call}");
         }

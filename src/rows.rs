@@ -32,6 +32,9 @@ enum Lock {
     NoKeyUpdate,
     /// `FOR NO KEY UPDATE SKIP LOCKED`: the row only if no one else holds it.
     NoKeyUpdateSkipLocked,
+    /// `FOR KEY SHARE`: the row kept from a purge until the transaction ends, waiting for a purge
+    /// that is deleting it (and then not found); writers' `FOR NO KEY UPDATE` does not block it.
+    KeyShare,
     /// `FOR KEY SHARE SKIP LOCKED`: the row only if no one is deleting it (a purge).
     KeyShareSkipLocked,
     /// `FOR UPDATE`.
@@ -49,6 +52,7 @@ fn first<R>(
         Lock::No => return db::select_one(query, args, map),
         Lock::NoKeyUpdate => format!("{query} FOR NO KEY UPDATE"),
         Lock::NoKeyUpdateSkipLocked => format!("{query} FOR NO KEY UPDATE SKIP LOCKED"),
+        Lock::KeyShare => format!("{query} FOR KEY SHARE"),
         Lock::KeyShareSkipLocked => format!("{query} FOR KEY SHARE SKIP LOCKED"),
         Lock::Update => format!("{query} FOR UPDATE"),
     };
@@ -173,10 +177,15 @@ fn run_not_found(argument: &str, run_id: &str) -> LedgerError {
     LedgerError::not_found("RUN_NOT_FOUND", "run", run_id).with("argument", argument)
 }
 
-/// A run that must exist in scope, not locked (P0002 `RUN_NOT_FOUND`, naming the argument).
+/// A run that must exist in scope (P0002 `RUN_NOT_FOUND`, naming the argument), kept from a
+/// purge until the transaction ends: the check of a run that a new row will reference, so that
+/// a purge racing the writer ends in "not found" rather than in a foreign-key violation (the
+/// foreign key's own check takes the same lock at the INSERT, so this adds no wait).
 pub fn run(scope: &Scope, argument: &str, run_id: &str) -> Result<RunHead> {
     ids::validate(argument, run_id)?;
-    find_run(scope, run_id)?.ok_or_else(|| run_not_found(argument, run_id))
+    Ok(run_by(scope, "id", run_id, Lock::KeyShare)?
+        .ok_or_else(|| run_not_found(argument, run_id))?
+        .head)
 }
 
 /// Checks that the run exists in scope (P0002 `RUN_NOT_FOUND`): the read paths' check.

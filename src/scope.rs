@@ -85,11 +85,20 @@ fn state(scope: &Scope, local: bool, check_grant: bool) -> Result<bool> {
     Ok(stated == Some(true))
 }
 
-/// Switches an operator's work to a row's scope, until the calling function returns: only for
-/// functions with a SET clause (every SECURITY DEFINER one), whose exit restores the GUCs.
-pub fn enter(scope: &Scope) -> Result<()> {
-    state(scope, true, false)?;
-    Ok(())
+/// Runs `f` in a row's scope for an operator's cross-scope call, then puts back exactly the
+/// scope the session had (session value, transaction-local value or none). A function's SET
+/// clause restores only the parameters it names, so without this the row's scope would outlive
+/// the call for the rest of a transaction block. If `f` raises a PostgreSQL error, the
+/// (sub)transaction's abort restores the parameters instead.
+pub fn within<T>(scope: &Scope, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    // SAFETY: opens a GUC nest level that is closed below on every Rust path; an ERROR unwinds
+    // through the (sub)transaction abort, which closes every nest level above its own.
+    let level = unsafe { pgrx::pg_sys::NewGUCNestLevel() };
+    let out = state(scope, true, false).and_then(|_| f());
+    // SAFETY: `false` restores each parameter set at this level (or deeper) to its prior value,
+    // as the server does for the GUC changes of an index's functions.
+    unsafe { pgrx::pg_sys::AtEOXact_GUC(false, level) };
+    out
 }
 
 /// Whether the caller (the role in force outside this SECURITY DEFINER function, so `SET ROLE`
@@ -166,7 +175,8 @@ fn grant_scope_args<'a>(
 }
 
 /// Lets login role `role_name` state the tenant's workspace (NULL: every workspace of it) with
-/// set_scope; its first grant binds it to its grants. Returns false when it had this grant.
+/// set_scope; its first grant binds it to its grants until `unbind_scope`. Returns false when it
+/// had this grant.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn grant_scope(
@@ -176,6 +186,10 @@ fn grant_scope(
 ) -> std::result::Result<bool, SqlError> {
     let role = role_oid(role_name)?;
     let (tenant, workspace) = grant_scope_args(tenant_id, workspace_id)?;
+    db::execute(
+        "INSERT INTO ledger.scope_bindings (grantee) VALUES ($1::oid::regrole) ON CONFLICT DO NOTHING",
+        &[role.into()],
+    )?;
     Ok(db::write_one(
         "INSERT INTO ledger.scope_grants (grantee, tenant_id, workspace_id) \
          VALUES ($1::oid::regrole, $2, $3) ON CONFLICT DO NOTHING RETURNING true",
@@ -186,7 +200,8 @@ fn grant_scope(
 }
 
 /// Removes one grant (exactly this tenant and workspace, NULL matching the every-workspace
-/// grant); returns whether it existed. A role whose last grant goes is unbound again.
+/// grant); returns whether it existed. The role stays bound: a role whose last grant goes may
+/// state no scope, since a revocation that unbound it would open every scope.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn revoke_scope(
@@ -201,6 +216,21 @@ fn revoke_scope(
           WHERE grantee = $1::oid::regrole AND tenant_id = $2 \
             AND workspace_id IS NOT DISTINCT FROM $3 RETURNING true",
         &[role.into(), tenant.into(), workspace.into()],
+        |r| db::req::<bool>(r, 1),
+    )?
+    .unwrap_or(false))
+}
+
+/// Unbinds a login role: removes its grants and its binding, so that it may state any scope
+/// again; returns whether it was bound. The one way back from a binding, and an explicit one.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn unbind_scope(role_name: Option<&str>) -> std::result::Result<bool, SqlError> {
+    let role = role_oid(role_name)?;
+    Ok(db::write_one(
+        "WITH grants AS (DELETE FROM ledger.scope_grants WHERE grantee = $1::oid::regrole) \
+         DELETE FROM ledger.scope_bindings WHERE grantee = $1::oid::regrole RETURNING true",
+        &[role.into()],
         |r| db::req::<bool>(r, 1),
     )?
     .unwrap_or(false))

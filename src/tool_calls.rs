@@ -1051,8 +1051,8 @@ fn resolve_tool_call(
 
 /// Moves every expired lease in the scope to in_doubt (the request left) or back to claimable
 /// (it did not); returns how many. Never waits: rows and runs that are busy are left for the next sweep.
-/// With `any_scope` (members of ledger_operator only), every scope's, each in its own scope
-/// (this function's SET clause takes the scope back at exit).
+/// With `any_scope` (members of ledger_operator only), every scope's (every granted one's, when
+/// the login role is bound), each in its own scope, which is taken back after.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn sweep_tool_calls(
@@ -1074,8 +1074,7 @@ fn sweep_tool_calls(
     )?;
     let mut swept = 0;
     for scope in scopes {
-        scope::enter(&scope)?;
-        swept += sweep(scope)?;
+        swept += scope::within(&scope.clone(), || sweep(scope))?;
     }
     Ok(swept)
 }

@@ -1153,3 +1153,58 @@ fn no_other_role_can_block_a_scopes_blob_writers() {
         "DROP OWNED BY ledger_test_outsider, ledger_test_app; DROP ROLE ledger_test_outsider; DROP ROLE ledger_test_app",
     );
 }
+
+/// A writer racing a purge of the run it names gets P0002 `RUN_NOT_FOUND`, like every other
+/// missing run, never PostgreSQL's raw foreign-key violation: the purge deletes the run and
+/// holds it uncommitted, the writer waits for it, and the purge commits.
+#[test]
+#[ignore]
+fn writers_racing_a_purge_of_their_run_get_run_not_found() {
+    let db = database("ledger_purge_race");
+    let mut admin = session(&db);
+    let writes = [
+        ("failed", "SELECT ledger.retry_run('old')"),
+        ("succeeded", "SELECT ledger.replay_run('old')"),
+        (
+            "succeeded",
+            "SELECT ledger.create_run('agent', parent_run_id => 'old')",
+        ),
+        (
+            "succeeded",
+            "SELECT ledger.create_run('agent', source_run_id => 'old')",
+        ),
+        (
+            "succeeded",
+            "SELECT ledger.create_task('email', run_id => 'old')",
+        ),
+    ];
+    for (status, write) in writes {
+        exec(
+            &mut admin,
+            &format!(
+                "SELECT ledger.create_run('agent', run_id => 'old'); \
+                 SELECT ledger.transition_run('old', 'running'); \
+                 SELECT ledger.transition_run('old', '{status}'); \
+                 UPDATE ledger.runs SET ended_at = now() - interval '40 days' WHERE id = 'old'"
+            ),
+        );
+        let mut purger = session(&db);
+        exec(&mut purger, "BEGIN");
+        let purged: i32 = one(&mut purger, "SELECT ledger.purge_runs('1 day')");
+        assert_eq!(purged, 1, "{write}");
+        let mut writer = session(&db);
+        let pid: i32 = one(&mut writer, "SELECT pg_backend_pid()");
+        let racing =
+            std::thread::spawn(move || writer.batch_execute(write).map_err(|e| failure(&e)));
+        wait_until_blocked(&mut admin, pid);
+        exec(&mut purger, "COMMIT");
+        let outcome = racing.join().unwrap();
+        assert_eq!(
+            outcome,
+            Err(("P0002".to_owned(), "RUN_NOT_FOUND".to_owned())),
+            "{write}"
+        );
+        let left: i64 = one(&mut admin, "SELECT count(*) FROM ledger.runs");
+        assert_eq!(left, 0, "{write}: the refused write left a run behind");
+    }
+}

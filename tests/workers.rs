@@ -38,8 +38,7 @@ impl Drop for LoginRole {
     fn drop(&mut self) {
         let name = self.name;
         let dropped = connect_to(&self.db, "postgres").batch_execute(&format!(
-            "DELETE FROM ledger.scope_grants WHERE grantee::text = '{name}'; \
-             DROP OWNED BY {name}; DROP ROLE {name}"
+            "SELECT ledger.unbind_scope('{name}'); DROP OWNED BY {name}; DROP ROLE {name}"
         ));
         if let Err(e) = dropped {
             if !thread::panicking() {
@@ -482,12 +481,426 @@ fn bound_login_roles_state_only_their_granted_scopes() {
     exec(&mut other, "SELECT ledger.set_scope('globex', 'support')");
     let seen: i64 = one(&mut other, "SELECT count(*) FROM ledger.runs");
     assert_eq!(seen, 1);
-    // Without grants the bound role is unbound again.
+    // Revoking its last grant leaves the role bound, to no scope at all: never fail open.
     exec(
         &mut admin,
         "SELECT ledger.revoke_scope('ledger_test_bound', 'acme', 'support'); \
          SELECT ledger.revoke_scope('ledger_test_bound', 'initech')",
     );
+    for mut app in [bound.connect(), app] {
+        for sql in [
+            "SELECT ledger.set_scope('globex', 'support')",
+            "SELECT ledger.set_scope('acme', 'support')",
+            "SELECT ledger.set_scope('initech', 'w', true)",
+        ] {
+            refused(&mut app, sql, "42501", "SCOPE_NOT_GRANTED");
+        }
+    }
+    // Only the owner's explicit unbind_scope unbinds it.
+    let unbound: bool = one(
+        &mut admin,
+        "SELECT ledger.unbind_scope('ledger_test_bound')",
+    );
+    assert!(unbound);
     let mut app = bound.connect();
     exec(&mut app, "SELECT ledger.set_scope('globex', 'support')");
+}
+
+/// Iteration `n`'s rows: the victim's runs (one of mode probe-m), outbox events and an expired
+/// tool-call lease in scope victim/vw, and the operator's own run in gA/wA.
+fn victim_and_own_rows(admin: &mut Client, n: usize) {
+    exec(
+        admin,
+        &format!(
+            "SELECT ledger.set_scope('victim', 'vw'); \
+             SELECT ledger.create_run('probe-m', '{{\"plan\": \"v1\"}}', run_id => 'victim-run-1-{n}'); \
+             SELECT ledger.create_run('other-m', '{{\"plan\": \"v2\"}}', run_id => 'victim-run-2-{n}'); \
+             SELECT ledger.create_run('agent', run_id => 'victim-calls-{n}'); \
+             SELECT ledger.transition_run('victim-calls-{n}', 'running'); \
+             SELECT ledger.claim_tool_call('victim-calls-{n}', 'search', tool_call_id => 'c'); \
+             UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() - interval '1 second' \
+              WHERE run_id = 'victim-calls-{n}'; \
+             SELECT ledger.set_scope('gA', 'wA'); \
+             SELECT ledger.create_run('own-m', run_id => 'own-run-{n}')"
+        ),
+    );
+}
+
+/// The text of the last row of a batch run with the simple protocol (one implicit transaction
+/// in autocommit).
+fn last_value(c: &mut Client, batch: &str) -> Option<String> {
+    c.simple_query(batch)
+        .unwrap_or_else(|e| panic!("{batch}: {e}"))
+        .into_iter()
+        .filter_map(|m| match m {
+            postgres::SimpleQueryMessage::Row(r) => Some(r.get(0).map(str::to_owned)),
+            _ => None,
+        })
+        .last()
+        .flatten()
+}
+
+/// After any cross-scope call returns, the session's scope is exactly what it was before it,
+/// in autocommit and inside a transaction block, whether it was a session scope, a
+/// transaction-local one or none: nothing later in the transaction reads or writes the claimed
+/// row's scope (the tables, run_inputs, create_run), for claim_run, claim_outbox_events and
+/// sweep_tool_calls alike.
+#[test]
+#[ignore]
+fn an_operators_cross_scope_call_leaves_the_sessions_scope_as_it_was() {
+    let db = database("ledger_workers_scope_back");
+    let operator = LoginRole::create(&db, "ledger_test_scope_back", "ledger_operator");
+    let mut admin = connect_to(&db, "postgres");
+    let calls = [
+        "SELECT count(*) FROM ledger.claim_run('op', modes => ARRAY['probe-m'], any_scope => true)",
+        "SELECT count(*) FROM ledger.claim_outbox_events('op', 1, any_scope => true)",
+        "SELECT ledger.sweep_tool_calls(any_scope => true)::bigint",
+    ];
+    let mut n = 0;
+    for call in calls {
+        for block in [true, false] {
+            for before in ["session", "local", "none"] {
+                n += 1;
+                victim_and_own_rows(&mut admin, n);
+                let case = format!("{call} (transaction block: {block}, scope before: {before})");
+                let mut op = operator.connect();
+                if before == "session" {
+                    exec(&mut op, "SELECT ledger.set_scope('gA', 'wA')");
+                }
+                let local = if before == "local" {
+                    "SELECT ledger.set_scope('gA', 'wA', true); "
+                } else {
+                    ""
+                };
+                // In autocommit the local scope is stated in the same batch as the call.
+                let scoped = before != "none";
+                let expected = scoped.then(|| "gA".to_owned());
+                // What the rest of the transaction sees: the scope, the runs, another tenant's
+                // inputs, and where a new run goes.
+                let probes = [
+                    "SELECT ledger.scope_tenant()".to_owned(),
+                    "SELECT string_agg(id, ',') FROM ledger.runs WHERE id LIKE 'victim%'"
+                        .to_owned(),
+                    format!("SELECT count(*) FROM ledger.runs WHERE id = 'own-run-{n}'"),
+                    "SELECT count(*) FROM ledger.outbox WHERE tenant_id = 'victim'".to_owned(),
+                ];
+                let want = [
+                    expected.clone(),
+                    None,
+                    Some(if scoped { "1" } else { "0" }.to_owned()),
+                    Some("0".to_owned()),
+                ];
+                if block {
+                    exec(&mut op, &format!("BEGIN; {local}"));
+                    let worked: i64 = one(&mut op, call);
+                    assert!(worked >= 1, "{case}: the call found nothing to do");
+                    for (probe, want) in probes.iter().zip(&want) {
+                        assert_eq!(&last_value(&mut op, probe), want, "{case}: {probe}");
+                    }
+                } else {
+                    // Autocommit: a local scope lasts one statement batch, so the call and the
+                    // probes run in one.
+                    let worked = last_value(&mut op, &format!("{local}{call}"));
+                    let worked: i64 = worked.and_then(|w| w.parse().ok()).unwrap_or(0);
+                    assert!(worked >= 1, "{case}: the call found nothing to do");
+                    for (probe, want) in probes.iter().zip(&want) {
+                        let got = last_value(&mut op, &format!("{local}{call}; {probe}"));
+                        assert_eq!(&got, want, "{case}: {probe}");
+                        victim_and_own_rows(&mut admin, 1000 + n);
+                    }
+                }
+                let (state, code) = if scoped {
+                    ("P0002", "RUN_NOT_FOUND")
+                } else {
+                    ("42501", "SCOPE_MISSING")
+                };
+                refused(
+                    &mut op,
+                    &format!("{local}SELECT ledger.run_inputs('victim-run-2-{n}')"),
+                    state,
+                    code,
+                );
+                if block {
+                    // The refusal aborted the block: again, then a write.
+                    exec(&mut op, &format!("ROLLBACK; BEGIN; {local}"));
+                    let _: i64 = one(&mut op, call);
+                }
+                let create =
+                    format!("{local}SELECT ledger.create_run('own-m', run_id => 'injected-{n}')");
+                if scoped {
+                    exec(&mut op, &create);
+                } else {
+                    refused(&mut op, &create, "42501", "SCOPE_MISSING");
+                }
+                if block {
+                    exec(&mut op, "COMMIT");
+                }
+                let tenant: Option<String> = one(&mut op, "SELECT ledger.scope_tenant()");
+                let after = (before == "session").then(|| "gA".to_owned());
+                assert_eq!(tenant, after, "{case}: after the transaction");
+                let injected: String = one(
+                    &mut admin,
+                    &format!(
+                        "SELECT coalesce(string_agg(tenant_id, ','), '') FROM ledger.runs WHERE id = 'injected-{n}'"
+                    ),
+                );
+                assert_eq!(
+                    injected,
+                    if scoped { "gA" } else { "" },
+                    "{case}: the new run's scope"
+                );
+            }
+        }
+    }
+}
+
+/// A bound operator's any_scope means "any of my granted scopes": it claims, leases and sweeps
+/// only the runs, outbox events and tool calls of the scopes granted to its login role, leaves
+/// every other tenant's alone, and with no grant left reaches none (until unbound).
+#[test]
+#[ignore]
+fn a_bound_operator_works_across_its_granted_scopes_only() {
+    let db = database("ledger_workers_bound_operator");
+    let operator = LoginRole::create(&db, "ledger_test_bound_operator", "ledger_operator");
+    let mut admin = connect_to(&db, "postgres");
+    for (tenant, workspace) in [
+        ("mine", "w1"),
+        ("mine", "w2"),
+        ("also", "w"),
+        ("victim", "vw"),
+    ] {
+        exec(
+            &mut admin,
+            &format!(
+                "SELECT ledger.set_scope('{tenant}', '{workspace}'); \
+                 SELECT ledger.create_run('agent', run_id => 'queued'); \
+                 SELECT ledger.create_run('agent', run_id => 'calls'); \
+                 SELECT ledger.transition_run('calls', 'running'); \
+                 SELECT ledger.claim_tool_call('calls', 'search', tool_call_id => 'c')"
+            ),
+        );
+    }
+    exec(
+        &mut admin,
+        "UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() - interval '1 second'; \
+         SELECT ledger.grant_scope('ledger_test_bound_operator', 'mine'); \
+         SELECT ledger.grant_scope('ledger_test_bound_operator', 'also', 'w')",
+    );
+    let mut op = operator.connect();
+    let victim_untouched = |admin: &mut Client, what: &str| {
+        let touched: i64 = one(
+            admin,
+            "SELECT (SELECT count(*) FROM ledger.runs WHERE tenant_id = 'victim' AND run_token > 0) \
+                  + (SELECT count(*) FROM ledger.outbox WHERE tenant_id = 'victim' AND attempt_count > 0) \
+                  + (SELECT count(*) FROM ledger.run_step_tool_calls \
+                      WHERE tenant_id = 'victim' AND (status <> 'claimed' OR lease_expires_at IS NULL))",
+        );
+        assert_eq!(touched, 0, "{what} reached the victim's rows");
+    };
+    let mut claimed: Vec<String> = Vec::new();
+    loop {
+        let rows = op
+            .query(
+                "SELECT tenant_id || '/' || workspace_id || '/' || run_id FROM ledger.claim_run('pool', any_scope => true)",
+                &[],
+            )
+            .unwrap();
+        match rows.first() {
+            Some(r) => claimed.push(r.get(0)),
+            None => break,
+        }
+    }
+    claimed.sort();
+    assert_eq!(
+        claimed,
+        ["also/w/queued", "mine/w1/queued", "mine/w2/queued"]
+    );
+    victim_untouched(&mut admin, "claim_run");
+    let events: Vec<String> = op
+        .query(
+            "SELECT DISTINCT tenant_id FROM ledger.claim_outbox_events('pool', 1000, any_scope => true) ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(events, ["also", "mine"]);
+    victim_untouched(&mut admin, "claim_outbox_events");
+    let swept: i32 = one(&mut op, "SELECT ledger.sweep_tool_calls(any_scope => true)");
+    assert_eq!(swept, 3);
+    victim_untouched(&mut admin, "sweep_tool_calls");
+
+    // With no grant left the role stays bound and reaches no scope.
+    exec(
+        &mut admin,
+        "SELECT ledger.revoke_scope('ledger_test_bound_operator', 'mine'); \
+         SELECT ledger.revoke_scope('ledger_test_bound_operator', 'also', 'w'); \
+         UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() - interval '1 second' WHERE status = 'claimed'; \
+         UPDATE ledger.outbox SET available_at = now(), lease_expires_at = now() - interval '1 second'",
+    );
+    let runs: i64 = one(
+        &mut op,
+        "SELECT count(*) FROM ledger.claim_run('pool', any_scope => true)",
+    );
+    let events: i64 = one(
+        &mut op,
+        "SELECT count(*) FROM ledger.claim_outbox_events('pool', 1000, any_scope => true)",
+    );
+    let swept: i32 = one(&mut op, "SELECT ledger.sweep_tool_calls(any_scope => true)");
+    assert_eq!((runs, events, swept), (0, 0, 0));
+    victim_untouched(&mut admin, "a role with no grant left");
+    // An unbound operator reaches every scope, the victim's too.
+    exec(
+        &mut admin,
+        "SELECT ledger.unbind_scope('ledger_test_bound_operator')",
+    );
+    let swept: i32 = one(&mut op, "SELECT ledger.sweep_tool_calls(any_scope => true)");
+    assert_eq!(swept, 4);
+    let victims: i64 = one(
+        &mut admin,
+        "SELECT count(*) FROM ledger.run_step_tool_calls WHERE tenant_id = 'victim' AND lease_expires_at IS NULL",
+    );
+    assert_eq!(victims, 1);
+}
+
+/// What one role gets from one cross-scope path: "refused <SQLSTATE> <code>" or what it reached.
+fn outcome(c: &mut Client, sql: &str) -> String {
+    match c.query(sql, &[]) {
+        Ok(rows) => {
+            let mut seen: Vec<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
+            seen.sort();
+            seen.dedup();
+            seen.join(",")
+        }
+        Err(e) => {
+            let (state, code) = failure(&e);
+            format!("refused {state} {code}").trim_end().to_owned()
+        }
+    }
+}
+
+/// docs/security.md's table, row by row: every role (writer, reader, operator, bound operator,
+/// bound writer, a login role with no ledger grant) against every cross-scope path (the three
+/// any_scope calls, the monitoring views without a scope and with another tenant's, the run
+/// channel, the notifier's counters). Each role gets exactly its cell, and nothing it reached
+/// is another tenant's unless the cell says so.
+#[test]
+#[ignore]
+fn every_role_against_every_cross_scope_path() {
+    let db = database("ledger_workers_matrix");
+    let roles = [
+        LoginRole::create(&db, "ledger_m_writer", "ledger_writer"),
+        LoginRole::create(&db, "ledger_m_reader", "ledger_reader"),
+        LoginRole::create(&db, "ledger_m_operator", "ledger_operator"),
+        LoginRole::create(&db, "ledger_m_bound_operator", "ledger_operator"),
+        LoginRole::create(&db, "ledger_m_bound_writer", "ledger_writer"),
+        LoginRole::create(&db, "ledger_m_no_grant", "pg_monitor"),
+    ];
+    let mut admin = connect_to(&db, "postgres");
+    exec(
+        &mut admin,
+        "SELECT ledger.grant_scope('ledger_m_bound_operator', 'mine'); \
+         SELECT ledger.grant_scope('ledger_m_bound_writer', 'mine')",
+    );
+    let reset = |admin: &mut Client| {
+        exec(admin, "TRUNCATE ledger.runs, ledger.outbox CASCADE");
+        for tenant in ["mine", "victim"] {
+            exec(
+                admin,
+                &format!(
+                    "SELECT ledger.set_scope('{tenant}', 'w'); \
+                     SELECT ledger.create_run('agent', run_id => 'queued'); \
+                     SELECT ledger.create_run('agent', run_id => 'calls'); \
+                     SELECT ledger.transition_run('calls', 'running'); \
+                     SELECT ledger.claim_tool_call('calls', 'search', tool_call_id => 'c')"
+                ),
+            );
+        }
+        exec(
+            admin,
+            "UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() - interval '1 second'",
+        );
+    };
+    let paths = [
+        "SELECT tenant_id FROM ledger.claim_run('w', any_scope => true)",
+        "SELECT tenant_id FROM ledger.claim_outbox_events('w', 1000, any_scope => true)",
+        "SELECT ledger.sweep_tool_calls(any_scope => true)::text",
+        "SELECT count(*)::text FROM ledger.run_overview",
+        "SELECT ledger.set_scope('victim', 'w')::text",
+        "SELECT ledger.run_channel('queued')",
+        "SELECT 'counters' FROM ledger.notifier_status()",
+    ];
+    let operator = [
+        "mine,victim",
+        "mine,victim",
+        "2",
+        "refused 42501 SCOPE_MISSING",
+        "",
+        "refused 42501 SCOPE_MISSING",
+        "counters",
+    ];
+    let bound_operator = [
+        "mine",
+        "mine",
+        "1",
+        "refused 42501 SCOPE_MISSING",
+        "refused 42501 SCOPE_NOT_GRANTED",
+        "refused 42501 SCOPE_MISSING",
+        "counters",
+    ];
+    let writer = [
+        "refused 42501 OPERATOR_REQUIRED",
+        "refused 42501 OPERATOR_REQUIRED",
+        "refused 42501 OPERATOR_REQUIRED",
+        "refused 42501 SCOPE_MISSING",
+        "",
+        "refused 42501 SCOPE_MISSING",
+        "refused 42501 OPERATOR_REQUIRED",
+    ];
+    let mut bound_writer = writer;
+    bound_writer[4] = "refused 42501 SCOPE_NOT_GRANTED";
+    // No EXECUTE on the writers, nor on notifier_status; views and read functions as a writer.
+    let reader = [
+        "refused 42501",
+        "refused 42501",
+        "refused 42501",
+        "refused 42501 SCOPE_MISSING",
+        "",
+        "refused 42501 SCOPE_MISSING",
+        "refused 42501",
+    ];
+    // No privilege on anything of the ledger's.
+    let no_grant = ["refused 42501"; 7];
+    let expected = [
+        writer,
+        reader,
+        operator,
+        bound_operator,
+        bound_writer,
+        no_grant,
+    ];
+    for (role, cells) in roles.iter().zip(expected) {
+        for (path, cell) in paths.iter().zip(cells) {
+            reset(&mut admin);
+            let mut c = role.connect();
+            assert_eq!(outcome(&mut c, path), cell, "{} / {path}", role.name);
+            // Only the unbound operator reached the victim's rows.
+            let touched: i64 = one(
+                &mut admin,
+                "SELECT (SELECT count(*) FROM ledger.runs WHERE tenant_id = 'victim' AND run_token > 0) \
+                      + (SELECT count(*) FROM ledger.outbox WHERE tenant_id = 'victim' AND attempt_count > 0) \
+                      + (SELECT count(*) FROM ledger.run_step_tool_calls \
+                          WHERE tenant_id = 'victim' AND (lease_expires_at IS NULL OR status <> 'claimed'))",
+            );
+            let reaches =
+                role.name == "ledger_m_operator" && cell.contains("victim") || cell == "2";
+            assert_eq!(
+                touched > 0,
+                reaches,
+                "{} / {path}: the victim's rows",
+                role.name
+            );
+        }
+    }
 }

@@ -42,11 +42,11 @@ SELECT json_build_object(
                   'cache_read_tokens', u.cache_read_tokens, 'cache_creation_tokens', u.cache_creation_tokens,
                   'reasoning_tokens', u.reasoning_tokens, 'providers', u.providers, 'models', u.models)), '[]')
                 FROM (SELECT step_id, grouping(step_id) = 1 AS total, count(*) AS entries,
-                             sum((usage->>'prompt_tokens')::bigint) AS prompt_tokens,
-                             sum((usage->>'completion_tokens')::bigint) AS completion_tokens,
-                             sum((usage->>'cache_read_tokens')::bigint) AS cache_read_tokens,
-                             sum((usage->>'cache_creation_tokens')::bigint) AS cache_creation_tokens,
-                             sum((usage->>'reasoning_tokens')::bigint) AS reasoning_tokens,
+                             sum((usage->>'prompt_tokens')::numeric) AS prompt_tokens,
+                             sum((usage->>'completion_tokens')::numeric) AS completion_tokens,
+                             sum((usage->>'cache_read_tokens')::numeric) AS cache_read_tokens,
+                             sum((usage->>'cache_creation_tokens')::numeric) AS cache_creation_tokens,
+                             sum((usage->>'reasoning_tokens')::numeric) AS reasoning_tokens,
                              coalesce(array_agg(DISTINCT provider) FILTER (WHERE provider IS NOT NULL), '{}') AS providers,
                              coalesce(array_agg(DISTINCT model_ref) FILTER (WHERE model_ref IS NOT NULL), '{}') AS models
                         FROM costs GROUP BY GROUPING SETS ((step_id), ())) u),

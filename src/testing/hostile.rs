@@ -508,6 +508,7 @@ mod tests {
             ),
             ("role_name", "SELECT ledger.grant_scope($MB, 't')"),
             ("role_name", "SELECT ledger.revoke_scope($MB, 't')"),
+            ("role_name", "SELECT ledger.unbind_scope($MB)"),
             (
                 "user_id",
                 "SELECT ledger.create_run('chat', user_id => $MB)",

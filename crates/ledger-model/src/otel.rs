@@ -101,11 +101,13 @@ pub struct UsageFact {
     #[serde(default)]
     pub total: bool,
     pub entries: i64,
-    pub prompt_tokens: Option<i64>,
-    pub completion_tokens: Option<i64>,
-    pub cache_read_tokens: Option<i64>,
-    pub cache_creation_tokens: Option<i64>,
-    pub reasoning_tokens: Option<i64>,
+    // Sums of counts that each fit a u64 (what record_cost accepts), summed in numeric: a run's
+    // total can pass i64::MAX (`Number` keeps an integer exact, a larger one as a float).
+    pub prompt_tokens: Option<Number>,
+    pub completion_tokens: Option<Number>,
+    pub cache_read_tokens: Option<Number>,
+    pub cache_creation_tokens: Option<Number>,
+    pub reasoning_tokens: Option<Number>,
     #[serde(default)]
     pub providers: Vec<String>,
     #[serde(default)]
@@ -493,17 +495,32 @@ impl Attributes {
         self
     }
 
+    /// A token count: an OTLP int64 when it fits one, else a double (a sum past i64::MAX).
+    fn count(mut self, key: &str, value: Option<&Number>) -> Self {
+        match value.map(|n| (n.as_i64(), n.as_f64())) {
+            Some((Some(v), _)) => return self.int(key, Some(v)),
+            Some((None, Some(v))) => self
+                .0
+                .push(json!({"key": key, "value": {"doubleValue": v}})),
+            _ => {}
+        }
+        self
+    }
+
     /// The GenAI token counts, and the ledger's count of cost entries.
     fn usage(self, usage: Option<&UsageFact>) -> Self {
         let Some(u) = usage else { return self };
-        self.int("gen_ai.usage.input_tokens", u.prompt_tokens)
-            .int("gen_ai.usage.output_tokens", u.completion_tokens)
-            .int("gen_ai.usage.cache_read.input_tokens", u.cache_read_tokens)
-            .int(
-                "gen_ai.usage.cache_creation.input_tokens",
-                u.cache_creation_tokens,
+        self.count("gen_ai.usage.input_tokens", u.prompt_tokens.as_ref())
+            .count("gen_ai.usage.output_tokens", u.completion_tokens.as_ref())
+            .count(
+                "gen_ai.usage.cache_read.input_tokens",
+                u.cache_read_tokens.as_ref(),
             )
-            .int("ledger.usage.reasoning_tokens", u.reasoning_tokens)
+            .count(
+                "gen_ai.usage.cache_creation.input_tokens",
+                u.cache_creation_tokens.as_ref(),
+            )
+            .count("ledger.usage.reasoning_tokens", u.reasoning_tokens.as_ref())
             .int("ledger.cost.entries", Some(u.entries))
     }
 

@@ -92,18 +92,21 @@ pub(crate) fn fold(c: char) -> Option<(u8, Case)> {
 /// The words of a key, as slices of it: runs of letters and digits (see `fold`), split where a
 /// capital follows a small letter or digit (`apiKey`) and before the last capital of a run
 /// followed by a small letter (`APIKey`: `API`, `Key`). Invisible format characters (zero-width
-/// spaces, joiners, bidi marks) are skipped, so `pass\u{200b}word` is one word.
+/// spaces, joiners, bidi marks) are skipped, so `pass\u{200b}word` is one word. Without
+/// `by_case`, only separators split (`ApIkEy` is one word).
 struct Words<'a> {
     key: &'a str,
+    by_case: bool,
     chars: std::iter::Peekable<std::str::CharIndices<'a>>,
     /// The current word's start and end, and the case of its last character.
     word: Option<(usize, usize, Case)>,
     next_check: usize,
 }
 
-fn words(key: &str) -> Words<'_> {
+fn words(key: &str, by_case: bool) -> Words<'_> {
     Words {
         key,
+        by_case,
         chars: key.char_indices().peekable(),
         word: None,
         // Short keys need no check: `redact_in_place` checks once per object.
@@ -139,7 +142,7 @@ impl<'a> Iterator for Words<'a> {
                 .chars
                 .peek()
                 .is_some_and(|&(_, n)| matches!(fold(n), Some((_, Case::Lower))));
-            if case == Case::Upper && (prev != Case::Upper || next_is_lower) {
+            if self.by_case && case == Case::Upper && (prev != Case::Upper || next_is_lower) {
                 self.word = Some((at, end, case));
                 return Some(&self.key[start..last]);
             }
@@ -161,7 +164,7 @@ fn folded(word: &str) -> impl DoubleEndedIterator<Item = u8> + '_ {
 /// does not fit `KEY_BYTES`.
 pub fn normalize_key(key: &str) -> Option<Key> {
     let mut out = Key::new();
-    for word in words(key) {
+    for word in words(key, true) {
         if !out.is_empty() {
             out.push('_').ok()?;
         }
@@ -358,22 +361,35 @@ fn names_a_secret<'a>(before: &'a [u8], head: &'a [u8]) -> bool {
 
 /// Whether `key` names a secret. By meaning: the key's last word, skipping `TRAILING_WORDS`,
 /// decides (`db_password`, `api_key` and `github_token` do; `password_hint`, `secret_id`,
-/// `token_count`, `max_tokens` and `primary_key` do not); see `names_a_secret`. By name: the
-/// normalised key equals a name in `ledger.redact_keys`.
+/// `token_count`, `max_tokens` and `primary_key` do not); see `names_a_secret`. A key in odd
+/// case (`ApIkEy`, `pAsSwOrD`, `APIkey`), whose case split yields a word of one or two letters,
+/// is also read split by separators only: camel case never cuts a name into such pieces, so
+/// the pieces are not words. By name: the normalised key equals a name in `ledger.redact_keys`.
 pub fn is_sensitive_key(rules: &Rules, key: &str) -> bool {
+    let (by_case, odd_case) = by_meaning(words(key, true));
+    by_case
+        || (odd_case && by_meaning(words(key, false)).0)
+        || (!rules.extra_keys.is_empty()
+            && normalize_key(key).is_some_and(|k| rules.extra_keys.contains(&k)))
+}
+
+/// Whether the last word that is not a trailing one names a secret, and whether, of two words
+/// or more, one has at most two letters or digits.
+fn by_meaning<'a>(words: impl Iterator<Item = &'a str>) -> (bool, bool) {
     let (mut prev, mut last) = (None, None);
-    for word in words(key) {
+    let (mut count, mut short) = (0usize, false);
+    for word in words {
+        count += 1;
+        short |= folded(word).nth(2).is_none();
         if !is_trailing(word) {
             last = Some((prev, word));
         }
         prev = Some(word);
     }
-    let by_meaning = last.is_some_and(|(before, head)| {
+    let secret = last.is_some_and(|(before, head)| {
         names_a_secret(&before.map(tail).unwrap_or_default(), &tail(head))
     });
-    by_meaning
-        || (!rules.extra_keys.is_empty()
-            && normalize_key(key).is_some_and(|k| rules.extra_keys.contains(&k)))
+    (secret, count > 1 && short)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -895,6 +911,15 @@ mod tests {
             "secret",
             "secret_value",
             "private_key_pem",
+            // Odd case: the case split would cut the name into pieces.
+            "APIkey",
+            "ApIkEy",
+            "pAsSwOrD",
+            "sEcReT",
+            "tOkEn",
+            "aUtHoRiZaTiOn",
+            "x-ApIkEy",
+            "db_pAsSwOrD",
         ] {
             assert!(sensitive(key), "{key:?}");
         }
@@ -945,6 +970,15 @@ mod tests {
             "2",
             // The acronym `XAPI` is not `api`; see keys_can_be_added_by_configuration.
             "XAPIKey",
+            // Camel case read by words, also next to a short word.
+            "nextPageToken",
+            "pageToken",
+            "eosToken",
+            "maxTokens",
+            "inputTokens",
+            "primaryKey",
+            "getIPAddress",
+            "ioTokenCount",
             "",
             "-",
         ] {

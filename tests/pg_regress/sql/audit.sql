@@ -64,10 +64,11 @@ INSERT INTO audit VALUES
   ('nack_outbox_events',  'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('replay_outbox_event', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('purge_runs',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
--- Scope grants: only ledger_owner may write ledger.scope_grants; EXECUTE for the owner and
--- superusers only.
+-- Scope grants: only ledger_owner may write ledger.scope_grants and ledger.scope_bindings;
+-- EXECUTE for the owner and superusers only.
   ('grant_scope',         'volatile', false, 'unsafe', 'definer', 'owner only: writes the scope grants'),
-  ('revoke_scope',        'volatile', false, 'unsafe', 'definer', 'owner only: writes the scope grants');
+  ('revoke_scope',        'volatile', false, 'unsafe', 'definer', 'owner only: writes the scope grants'),
+  ('unbind_scope',        'volatile', false, 'unsafe', 'definer', 'owner only: writes the scope grants');
 
 CREATE TEMP VIEW actual AS
 SELECT p.proname::text AS name,
