@@ -315,3 +315,19 @@ def test_unknown_run_is_not_found_and_a_removed_person_is_signed_out(browser: Br
                    check=True, env=console_env(), capture_output=True, timeout=60)
     browser.open("/runs")
     assert browser.driver.current_url.startswith(browser.console.url + "/login")
+
+
+def test_a_runs_json_shows_its_text(browser: Browser, scoped: ScopedLedger) -> None:
+    text = "café <b>bold</b> & co"
+    scoped.create_run("agent", run_id="run-text", subject_kind="agent", subject_id=text)  # in run.created's payload
+    claim = scoped.claim_tool_call("run-text", "notes.write", {"note": text}, tool_call_id="call-text")
+    assert claim.tool_call is not None
+    scoped.begin_tool_call(claim.tool_call.id, claim.tool_call.attempt)
+    scoped.complete_tool_call(claim.tool_call.id, claim.tool_call.attempt, "unknown")
+    scoped.resolve_tool_call(claim.tool_call.id, "failed", actor="ops@acme", note=text)  # in the audit's payload
+    browser.sign_in()
+    browser.open("/run?id=run-text")
+    for table in ("#tool-calls", "#events", "#audit-records"):
+        shown = browser.text(table)
+        assert text in shown and "\\u" not in shown, shown  # text, not JSON escapes
+    assert not browser.driver.find_elements(By.CSS_SELECTOR, "main b")  # and not markup

@@ -94,7 +94,10 @@ def create_app(config: ConsoleConfig) -> Starlette:
     signer = Signer(config.secret)
     users = Users(config.users)
     env = Environment(loader=PackageLoader("ledger_console"), autoescape=True)
+    # JSON as text (ensure_ascii=False: "café", not "caf\u00e9"), left to autoescape; Jinja's tojson
+    # writes \u escapes, made for <script>, that people would read as they are.
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    env.filters["compact"] = lambda value: json.dumps(value, sort_keys=True, ensure_ascii=False)
     env.filters["cost"] = lambda cost: ", ".join(f"{v} {k}" for k, v in (cost or {}).items()) or "-"
     env.filters["ms"] = lambda ms: "-" if ms is None else f"{ms / 1000:.2f} s"
     env.filters["at"] = lambda t: "-" if t is None else t.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
