@@ -193,3 +193,24 @@ def test_a_runs_lineage_and_its_replay_bundle(console: Console, scoped: ScopedLe
         assert download.headers["content-disposition"] == 'attachment; filename="replay-bundle-run-first.json"'
         bundle = json.loads(download.read())
     assert bundle == scoped.replay_bundle("run-first")
+
+
+def test_an_open_live_stream_ends_when_its_session_ends(console: Console, scoped: ScopedLedger) -> None:
+    scoped.create_run("agent", run_id="run-open")
+    jar = http.cookiejar.CookieJar()
+    opener = signed_in_opener(console, jar=jar)
+    [cookie] = list(jar)
+    page = opener.open(f"{console.url}/runs", timeout=10).read().decode()
+    token = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert token is not None
+    live = urllib.request.Request(f"{console.url}/live/?id=run-open", headers={"Cookie": f"{cookie.name}={cookie.value}"})
+    # Keep-alives come every 15 s, so a stream left open after sign-out times this read out.
+    with urllib.request.urlopen(live, timeout=10) as stream:  # a copy of the cookie, elsewhere
+        assert stream.readline().startswith(b"id: ")
+        form = urllib.parse.urlencode({"csrf": token[1]}).encode()
+        opener.open(urllib.request.Request(f"{console.url}/logout", data=form, headers={"Origin": console.url}),
+                    timeout=10)
+        stream.read()  # returns once the console ends the response
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(live, timeout=10)
+    assert refused.value.code == 403

@@ -12,6 +12,7 @@ response carries a Content-Security-Policy that allows scripts from the console 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
@@ -58,6 +59,8 @@ FEED_TYPES = (
     "approval.resolved", "artifact.created", "audit.recorded", "cost.recorded", "response_event.recorded",
     "citation.recorded", "feedback.recorded",
 )
+# How soon an open live stream notices that its session ended.
+LIVE_CHECK_S = 2.0
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self';"
     " form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -368,7 +371,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/run", page(run)),
         Route("/run/timeline.svg", page(timeline)),
         Route("/run/bundle.json", page(bundle)),
-        Mount("/live", app=sse_app(hub, live_scope, run_id_of=_run_id_of)),
+        Mount("/live", app=_ends_with_session(sse_app(hub, live_scope, run_id_of=_run_id_of), live_scope)),
         Route("/in-doubt", page(in_doubt)),
         Route("/in-doubt/{id}", action(resolve), methods=["POST"]),
         Route("/approvals", page(approvals)),
@@ -399,6 +402,36 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers if scope["type"] == "http" else send)
+
+
+def _ends_with_session(app: ASGIApp, scope_of: Callable[[Scope], tuple[str, str] | None]) -> ASGIApp:
+    """The live feed, ended once the session that opened it ends: an open stream makes no next
+    request, so it asks `scope_of` again every LIVE_CHECK_S and then stops as if the browser had
+    left (the stream's own cleanup runs); a reconnect is refused (403)."""
+
+    async def ending(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        ended = False
+
+        async def receive_until_ended() -> Message:
+            nonlocal ended
+            pending = asyncio.ensure_future(receive())
+            try:
+                while not (await asyncio.wait({pending}, timeout=LIVE_CHECK_S))[0]:
+                    if scope_of(scope) is None:
+                        ended = True
+                        return {"type": "http.disconnect"}
+                return pending.result()
+            finally:
+                pending.cancel()  # nothing when it is done; else it would wait for the connection's end
+
+        await app(scope, receive_until_ended, send)
+        if ended:  # the stream was cut short: finish the response for the browser still there
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return ending
 
 
 def _status(exc: LedgerError) -> int:
