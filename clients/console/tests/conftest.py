@@ -110,18 +110,18 @@ class Console:
 
 
 @pytest.fixture
-def start_console(dbname: str, tmp_path: Path) -> Iterator[Callable[[str], Console]]:
-    """Starts a console as the given login role (one person, `ops@acme`, may sign in); each is
-    stopped after the test."""
+def start_console(dbname: str, tmp_path: Path) -> Iterator[Callable[..., Console]]:
+    """Starts a console as the given login role, with more `serve` options if given (one person,
+    `ops@acme`, may sign in); each is stopped after the test."""
     users = tmp_path / "users.json"
     subprocess.run(console_command("--users-file", str(users), "users", "add", "ops@acme", "--password-stdin"),
                    input=PASSWORD + "\n", text=True, check=True, env=console_env(), capture_output=True)
     started: list[Console] = []
 
-    def start(role: str) -> Console:
+    def start(role: str, *options: str) -> Console:
         port = _free_port()
         proc = subprocess.Popen(
-            console_command("--users-file", str(users), "serve", "--port", str(port)),
+            console_command("--users-file", str(users), "serve", "--port", str(port), *options),
             env={**console_env(), "LEDGER_CONSOLE_DSN": server_dsn(dbname, role), "LEDGER_CONSOLE_SCOPES": "/".join(SCOPE)},
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
@@ -139,7 +139,7 @@ def start_console(dbname: str, tmp_path: Path) -> Iterator[Callable[[str], Conso
 
 
 @pytest.fixture
-def console(start_console: Callable[[str], Console]) -> Console:
+def console(start_console: Callable[..., Console]) -> Console:
     return start_console(WRITER)
 
 

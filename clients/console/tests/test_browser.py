@@ -6,6 +6,9 @@ from __future__ import annotations
 import http.server
 import subprocess
 import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -20,6 +23,7 @@ from selenium.webdriver.support.ui import Select
 
 from conftest import READER, Browser, Console, console_command, console_env, one
 from ledger_client import ClaimOutcome, ScopedLedger
+from ledger_console.sessions import COOKIE
 
 
 def in_doubt_call(scoped: ScopedLedger, run_id: str) -> str:
@@ -186,7 +190,7 @@ def test_replay_a_failed_outbox_event(browser: Browser, scoped: ScopedLedger, pe
 
 
 def test_a_reader_sees_everything_and_can_act_on_nothing(
-    chromium: WebDriver, start_console: Callable[[str], Console], scoped: ScopedLedger,
+    chromium: WebDriver, start_console: Callable[..., Console], scoped: ScopedLedger,
     person: psycopg.Connection[DictRow], screenshots: Path,
 ) -> None:
     record_id = in_doubt_call(scoped, "run-read")
@@ -315,3 +319,65 @@ def test_unknown_run_is_not_found_and_a_removed_person_is_signed_out(browser: Br
                    check=True, env=console_env(), capture_output=True, timeout=60)
     browser.open("/runs")
     assert browser.driver.current_url.startswith(browser.console.url + "/login")
+
+
+def with_copied_cookie(console: Console, cookie: str, path: str, form: dict[str, str] | None = None) -> tuple[int, str]:
+    """A request from elsewhere (an HTTP client, not the browser) carrying a copy of the browser's
+    session cookie and the console's own Origin: the status and where it ended up."""
+    request = urllib.request.Request(console.url + path, headers={"Cookie": f"{COOKIE}={cookie}", "Origin": console.url},
+                                     data=None if form is None else urllib.parse.urlencode(form).encode())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, str(response.url)
+    except urllib.error.HTTPError as exc:
+        return exc.code, str(exc.url)
+
+
+def test_a_copied_cookie_is_refused_after_sign_out(
+    browser: Browser, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped.create_run("agent", run_id="run-copied")
+    before, after = (scoped.request_tool_approval("run-copied", "payments.transfer", {"amount": amount},
+                                                  tool_call_id=f"call-{amount}").approval for amount in ("10", "20"))
+    assert before is not None and after is not None
+    record_id = in_doubt_call(scoped, "run-copied-doubt")
+    browser.sign_in()
+    browser.open("/approvals")
+    copied = browser.driver.get_cookie(COOKIE)
+    assert copied is not None
+    cookie = str(copied["value"])
+    token = str(browser.driver.find_element(By.CSS_SELECTOR, "header input[name=csrf]").get_attribute("value"))
+
+    # While the person is signed in, the copy acts as them: that is what sign-out must end.
+    assert with_copied_cookie(browser.console, cookie, f"/approvals/{before.id}",
+                              {"csrf": token, "decision": "approved"}) == (200, f"{browser.console.url}/approvals?done=approved")
+    browser.submit(browser.driver.find_element(By.ID, "logout"))
+    assert browser.driver.current_url == browser.console.url + "/login"
+
+    assert with_copied_cookie(browser.console, cookie, f"/approvals/{after.id}",
+                              {"csrf": token, "decision": "approved", "note": "after sign-out"})[0] == 403
+    assert with_copied_cookie(browser.console, cookie, f"/in-doubt/{record_id}",
+                              {"csrf": token, "decision": "failed", "note": "after sign-out"})[0] == 403
+    assert with_copied_cookie(browser.console, cookie, "/approvals") == \
+        (200, f"{browser.console.url}/login?next=%2Fapprovals")  # sent to sign in
+    decided = "SELECT status, actor FROM ledger.approval_requests WHERE id = %s"
+    assert person.execute(decided, (before.id,)).fetchone() == {"status": "approved", "actor": "ops@acme"}
+    assert person.execute(decided, (after.id,)).fetchone() == {"status": "pending", "actor": None}
+    assert one(person, "SELECT status FROM ledger.run_step_tool_calls WHERE id = %s", (record_id,)) == "in_doubt"
+    assert one(person, "SELECT count(*) FROM ledger.audit_events WHERE gateway_type = 'tool_call.resolve'") == 0
+
+
+def test_a_runs_json_shows_its_text(browser: Browser, scoped: ScopedLedger) -> None:
+    text = "café <b>bold</b> & co"
+    scoped.create_run("agent", run_id="run-text", subject_kind="agent", subject_id=text)  # in run.created's payload
+    claim = scoped.claim_tool_call("run-text", "notes.write", {"note": text}, tool_call_id="call-text")
+    assert claim.tool_call is not None
+    scoped.begin_tool_call(claim.tool_call.id, claim.tool_call.attempt)
+    scoped.complete_tool_call(claim.tool_call.id, claim.tool_call.attempt, "unknown")
+    scoped.resolve_tool_call(claim.tool_call.id, "failed", actor="ops@acme", note=text)  # in the audit's payload
+    browser.sign_in()
+    browser.open("/run?id=run-text")
+    for table in ("#tool-calls", "#events", "#audit-records"):
+        shown = browser.text(table)
+        assert text in shown and "\\u" not in shown, shown  # text, not JSON escapes
+    assert not browser.driver.find_elements(By.CSS_SELECTOR, "main b")  # and not markup

@@ -7,9 +7,11 @@ import http.cookiejar
 import json
 import re
 import subprocess
+import time
 import urllib.parse
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -54,14 +56,17 @@ def test_users_file_stores_scrypt_hashes_only(tmp_path: Path) -> None:
 
 def test_sessions_are_signed_and_expire() -> None:
     signer = Signer(b"k" * 32)
-    cookie = signer.dump(Session.new().signed_in("ops@acme").with_scope(*SCOPE))
+    cookie = signer.dump(Session.new().signed_in("ops@acme", "sid-1").with_scope(*SCOPE))
     loaded = signer.load(cookie)
-    assert loaded is not None and loaded.user == "ops@acme" and loaded.scope == SCOPE
+    assert loaded is not None and loaded.user == "ops@acme" and loaded.sid == "sid-1" and loaded.scope == SCOPE
     body, mac = cookie.rsplit(".", 1)
     assert signer.load(body + "." + mac[:-2] + "AA") is None  # forged
     assert Signer(b"x" * 32).load(cookie) is None  # another console's
     old = Session(csrf="t", issued=0, user="ops@acme")
     assert signer.load(signer.dump(old)) is None  # expired
+    short = Signer(b"k" * 32, max_age_s=60)  # a console serving with a shorter lifetime
+    assert short.load(short.dump(Session(csrf="t", issued=int(time.time()) - 61, user="ops@acme"))) is None
+    assert short.load(short.dump(Session(csrf="t", issued=int(time.time()) - 30, user="ops@acme"))) is not None
     assert loaded.csrf_ok(loaded.csrf) and not loaded.csrf_ok("t")
 
 
@@ -83,16 +88,81 @@ def test_cli_adds_and_lists_people(tmp_path: Path) -> None:
     assert listed.stdout.split() == ["ana"]
 
 
-def signed_in_opener(console: Console) -> urllib.request.OpenerDirector:
+def signed_in_opener(console: Console, password: str = PASSWORD,
+                     jar: http.cookiejar.CookieJar | None = None) -> urllib.request.OpenerDirector:
     """An HTTP client signed in to the console as a browser would be (cookie, token, Origin)."""
-    jar = http.cookiejar.CookieJar()
-    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(
+        http.cookiejar.CookieJar() if jar is None else jar))
     page = opener.open(f"{console.url}/login", timeout=10).read().decode()
     token = re.search(r'name="csrf" value="([^"]+)"', page)
     assert token is not None
-    form = urllib.parse.urlencode({"csrf": token[1], "user": console.user, "password": PASSWORD}).encode()
-    opener.open(urllib.request.Request(f"{console.url}/login", data=form, headers={"Origin": console.url}), timeout=10)
+    form = urllib.parse.urlencode({"csrf": token[1], "user": console.user, "password": password}).encode()
+    with opener.open(urllib.request.Request(f"{console.url}/login", data=form, headers={"Origin": console.url}),
+                     timeout=10) as signed_in:
+        assert signed_in.url == f"{console.url}/runs", "not signed in"
     return opener
+
+
+def page_url(opener: urllib.request.OpenerDirector, url: str) -> str:
+    """Where a GET ends up: the page itself, or /login for a session that is not (or no longer) live."""
+    with opener.open(url, timeout=10) as page:
+        return str(page.url)
+
+
+def users_cli(console: Console, *args: str, password: str | None = None) -> None:
+    subprocess.run(console_command("--users-file", str(console.users), "users", *args), check=True, text=True,
+                   input=None if password is None else password + "\n", env=console_env(), capture_output=True,
+                   timeout=60)
+
+
+def test_the_users_file_keeps_each_persons_live_sessions(tmp_path: Path) -> None:
+    users = Users(tmp_path / "users.json")
+    users.set("ana", "a good password")
+    later = int(time.time()) + 3600
+    first, second = users.start_session("ana", later), users.start_session("ana", later)
+    assert first is not None and second is not None and first != second
+    assert users.session_live("ana", first) and users.session_live("ana", second)
+    assert not users.session_live("ana", "guessed") and not users.session_live("bob", first)
+    assert users.start_session("bob", later) is None  # nobody of that name
+    users.end_session("ana", first)  # signing out ends that session, not the other
+    assert not users.session_live("ana", first) and users.session_live("ana", second)
+    users.set("ana", "another password")  # a new password ends them all
+    assert not users.session_live("ana", second)
+    third = users.start_session("ana", later)
+    assert third is not None
+    users.remove("ana")
+    users.set("ana", "another password")  # the same name again is someone new
+    assert not users.session_live("ana", third)
+    expired = users.start_session("ana", int(time.time()) - 1)
+    assert expired is not None and not users.session_live("ana", expired)
+    users.start_session("ana", later)  # a write drops the expired ones
+    assert expired not in (tmp_path / "users.json").read_text()
+    assert (tmp_path / "users.json").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_new_password_or_removing_the_person_ends_their_sessions(console: Console) -> None:
+    runs = f"{console.url}/runs"
+    opener = signed_in_opener(console)
+    assert page_url(opener, runs) == runs
+    users_cli(console, "add", console.user, "--password-stdin", password="a new password")
+    assert page_url(opener, runs).startswith(f"{console.url}/login")
+    opener = signed_in_opener(console, password="a new password")
+    assert page_url(opener, runs) == runs
+    users_cli(console, "remove", console.user)
+    assert page_url(opener, runs).startswith(f"{console.url}/login")
+    users_cli(console, "add", console.user, "--password-stdin", password="a new password")  # back again
+    assert page_url(opener, runs).startswith(f"{console.url}/login")  # the old cookie stays dead
+
+
+def test_the_session_lifetime_is_configurable(start_console: Callable[..., Console], tmp_path: Path) -> None:
+    jar = http.cookiejar.CookieJar()
+    signed_in_opener(start_console(WRITER, "--session-hours", "0.5"), jar=jar)
+    [cookie] = list(jar)
+    assert cookie.expires is not None and abs(cookie.expires - (time.time() + 1800)) < 60
+    refused = subprocess.run(console_command("--users-file", str(tmp_path / "u.json"), "serve", "--session-hours", "0"),
+                             env={**console_env(), "LEDGER_CONSOLE_DSN": "dbname=unused", "LEDGER_CONSOLE_SCOPES": "a/b"},
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--session-hours takes 0.02 to 720" in refused.stderr
 
 
 def test_the_live_feed_resumes_after_last_event_id(console: Console, scoped: ScopedLedger) -> None:
@@ -123,3 +193,24 @@ def test_a_runs_lineage_and_its_replay_bundle(console: Console, scoped: ScopedLe
         assert download.headers["content-disposition"] == 'attachment; filename="replay-bundle-run-first.json"'
         bundle = json.loads(download.read())
     assert bundle == scoped.replay_bundle("run-first")
+
+
+def test_an_open_live_stream_ends_when_its_session_ends(console: Console, scoped: ScopedLedger) -> None:
+    scoped.create_run("agent", run_id="run-open")
+    jar = http.cookiejar.CookieJar()
+    opener = signed_in_opener(console, jar=jar)
+    [cookie] = list(jar)
+    page = opener.open(f"{console.url}/runs", timeout=10).read().decode()
+    token = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert token is not None
+    live = urllib.request.Request(f"{console.url}/live/?id=run-open", headers={"Cookie": f"{cookie.name}={cookie.value}"})
+    # Keep-alives come every 15 s, so a stream left open after sign-out times this read out.
+    with urllib.request.urlopen(live, timeout=10) as stream:  # a copy of the cookie, elsewhere
+        assert stream.readline().startswith(b"id: ")
+        form = urllib.parse.urlencode({"csrf": token[1]}).encode()
+        opener.open(urllib.request.Request(f"{console.url}/logout", data=form, headers={"Origin": console.url}),
+                    timeout=10)
+        stream.read()  # returns once the console ends the response
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(live, timeout=10)
+    assert refused.value.code == 403

@@ -1,6 +1,6 @@
 """The console's command line.
 
-    python -m ledger_console serve [--port 8765]      # env LEDGER_CONSOLE_DSN, LEDGER_CONSOLE_SCOPES
+    python -m ledger_console serve [--port 8765] [--session-hours 12]   # env LEDGER_CONSOLE_DSN, LEDGER_CONSOLE_SCOPES
     python -m ledger_console users add NAME [--password-stdin]
     python -m ledger_console users remove NAME
     python -m ledger_console users list
@@ -52,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="tenant/workspace,... that people may pick (env LEDGER_CONSOLE_SCOPES)")
     serve.add_argument("--host", default="127.0.0.1", choices=LOOPBACK)
     serve.add_argument("--port", type=int, default=int(os.environ.get("LEDGER_CONSOLE_PORT", "8765")))
+    serve.add_argument("--session-hours", type=float,
+                       default=float(os.environ.get("LEDGER_CONSOLE_SESSION_HOURS", "12")),
+                       help="how long a sign-in lasts at most, in hours (env LEDGER_CONSOLE_SESSION_HOURS, default 12)")
     users = sub.add_parser("users", help="manage the people who may sign in")
     users_sub = users.add_subparsers(dest="action", required=True)
     add = users_sub.add_parser("add", help="add a person, or change their password")
@@ -84,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         scopes = parse_scopes(args.scopes)
+        if not 0.02 <= args.session_hours <= 720:
+            raise ValueError("--session-hours takes 0.02 to 720 (about a minute to 30 days)")
         secret = os.environ.get("LEDGER_CONSOLE_SECRET")
         config = ConsoleConfig(dsn=args.dsn, users=args.users_file, scopes=scopes,
+                               session_max_age_s=round(args.session_hours * 3600),
                                **({"secret": bytes.fromhex(secret)} if secret else {}))
         app = create_app(config)
     except (ValueError, NotAllowed) as exc:

@@ -2,7 +2,8 @@
 the live run feed through `ledger_client.sse`.
 
 Security, in one place: a person signs in (users file, scrypt); the session is a signed,
-HttpOnly, SameSite=Strict cookie; every state-changing request is a POST whose Origin (or
+HttpOnly, SameSite=Strict cookie whose id must still be live in the users file (sign-out, `users
+remove` and a new password end it); every state-changing request is a POST whose Origin (or
 Referer) must be the console's own and whose CSRF token must match the session's (compared in
 constant time); a read-only console (a ledger_reader role) shows no action and refuses every
 action POST; templates escape everything (Jinja2 autoescape, the SVG escapes its texts); every
@@ -11,8 +12,10 @@ response carries a Content-Security-Policy that allows scripts from the console 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,7 +39,7 @@ from ledger_client import Ledger, LedgerError, ScopedLedger
 from ledger_client.sse import EventHub, sse_app
 
 from . import data
-from .sessions import COOKIE, MAX_AGE_S, Session, Signer
+from .sessions import COOKIE, DEFAULT_MAX_AGE_S, Session, Signer
 from .timeline import timeline_svg
 from .users import Users
 
@@ -56,6 +59,8 @@ FEED_TYPES = (
     "approval.resolved", "artifact.created", "audit.recorded", "cost.recorded", "response_event.recorded",
     "citation.recorded", "feedback.recorded",
 )
+# How soon an open live stream notices that its session ended.
+LIVE_CHECK_S = 2.0
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self';"
     " form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
@@ -65,13 +70,14 @@ CSP = (
 @dataclass(frozen=True)
 class ConsoleConfig:
     """What a console serves: the database (a conninfo string of a login role granted
-    ledger_writer or ledger_reader), the users file, the scopes people may pick, and the secret
-    that signs sessions (random per process unless given)."""
+    ledger_writer or ledger_reader), the users file, the scopes people may pick, the secret
+    that signs sessions (random per process unless given) and how long a session lives at most."""
 
     dsn: str
     users: Path
     scopes: list[tuple[str, str]]
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    session_max_age_s: int = DEFAULT_MAX_AGE_S
 
 
 class Refused(Exception):
@@ -91,10 +97,13 @@ def create_app(config: ConsoleConfig) -> Starlette:
                                                check=ConnectionPool.check_connection)
     ledger = Ledger(pool)
     hub = EventHub(config.dsn)
-    signer = Signer(config.secret)
+    signer = Signer(config.secret, config.session_max_age_s)
     users = Users(config.users)
     env = Environment(loader=PackageLoader("ledger_console"), autoescape=True)
+    # JSON as text (ensure_ascii=False: "café", not "caf\u00e9"), left to autoescape; Jinja's tojson
+    # writes \u escapes, made for <script>, that people would read as they are.
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    env.filters["compact"] = lambda value: json.dumps(value, sort_keys=True, ensure_ascii=False)
     env.filters["cost"] = lambda cost: ", ".join(f"{v} {k}" for k, v in (cost or {}).items()) or "-"
     env.filters["ms"] = lambda ms: "-" if ms is None else f"{ms / 1000:.2f} s"
     env.filters["at"] = lambda t: "-" if t is None else t.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
@@ -110,11 +119,13 @@ def create_app(config: ConsoleConfig) -> Starlette:
     # --- Sessions and the checks every request goes through ---
 
     def session_of(request: Request) -> Session | None:
-        return known(signer.load(request.cookies.get(COOKIE)))
+        return live(signer.load(request.cookies.get(COOKIE)))
 
-    def known(session: Session | None) -> Session | None:
-        """The session, signed out when its person was removed from the users file since."""
-        if session is not None and session.user is not None and not users.exists(session.user):
+    def live(session: Session | None) -> Session | None:
+        """The session, signed out when it ended since it was issued: the cookie alone proves
+        nothing once a copy of it may be elsewhere."""
+        if session is not None and session.user is not None \
+                and not users.session_live(session.user, session.sid or ""):
             return Session.new()
         return session
 
@@ -128,7 +139,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         return HTMLResponse(body, status_code=http_status)
 
     def with_cookie(response: Response, session: Session) -> Response:
-        response.set_cookie(COOKIE, signer.dump(session), max_age=MAX_AGE_S, path="/", httponly=True,
+        response.set_cookie(COOKIE, signer.dump(session), max_age=config.session_max_age_s, path="/", httponly=True,
                             samesite="strict")
         return response
 
@@ -213,7 +224,13 @@ def create_app(config: ConsoleConfig) -> Starlette:
         if not await run_in_threadpool(users.authenticate, name, password):
             return render(request, "login.html", 401, session=session, next=fields.get("next"),
                           error="Unknown name or wrong password.")
-        session = session.signed_in(name)
+        if session.user is not None and session.sid is not None:  # the session this sign-in replaces
+            await run_in_threadpool(users.end_session, session.user, session.sid)
+        sid = await run_in_threadpool(users.start_session, name, int(time.time()) + config.session_max_age_s)
+        if sid is None:  # removed since the password was checked
+            return render(request, "login.html", 401, session=session, next=fields.get("next"),
+                          error="Unknown name or wrong password.")
+        session = session.signed_in(name, sid)
         if len(config.scopes) == 1:
             session = session.with_scope(*config.scopes[0])
         target = _local(fields.get("next")) if session.scope else "/scope"
@@ -221,9 +238,11 @@ def create_app(config: ConsoleConfig) -> Starlette:
 
     async def logout(request: Request) -> Response:
         try:
-            await checked_form(request, act=False)
+            session, _ = await checked_form(request, act=False)
         except Refused as exc:
             return render(request, "error.html", exc.status, message=exc.message)
+        if session.user is not None and session.sid is not None:
+            await run_in_threadpool(users.end_session, session.user, session.sid)
         response = RedirectResponse("/login", 303)
         response.delete_cookie(COOKIE, path="/")
         return response
@@ -336,7 +355,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
             if name == b"cookie":
                 cookie.load(value.decode("latin-1"))
         morsel = cookie.get(COOKIE)
-        session = known(signer.load(morsel.value if morsel else None))
+        session = live(signer.load(morsel.value if morsel else None))
         return session.scope if session is not None and session.user is not None else None
 
     static = Path(__file__).parent / "static"
@@ -352,7 +371,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/run", page(run)),
         Route("/run/timeline.svg", page(timeline)),
         Route("/run/bundle.json", page(bundle)),
-        Mount("/live", app=sse_app(hub, live_scope, run_id_of=_run_id_of)),
+        Mount("/live", app=_ends_with_session(sse_app(hub, live_scope, run_id_of=_run_id_of), live_scope)),
         Route("/in-doubt", page(in_doubt)),
         Route("/in-doubt/{id}", action(resolve), methods=["POST"]),
         Route("/approvals", page(approvals)),
@@ -383,6 +402,36 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers if scope["type"] == "http" else send)
+
+
+def _ends_with_session(app: ASGIApp, scope_of: Callable[[Scope], tuple[str, str] | None]) -> ASGIApp:
+    """The live feed, ended once the session that opened it ends: an open stream makes no next
+    request, so it asks `scope_of` again every LIVE_CHECK_S and then stops as if the browser had
+    left (the stream's own cleanup runs); a reconnect is refused (403)."""
+
+    async def ending(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        ended = False
+
+        async def receive_until_ended() -> Message:
+            nonlocal ended
+            pending = asyncio.ensure_future(receive())
+            try:
+                while not (await asyncio.wait({pending}, timeout=LIVE_CHECK_S))[0]:
+                    if scope_of(scope) is None:
+                        ended = True
+                        return {"type": "http.disconnect"}
+                return pending.result()
+            finally:
+                pending.cancel()  # nothing when it is done; else it would wait for the connection's end
+
+        await app(scope, receive_until_ended, send)
+        if ended:  # the stream was cut short: finish the response for the browser still there
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    return ending
 
 
 def _status(exc: LedgerError) -> int:

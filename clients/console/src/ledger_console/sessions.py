@@ -1,9 +1,11 @@
 """Signed session cookies and CSRF tokens.
 
-A session is a small JSON object (the person once signed in, the chosen scope, the CSRF token, when
-it was issued) signed with HMAC-SHA256 under the console's secret; the cookie is HttpOnly,
-SameSite=Strict and lives at most `MAX_AGE_S`. Nothing is kept on the server, so a restart with a
-new secret signs everyone out.
+A session is a small JSON object (the person once signed in, their session id, the chosen scope,
+the CSRF token, when it was issued) signed with HMAC-SHA256 under the console's secret; the cookie
+is HttpOnly, SameSite=Strict and lives at most the console's session lifetime. A signed-in session
+also needs its id to be live in the users file (`users.Users.session_live`), so that signing out,
+removing the person or changing their password ends every copy of the cookie; a restart with a new
+secret signs everyone out.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 COOKIE = "ledger_console"
-MAX_AGE_S = 12 * 3600
+DEFAULT_MAX_AGE_S = 12 * 3600
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class Session:
     csrf: str
     issued: int
     user: str | None = None
+    sid: str | None = None
     tenant: str | None = None
     workspace: str | None = None
 
@@ -32,10 +35,10 @@ class Session:
     def new() -> Session:
         return Session(csrf=secrets.token_urlsafe(32), issued=int(time.time()))
 
-    def signed_in(self, user: str) -> Session:
-        """A new session for `user`: a new CSRF token too, so that a token seen before sign-in is
-        worth nothing after."""
-        return replace(Session.new(), user=user)
+    def signed_in(self, user: str, sid: str) -> Session:
+        """A new session for `user` (`sid` from `Users.start_session`): a new CSRF token too, so
+        that a token seen before sign-in is worth nothing after."""
+        return replace(Session.new(), user=user, sid=sid)
 
     def with_scope(self, tenant: str, workspace: str) -> Session:
         return replace(self, tenant=tenant, workspace=workspace)
@@ -57,8 +60,9 @@ def _unb64(text: str) -> bytes:
 
 
 class Signer:
-    def __init__(self, secret: bytes) -> None:
+    def __init__(self, secret: bytes, max_age_s: int = DEFAULT_MAX_AGE_S) -> None:
         self._secret = secret
+        self.max_age_s = max_age_s
 
     def _mac(self, body: str) -> str:
         return _b64(hmac.new(self._secret, body.encode(), hashlib.sha256).digest())
@@ -78,6 +82,6 @@ class Signer:
             session = Session(**json.loads(_unb64(body)))
         except (ValueError, TypeError):
             return None
-        if time.time() - session.issued > MAX_AGE_S:
+        if time.time() - session.issued > self.max_age_s:
             return None
         return session
