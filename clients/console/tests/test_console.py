@@ -14,7 +14,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from conftest import PASSWORD, SCOPE, WRITER, Console, console_command, console_env, server_dsn
 from ledger_client import ScopedLedger
@@ -31,6 +33,18 @@ def test_refuses_to_run_as_a_superuser(dbname: str, tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "refuses to run as postgres" in done.stderr
     assert check_role(server_dsn(dbname, WRITER)).writer
+
+
+def test_refuses_a_role_without_a_ledger_grant(dbname: str) -> None:
+    outsider = "ledger_console_test_outsider"
+    with psycopg.connect(server_dsn(dbname), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (outsider,)).fetchone() is None:
+            try:
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(outsider)))
+            except psycopg.errors.DuplicateObject:  # created meanwhile by a test on another database
+                pass
+    with pytest.raises(NotAllowed, match="neither ledger_writer nor ledger_reader"):
+        check_role(server_dsn(dbname, outsider))
 
 
 def test_refuses_a_scope_its_role_may_not_use(dbname: str, tmp_path: Path) -> None:
