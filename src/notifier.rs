@@ -9,12 +9,13 @@
 //! The table's rules are `model::wakeups`.
 //!
 //! A writer notifies by itself (as `inline` does) whenever the worker cannot be counted on: none
-//! attached or its heartbeat stale, the table full, or an id too long for it. It asks the
+//! attached or its heartbeat stale, the table full, more channels than one transaction may reserve
+//! (`wakeups::TRANSACTION_CHANNELS`), or an id too long for it. It asks the
 //! postmaster for a worker when none is on its way. Workers leave after a short idle spell, so that
 //! their database can be dropped.
 
 use crate::guc::{self, NotifyMode};
-use crate::model::wakeups::{self, Attach, Channel, Decision, News, Note, Wakeups};
+use crate::model::wakeups::{self, Attach, Channel, Decision, News, Note, Prepared, Wakeups};
 use crate::scope::Scope;
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
@@ -166,12 +167,18 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
 
 /// Reserves room for this transaction's news, or notifies now when the worker cannot be counted
 /// on. A transaction being prepared keeps its news in the table whatever the decision (a
-/// transaction that notified cannot be prepared); a worker is on its way or attached.
+/// transaction that notified cannot be prepared); a worker is on its way or attached. It keeps
+/// at most `TRANSACTION_CHANNELS` channels there (the outbox's first), since they wait until it
+/// ends: followers of the other runs it wrote to read on their backstop timer.
 fn before_commit(preparing: bool) {
     let (decision, reserved) = PENDING.with(|p| {
-        let p = p.borrow();
+        let mut p = p.borrow_mut();
         if p.is_empty() {
             return (None, 0);
+        }
+        if preparing {
+            let room = wakeups::TRANSACTION_CHANNELS - usize::from(p.outbox.is_some());
+            p.runs.truncate(room);
         }
         let news = p.news();
         let limit = guc::NOTIFIER_CAPACITY.get().max(1) as usize;
@@ -271,14 +278,7 @@ pub extern "C-unwind" fn ledger_notifier_main(arg: pg_sys::Datum) {
         }
         let parked = {
             let mut table = TABLE.exclusive();
-            // SAFETY: TransactionIdIsInProgress only reads the proc array.
-            let parked = table.0.take(
-                oid,
-                |xid| unsafe {
-                    pg_sys::TransactionIdIsInProgress(pg_sys::TransactionId::from_inner(xid))
-                },
-                &mut notes,
-            );
+            let parked = table.0.take(oid, prepared_outcome, &mut notes);
             table.0.heartbeat(oid, pid, now());
             parked
         };
@@ -308,6 +308,24 @@ pub extern "C-unwind" fn ledger_notifier_main(arg: pg_sys::Datum) {
             pg_sys::ResetLatch(pg_sys::MyLatch);
         }
         pgrx::check_for_interrupts!();
+    }
+}
+
+/// Where a prepared transaction stands. The proc array first: a transaction ending updates the
+/// commit log before it leaves the proc array, so once it is not in progress its status is final.
+fn prepared_outcome(xid: u32) -> Prepared {
+    let xid = pg_sys::TransactionId::from_inner(xid);
+    // SAFETY: both only read shared state (the proc array, the commit log). The worker asks
+    // within 100 ms of the transaction's end (it polls while entries are parked), long before
+    // VACUUM could truncate the commit log past that xid.
+    unsafe {
+        if pg_sys::TransactionIdIsInProgress(xid) {
+            Prepared::InProgress
+        } else if pg_sys::TransactionIdDidCommit(xid) {
+            Prepared::Committed
+        } else {
+            Prepared::Aborted
+        }
     }
 }
 

@@ -535,3 +535,102 @@ fn after_a_server_crash_a_new_worker_serves_the_database() {
     let after = worker_serving(&mut writer, &mut listener, &channel);
     assert_ne!(before, after);
 }
+
+/// A rolled-back prepared transaction wrote nothing anyone can read: nobody is woken for it,
+/// whether its news waited in the worker's table (a worker attached) or a worker was asked for
+/// (none attached: it left after 2 s idle).
+#[test]
+#[ignore]
+fn a_rolled_back_prepared_transaction_wakes_nobody() {
+    let db = database("ledger_notifier_2pc_rollback");
+    let (mut writer, mut listener, channel) = run_followed(&db);
+    let mut admin = connect_to(&db, "postgres");
+    for pause in [0, 3000] {
+        if pause == 0 {
+            worker_serving(&mut writer, &mut listener, &channel);
+        }
+        hear(&mut listener, Duration::from_millis(pause));
+        exec(
+            &mut writer,
+            "BEGIN; SELECT ledger.create_step('r', 'llm'); PREPARE TRANSACTION 'ledger_2pc_rollback'",
+        );
+        exec(&mut writer, "ROLLBACK PREPARED 'ledger_2pc_rollback'");
+        let heard = hear(&mut listener, Duration::from_millis(1500));
+        assert!(
+            heard.iter().all(|n| n.channel != channel),
+            "after {pause} ms idle: {heard:?}"
+        );
+        let waiting: i32 = one(&mut admin, "SELECT waiting FROM ledger.notifier_status()");
+        assert_eq!(waiting, 0);
+    }
+}
+
+/// One transaction reserves at most 64 channels of the worker's table. A prepared one parks 64
+/// (the others' followers read on their backstop timer), so other writers still find room; an
+/// ordinary one with more notifies every channel by itself. Nothing committed goes untold.
+#[test]
+#[ignore]
+fn one_transaction_reserves_at_most_64_channels() {
+    let db = database("ledger_notifier_bound");
+    let mut admin = connect_to("postgres", "postgres");
+    let _capacity = Setting::new(&mut admin, "ledger.notifier_capacity", "80");
+    let mut writer = session(&db);
+    let mut listener = session(&db);
+    let runs: Vec<String> = (0..80).map(|i| format!("b{i}")).collect();
+    exec(
+        &mut writer,
+        "SELECT ledger.create_run('chat', run_id => 'b' || i) FROM generate_series(0, 79) i; \
+         SELECT ledger.create_run('chat', run_id => 'r')",
+    );
+    let channels: Vec<String> = runs.iter().map(|r| listen_to(&mut listener, r)).collect();
+    let probe = listen_to(&mut listener, "r");
+    let worker = worker_serving(&mut writer, &mut listener, &probe);
+    let mut status = connect_to(&db, "postgres");
+    let capacity: i32 = one(&mut status, "SELECT capacity FROM ledger.notifier_status()");
+    assert_eq!(capacity, 80);
+
+    let mut preparer = session(&db);
+    exec(
+        &mut preparer,
+        "BEGIN; SELECT ledger.create_step('b' || i, 'llm') FROM generate_series(0, 79) i; \
+         PREPARE TRANSACTION 'ledger_2pc_bound'",
+    );
+    let waiting: i32 = one(&mut status, "SELECT waiting FROM ledger.notifier_status()");
+    assert_eq!(waiting, 64, "the prepared transaction parks 64 channels");
+    // Another writer's commit still goes through the worker: the table has room.
+    let heard = {
+        exec(&mut writer, "SELECT ledger.create_step('r', 'llm')");
+        hear_on(&mut listener, &probe, Duration::from_secs(2))
+    };
+    let told = heard
+        .iter()
+        .find(|n| n.channel == probe)
+        .expect("probe told");
+    assert_eq!(told.pid, worker, "{heard:?}");
+
+    exec(&mut preparer, "COMMIT PREPARED 'ledger_2pc_bound'");
+    let heard = hear(&mut listener, Duration::from_millis(1500));
+    let woken: Vec<&Heard> = heard
+        .iter()
+        .filter(|n| channels.contains(&n.channel))
+        .collect();
+    assert_eq!(woken.len(), 64, "{heard:?}");
+    assert!(woken.iter().all(|n| n.pid == worker));
+
+    // An ordinary commit of 80 channels notifies all of them by itself.
+    let me = backend_pid(&mut writer);
+    exec(
+        &mut writer,
+        "BEGIN; SELECT ledger.create_step('b' || i, 'llm') FROM generate_series(0, 79) i; COMMIT",
+    );
+    let heard = hear(&mut listener, Duration::from_millis(1000));
+    for (r, channel) in runs.iter().zip(&channels) {
+        let seq = last_seq(&mut writer, r);
+        assert!(
+            heard
+                .iter()
+                .any(|n| &n.channel == channel && n.seq() == seq && n.pid == me),
+            "{r} was not told by its writer: {heard:?}"
+        );
+    }
+}
