@@ -14,9 +14,10 @@
 //! postmaster for a worker when none is on its way. Workers leave after a short idle spell, so that
 //! their database can be dropped.
 
+use crate::error::SqlError;
 use crate::guc::{self, NotifyMode};
 use crate::model::wakeups::{self, Attach, Channel, Decision, News, Note, Prepared, Wakeups};
-use crate::scope::Scope;
+use crate::scope::{self, Scope};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
@@ -336,24 +337,31 @@ unsafe extern "C-unwind" fn on_worker_exit(_code: i32, arg: pg_sys::Datum) {
     TABLE.exclusive().0.detach(arg.value() as u32, pid);
 }
 
-/// The state of the notification path, for this session and its database. No table access, so
-/// it runs as its caller; stable like PostgreSQL's statistics functions, which read shared
-/// counters too.
+/// The state of the notification path, for this session and its database: for operators and
+/// the owner only, since its counters move with every tenant's commits. No table access, so it
+/// runs as its caller (whose membership it checks); stable like PostgreSQL's statistics
+/// functions, which read shared counters too.
 #[allow(clippy::type_complexity)]
 #[pg_extern(stable, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn notifier_status() -> TableIterator<
-    'static,
-    (
-        name!(notify, String),
-        name!(preloaded, bool),
-        name!(worker_pid, Option<i32>),
-        name!(waiting, i32),
-        name!(capacity, i32),
-        name!(notifications_sent, i64),
-        name!(sent_by_writers, i64),
-    ),
+fn notifier_status() -> std::result::Result<
+    TableIterator<
+        'static,
+        (
+            name!(notify, String),
+            name!(preloaded, bool),
+            name!(worker_pid, Option<i32>),
+            name!(waiting, i32),
+            name!(capacity, i32),
+            name!(notifications_sent, i64),
+            name!(sent_by_writers, i64),
+        ),
+    >,
+    SqlError,
 > {
+    wakeups::check_status_reader(
+        scope::is_operator()? || scope::caller_is_member("ledger_owner")?,
+    )?;
     let mode = match mode() {
         Mode::Off => "off",
         Mode::Inline => "inline",
@@ -363,7 +371,7 @@ fn notifier_status() -> TableIterator<
         .then(|| TABLE.share().0.database(database()))
         .flatten()
         .unwrap_or_default();
-    TableIterator::once((
+    Ok(TableIterator::once((
         mode.to_owned(),
         preloaded(),
         (db.pid != 0).then_some(db.pid),
@@ -371,13 +379,13 @@ fn notifier_status() -> TableIterator<
         guc::NOTIFIER_CAPACITY.get().min(wakeups::CAPACITY as i32),
         db.sent as i64,
         db.by_writers as i64,
-    ))
+    )))
 }
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::one;
+    use crate::testing::{assert_error, one};
     use pgrx::prelude::*;
 
     #[pg_test]
@@ -391,6 +399,30 @@ mod tests {
             (notify.as_deref(), preloaded, pid),
             (Some("inline"), Some(false), None)
         );
+    }
+
+    /// Its counters move with every tenant's commits: operators and the owner (and superusers)
+    /// read them, a writer or a reader gets 42501 OPERATOR_REQUIRED.
+    #[pg_test]
+    fn the_status_is_for_operators_and_the_owner_only() {
+        for role in ["ledger_reader", "ledger_writer"] {
+            Spi::run(&format!("SET LOCAL ROLE {role}")).unwrap();
+            assert_error(
+                "SELECT * FROM ledger.notifier_status()",
+                "42501",
+                "OPERATOR_REQUIRED",
+            );
+            Spi::run("RESET ROLE").unwrap();
+        }
+        for role in ["ledger_operator", "ledger_owner"] {
+            Spi::run(&format!("SET LOCAL ROLE {role}")).unwrap();
+            assert_eq!(
+                one::<i32>("SELECT capacity FROM ledger.notifier_status()"),
+                1024,
+                "{role}"
+            );
+            Spi::run("RESET ROLE").unwrap();
+        }
     }
 
     #[pg_test]

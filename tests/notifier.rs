@@ -634,3 +634,54 @@ fn one_transaction_reserves_at_most_64_channels() {
         );
     }
 }
+
+/// Login roles of each kind, and one without any ledger grant, for `db` (roles are cluster-wide:
+/// dropped by `drop_roles`).
+const ROLES: [(&str, &str); 4] = [
+    ("ledger_test_no_grant", ""),
+    ("ledger_test_reader", "ledger_reader"),
+    ("ledger_test_writer", "ledger_writer"),
+    ("ledger_test_operator", "ledger_operator"),
+];
+
+fn create_roles(su: &mut Client) {
+    for (role, member_of) in ROLES {
+        let membership = if member_of.is_empty() {
+            String::new()
+        } else {
+            format!(" IN ROLE {member_of}")
+        };
+        exec(
+            su,
+            &format!("DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN{membership}"),
+        );
+    }
+}
+
+fn drop_roles(su: &mut Client) {
+    for (role, _) in ROLES {
+        exec(su, &format!("DROP OWNED BY {role}; DROP ROLE {role}"));
+    }
+}
+
+/// `notifier_status` counts every tenant's commits: operators read it, a writer or a reader gets
+/// 42501 OPERATOR_REQUIRED, a role without any ledger grant cannot call it.
+#[test]
+#[ignore]
+fn the_notifier_status_is_for_operators_only() {
+    let db = database("ledger_notifier_status_roles");
+    let mut su = connect_to(&db, "postgres");
+    create_roles(&mut su);
+    for (role, member_of) in ROLES {
+        let mut c = connect_to(&db, role);
+        let status = "SELECT notifications_sent FROM ledger.notifier_status()";
+        match member_of {
+            "ledger_operator" => {
+                let _: i64 = one(&mut c, status);
+            }
+            "" => refused(&mut c, status, "42501", ""),
+            _ => refused(&mut c, status, "42501", "OPERATOR_REQUIRED"),
+        }
+    }
+    drop_roles(&mut su);
+}

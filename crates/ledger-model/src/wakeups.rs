@@ -11,6 +11,7 @@
 //! ordinary commit notifies by itself, and a prepared transaction parks only that many (see
 //! `src/notifier.rs`), so that no single transaction holds the table.
 
+use crate::error::{Class, LedgerError, Result};
 use crate::hash;
 use heapless::{FnvIndexMap, String};
 
@@ -21,6 +22,21 @@ pub const CAPACITY: usize = 1024;
 /// Most channels one transaction may reserve (a sixteenth of the largest table): a prepared
 /// transaction's news waits there until it ends, and one transaction must not hold the table.
 pub const TRANSACTION_CHANNELS: usize = 64;
+
+/// `ledger.notifier_status()` shows the whole database's notification traffic (every tenant's
+/// commits move its counters): for operators and the ledger's owner only, 42501
+/// `OPERATOR_REQUIRED` for anyone else.
+pub fn check_status_reader(operator_or_owner: bool) -> Result<()> {
+    if operator_or_owner {
+        return Ok(());
+    }
+    Err(LedgerError::new(
+        Class::Privilege,
+        "OPERATOR_REQUIRED",
+        "notifier_status shows every scope's notifications: for members of ledger_operator or ledger_owner",
+    )
+    .with("role", "ledger_operator"))
+}
 
 /// Where a prepared transaction whose news waits in the table stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -618,6 +634,14 @@ mod tests {
         assert!(!w.leave_if_idle(DB, 42));
         assert_eq!(w.take(DB, |_| Prepared::Committed, &mut out), 0);
         assert_eq!(out.len(), 1);
+    }
+
+    #[test]
+    fn the_status_is_for_operators_and_owners() {
+        assert!(check_status_reader(true).is_ok());
+        let e = check_status_reader(false).unwrap_err();
+        assert_eq!((e.class, e.code), (Class::Privilege, "OPERATOR_REQUIRED"));
+        assert_eq!(e.detail["role"], "ledger_operator");
     }
 
     #[test]
