@@ -14,7 +14,8 @@
 //! postmaster for a worker when none is on its way. Workers leave after a short idle spell, so that
 //! their database can be dropped.
 
-use crate::error::SqlError;
+use crate::channels;
+use crate::error::{Result, SqlError};
 use crate::guc::{self, NotifyMode};
 use crate::model::wakeups::{self, Attach, Channel, Decision, News, Note, Prepared, Wakeups};
 use crate::scope::{self, Scope};
@@ -111,8 +112,8 @@ thread_local! {
 }
 
 /// Events up to `seq` of the run are written in this transaction (worker mode).
-pub fn run_news(scope: &Scope, run_id: &str, seq: i64) {
-    let digest = crate::model::hash::run_channel_digest(&scope.tenant, &scope.workspace, run_id);
+pub fn run_news(scope: &Scope, run_id: &str, seq: i64) -> Result<()> {
+    let digest = channels::run_digest(scope, run_id)?;
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
         match p.runs.iter_mut().find(|(d, _, _)| *d == digest) {
@@ -120,6 +121,7 @@ pub fn run_news(scope: &Scope, run_id: &str, seq: i64) {
             None => p.runs.push((digest, run_id.to_owned(), seq)),
         }
     });
+    Ok(())
 }
 
 /// An outbox event was written in this transaction (worker mode).

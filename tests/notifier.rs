@@ -664,6 +664,67 @@ fn drop_roles(su: &mut Client) {
     }
 }
 
+/// 0.4.0's channel of a run, which anyone could compute from public names: the first 16 bytes of
+/// SHA-256 over tenant, workspace and run id (built-in functions only, no ledger grant needed).
+const UNKEYED_CHANNEL: &str = "SELECT 'ledger_run_' || left(encode(sha256(convert_to($1, 'UTF8') \
+    || '\\x00'::bytea || convert_to($2, 'UTF8') || '\\x00'::bytea || convert_to($3, 'UTF8')), 'hex'), 32)";
+
+/// A run's channel name is keyed with a secret only the ledger's owner reads: a role without any
+/// ledger grant that computes it from the run's public names, as it could up to 0.4.0, LISTENs
+/// on a channel nobody notifies, while the real one (`run_channel`, here for a reader) is woken.
+/// No application role (reader, writer, operator, no grant) can read the key.
+#[test]
+#[ignore]
+fn a_role_without_a_ledger_grant_cannot_compute_a_run_channel() {
+    let db = database("ledger_notifier_keyed");
+    let mut su = connect_to(&db, "postgres");
+    create_roles(&mut su);
+    let mut writer = session(&db);
+    exec(
+        &mut writer,
+        "SELECT ledger.create_run('chat', run_id => 'order-4f05')",
+    );
+    let mut outsider = connect_to(&db, "ledger_test_no_grant");
+    let guessed: String = outsider
+        .query_one(UNKEYED_CHANNEL, &[&"acme", &"support", &"order-4f05"])
+        .unwrap()
+        .get(0);
+    exec(&mut outsider, &format!("LISTEN {guessed}"));
+    refused(
+        &mut outsider,
+        "SELECT ledger.run_channel('order-4f05')",
+        "42501",
+        "",
+    );
+    let mut reader = connect_to(&db, "ledger_test_reader");
+    exec(&mut reader, "SELECT ledger.set_scope('acme', 'support')");
+    let channel = listen_to(&mut reader, "order-4f05");
+    assert_ne!(channel, guessed);
+    assert_eq!(channel, channel_of(&mut writer, "order-4f05"));
+
+    exec(
+        &mut writer,
+        "SELECT ledger.create_step('order-4f05', 'llm')",
+    );
+    let heard = hear_on(&mut reader, &channel, Duration::from_secs(3));
+    assert!(heard.iter().any(|n| n.channel == channel), "{heard:?}");
+    let overheard = hear(&mut outsider, Duration::from_millis(500));
+    assert!(overheard.is_empty(), "{overheard:?}");
+
+    for (role, _) in ROLES {
+        let mut c = connect_to(&db, role);
+        for sql in [
+            "SELECT key FROM ledger.channel_key",
+            "SELECT count(*) FROM ledger.channel_key",
+        ] {
+            refused(&mut c, sql, "42501", "");
+        }
+    }
+    drop(outsider);
+    drop(reader);
+    drop_roles(&mut su);
+}
+
 /// `notifier_status` counts every tenant's commits: operators read it, a writer or a reader gets
 /// 42501 OPERATOR_REQUIRED, a role without any ledger grant cannot call it.
 #[test]
@@ -684,4 +745,32 @@ fn the_notifier_status_is_for_operators_only() {
         }
     }
     drop_roles(&mut su);
+}
+
+/// The key is read once per backend and kept, but never across DROP and CREATE EXTENSION: the
+/// backend that re-created the extension computes the new key's channels, and its writes wake
+/// a follower of the new channel.
+#[test]
+#[ignore]
+fn a_backend_never_keeps_a_dropped_extensions_channel_key() {
+    let db = database("ledger_notifier_recreated");
+    let mut writer = session(&db);
+    exec(
+        &mut writer,
+        "SELECT ledger.create_run('chat', run_id => 'r')",
+    );
+    let before = channel_of(&mut writer, "r");
+    exec(
+        &mut writer,
+        "DROP EXTENSION ledger CASCADE; CREATE EXTENSION ledger; \
+         SELECT ledger.set_scope('acme', 'support'); \
+         SELECT ledger.create_run('chat', run_id => 'r')",
+    );
+    let after = channel_of(&mut writer, "r");
+    assert_ne!(after, before);
+    let mut listener = session(&db);
+    assert_eq!(listen_to(&mut listener, "r"), after);
+    exec(&mut writer, "SELECT ledger.create_step('r', 'llm')");
+    let heard = hear_on(&mut listener, &after, Duration::from_secs(3));
+    assert!(heard.iter().any(|n| n.channel == after), "{heard:?}");
 }

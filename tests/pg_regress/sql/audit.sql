@@ -18,7 +18,7 @@ INSERT INTO audit VALUES
 -- Readers: explicit scope filters, and as ledger_owner forced RLS applies on top of them even
 -- when the caller is a superuser or has BYPASSRLS.
   ('events_since',    'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
-  ('run_channel',     'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
+  ('run_channel',     'stable', false, 'safe', 'definer', 'reader: the channel key, which only ledger_owner reads'),
   ('run_inputs',      'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
   ('get_artifact',    'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
   ('replay_bundle',   'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
