@@ -565,6 +565,22 @@ fn a_rolled_back_prepared_transaction_wakes_nobody() {
     }
 }
 
+/// Rolls back a prepared transaction that a failing test left behind: it would keep its database
+/// from being dropped by the next run and hold back every vacuum of the cluster.
+struct PreparedGuard<'a> {
+    db: &'a str,
+    gid: &'static str,
+}
+
+impl Drop for PreparedGuard<'_> {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            let _ = connect_to(self.db, "postgres")
+                .batch_execute(&format!("ROLLBACK PREPARED '{}'", self.gid));
+        }
+    }
+}
+
 /// One transaction reserves at most 64 channels of the worker's table. A prepared one parks 64
 /// (the others' followers read on their backstop timer), so other writers still find room; an
 /// ordinary one with more notifies every channel by itself. Nothing committed goes untold.
@@ -590,6 +606,10 @@ fn one_transaction_reserves_at_most_64_channels() {
     assert_eq!(capacity, 80);
 
     let mut preparer = session(&db);
+    let _guard = PreparedGuard {
+        db: &db,
+        gid: "ledger_2pc_bound",
+    };
     exec(
         &mut preparer,
         "BEGIN; SELECT ledger.create_step('b' || i, 'llm') FROM generate_series(0, 79) i; \
