@@ -192,6 +192,25 @@ CREATE OR REPLACE FUNCTION ledger.scope_tenant() RETURNS text LANGUAGE c STABLE 
 CREATE OR REPLACE FUNCTION ledger.scope_workspace() RETURNS text LANGUAGE c STABLE PARALLEL SAFE
     AS 'MODULE_PATHNAME', 'scope_workspace_wrapper';
 
+-- The key of the run channels' names (ledger.run_channel; 0.4.0's were an unkeyed digest): any role may LISTEN on any channel,
+-- so a name must not be computable from a run's public names. Only ledger_owner (the functions)
+-- reads it. pg_dump keeps it, so that channels survive a restore: the restore adds the dumped
+-- row beside the one its CREATE EXTENSION made, and the oldest row is the key in force.
+CREATE TABLE ledger.channel_key (
+    key        bytea NOT NULL CHECK (pg_catalog.length(key) = 32),
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE ledger.channel_key IS 'The secret run channel names are keyed with (HMAC-SHA-256 of tenant, workspace and run id; ledger.run_channel). The oldest row is in force. No role but ledger_owner has any privilege on it.';
+-- 32 bytes from two random UUIDs (pg_strong_random, 244 random bits), without pgcrypto.
+INSERT INTO ledger.channel_key (key)
+    SELECT pg_catalog.sha256(pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+                             || pg_catalog.uuid_send(pg_catalog.gen_random_uuid()));
+ALTER TABLE ledger.channel_key ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ledger.channel_key FORCE ROW LEVEL SECURITY;
+CREATE POLICY owner_only ON ledger.channel_key TO ledger_owner USING (true) WITH CHECK (true);
+ALTER TABLE ledger.channel_key OWNER TO ledger_owner;
+SELECT pg_catalog.pg_extension_config_dump('ledger.channel_key', '');
+
 -- Monitoring views fail without a scope (ledger.scope_required), run_overview gains created_at,
 -- request_id, user_id and tool_calls_replayed; the in-doubt view keeps the worker that held the
 -- attempt (the query that marks a call in doubt no longer clears lease_owner).
@@ -1012,6 +1031,8 @@ GRANT SELECT ON ALL TABLES IN SCHEMA ledger TO ledger_reader;
 -- Except the blob store's lock rows, which hold nothing to read: no role but the owner has any
 -- privilege on them, so no one else can lock them (that needs UPDATE) or see which scopes write.
 REVOKE SELECT ON ledger.blob_locks FROM ledger_reader;
+-- Nor on the run channels' key: a name computed without the ledger would let anyone LISTEN to a run.
+REVOKE SELECT ON ledger.channel_key FROM ledger_reader;
 GRANT EXECUTE ON FUNCTION
     ledger.set_scope(text, text, boolean),
     ledger.scope_tenant(),
@@ -1045,7 +1066,7 @@ COMMENT ON FUNCTION ledger.set_scope(text, text, boolean) IS
 COMMENT ON FUNCTION ledger.scope_required() IS
     'true when a scope is set, else 42501 SCOPE_MISSING. The monitoring views filter on it, so that reading one without a scope fails instead of showing no rows.';
 COMMENT ON FUNCTION ledger.notifier_status() IS
-    'How this session''s writes notify (notify: worker, inline or off, as ledger.notify and the preload allow), whether the library is preloaded, and for this database: the notifier worker''s pid (NULL: none attached now; it starts with the next write and leaves after 2 s idle), channels waiting in its table, the table''s capacity (ledger.notifier_capacity), notifications the workers sent, and commits whose writers notified by themselves while preloaded (no worker attached, the table full).';
+    'For members of ledger_operator or ledger_owner (and superusers): the counters move with every tenant''s commits (42501 OPERATOR_REQUIRED for anyone else). How this session''s writes notify (notify: worker, inline or off, as ledger.notify and the preload allow), whether the library is preloaded, and for this database: the notifier worker''s pid (NULL: none attached now; it starts with the next write and leaves after 2 s idle), channels waiting in its table, the table''s capacity (ledger.notifier_capacity), notifications the workers sent, and commits whose writers notified by themselves while preloaded (no worker attached, the table full).';
 COMMENT ON FUNCTION ledger.status_transitions() IS
     'The status machine: every allowed (resource, from_status, to_status) for run, step and task. Statuses: queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired (+ skipped for steps). Terminal: succeeded, failed, canceled, expired, skipped.';
 COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text) IS
@@ -1061,7 +1082,7 @@ COMMENT ON FUNCTION ledger.transition_step(text, text, text, text, jsonb, text, 
 COMMENT ON FUNCTION ledger.events_since(text, text, integer) IS
     'The run''s events after after_event_id (from the start when NULL), ordered by their gapless seq. ends_run marks the event that moved the run to a terminal status: a follower may stop after it. An unknown after_event_id fails P0002 EVENT_NOT_FOUND. Client contract: LISTEN on ledger.run_channel(run_id) first, then call this with your cursor, and again on each notification.';
 COMMENT ON FUNCTION ledger.run_channel(text) IS
-    'The LISTEN/NOTIFY channel of a run. Commits that append to the run notify it with {"run_id","seq"}: events up to seq are committed (ledger.notify = inline: one per event, with event_id and event_type too).';
+    'The LISTEN/NOTIFY channel of a run. Commits that append to the run notify it with {"run_id","seq"}: events up to seq are committed (ledger.notify = inline: one per event, with event_id and event_type too). The name is keyed with a secret of the database that only the ledger reads (ledger.channel_key), so it cannot be computed from the run''s names: ask this function for it.';
 COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, jsonb, bigint) IS
     'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. The lease is timeout_seconds plus a tenth (at least 5 s), never under 10 s. With approval {title, policy_ref, details}, a new call is created waiting for it (as ledger.request_tool_approval does) and a known one answers its current outcome, so one call is right on every resume. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.claim_tool_calls(text, jsonb, text, boolean, bigint) IS

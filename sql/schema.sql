@@ -591,3 +591,21 @@ AS $$
 $$;
 COMMENT ON FUNCTION ledger_dispatch.expired_tool_call_scopes() IS 'The scopes the session''s login role may state that have a tool call whose lease expired (see ledger.sweep_tool_calls).';
 
+-- The key of the run channels' names (ledger.run_channel): any role may LISTEN on any channel,
+-- so a name must not be computable from a run's public names. Only ledger_owner (the functions)
+-- reads it. pg_dump keeps it, so that channels survive a restore: the restore adds the dumped
+-- row beside the one its CREATE EXTENSION made, and the oldest row is the key in force.
+CREATE TABLE ledger.channel_key (
+    key        bytea NOT NULL CHECK (pg_catalog.length(key) = 32),
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE ledger.channel_key IS 'The secret run channel names are keyed with (HMAC-SHA-256 of tenant, workspace and run id; ledger.run_channel). The oldest row is in force. No role but ledger_owner has any privilege on it.';
+-- 32 bytes from two random UUIDs (pg_strong_random, 244 random bits), without pgcrypto.
+INSERT INTO ledger.channel_key (key)
+    SELECT pg_catalog.sha256(pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+                             || pg_catalog.uuid_send(pg_catalog.gen_random_uuid()));
+ALTER TABLE ledger.channel_key ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ledger.channel_key FORCE ROW LEVEL SECURITY;
+CREATE POLICY owner_only ON ledger.channel_key TO ledger_owner USING (true) WITH CHECK (true);
+ALTER TABLE ledger.channel_key OWNER TO ledger_owner;
+SELECT pg_catalog.pg_extension_config_dump('ledger.channel_key', '');

@@ -17,12 +17,13 @@
 
 use std::cell::RefCell;
 
+use crate::channels;
 use crate::db;
 use crate::error::{raise, LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
 use crate::model::args::{optional_id, required_id};
 use crate::model::events::{self, Event};
-use crate::model::{self, hash, ids};
+use crate::model::{self, ids};
 use crate::notifier;
 use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
@@ -280,7 +281,8 @@ fn write(mut batch: Batch) -> Result<()> {
     let mode = notifier::mode();
     let inline = mode == notifier::Mode::Inline;
     let channel = inline
-        .then(|| hash::run_channel(&batch.scope.tenant, &batch.scope.workspace, &batch.run_id));
+        .then(|| channels::run_channel(&batch.scope, &batch.run_id))
+        .transpose()?;
     for chunk in batch.events.chunks(EVENTS_PER_INSERT) {
         let mut args: Vec<DatumWithOid> = batch
             .scope
@@ -306,7 +308,7 @@ fn write(mut batch: Batch) -> Result<()> {
     }
     if mode == notifier::Mode::Worker {
         if let Some(last) = batch.events.iter().filter_map(|e| e.seq).max() {
-            notifier::run_news(&batch.scope, &batch.run_id, last);
+            notifier::run_news(&batch.scope, &batch.run_id, last)?;
         }
     }
     if let Some(Bump { from, to }) = pending {
@@ -484,7 +486,7 @@ fn run_channel(run_id: Option<&str>) -> std::result::Result<String, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     ids::validate("run_id", run_id)?;
-    Ok(hash::run_channel(&scope.tenant, &scope.workspace, run_id))
+    Ok(channels::run_channel(&scope, run_id)?)
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -588,6 +590,37 @@ mod tests {
                 "ID_INVALID",
             );
         }
+    }
+
+    /// A channel is keyed with the database's secret: 0.4.0's unkeyed digest of the public names
+    /// (what a role without any ledger grant computed to LISTEN) is not it, and no application
+    /// role can read the key (tests/notifier.rs reads it as each of them).
+    #[pg_test]
+    fn run_channels_are_keyed_with_a_secret_no_application_role_reads() {
+        set_scope("acme", "support");
+        let unkeyed = one::<String>(
+            "SELECT 'ledger_run_' || left(encode(sha256(convert_to('acme', 'UTF8') || '\\x00'::bytea \
+               || convert_to('support', 'UTF8') || '\\x00'::bytea || convert_to('order-4f05', 'UTF8')), 'hex'), 32)",
+        );
+        let channel = one::<String>("SELECT ledger.run_channel('order-4f05')");
+        assert!(channel.starts_with("ledger_run_") && channel.len() == unkeyed.len());
+        assert_ne!(channel, unkeyed);
+        Spi::run("CREATE ROLE ledger_test_no_grant").unwrap();
+        for role in [
+            "ledger_reader",
+            "ledger_writer",
+            "ledger_operator",
+            "ledger_test_no_grant",
+            "public",
+        ] {
+            assert!(
+                !one::<bool>(&format!(
+                    "SELECT has_table_privilege('{role}', 'ledger.channel_key', 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE')"
+                )),
+                "{role}"
+            );
+        }
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.channel_key"), 1);
     }
 
     #[pg_test]

@@ -12,6 +12,7 @@ use ledger_model as model;
 mod artifacts;
 mod blobs;
 mod bundle;
+mod channels;
 mod costs;
 mod db;
 mod error;
@@ -51,6 +52,7 @@ extension_sql_file!("../sql/finalize.sql", name = "ledger_finalize", finalize);
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     guc::init();
+    channels::init();
     notifier::init();
     model::interrupt::install(check_for_interrupts);
 }

@@ -9,13 +9,16 @@
 //! The table's rules are `model::wakeups`.
 //!
 //! A writer notifies by itself (as `inline` does) whenever the worker cannot be counted on: none
-//! attached or its heartbeat stale, the table full, or an id too long for it. It asks the
+//! attached or its heartbeat stale, the table full, more channels than one transaction may reserve
+//! (`wakeups::TRANSACTION_CHANNELS`), or an id too long for it. It asks the
 //! postmaster for a worker when none is on its way. Workers leave after a short idle spell, so that
 //! their database can be dropped.
 
+use crate::channels;
+use crate::error::{Result, SqlError};
 use crate::guc::{self, NotifyMode};
-use crate::model::wakeups::{self, Attach, Channel, Decision, News, Note, Wakeups};
-use crate::scope::Scope;
+use crate::model::wakeups::{self, Attach, Channel, Decision, News, Note, Prepared, Wakeups};
+use crate::scope::{self, Scope};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
@@ -109,8 +112,8 @@ thread_local! {
 }
 
 /// Events up to `seq` of the run are written in this transaction (worker mode).
-pub fn run_news(scope: &Scope, run_id: &str, seq: i64) {
-    let digest = crate::model::hash::run_channel_digest(&scope.tenant, &scope.workspace, run_id);
+pub fn run_news(scope: &Scope, run_id: &str, seq: i64) -> Result<()> {
+    let digest = channels::run_digest(scope, run_id)?;
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
         match p.runs.iter_mut().find(|(d, _, _)| *d == digest) {
@@ -118,6 +121,7 @@ pub fn run_news(scope: &Scope, run_id: &str, seq: i64) {
             None => p.runs.push((digest, run_id.to_owned(), seq)),
         }
     });
+    Ok(())
 }
 
 /// An outbox event was written in this transaction (worker mode).
@@ -166,12 +170,18 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
 
 /// Reserves room for this transaction's news, or notifies now when the worker cannot be counted
 /// on. A transaction being prepared keeps its news in the table whatever the decision (a
-/// transaction that notified cannot be prepared); a worker is on its way or attached.
+/// transaction that notified cannot be prepared); a worker is on its way or attached. It keeps
+/// at most `TRANSACTION_CHANNELS` channels there (the outbox's first), since they wait until it
+/// ends: followers of the other runs it wrote to read on their backstop timer.
 fn before_commit(preparing: bool) {
     let (decision, reserved) = PENDING.with(|p| {
-        let p = p.borrow();
+        let mut p = p.borrow_mut();
         if p.is_empty() {
             return (None, 0);
+        }
+        if preparing {
+            let room = wakeups::TRANSACTION_CHANNELS - usize::from(p.outbox.is_some());
+            p.runs.truncate(room);
         }
         let news = p.news();
         let limit = guc::NOTIFIER_CAPACITY.get().max(1) as usize;
@@ -271,14 +281,7 @@ pub extern "C-unwind" fn ledger_notifier_main(arg: pg_sys::Datum) {
         }
         let parked = {
             let mut table = TABLE.exclusive();
-            // SAFETY: TransactionIdIsInProgress only reads the proc array.
-            let parked = table.0.take(
-                oid,
-                |xid| unsafe {
-                    pg_sys::TransactionIdIsInProgress(pg_sys::TransactionId::from_inner(xid))
-                },
-                &mut notes,
-            );
+            let parked = table.0.take(oid, prepared_outcome, &mut notes);
             table.0.heartbeat(oid, pid, now());
             parked
         };
@@ -311,6 +314,24 @@ pub extern "C-unwind" fn ledger_notifier_main(arg: pg_sys::Datum) {
     }
 }
 
+/// Where a prepared transaction stands. The proc array first: a transaction ending updates the
+/// commit log before it leaves the proc array, so once it is not in progress its status is final.
+fn prepared_outcome(xid: u32) -> Prepared {
+    let xid = pg_sys::TransactionId::from_inner(xid);
+    // SAFETY: both only read shared state (the proc array, the commit log). The worker asks
+    // within 100 ms of the transaction's end (it polls while entries are parked), long before
+    // VACUUM could truncate the commit log past that xid.
+    unsafe {
+        if pg_sys::TransactionIdIsInProgress(xid) {
+            Prepared::InProgress
+        } else if pg_sys::TransactionIdDidCommit(xid) {
+            Prepared::Committed
+        } else {
+            Prepared::Aborted
+        }
+    }
+}
+
 #[pg_guard]
 unsafe extern "C-unwind" fn on_worker_exit(_code: i32, arg: pg_sys::Datum) {
     // SAFETY: a backend-global.
@@ -318,24 +339,31 @@ unsafe extern "C-unwind" fn on_worker_exit(_code: i32, arg: pg_sys::Datum) {
     TABLE.exclusive().0.detach(arg.value() as u32, pid);
 }
 
-/// The state of the notification path, for this session and its database. No table access, so
-/// it runs as its caller; stable like PostgreSQL's statistics functions, which read shared
-/// counters too.
+/// The state of the notification path, for this session and its database: for operators and
+/// the owner only, since its counters move with every tenant's commits. No table access, so it
+/// runs as its caller (whose membership it checks); stable like PostgreSQL's statistics
+/// functions, which read shared counters too.
 #[allow(clippy::type_complexity)]
 #[pg_extern(stable, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn notifier_status() -> TableIterator<
-    'static,
-    (
-        name!(notify, String),
-        name!(preloaded, bool),
-        name!(worker_pid, Option<i32>),
-        name!(waiting, i32),
-        name!(capacity, i32),
-        name!(notifications_sent, i64),
-        name!(sent_by_writers, i64),
-    ),
+fn notifier_status() -> std::result::Result<
+    TableIterator<
+        'static,
+        (
+            name!(notify, String),
+            name!(preloaded, bool),
+            name!(worker_pid, Option<i32>),
+            name!(waiting, i32),
+            name!(capacity, i32),
+            name!(notifications_sent, i64),
+            name!(sent_by_writers, i64),
+        ),
+    >,
+    SqlError,
 > {
+    wakeups::check_status_reader(
+        scope::is_operator()? || scope::caller_is_member("ledger_owner")?,
+    )?;
     let mode = match mode() {
         Mode::Off => "off",
         Mode::Inline => "inline",
@@ -345,7 +373,7 @@ fn notifier_status() -> TableIterator<
         .then(|| TABLE.share().0.database(database()))
         .flatten()
         .unwrap_or_default();
-    TableIterator::once((
+    Ok(TableIterator::once((
         mode.to_owned(),
         preloaded(),
         (db.pid != 0).then_some(db.pid),
@@ -353,13 +381,13 @@ fn notifier_status() -> TableIterator<
         guc::NOTIFIER_CAPACITY.get().min(wakeups::CAPACITY as i32),
         db.sent as i64,
         db.by_writers as i64,
-    ))
+    )))
 }
 
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::one;
+    use crate::testing::{assert_error, one};
     use pgrx::prelude::*;
 
     #[pg_test]
@@ -373,6 +401,30 @@ mod tests {
             (notify.as_deref(), preloaded, pid),
             (Some("inline"), Some(false), None)
         );
+    }
+
+    /// Its counters move with every tenant's commits: operators and the owner (and superusers)
+    /// read them, a writer or a reader gets 42501 OPERATOR_REQUIRED.
+    #[pg_test]
+    fn the_status_is_for_operators_and_the_owner_only() {
+        for role in ["ledger_reader", "ledger_writer"] {
+            Spi::run(&format!("SET LOCAL ROLE {role}")).unwrap();
+            assert_error(
+                "SELECT * FROM ledger.notifier_status()",
+                "42501",
+                "OPERATOR_REQUIRED",
+            );
+            Spi::run("RESET ROLE").unwrap();
+        }
+        for role in ["ledger_operator", "ledger_owner"] {
+            Spi::run(&format!("SET LOCAL ROLE {role}")).unwrap();
+            assert_eq!(
+                one::<i32>("SELECT capacity FROM ledger.notifier_status()"),
+                1024,
+                "{role}"
+            );
+            Spi::run("RESET ROLE").unwrap();
+        }
     }
 
     #[pg_test]

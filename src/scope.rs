@@ -104,11 +104,17 @@ pub fn within<T>(scope: &Scope, f: impl FnOnce() -> Result<T>) -> Result<T> {
 /// Whether the caller (the role in force outside this SECURITY DEFINER function, so `SET ROLE`
 /// counts) is a member of `ledger_operator`.
 pub fn is_operator() -> Result<bool> {
+    caller_is_member("ledger_operator")
+}
+
+/// Whether the caller (as for `is_operator`) is a member of `role`; superusers are members of
+/// every role.
+pub fn caller_is_member(role: &str) -> Result<bool> {
     // SAFETY: reads the backend's outer user id, which a SECURITY DEFINER call does not change.
     let caller = unsafe { pgrx::pg_sys::GetOuterUserId() };
     Ok(db::select_one(
-        "SELECT pg_catalog.pg_has_role($1, 'ledger_operator', 'MEMBER')",
-        &[caller.into()],
+        "SELECT pg_catalog.pg_has_role($1, $2, 'MEMBER')",
+        &[caller.into(), role.into()],
         |r| db::req::<bool>(r, 1),
     )?
     .unwrap_or(false))

@@ -6,14 +6,46 @@
 //! live worker, or the table is full: nothing is ever dropped); at commit it publishes them and
 //! wakes the worker, which takes what is ready and sends one notification per channel. A run's
 //! later commits raise the seq of the entry already waiting, so a burst on one run costs one
-//! notification. Entries of a prepared transaction wait until it is no longer in progress.
+//! notification. Entries of a prepared transaction wait until it ends, and are sent only if it
+//! committed. One transaction reserves at most `TRANSACTION_CHANNELS` channels: beyond it, an
+//! ordinary commit notifies by itself, and a prepared transaction parks only that many (see
+//! `src/notifier.rs`), so that no single transaction holds the table.
 
+use crate::error::{Class, LedgerError, Result};
 use crate::hash;
 use heapless::{FnvIndexMap, String};
 
 /// Most entries the table holds (a power of two, as the map requires). A writer that finds it
 /// full notifies by itself.
 pub const CAPACITY: usize = 1024;
+
+/// Most channels one transaction may reserve (a sixteenth of the largest table): a prepared
+/// transaction's news waits there until it ends, and one transaction must not hold the table.
+pub const TRANSACTION_CHANNELS: usize = 64;
+
+/// `ledger.notifier_status()` shows the whole database's notification traffic (every tenant's
+/// commits move its counters): for operators and the ledger's owner only, 42501
+/// `OPERATOR_REQUIRED` for anyone else.
+pub fn check_status_reader(operator_or_owner: bool) -> Result<()> {
+    if operator_or_owner {
+        return Ok(());
+    }
+    Err(LedgerError::new(
+        Class::Privilege,
+        "OPERATOR_REQUIRED",
+        "notifier_status shows every scope's notifications: for members of ledger_operator or ledger_owner",
+    )
+    .with("role", "ledger_operator"))
+}
+
+/// Where a prepared transaction whose news waits in the table stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prepared {
+    InProgress,
+    Committed,
+    /// Rolled back: its news is dropped, since nothing it wrote is visible.
+    Aborted,
+}
 
 /// Most databases with a notifier at once; a writer of any other database notifies by itself.
 pub const DATABASES: usize = 32;
@@ -203,13 +235,15 @@ impl Wakeups {
     }
 
     /// A writer of `oid` about to commit `news`. `limit` caps the table below `CAPACITY`
-    /// (`ledger.notifier_capacity`).
+    /// (`ledger.notifier_capacity`); more than `TRANSACTION_CHANNELS` channels are the writer's
+    /// to send.
     pub fn reserve(&mut self, oid: u32, news: &[News], limit: usize, now: i64) -> Decision {
         let Some(i) = self.slot_or_claim(oid, now) else {
             return Decision::Writer { start: false };
         };
         let channels = news.len();
-        let fits = news.iter().all(|n| n.subject.len() <= SUBJECT_BYTES);
+        let fits = channels <= TRANSACTION_CHANNELS
+            && news.iter().all(|n| n.subject.len() <= SUBJECT_BYTES);
         let room = limit.min(CAPACITY);
         let db = &mut self.databases[i];
         if fits && db.live(now) && self.entries.len() + self.reserved + channels <= room {
@@ -289,11 +323,12 @@ impl Wakeups {
     }
 
     /// Takes the database's entries that are ready (committed, or of a prepared transaction that
-    /// is no longer in progress) as notifications; returns how many prepared ones still wait.
+    /// committed) as notifications, and drops those of a prepared transaction rolled back;
+    /// returns how many prepared ones still wait.
     pub fn take(
         &mut self,
         oid: u32,
-        in_progress: impl Fn(u32) -> bool,
+        prepared: impl Fn(u32) -> Prepared,
         out: &mut Vec<Note>,
     ) -> usize {
         let mut parked = 0;
@@ -301,9 +336,15 @@ impl Wakeups {
             if k.database != oid {
                 return true;
             }
-            if k.prepared != 0 && in_progress(k.prepared) {
-                parked += 1;
-                return true;
+            if k.prepared != 0 {
+                match prepared(k.prepared) {
+                    Prepared::InProgress => {
+                        parked += 1;
+                        return true;
+                    }
+                    Prepared::Aborted => return false,
+                    Prepared::Committed => {}
+                }
             }
             out.push(
                 News {
@@ -444,7 +485,7 @@ mod tests {
 
     fn taken(w: &mut Wakeups, oid: u32) -> Vec<Note> {
         let mut out = Vec::new();
-        w.take(oid, |_| false, &mut out);
+        w.take(oid, |_| Prepared::Committed, &mut out);
         out
     }
 
@@ -584,11 +625,55 @@ mod tests {
         assert_eq!(w.reserve(DB, &some(1), CAPACITY, S), Decision::Worker);
         w.publish(DB, 777, [news(run(1), "a", 2)], 1);
         let mut out = Vec::new();
-        assert_eq!(w.take(DB, |xid| xid == 777, &mut out), 1);
+        let in_progress = |xid| match xid {
+            777 => Prepared::InProgress,
+            _ => Prepared::Committed,
+        };
+        assert_eq!(w.take(DB, in_progress, &mut out), 1);
         assert!(out.is_empty());
         assert!(!w.leave_if_idle(DB, 42));
-        assert_eq!(w.take(DB, |_| false, &mut out), 0);
+        assert_eq!(w.take(DB, |_| Prepared::Committed, &mut out), 0);
         assert_eq!(out.len(), 1);
+    }
+
+    #[test]
+    fn the_status_is_for_operators_and_owners() {
+        assert!(check_status_reader(true).is_ok());
+        let e = check_status_reader(false).unwrap_err();
+        assert_eq!((e.class, e.code), (Class::Privilege, "OPERATOR_REQUIRED"));
+        assert_eq!(e.detail["role"], "ledger_operator");
+    }
+
+    #[test]
+    fn a_rolled_back_prepared_transaction_wakes_nobody() {
+        let mut w = served(0);
+        assert_eq!(w.reserve(DB, &some(2), CAPACITY, S), Decision::Worker);
+        w.publish(DB, 777, [news(run(1), "a", 2), news(run(2), "b", 1)], 2);
+        assert_eq!(w.reserve(DB, &some(1), CAPACITY, S), Decision::Worker);
+        w.publish(DB, 0, [news(run(3), "c", 4)], 1);
+        let mut out = Vec::new();
+        assert_eq!(w.take(DB, |_| Prepared::Aborted, &mut out), 0);
+        assert_eq!(out.len(), 1, "only the committed news: {out:?}");
+        assert!(out[0].payload.contains("\"c\""));
+        assert!(w.is_empty());
+        assert_eq!(w.database(DB).unwrap().waiting, 0);
+        assert!(w.leave_if_idle(DB, 42));
+    }
+
+    #[test]
+    fn one_transaction_reserves_at_most_its_bound() {
+        let mut w = served(0);
+        // Beyond the bound the writer sends its news itself; the room stays free for others.
+        assert_eq!(
+            w.reserve(DB, &some(TRANSACTION_CHANNELS + 1), CAPACITY, S),
+            Decision::Writer { start: false }
+        );
+        assert_eq!(
+            w.reserve(DB, &some(TRANSACTION_CHANNELS), CAPACITY, S),
+            Decision::Worker
+        );
+        // ... and other writers' news still fits beside the largest reservation.
+        assert_eq!(w.reserve(DB, &some(1), CAPACITY, S), Decision::Worker);
     }
 
     #[test]

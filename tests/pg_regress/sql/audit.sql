@@ -9,7 +9,7 @@ INSERT INTO audit VALUES
   ('canonical_json',  'immutable', true,  'safe',   'invoker', 'pure function of its argument'),
   ('request_hash',    'immutable', true,  'safe',   'invoker', 'pure function of its argument'),
   ('status_transitions', 'immutable', true, 'safe', 'invoker', 'a constant table'),
-  ('notifier_status', 'stable',    true,  'safe',   'invoker', 'reads shared counters and GUCs, no table'),
+  ('notifier_status', 'stable',    true,  'safe',   'invoker', 'reads shared counters and GUCs, no table; checks the caller is an operator or the owner'),
   ('redact',          'stable',    true,  'safe',   'invoker', 'reads the redaction GUCs'),
   ('scope_tenant',    'stable',    false, 'safe',   'invoker', 'reads a GUC; used by the RLS policies'),
   ('scope_workspace', 'stable',    false, 'safe',   'invoker', 'reads a GUC; used by the RLS policies'),
@@ -18,7 +18,7 @@ INSERT INTO audit VALUES
 -- Readers: explicit scope filters, and as ledger_owner forced RLS applies on top of them even
 -- when the caller is a superuser or has BYPASSRLS.
   ('events_since',    'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
-  ('run_channel',     'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
+  ('run_channel',     'stable', false, 'safe', 'definer', 'reader: the channel key, which only ledger_owner reads'),
   ('run_inputs',      'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
   ('get_artifact',    'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
   ('replay_bundle',   'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
