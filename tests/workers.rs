@@ -730,6 +730,18 @@ fn a_bound_operator_works_across_its_granted_scopes_only() {
     let swept: i32 = one(&mut op, "SELECT ledger.sweep_tool_calls(any_scope => true)");
     assert_eq!(swept, 3);
     victim_untouched(&mut admin, "sweep_tool_calls");
+    // In a transaction block too, the session has no scope after its cross-scope calls.
+    exec(&mut op, "BEGIN");
+    for call in [
+        "SELECT count(*) FROM ledger.claim_run('pool', any_scope => true)",
+        "SELECT count(*) FROM ledger.claim_outbox_events('pool', 1000, any_scope => true)",
+        "SELECT count(*) FROM (SELECT ledger.sweep_tool_calls(any_scope => true)) s",
+    ] {
+        let _: i64 = one(&mut op, call);
+        let scope: Option<String> = one(&mut op, "SELECT ledger.scope_tenant()");
+        assert_eq!(scope, None, "{call}");
+    }
+    exec(&mut op, "ROLLBACK");
 
     // With no grant left the role stays bound and reaches no scope.
     exec(
@@ -823,7 +835,9 @@ fn every_role_against_every_cross_scope_path() {
         );
     };
     let paths = [
-        "SELECT tenant_id FROM ledger.claim_run('w', any_scope => true)",
+        // One claim per row (the lease owner makes each call its own), until nothing is left.
+        "SELECT c.tenant_id FROM generate_series(1, 4) g, \
+                LATERAL ledger.claim_run('w' || g, any_scope => true) c",
         "SELECT tenant_id FROM ledger.claim_outbox_events('w', 1000, any_scope => true)",
         "SELECT ledger.sweep_tool_calls(any_scope => true)::text",
         "SELECT count(*)::text FROM ledger.run_overview",
@@ -860,7 +874,7 @@ fn every_role_against_every_cross_scope_path() {
     ];
     let mut bound_writer = writer;
     bound_writer[4] = "refused 42501 SCOPE_NOT_GRANTED";
-    // No EXECUTE on the writers, nor on notifier_status; views and read functions as a writer.
+    // No EXECUTE on the writers; views, read functions and notifier_status as a writer.
     let reader = [
         "refused 42501",
         "refused 42501",
@@ -868,7 +882,7 @@ fn every_role_against_every_cross_scope_path() {
         "refused 42501 SCOPE_MISSING",
         "",
         "refused 42501 SCOPE_MISSING",
-        "refused 42501",
+        "refused 42501 OPERATOR_REQUIRED",
     ];
     // No privilege on anything of the ledger's.
     let no_grant = ["refused 42501"; 7];
