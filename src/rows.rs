@@ -177,11 +177,17 @@ fn run_not_found(argument: &str, run_id: &str) -> LedgerError {
     LedgerError::not_found("RUN_NOT_FOUND", "run", run_id).with("argument", argument)
 }
 
-/// A run that must exist in scope (P0002 `RUN_NOT_FOUND`, naming the argument), kept from a
-/// purge until the transaction ends: the check of a run that a new row will reference, so that
-/// a purge racing the writer ends in "not found" rather than in a foreign-key violation (the
-/// foreign key's own check takes the same lock at the INSERT, so this adds no wait).
+/// A run that must exist in scope, not locked (P0002 `RUN_NOT_FOUND`, naming the argument).
 pub fn run(scope: &Scope, argument: &str, run_id: &str) -> Result<RunHead> {
+    ids::validate(argument, run_id)?;
+    find_run(scope, run_id)?.ok_or_else(|| run_not_found(argument, run_id))
+}
+
+/// A run that a new row will reference, like `run`, kept from a purge until the transaction
+/// ends: a purge racing the writer ends in "not found" rather than in a foreign-key violation.
+/// The foreign key's own check takes the same lock at the INSERT, so this adds no wait and no
+/// WAL of its own.
+pub fn referenced_run(scope: &Scope, argument: &str, run_id: &str) -> Result<RunHead> {
     ids::validate(argument, run_id)?;
     Ok(run_by(scope, "id", run_id, Lock::KeyShare)?
         .ok_or_else(|| run_not_found(argument, run_id))?

@@ -81,11 +81,11 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         }
     }
     if let Some(parent) = new.parent_run_id {
-        rows::run(scope, "parent_run_id", parent)?;
+        rows::referenced_run(scope, "parent_run_id", parent)?;
     }
     let source = new
         .source_run_id
-        .map(|s| rows::run(scope, "source_run_id", s))
+        .map(|s| rows::referenced_run(scope, "source_run_id", s))
         .transpose()?;
     let attempt_no = new.attempt_no.unwrap_or(
         source
@@ -259,7 +259,7 @@ fn rerun(
 ) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    let source = rows::run(&scope, "run_id", run_id)?;
+    let source = rows::referenced_run(&scope, "run_id", run_id)?;
     if !allowed(source.status) {
         return Err(LedgerError::new(
             Class::WrongState,

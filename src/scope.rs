@@ -192,12 +192,10 @@ fn grant_scope(
 ) -> std::result::Result<bool, SqlError> {
     let role = role_oid(role_name)?;
     let (tenant, workspace) = grant_scope_args(tenant_id, workspace_id)?;
-    db::execute(
-        "INSERT INTO ledger.scope_bindings (grantee) VALUES ($1::oid::regrole) ON CONFLICT DO NOTHING",
-        &[role.into()],
-    )?;
     Ok(db::write_one(
-        "INSERT INTO ledger.scope_grants (grantee, tenant_id, workspace_id) \
+        "WITH bound AS (INSERT INTO ledger.scope_bindings (grantee) VALUES ($1::oid::regrole) \
+                        ON CONFLICT DO NOTHING) \
+         INSERT INTO ledger.scope_grants (grantee, tenant_id, workspace_id) \
          VALUES ($1::oid::regrole, $2, $3) ON CONFLICT DO NOTHING RETURNING true",
         &[role.into(), tenant.into(), workspace.into()],
         |r| db::req::<bool>(r, 1),

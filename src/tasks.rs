@@ -76,7 +76,7 @@ fn create_task(
         None => ids::new_id("task"),
     };
     if let Some(run) = run_id {
-        rows::run(&scope, "run_id", run)?;
+        rows::referenced_run(&scope, "run_id", run)?;
     }
     let inserted = db::write_one(
         "INSERT INTO ledger.tasks (tenant_id, workspace_id, id, run_id, task_type, input) \

@@ -1059,7 +1059,7 @@ fn sweep_tool_calls(
     any_scope: default!(Option<bool>, false),
 ) -> std::result::Result<i32, SqlError> {
     if !any_scope.unwrap_or(false) {
-        return Ok(sweep(scope::current()?)?);
+        return Ok(sweep(&scope::current()?)?);
     }
     run_lease::check_any_scope(scope::is_operator()?, None)?;
     let scopes = db::select(
@@ -1074,12 +1074,12 @@ fn sweep_tool_calls(
     )?;
     let mut swept = 0;
     for scope in scopes {
-        swept += scope::within(&scope.clone(), || sweep(scope))?;
+        swept += scope::within(&scope, || sweep(&scope))?;
     }
     Ok(swept)
 }
 
-fn sweep(scope: Scope) -> Result<i32> {
+fn sweep(scope: &Scope) -> Result<i32> {
     feed::collected(|| {
         let candidates = db::select(
             "SELECT id, run_id FROM ledger.run_step_tool_calls \
@@ -1091,20 +1091,20 @@ fn sweep(scope: Scope) -> Result<i32> {
         )?;
         let mut swept = 0;
         for (id, run_id) in candidates {
-            let Some(run) = rows::try_lock_run(&scope, &run_id)? else {
+            let Some(run) = rows::try_lock_run(scope, &run_id)? else {
                 continue;
             };
             // Still expired once locked: a concurrent sweep may have released the lease (NULL,
             // which `lease_live` does not tell from expired) or a claim renewed it since the
             // candidates were read.
-            let Some(mut rec) = rows::try_lock_expired_tool_call(&scope, &run, &id)? else {
+            let Some(mut rec) = rows::try_lock_expired_tool_call(scope, &run, &id)? else {
                 continue;
             };
             if !matches!(rec.status, CallStatus::Claimed | CallStatus::Running) || rec.lease_live {
                 continue;
             }
             if rec.outbound_started {
-                mark_in_doubt(&scope, &run, &mut rec, None)?;
+                mark_in_doubt(scope, &run, &mut rec, None)?;
             } else {
                 db::execute(
                     "UPDATE ledger.run_step_tool_calls \
@@ -1113,7 +1113,7 @@ fn sweep(scope: Scope) -> Result<i32> {
                     &scope.args([id.as_str().into()]),
                 )?;
                 event(
-                    &scope,
+                    scope,
                     &run_id,
                     &rec,
                     &Event::ToolCallLeaseExpired(rec.ids()),
