@@ -95,6 +95,8 @@ def test_the_top_readme_worker_works_its_run_to_the_end(dsn: str) -> None:
             assert shown == [{"event_type": "message", "payload": {"text": "Order 1042 is shipped."}}]
             costs = conn.execute("SELECT billed_quantity FROM ledger.run_cost_entries").fetchall()
             assert [str(c["billed_quantity"]) for c in costs] == ["102"]
+            ready = conn.execute("SELECT ledger.replay_ready(%s) AS r", (run["id"],)).fetchone()
+            assert ready is not None and ready["r"] == {"status": "pass", "missing": []}
     finally:
         if worker.poll() is None:
             worker.kill()
