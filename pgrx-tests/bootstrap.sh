@@ -46,9 +46,9 @@ for v in "${PG_WHEELS[@]}"; do
   rm -rf "$tmp"
 done
 
-# psycopg 3 for the test that runs the README's Python follower as written.
+# psycopg 3 for the tests that run docs/workers.md's Python worker and follower as written.
 if ! python3 -c 'import psycopg, sys; sys.exit(tuple(map(int, psycopg.__version__.split(".")[:3])) < (3, 2, 4))' 2>/dev/null; then
-  log "pip: psycopg[binary] (3.2.4 or later, for tests/readme_follower.py)"
+  log "pip: psycopg[binary] (3.2.4 or later, for tests/docs/workers_*.py)"
   python3 -m pip install -q --root-user-action=ignore "psycopg[binary]>=3.2.4,<4"
 fi
 

@@ -63,7 +63,7 @@ for v in $VERSIONS; do
     exit 1
   fi
   LEDGER_TEST_HOST=$data LEDGER_TEST_PORT=$port LEDGER_TEST_PGDATA=$data LEDGER_TEST_BINDIR=$bindir \
-    LEDGER_TEST_SERVER_OPTIONS="$PRELOAD" cargo test --no-default-features --features "pg$v pg_test" --test '*' -- --ignored --test-threads=1
+    LEDGER_TEST_SERVER_OPTIONS="$PRELOAD" cargo test --no-default-features --features "pg$v pg_test" --test '*' -- --include-ignored --test-threads=1
   echo "==> PostgreSQL $v: the clients (clients/*/test.sh)"
   for client in clients/*/test.sh; do
     LEDGER_TEST_HOST=$data LEDGER_TEST_PORT=$port LEDGER_TEST_PGDATA=$data LEDGER_TEST_BINDIR=$bindir \

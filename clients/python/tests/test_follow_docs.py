@@ -1,4 +1,5 @@
-"""The examples of "Following a run" and "Server-Sent Events (ASGI)", run as written: the
+"""The examples of the manual's "Following a run" and "Server-Sent Events (ASGI)"
+(clients/python/README.md), run as written: the
 follower block as a script against a test database, the SSE block as the module a real uvicorn
 serves, read over HTTP."""
 
@@ -20,10 +21,10 @@ SRC = str(ROOT / "src")
 
 
 def examples() -> list[str]:
-    """The python block of each of the README's two subsections."""
-    text = (ROOT.parent.parent / "README.md").read_text(encoding="utf-8")
+    """The python block of each of the manual's two sections."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
     blocks = []
-    for heading in ("### Following a run", "### Server-Sent Events (ASGI)"):
+    for heading in ("## Following a run", "## Server-Sent Events (ASGI)"):
         section = re.search(rf"^{re.escape(heading)}\n(.*?)(?=^##|\Z)", text, re.S | re.M)
         assert section, f"no {heading!r}"
         [block] = re.findall(r"```python\n(.*?)```", section.group(1), re.S)

@@ -249,13 +249,13 @@ def test_a_run_of_another_scope_is_not_exported(dsn: str, receiver: Receiver) ->
     assert receiver.received == []
 
 
-def test_the_readme_example_sends_the_demo_run(dsn: str, receiver: Receiver) -> None:
-    """README "A run in OpenTelemetry": its Python block, run as written, with LEDGER_DSN and
-    OTEL_EXPORTER_OTLP_ENDPOINT, against a run named like the demo's."""
-    readme = (Path(__file__).parents[3] / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("\n## A run in OpenTelemetry\n") :]
-    section = section[: section.index("\n## ", 1)]
-    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+def test_the_evidence_manual_example_sends_the_demo_run(dsn: str, receiver: Receiver) -> None:
+    """docs/evidence.md, "A run in OpenTelemetry": its Python block, run as written, with
+    LEDGER_DSN and OTEL_EXPORTER_OTLP_ENDPOINT, against a run named like the demo's."""
+    manual = (Path(__file__).parents[3] / "docs" / "evidence.md").read_text(encoding="utf-8")
+    section = re.search(r"^## A run in OpenTelemetry\n(.*?)(?=^## |\Z)", manual, re.S | re.M)
+    assert section, "docs/evidence.md has no section \"A run in OpenTelemetry\""
+    (block,) = re.findall(r"```python\n(.*?)```", section.group(1), re.S)
     with psycopg.connect(dsn, autocommit=True) as conn:
         a_run_with_everything(conn, workspace="support", run_id="run-demo-1")
     env = {

@@ -1,8 +1,10 @@
-"""The README's "Python client" section: its worker example is examples/worker.py verbatim, and
-that example runs against a test database and leaves what it says in the ledger."""
+"""The READMEs' Python workers, run as written: the client's manual (clients/python/README.md)
+shows examples/worker.py verbatim, and that example runs against a test database and leaves what
+it says in the ledger; the top README's short worker ("A worker") works its run to the end."""
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -10,25 +12,25 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import dict_row
 
+from conftest import wait_for
+
 CLIENT = Path(__file__).resolve().parents[1]
-README = CLIENT.parents[1] / "README.md"
+MANUAL = CLIENT / "README.md"
+TOP_README = CLIENT.parents[1] / "README.md"
 EXAMPLE = CLIENT / "examples" / "worker.py"
 
 
-def section_blocks() -> list[str]:
-    text = README.read_text(encoding="utf-8")
-    start = text.index("\n## Python client\n")
-    section = text[start:text.index("\n## ", start + 1)]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
+def manual_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", MANUAL.read_text(encoding="utf-8"), re.S)
 
 
 def test_the_readme_shows_the_example_verbatim() -> None:
-    blocks = section_blocks()
+    blocks = manual_blocks()
     examples = [b for b in blocks if 'if __name__ == "__main__":' in b]
-    assert len(examples) == 1, "the section must show examples/worker.py once, in a ```python block"
-    assert examples[0] == EXAMPLE.read_text(encoding="utf-8"), "README.md and examples/worker.py differ"
+    assert len(examples) == 1, "the manual must show examples/worker.py once, in a ```python block"
+    assert examples[0] == EXAMPLE.read_text(encoding="utf-8"), "clients/python/README.md and examples/worker.py differ"
     for n, block in enumerate(blocks):
-        compile(block, f"README.md python block {n}", "exec")
+        compile(block, f"clients/python/README.md python block {n}", "exec")
 
 
 def test_the_example_runs_and_leaves_its_runs_in_the_ledger(dsn: str) -> None:
@@ -56,3 +58,46 @@ def test_the_example_runs_and_leaves_its_runs_in_the_ledger(dsn: str) -> None:
         assert approval == [{"status": "approved", "actor": "lead@acme"}]
         costs = conn.execute("SELECT count(*) AS n, sum(amount) AS usd FROM ledger.run_cost_entries").fetchone()
         assert costs is not None and (costs["n"], str(costs["usd"])) == (3, "0.0018")
+
+
+def test_the_top_readme_worker_works_its_run_to_the_end(dsn: str) -> None:
+    text = TOP_README.read_text(encoding="utf-8")
+    section = re.search(r"^## A worker\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert section, "README.md has no section \"A worker\""
+    (block,) = re.findall(r"```python\n(.*?)```", section.group(1), re.S)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", block], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "LEDGER_DSN": dsn, "PYTHONPATH": str(CLIENT / "src")},
+    )
+    try:
+        with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+            conn.execute("SELECT ledger.set_scope('acme', 'orders')")
+
+            def finished() -> bool:
+                assert worker.poll() is None, worker.communicate()
+                row = conn.execute("SELECT status FROM ledger.runs").fetchone()
+                return row is not None and row["status"] in ("succeeded", "failed")
+
+            wait_for("the README's run to finish", finished, timeout_s=60)
+            worker.send_signal(signal.SIGTERM)  # the block's worker stops on SIGTERM, as it says
+            _, err = worker.communicate(timeout=30)
+            assert worker.returncode == 0, err
+            run = conn.execute("SELECT id, status, output_summary, user_id FROM ledger.runs").fetchone()
+            assert run is not None
+            assert (run["status"], run["output_summary"], run["user_id"]) == (
+                "succeeded", "Order 1042 is shipped.", "customer-7")
+            steps = conn.execute("SELECT step_key, step_type, status FROM ledger.run_steps ORDER BY step_no").fetchall()
+            assert [(s["step_key"], s["step_type"], s["status"]) for s in steps] == [
+                ("plan", "llm", "succeeded"), ("lookup", "tool", "succeeded")]
+            calls = conn.execute("SELECT tool_ref, status, attempt FROM ledger.run_step_tool_calls").fetchall()
+            assert [(c["tool_ref"], c["status"], c["attempt"]) for c in calls] == [("crm.lookup_order", "succeeded", 1)]
+            shown = conn.execute("SELECT event_type, payload FROM ledger.response_events").fetchall()
+            assert shown == [{"event_type": "message", "payload": {"text": "Order 1042 is shipped."}}]
+            costs = conn.execute("SELECT billed_quantity FROM ledger.run_cost_entries").fetchall()
+            assert [str(c["billed_quantity"]) for c in costs] == ["102"]
+            ready = conn.execute("SELECT ledger.replay_ready(%s) AS r", (run["id"],)).fetchone()
+            assert ready is not None and ready["r"] == {"status": "pass", "missing": []}
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()

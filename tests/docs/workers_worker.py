@@ -1,7 +1,7 @@
-"""The README's worker (its two ```python blocks under "A worker"), run as written against the test
-cluster, through a crash and two decisions by a person.
+"""The plain-SQL worker of docs/workers.md (its two ```python blocks under "A worker"), run as
+written against the test cluster, through a crash and two decisions by a person.
 
-Usage: python3 tests/readme_worker.py README.md "host=... port=... dbname=... user=postgres"
+Usage: python3 tests/docs/workers_worker.py docs/workers.md "host=... port=... dbname=... user=postgres"
 
 A first worker process is killed (SIGKILL) while the lookup's request is out. A second worker,
 in this process, takes the run over, does not redo the model step, finds the lookup in doubt and
@@ -21,8 +21,8 @@ import time
 
 import psycopg
 
-readme, dsn = sys.argv[1], sys.argv[2]
-text = open(readme, encoding="utf-8").read()
+document, dsn = sys.argv[1], sys.argv[2]
+text = open(document, encoding="utf-8").read()
 section = text[text.index("\n## A worker\n"):]
 section = section[:section.index("\n## ", 1)]
 blocks = re.findall(r"```python\n(.*?)```", section, re.S)
@@ -34,7 +34,7 @@ RUN = "readme-worker-run"
 effects = tempfile.mkdtemp(prefix="ledger-readme-worker-")
 os.chmod(effects, 0o777)
 
-# The tools and the model the README's agent calls, as a worker process defines them: each
+# The tools and the model the document's agent calls, as a worker process defines them: each
 # execution is a line in a file, so that a killed process's executions are counted too.
 TOOLS = f"""
 import os, time
@@ -95,7 +95,7 @@ person.execute("UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() W
 
 # 2. A second worker takes over, finds the lookup in doubt and parks the run.
 namespace = {}
-exec(CODE + TOOLS, namespace)  # noqa: S102 - the README's own code is what is under test
+exec(CODE + TOOLS, namespace)  # noqa: S102 - the document's own code is what is under test
 done = threading.Event()
 second = threading.Thread(target=namespace["work"], args=(dsn, namespace["support_agent"]),
                           kwargs={"lease_owner": "worker-2", "idle_s": 0.05, "stop": done.is_set})
@@ -124,4 +124,4 @@ assert ready["status"] == "pass", ready
 replayed = person.execute("SELECT count(*) FROM ledger.run_events WHERE run_id = %s"
                           " AND event_type = 'tool_call.replayed'", (RUN,)).fetchone()[0]
 assert replayed == 0, replayed
-print(f"readme worker: {executed}, replay_ready pass, across a killed worker and two decisions")
+print(f"docs/workers.md worker: {executed}, replay_ready pass, across a killed worker and two decisions")

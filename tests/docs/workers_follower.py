@@ -1,8 +1,9 @@
-"""The README's Python catch-up example, run as written against the test cluster.
+"""The Python catch-up example of docs/workers.md ("Following a run"), run as written against the
+test cluster.
 
-Usage: python3 tests/readme_follower.py README.md "host=... port=... dbname=... user=postgres"
+Usage: python3 tests/docs/workers_follower.py docs/workers.md "host=... port=... dbname=... user=postgres"
 
-It takes the README's ```python block, defines its `events` function, and follows a run while
+It takes the section's ```python block, defines its `events` function, and follows a run while
 another connection writes to it in pauses (so the follower really waits for notifications); half
 way the follower stops and starts again from its last event id, as after a dropped connection.
 Every event must arrive exactly once, in seq order, and the follower must stop by itself at the
@@ -17,11 +18,13 @@ import time
 
 import psycopg
 
-readme, dsn = sys.argv[1], sys.argv[2]
-code = re.search(r"```python\n(.*?)```", open(readme, encoding="utf-8").read(), re.S)
-assert code, "README.md has no python example"
+document, dsn = sys.argv[1], sys.argv[2]
+text = open(document, encoding="utf-8").read()
+section = text[text.index("\n## Following a run\n"):]
+code = re.search(r"```python\n(.*?)```", section, re.S)
+assert code, f"{document} has no python example under \"Following a run\""
 example = {}
-exec(code.group(1), example)  # noqa: S102 - the README's own code is what is under test
+exec(code.group(1), example)  # noqa: S102 - the document's own code is what is under test
 events = example["events"]
 
 SCOPE = ("acme", "readme")
@@ -63,4 +66,4 @@ assert event_type == "run.status" and payload.get("to") == "succeeded", (event_t
 
 expected = list(range(1, STEPS + 4))  # run.created, running, the steps, succeeded
 assert seen == expected, f"events {seen}, expected {expected}"
-print(f"readme follower: {len(seen)} events, each once, in seq order, across a reconnect")
+print(f"docs/workers.md follower: {len(seen)} events, each once, in seq order, across a reconnect")
