@@ -13,6 +13,7 @@ use crate::rows;
 use crate::scope::{self, Scope};
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
+use serde_json::Value;
 
 /// The kinds of record.
 #[derive(Clone, Copy)]
@@ -51,17 +52,20 @@ impl Kind {
     }
 }
 
-/// Locks the run (checking the step, if any, is one of its own), inserts one record (`values`
-/// of `columns`, after tenant, workspace, id and run_id) and its feed event; returns its row.
+/// Inserts one record (`values` of `columns`, after tenant, workspace, id and run_id) and returns
+/// its row. For a run, it locks the run (checking the step, if any, is one of its own) and
+/// announces the record in the run's feed; only an audit may have no run (an outbox event's).
 fn record<T: FromDatum + IntoDatum>(
     scope: &Scope,
     kind: Kind,
-    run_id: &str,
+    run_id: Option<&str>,
     step_id: Option<&str>,
     columns: &[&str],
     values: Vec<DatumWithOid>,
 ) -> Result<T> {
-    rows::lock_owner(scope, run_id, step_id)?;
+    if let Some(run_id) = run_id {
+        rows::lock_owner(scope, run_id, step_id)?;
+    }
     let (table, prefix, code, what) = kind.names();
     let id = ids::new_id(prefix);
     let placeholders: Vec<String> = (5..5 + columns.len()).map(|i| format!("${i}")).collect();
@@ -74,9 +78,40 @@ fn record<T: FromDatum + IntoDatum>(
     let mut args: Vec<DatumWithOid> = scope.args([id.as_str().into(), run_id.into()]);
     args.extend(values);
     db::execute(&query, &args)?;
-    let recorded = kind.event(Recorded { id: &id, table });
-    feed::append(scope, run_id, step_id, &recorded)?;
+    if let Some(run_id) = run_id {
+        let recorded = kind.event(Recorded { id: &id, table });
+        feed::append(scope, run_id, step_id, &recorded)?;
+    }
     rows::scoped_row(scope, &format!("ledger.{table}"), &id, code, what)
+}
+
+type AuditRow = pgrx::composite_type!('static, "ledger.audit_events");
+
+/// Writes an audit record whose arguments are checked and whose payload is redacted: for a run
+/// (see `record`), or with `run_id` None for the scope alone.
+pub(crate) fn audit(
+    scope: &Scope,
+    run_id: Option<&str>,
+    step_id: Option<&str>,
+    gateway_type: &str,
+    outcome: &str,
+    actor: Option<&str>,
+    payload: &Value,
+) -> Result<AuditRow> {
+    record(
+        scope,
+        Kind::Audit,
+        run_id,
+        step_id,
+        &["step_id", "gateway_type", "outcome", "actor", "payload"],
+        vec![
+            step_id.into(),
+            gateway_type.into(),
+            outcome.into(),
+            actor.into(),
+            Jsonb::from(payload).into(),
+        ],
+    )
 }
 
 /// Records an audit event (a gateway decision, a human intervention, ...) for a run.
@@ -89,26 +124,21 @@ fn record_audit(
     payload: default!(Option<Jsonb>, "'{}'"),
     step_id: default!(Option<&str>, "NULL"),
     actor: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.audit_events"), SqlError> {
+) -> std::result::Result<AuditRow, SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let gateway_type = required_label("gateway_type", gateway_type)?;
     let outcome = required_label("outcome", outcome)?;
     let actor = free_text(optional_label("actor", actor)?);
-    let payload = Jsonb::from(&redacted_object("payload", payload)?);
-    Ok(record(
+    let payload = redacted_object("payload", payload)?;
+    Ok(audit(
         &scope,
-        Kind::Audit,
-        run_id,
+        Some(run_id),
         step_id,
-        &["step_id", "gateway_type", "outcome", "actor", "payload"],
-        vec![
-            step_id.into(),
-            gateway_type.into(),
-            outcome.into(),
-            actor.as_deref().into(),
-            payload.into(),
-        ],
+        gateway_type,
+        outcome,
+        actor.as_deref(),
+        &payload,
     )?)
 }
 
@@ -128,7 +158,7 @@ fn record_response_event(
     Ok(record(
         &scope,
         Kind::ResponseEvent,
-        run_id,
+        Some(run_id),
         step_id,
         &["step_id", "event_type", "payload"],
         vec![step_id.into(), event_type.into(), payload.into()],
@@ -152,7 +182,7 @@ fn record_citation(
     Ok(record(
         &scope,
         Kind::Citation,
-        run_id,
+        Some(run_id),
         step_id,
         &["step_id", "citation"],
         vec![step_id.into(), citation.into()],
@@ -179,7 +209,7 @@ fn record_feedback(
     Ok(record(
         &scope,
         Kind::Feedback,
-        run_id,
+        Some(run_id),
         None,
         &["rating", "category", "comment", "user_id", "metadata"],
         vec![
