@@ -124,7 +124,7 @@ fn record_audit(
     payload: default!(Option<Jsonb>, "'{}'"),
     step_id: default!(Option<&str>, "NULL"),
     actor: default!(Option<&str>, "NULL"),
-) -> std::result::Result<AuditRow, SqlError> {
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.audit_events"), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let gateway_type = required_label("gateway_type", gateway_type)?;
