@@ -108,6 +108,7 @@ pub struct Item {
 }
 
 impl Item {
+    #[cfg(test)]
     fn new(
         key: &'static str,
         label: &'static str,
@@ -171,6 +172,9 @@ struct Guards {
     cost_attribution: bool,
     knowledge_citation: bool,
     response_timeline: bool,
+    /// Own tool-call records or results reused from a source run.
+    tool_calls: bool,
+    children: bool,
 }
 
 impl Guards {
@@ -192,6 +196,8 @@ impl Guards {
                 || has_step(&["llm", "retrieval", "rerank"]),
             knowledge_citation: !facts.citations.is_empty() || has_step(&["retrieval", "rerank"]),
             response_timeline: described_as(&["agent", "chat", "response", "thread"]),
+            tool_calls: !facts.tool_call_ids.is_empty() || !facts.reused_tool_calls.is_empty(),
+            children: !facts.child_run_ids.is_empty(),
         }
     }
 }
@@ -200,6 +206,461 @@ impl Guards {
 /// permission_scope, secret_boundary, egress_policy, audit_record, cost_attribution,
 /// trace_timeline, tool_call, knowledge_citation, child_workflow, replay_ready.
 pub fn evidence(facts: &RunFacts) -> Vec<Item> {
+    let cx = Context::of(facts);
+    RULES.iter().map(|rule| rule.item(&cx)).collect()
+}
+
+/// One evidence item as data: adding an item is adding a row to `RULES`.
+struct Rule {
+    key: &'static str,
+    label: &'static str,
+    applies: Applies,
+    /// The verdict of an applicable item.
+    check: fn(&Context) -> Verdict,
+}
+
+impl Rule {
+    fn item(&self, cx: &Context) -> Item {
+        let v = match self.applies {
+            Applies::When(applies, summary) if !applies(cx) => {
+                Verdict::lacking(ItemStatus::NotApplicable, summary, &[])
+            }
+            _ => (self.check)(cx),
+        };
+        Item {
+            key: self.key,
+            status: v.status,
+            label: self.label,
+            summary: v.summary,
+            evidence_refs: dedup(v.refs),
+            missing: v.missing.iter().map(|m| (*m).to_owned()).collect(),
+        }
+    }
+}
+
+/// Whether an item applies to a run.
+enum Applies {
+    Always,
+    /// When the test holds; otherwise the item is not applicable, with this summary.
+    When(fn(&Context) -> bool, &'static str),
+}
+
+/// What a check found.
+struct Verdict {
+    status: ItemStatus,
+    summary: String,
+    refs: Vec<String>,
+    missing: Vec<&'static str>,
+}
+
+impl Verdict {
+    fn new(
+        status: ItemStatus,
+        summary: impl Into<String>,
+        refs: Vec<String>,
+        missing: &[&'static str],
+    ) -> Verdict {
+        Verdict {
+            status,
+            summary: summary.into(),
+            refs,
+            missing: missing.to_vec(),
+        }
+    }
+
+    fn pass(summary: impl Into<String>, refs: Vec<String>) -> Verdict {
+        Verdict::new(ItemStatus::Pass, summary, refs, &[])
+    }
+
+    /// A verdict with no evidence to point at.
+    fn lacking(
+        status: ItemStatus,
+        summary: impl Into<String>,
+        missing: &[&'static str],
+    ) -> Verdict {
+        Verdict::new(status, summary, vec![], missing)
+    }
+}
+
+/// The facts and what several rules derive from them, computed once per run.
+struct Context<'a> {
+    facts: &'a RunFacts,
+    g: Guards,
+    /// Every step's metrics, in step order.
+    metrics: Vec<&'a Value>,
+    /// `sec_...` ids under a secret id key of the metrics or audits.
+    secret_ids: Vec<String>,
+    has_secret_key: bool,
+    /// A real credential in an audit's string value (redaction missed it), not any "sk-" text,
+    /// which words like `task-1` contain.
+    leaked_secret: bool,
+    /// Values under an egress key, then URLs, of the metrics and audits.
+    egress_refs: Vec<String>,
+    has_egress_evidence: bool,
+}
+
+impl Context<'_> {
+    fn of(facts: &RunFacts) -> Context<'_> {
+        let metrics: Vec<&Value> = facts.steps.iter().map(|s| &s.metrics).collect();
+        let audits: Vec<&Value> = facts.audits.iter().map(|a| &a.payload).collect();
+        let everywhere: Vec<&Value> = metrics.iter().chain(&audits).copied().collect();
+        let secret_ids = values_under(&everywhere, &SECRET_ID_KEYS)
+            .into_iter()
+            .flat_map(string_values)
+            .filter(|s| s.starts_with("sec_"))
+            .map(str::to_owned)
+            .collect();
+        let mut egress_refs = refs_under(&everywhere, &EGRESS_KEYS);
+        egress_refs.extend(
+            everywhere
+                .iter()
+                .flat_map(|v| string_values(v))
+                .filter(|s| s.starts_with("http://") || s.starts_with("https://"))
+                .map(str::to_owned),
+        );
+        let has_egress_key = everywhere.iter().any(|v| has_key(v, &EGRESS_KEYS));
+        Context {
+            facts,
+            g: Guards::of(facts),
+            secret_ids,
+            has_secret_key: everywhere.iter().any(|v| has_key(v, &SECRET_KEYS)),
+            leaked_secret: audits
+                .iter()
+                .any(|v| string_values(v).into_iter().any(redact::is_credential)),
+            has_egress_evidence: has_egress_key || !egress_refs.is_empty(),
+            egress_refs,
+            metrics,
+        }
+    }
+}
+
+/// The items in their fixed order.
+const RULES: [Rule; 13] = [
+    Rule {
+        key: "actor_scope",
+        label: "Actor and scope",
+        applies: Applies::Always,
+        check: actor_scope,
+    },
+    Rule {
+        key: "subject_version",
+        label: "Subject version",
+        applies: Applies::When(
+            |cx| cx.g.versioned_subject,
+            "The run does not execute a versioned agent or workflow.",
+        ),
+        check: subject_version,
+    },
+    Rule {
+        key: "capability_binding",
+        label: "Capability binding",
+        applies: Applies::When(
+            |cx| cx.g.versioned_subject || cx.g.tool_calls || cx.g.children,
+            "The run has no capability surface.",
+        ),
+        check: |cx| {
+            let refs = dedup(refs_under(&cx.metrics, &CAPABILITY_KEYS));
+            if refs.is_empty() {
+                return Verdict::lacking(
+                    ItemStatus::Warning,
+                    "No capability binding was recorded in step metrics.",
+                    &["capability_binding"],
+                );
+            }
+            let summary = format!(
+                "{} capability binding reference(s) were recorded.",
+                refs.len()
+            );
+            Verdict::pass(summary, refs)
+        },
+    },
+    Rule {
+        key: "permission_scope",
+        label: "Permission scope",
+        applies: Applies::When(
+            |cx| cx.g.versioned_subject || cx.g.tool_calls,
+            "The run has no agent, workflow or tool permission surface.",
+        ),
+        check: |cx| {
+            let refs = dedup(refs_under(&cx.metrics, &PERMISSION_KEYS));
+            if refs.is_empty() {
+                return Verdict::lacking(
+                    ItemStatus::Warning,
+                    "No permission or policy decision was recorded in step metrics.",
+                    &["permission_scope"],
+                );
+            }
+            let summary = format!(
+                "{} permission or policy decision reference(s) were recorded.",
+                refs.len()
+            );
+            Verdict::pass(summary, refs)
+        },
+    },
+    Rule {
+        key: "secret_boundary",
+        label: "Secret boundary",
+        applies: Applies::When(
+            |cx| {
+                cx.g.tool_governance
+                    || !cx.secret_ids.is_empty()
+                    || cx.has_secret_key
+                    || cx.leaked_secret
+            },
+            "The run has no governed tool secret surface.",
+        ),
+        check: |cx| {
+            if cx.leaked_secret {
+                Verdict::new(
+                    ItemStatus::Fail,
+                    "An audit payload contains a plaintext credential.",
+                    cx.secret_ids.clone(),
+                    &["redaction"],
+                )
+            } else if !cx.secret_ids.is_empty() || cx.has_secret_key {
+                Verdict::pass(
+                    "Secret references were recorded; no audit payload holds a credential.",
+                    cx.secret_ids.clone(),
+                )
+            } else {
+                Verdict::lacking(
+                    ItemStatus::Warning,
+                    "No secret reference was recorded for the run.",
+                    &["secret_id"],
+                )
+            }
+        },
+    },
+    Rule {
+        key: "egress_policy",
+        label: "Egress policy",
+        applies: Applies::When(
+            |cx| cx.g.tool_governance || cx.has_egress_evidence,
+            "The run has no governed tool egress surface.",
+        ),
+        check: |cx| {
+            if cx.has_egress_evidence {
+                Verdict::pass(
+                    "Egress decision evidence was recorded.",
+                    cx.egress_refs.clone(),
+                )
+            } else {
+                Verdict::lacking(
+                    ItemStatus::Warning,
+                    "No egress decision was recorded for the run.",
+                    &["egress_decision"],
+                )
+            }
+        },
+    },
+    Rule {
+        key: "audit_record",
+        label: "Audit record",
+        applies: Applies::When(
+            |cx| cx.g.tool_governance,
+            "The run has no governed tool activity that needs an audit record.",
+        ),
+        check: |cx| {
+            let audits = &cx.facts.audits;
+            if audits.is_empty() {
+                return Verdict::lacking(
+                    ItemStatus::Fail,
+                    "No audit records are attached.",
+                    &["audits"],
+                );
+            }
+            let refs = audits
+                .iter()
+                // An audit without a step is named by its own id, so every ref names one.
+                .map(|a| {
+                    format!(
+                        "{}:{}",
+                        cx.facts.run_id,
+                        a.step_id.as_ref().unwrap_or(&a.id)
+                    )
+                })
+                .collect();
+            Verdict::pass(
+                format!("{} audit record(s) are attached.", audits.len()),
+                refs,
+            )
+        },
+    },
+    Rule {
+        key: "cost_attribution",
+        label: "Cost attribution",
+        applies: Applies::When(
+            |cx| cx.g.cost_attribution,
+            "The run has no metered model, retrieval or rerank step.",
+        ),
+        check: |cx| {
+            let costs = &cx.facts.cost_ids;
+            if costs.is_empty() {
+                return Verdict::lacking(
+                    ItemStatus::Fail,
+                    "No cost records are attached.",
+                    &["costs"],
+                );
+            }
+            Verdict::pass(
+                format!("{} cost record(s) are attached.", costs.len()),
+                costs.clone(),
+            )
+        },
+    },
+    Rule {
+        key: "trace_timeline",
+        label: "Trace timeline",
+        applies: Applies::Always,
+        check: |cx| {
+            let (steps, responses) = (&cx.facts.steps, &cx.facts.response_event_ids);
+            if steps.is_empty() && responses.is_empty() {
+                return Verdict::lacking(
+                    ItemStatus::Fail,
+                    "No steps or response events are attached.",
+                    &["steps", "response_events"],
+                );
+            }
+            let summary = format!(
+                "{} step(s) and {} response event(s) are attached.",
+                steps.len(),
+                responses.len()
+            );
+            let refs = steps.iter().map(|s| s.id.clone());
+            Verdict::pass(summary, refs.chain(responses.iter().cloned()).collect())
+        },
+    },
+    Rule {
+        key: "tool_call",
+        label: "Tool call",
+        // Tool calls (own or reused) count as tool governance, so they are always checked.
+        applies: Applies::When(|cx| cx.g.tool_governance, "The run made no tool calls."),
+        check: tool_call,
+    },
+    Rule {
+        key: "knowledge_citation",
+        label: "Knowledge citation",
+        applies: Applies::When(
+            |cx| cx.g.knowledge_citation,
+            "The run has no retrieval or rerank step.",
+        ),
+        check: |cx| {
+            let citations = &cx.facts.citations;
+            if citations.is_empty() {
+                return Verdict::lacking(
+                    ItemStatus::Fail,
+                    "No citations are attached.",
+                    &["citations"],
+                );
+            }
+            let summary = format!("{} citation(s) are attached.", citations.len());
+            Verdict::pass(summary, citations.iter().flat_map(citation_refs).collect())
+        },
+    },
+    Rule {
+        key: "child_workflow",
+        label: "Child workflow",
+        applies: Applies::When(|cx| cx.g.children, "The run has no child runs."),
+        check: |cx| {
+            let children = &cx.facts.child_run_ids;
+            let summary = format!("{} child run(s) are attached.", children.len());
+            Verdict::pass(summary, children.clone())
+        },
+    },
+    Rule {
+        key: "replay_ready",
+        label: "Replay ready",
+        applies: Applies::Always,
+        check: |cx| {
+            let refs = vec![cx.facts.run_id.clone()];
+            let missing = replay_missing(cx.facts);
+            if missing.is_empty() {
+                return Verdict::pass("The run has the evidence needed to replay it.", refs);
+            }
+            let summary = format!(
+                "The run is missing replay evidence: {}.",
+                missing.join(", ")
+            );
+            Verdict::new(ItemStatus::Fail, summary, refs, &missing)
+        },
+    },
+];
+
+fn actor_scope(cx: &Context) -> Verdict {
+    let f = cx.facts;
+    let user_id = f.user_id.as_deref().unwrap_or("");
+    let missing: Vec<&'static str> = [
+        ("tenant_id", f.tenant_id.as_str()),
+        ("workspace_id", f.workspace_id.as_str()),
+        ("user_id", user_id),
+        ("run_id", f.run_id.as_str()),
+    ]
+    .into_iter()
+    .filter(|(_, v)| v.is_empty())
+    .map(|(name, _)| name)
+    .collect();
+    let refs = present(&[
+        Some(&f.tenant_id),
+        Some(&f.workspace_id),
+        f.user_id.as_ref(),
+        Some(&f.run_id),
+    ]);
+    if missing.is_empty() {
+        let summary = "The run is bound to its tenant, workspace, user and run ids.";
+        return Verdict::pass(summary, refs);
+    }
+    let summary = format!("The run's scope is missing {}.", missing.join(", "));
+    Verdict::new(ItemStatus::Fail, summary, refs, &missing)
+}
+
+fn subject_version(cx: &Context) -> Verdict {
+    let f = cx.facts;
+    let fields = [
+        ("subject_kind", Some(&f.subject_kind)),
+        ("subject_id", f.subject_id.as_ref()),
+        ("subject_version_id", f.subject_version_id.as_ref()),
+    ];
+    let missing: Vec<&'static str> = fields
+        .iter()
+        .filter(|(_, v)| v.is_none_or(|s| s.is_empty()))
+        .map(|(name, _)| *name)
+        .collect();
+    let refs = present(&fields.map(|(_, v)| v));
+    if missing.is_empty() {
+        return Verdict::pass("The run is pinned to a subject version.", refs);
+    }
+    let summary = format!("The run's subject is missing {}.", missing.join(", "));
+    Verdict::new(ItemStatus::Fail, summary, refs, &missing)
+}
+
+fn tool_call(cx: &Context) -> Verdict {
+    let (own, reused) = (&cx.facts.tool_call_ids, &cx.facts.reused_tool_calls);
+    let summary = match (own.len(), reused.len()) {
+        (0, 0) => {
+            return Verdict::lacking(
+                ItemStatus::Fail,
+                "Tool activity was recorded but no tool call record is attached.",
+                &["tool_calls"],
+            )
+        }
+        (own, 0) => format!("{own} tool call record(s) are attached."),
+        (0, n) => format!("{n} tool call result(s) were reused from the source run."),
+        (own, n) => format!(
+            "{own} tool call record(s) are attached; {n} result(s) were reused from the source run."
+        ),
+    };
+    let refs = own
+        .iter()
+        .cloned()
+        .chain(reused.iter().map(ReusedCall::reference));
+    Verdict::pass(summary, refs.collect())
+}
+
+/// The thirteen items, in their fixed order: actor_scope, subject_version, capability_binding,
+/// permission_scope, secret_boundary, egress_policy, audit_record, cost_attribution,
+/// trace_timeline, tool_call, knowledge_citation, child_workflow, replay_ready.
+#[cfg(test)]
+pub fn evidence_old(facts: &RunFacts) -> Vec<Item> {
     use ItemStatus::*;
     let g = Guards::of(facts);
     let metrics: Vec<&Value> = facts.steps.iter().map(|s| &s.metrics).collect();

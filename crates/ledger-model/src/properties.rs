@@ -565,3 +565,173 @@ proptest! {
         prop_assert!(names.iter().all(|n| args.get(n).is_some()));
     }
 }
+
+// TEMPORARY: compares evidence() (the table of rules) with evidence_old() (the long function)
+// over generated runs; removed with evidence_old.
+mod evidence_rules_vs_old {
+    use super::*;
+    use crate::evidence::{
+        evidence, evidence_old, AuditFact, CitationFact, ReusedCall, RunFacts, StepFact,
+    };
+    use proptest::test_runner::TestRunner;
+
+    fn word() -> impl Strategy<Value = String> + Clone {
+        prop_oneof![
+            4 => select(vec![
+                "agent", "workflow", "chat", "response", "thread", "task", "document", "",
+                "tool", "llm", "retrieval", "rerank", "other", "Agent",
+            ])
+            .prop_map(str::to_owned),
+            1 => text(0..4),
+        ]
+    }
+
+    fn opt_word() -> impl Strategy<Value = Option<String>> + Clone {
+        prop_oneof![Just(None), Just(Some(String::new())), word().prop_map(Some)]
+    }
+
+    fn evidence_key() -> impl Strategy<Value = String> + Clone {
+        prop_oneof![
+            4 => select(vec![
+                "capability_binding", "bindings", "tool_refs", "workflow_refs", "knowledge_refs",
+                "model_ref", "permission_scope", "rbac", "resource_grant", "policy_decision",
+                "secret_id", "secret_ids", "credential_secret_id", "secret_ref", "secret_refs",
+                "credential_ref", "egress", "egress_policy", "egress_decision", "decision",
+                "url", "chunk_id", "document_id", "knowledge_id", "api_key",
+            ])
+            .prop_map(str::to_owned),
+            1 => text(0..5),
+        ]
+    }
+
+    fn evidence_string() -> impl Strategy<Value = String> {
+        prop_oneof![
+            3 => select(vec![
+                "sec_abc", "sec_", "sec_abc", "https://api.example.com/x", "http://h", "allow",
+                "deny", "cap_1", "task-1", "", "[REDACTED]", "kb_1", "chk_1", "mdl_1",
+            ])
+            .prop_map(str::to_owned),
+            1 => credential().prop_map(str::to_owned),
+            1 => text(0..6),
+        ]
+    }
+
+    fn payload() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            1 => Just(json!({})),
+            4 => json_with(evidence_key(), evidence_string()),
+        ]
+    }
+
+    fn ids() -> impl Strategy<Value = Vec<String>> {
+        prop::collection::vec(
+            select(vec!["a_1", "a_2", "a_3", ""]).prop_map(str::to_owned),
+            0..4,
+        )
+    }
+
+    fn facts() -> impl Strategy<Value = RunFacts> {
+        let steps = prop::collection::vec(
+            (
+                select(vec!["stp_1", "stp_2", "stp_1"]),
+                select(vec!["llm", "retrieval", "rerank", "tool", "other", "plan"]),
+                payload(),
+            )
+                .prop_map(|(id, t, metrics)| StepFact {
+                    id: id.into(),
+                    step_type: t.into(),
+                    metrics,
+                }),
+            0..4,
+        );
+        let audits = prop::collection::vec(
+            (select(vec!["aud_1", "aud_2"]), opt_word(), payload()).prop_map(
+                |(id, step_id, payload)| AuditFact {
+                    id: id.into(),
+                    step_id,
+                    payload,
+                },
+            ),
+            0..3,
+        );
+        let reused = prop::collection::vec(
+            (select(vec!["tc_1", "tc_9"]), select(vec!["run_0", "run_x"])).prop_map(|(tc, run)| {
+                ReusedCall {
+                    tool_call_record_id: tc.into(),
+                    source_run_id: run.into(),
+                }
+            }),
+            0..3,
+        );
+        let citations = prop::collection::vec(
+            (select(vec!["cit_1", "cit_2"]), payload()).prop_map(|(id, citation)| CitationFact {
+                id: id.into(),
+                citation,
+            }),
+            0..3,
+        );
+        (
+            (word(), word(), word(), opt_word(), word(), word(), word()),
+            (opt_word(), opt_word(), any::<bool>(), steps, audits),
+            (ids(), ids(), reused, citations, ids(), ids()),
+        )
+            .prop_map(
+                |(
+                    (run_id, tenant_id, workspace_id, user_id, mode, kind, subject_kind),
+                    (subject_id, subject_version_id, inputs_recoverable, steps, audits),
+                    (cost_ids, tool_call_ids, reused_tool_calls, citations, responses, children),
+                )| RunFacts {
+                    run_id,
+                    tenant_id,
+                    workspace_id,
+                    user_id,
+                    mode,
+                    kind,
+                    subject_kind,
+                    subject_id,
+                    subject_version_id,
+                    inputs_recoverable,
+                    steps,
+                    audits,
+                    cost_ids,
+                    tool_call_ids,
+                    reused_tool_calls,
+                    citations,
+                    response_event_ids: responses,
+                    child_run_ids: children,
+                },
+            )
+    }
+
+    fn serialized(items: Vec<crate::evidence::Item>) -> String {
+        let items: Vec<Value> = items.iter().map(|i| i.to_json()).collect();
+        serde_json::to_string(&items).expect("items serialise")
+    }
+
+    #[test]
+    fn the_table_of_rules_says_byte_for_byte_what_the_old_function_said() {
+        const RUNS: u32 = 50_000;
+        let mut runner = TestRunner::new(config(RUNS));
+        let runs = std::cell::Cell::new(0u32);
+        let statuses = std::cell::RefCell::new(std::collections::HashMap::new());
+        runner
+            .run(&facts(), |f| {
+                runs.set(runs.get() + 1);
+                let (new, old) = (evidence(&f), evidence_old(&f));
+                for i in &new {
+                    *statuses
+                        .borrow_mut()
+                        .entry((i.key, i.status.as_str()))
+                        .or_insert(0u32) += 1;
+                }
+                prop_assert_eq!(serialized(new), serialized(old));
+                Ok(())
+            })
+            .expect("same output");
+        let runs = runs.get();
+        let mut seen: Vec<_> = statuses.into_inner().into_iter().collect();
+        seen.sort();
+        eprintln!("compared {runs} generated runs; (item, status) counts: {seen:?}");
+        assert_eq!(runs, RUNS);
+    }
+}
