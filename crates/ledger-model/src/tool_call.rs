@@ -5,81 +5,8 @@ use serde_json::Value;
 
 use crate::error::{Class, LedgerError, Result};
 use crate::ids;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallStatus {
-    WaitingApproval,
-    Claimed,
-    Running,
-    Succeeded,
-    Failed,
-    InDoubt,
-    Rejected,
-}
-
-impl CallStatus {
-    pub const ALL: [CallStatus; 7] = [
-        CallStatus::WaitingApproval,
-        CallStatus::Claimed,
-        CallStatus::Running,
-        CallStatus::Succeeded,
-        CallStatus::Failed,
-        CallStatus::InDoubt,
-        CallStatus::Rejected,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CallStatus::WaitingApproval => "waiting_approval",
-            CallStatus::Claimed => "claimed",
-            CallStatus::Running => "running",
-            CallStatus::Succeeded => "succeeded",
-            CallStatus::Failed => "failed",
-            CallStatus::InDoubt => "in_doubt",
-            CallStatus::Rejected => "rejected",
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<CallStatus> {
-        CallStatus::ALL
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or_else(|| LedgerError::internal(format!("unknown tool call status {s:?}")))
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ApprovalStatus {
-    Pending,
-    Approved,
-    Rejected,
-    Expired,
-    Canceled,
-}
-
-impl ApprovalStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalStatus::Pending => "pending",
-            ApprovalStatus::Approved => "approved",
-            ApprovalStatus::Rejected => "rejected",
-            ApprovalStatus::Expired => "expired",
-            ApprovalStatus::Canceled => "canceled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<ApprovalStatus> {
-        [
-            ApprovalStatus::Pending,
-            ApprovalStatus::Approved,
-            ApprovalStatus::Rejected,
-            ApprovalStatus::Expired,
-            ApprovalStatus::Canceled,
-        ]
-        .into_iter()
-        .find(|a| a.as_str() == s)
-    }
-}
+// Declared with the other status vocabularies; named here too, where the rules use them.
+pub use crate::status::{ApprovalStatus, CallStatus};
 
 /// What the ledger knows about an existing record when a claim arrives.
 #[derive(Clone, Copy, Debug)]
