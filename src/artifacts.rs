@@ -1,17 +1,18 @@
 //! Artifacts of a run: bytes in the scope's blob store, or a pointer to an external store.
 
-use crate::blobs;
 use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_label, required, required_id};
-use crate::model::events::{ArtifactCreated, Event};
-use crate::model::ids;
 use crate::redaction::redacted_object;
 use crate::rows;
 use crate::scope::{self, Scope};
+use ledger_model::args::{optional_label, required, required_id};
+use ledger_model::events::{ArtifactCreated, Event};
+use ledger_model::ids;
 use pgrx::prelude::*;
+
+pub mod blobs;
 
 /// The storage key of bytes held in `ledger.blobs`.
 const BLOB_KEY_PREFIX: &str = "blob:sha256:";

@@ -1,5 +1,5 @@
 //! The run event feed (replay #2: catch up after a dropped connection) and the transactional
-//! outbox's write side. Every event written is an `Event` of `model::events`.
+//! outbox's write side. Every event written is an `Event` of `ledger_model::events`.
 //!
 //! Every write that concerns a run appends to `run_events` in the caller's transaction. The seq
 //! comes from `runs.last_seq`, bumped under the run's row lock, so seq N+1 cannot commit before
@@ -21,12 +21,12 @@ use crate::channels;
 use crate::db;
 use crate::error::{raise, LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, required_id};
-use crate::model::events::{self, Event};
-use crate::model::{self, ids};
 use crate::notifier;
 use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
+use ledger_model::args::{optional_id, required_id};
+use ledger_model::events::{self, Event};
+use ledger_model::ids;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use serde_json::json;
@@ -63,7 +63,7 @@ impl Batch {
 
     /// Gives the unallocated events the seqs up to `last`, in order.
     fn allocate(&mut self, last: i64) {
-        model::feed::allocate(self.events.iter_mut().map(|e| &mut e.seq), last);
+        ledger_model::feed::allocate(self.events.iter_mut().map(|e| &mut e.seq), last);
     }
 }
 
@@ -304,7 +304,10 @@ fn write(mut batch: Batch) -> Result<()> {
                 note.into(),
             ]);
         }
-        db::execute(&model::feed::insert_statement(chunk.len(), inline), &args)?;
+        db::execute(
+            &ledger_model::feed::insert_statement(chunk.len(), inline),
+            &args,
+        )?;
     }
     if mode == notifier::Mode::Worker {
         if let Some(last) = batch.events.iter().filter_map(|e| e.seq).max() {

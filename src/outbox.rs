@@ -2,16 +2,16 @@
 //! failed event. Delivery is at least once: a lease that expires is re-taken by the next claim,
 //! so consumers deduplicate on the event id.
 //!
-//! The rules (bounds, backoff, when an event fails) are in `model::outbox`; this is SPI.
+//! The rules (bounds, backoff, when an event fails) are in `ledger_model::outbox`; this is SPI.
 
 use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
-use crate::model::args::required_id;
-use crate::model::ids;
-use crate::model::outbox::{self as rules, AfterNack};
-use crate::model::run_lease;
 use crate::redaction::free_text;
 use crate::scope::{self, Scope};
+use ledger_model::args::required_id;
+use ledger_model::ids;
+use ledger_model::outbox::{self as rules, AfterNack};
+use ledger_model::run_leases;
 use pgrx::prelude::*;
 
 type Event = pgrx::composite_type!('static, "ledger.outbox_event");
@@ -142,7 +142,7 @@ fn claim_outbox_events(
             lease,
         )?));
     }
-    run_lease::check_any_scope(scope::is_operator()?, None)?;
+    run_leases::check_any_scope(scope::is_operator()?, None)?;
     // Found and locked across the caller's scopes (its granted ones, when its login role is
     // bound), then leased in each one's scope, which is taken back after.
     let (tenants, workspaces, ids) = db::write_one(

@@ -14,11 +14,11 @@
 use crate::db;
 use crate::error::{Class, LedgerError, Result};
 use crate::feed;
-use crate::model::ids;
-use crate::model::run_lease;
-use crate::model::status::{Resource, Status};
-use crate::model::tool_call::{ApprovalStatus, CallStatus};
 use crate::scope::Scope;
+use ledger_model::ids;
+use ledger_model::run_leases;
+use ledger_model::status::{Resource, Status};
+use ledger_model::tool_calls::{ApprovalStatus, CallStatus};
 use pgrx::datum::DatumWithOid;
 use pgrx::{FromDatum, IntoDatum};
 
@@ -127,7 +127,7 @@ impl LockedRun {
     /// passes, else it must be the current token of a held run (40001 `LEASE_STALE`). Read
     /// under the run's lock, so no claim can take the run over before the write commits.
     pub fn fence(&self, run_token: Option<i64>) -> Result<()> {
-        run_lease::check_token(&self.id, run_token, self.run_token, self.lease_held)
+        run_leases::check_token(&self.id, run_token, self.run_token, self.lease_held)
     }
 }
 

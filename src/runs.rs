@@ -1,18 +1,18 @@
 //! Runs: creation with lineage and exact inputs, transitions, and reading the inputs back.
 
-use crate::blobs;
+use crate::artifacts::blobs;
 use crate::db;
 use crate::error::{Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, optional_label, required, required_id};
-use crate::model::events::{Event, RunCreated, RunStatus};
-use crate::model::ids;
-use crate::model::status::{check_transition, Resource, Status};
 use crate::redaction::{free_text, redacted_json};
 use crate::rows;
 use crate::scope::{self, Scope};
 use crate::transition;
+use ledger_model::args::{optional_id, optional_label, required, required_id};
+use ledger_model::events::{Event, RunCreated, RunStatus};
+use ledger_model::ids;
+use ledger_model::status::{check_transition, Resource, Status};
 use pgrx::prelude::*;
 
 /// Inputs whose JSON text is longer than this are kept in `ledger.blobs`.
@@ -362,7 +362,7 @@ const TRANSITION: transition::Columns = transition::Columns {
     duration_from: Some("queued_at"),
 };
 
-/// Moves a run to `to_status` under the status machine (`model::status`).
+/// Moves a run to `to_status` under the status machine (`ledger_model::status`).
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]

@@ -4,14 +4,14 @@ use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, optional_label, required, required_id, required_label};
-use crate::model::events::{Event, StepCreated, StepStatus};
-use crate::model::ids;
-use crate::model::status::{check_transition, Resource, Status};
 use crate::redaction::{free_text, redacted_json};
 use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
 use crate::transition;
+use ledger_model::args::{optional_id, optional_label, required, required_id, required_label};
+use ledger_model::events::{Event, StepCreated, StepStatus};
+use ledger_model::ids;
+use ledger_model::status::{check_transition, Resource, Status};
 use pgrx::prelude::*;
 
 fn row(scope: &Scope, step_id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_steps")> {

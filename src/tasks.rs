@@ -6,16 +6,16 @@ use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, optional_label, required, required_id, required_label};
-use crate::model::events::{
-    task_event_reserved, Event, TaskCheckpoint, TaskCreated, TaskRetried, TaskSnapshot, TaskStatus,
-};
-use crate::model::status::{check_transition, Resource, Status};
-use crate::model::{ids, json};
 use crate::redaction::{free_text, redacted_object};
 use crate::rows;
 use crate::scope::{self, Scope};
 use crate::transition;
+use ledger_model::args::{optional_id, optional_label, required, required_id, required_label};
+use ledger_model::events::{
+    task_event_reserved, Event, TaskCheckpoint, TaskCreated, TaskRetried, TaskSnapshot, TaskStatus,
+};
+use ledger_model::status::{check_transition, Resource, Status};
+use ledger_model::{ids, json};
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 

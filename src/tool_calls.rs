@@ -13,21 +13,21 @@ use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::guc;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, optional_label, required, required_id, required_label};
-use crate::model::events::{
-    ApprovalResolved, Event, ToolCallApproval, ToolCallClaimed, ToolCallCompleted, ToolCallIds,
-    ToolCallReplayed, ToolCallResolved,
-};
-use crate::model::status::Status;
-use crate::model::tool_call::{
-    approval_ask, check_fence, decide, extend_seconds, identity_reused, lease_seconds, wrong_state,
-    ApprovalStatus, CallStatus, Decision, Existing, Outcome, Resolution,
-};
-use crate::model::{ids, json, redact, run_lease};
 use crate::redaction::{free_text, free_text_within, redacted_json, redacted_object};
 use crate::rows::{self, By, LockedRun, ToolCall};
 use crate::scope::{self, Scope};
 use crate::steps::{self, NewStep, StepChange};
+use ledger_model::args::{optional_id, optional_label, required, required_id, required_label};
+use ledger_model::events::{
+    ApprovalResolved, Event, ToolCallApproval, ToolCallClaimed, ToolCallCompleted, ToolCallIds,
+    ToolCallReplayed, ToolCallResolved,
+};
+use ledger_model::status::Status;
+use ledger_model::tool_calls::{
+    approval_ask, check_fence, decide, extend_seconds, identity_reused, lease_seconds, wrong_state,
+    ApprovalStatus, CallStatus, Decision, Existing, Outcome, Resolution,
+};
+use ledger_model::{ids, json, redaction, run_leases};
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
@@ -105,7 +105,7 @@ fn audit(
     actor: Option<&str>,
     payload: Value,
 ) -> Result<()> {
-    let payload = redact::redact(&guc::redaction_rules(), payload);
+    let payload = redaction::redact(&guc::redaction_rules(), payload);
     db::execute(
         include_str!("../sql/queries/insert_audit.sql"),
         &scope.args([
@@ -388,7 +388,7 @@ fn parsed_arguments(value: Option<Value>) -> Result<Arguments> {
     }
     let hash = json::request_hash(&parsed);
     Ok(Arguments {
-        summary: redact::summarize_arguments(&guc::redaction_rules(), parsed, &hash),
+        summary: redaction::summarize_arguments(&guc::redaction_rules(), parsed, &hash),
         hash,
     })
 }
@@ -1061,7 +1061,7 @@ fn sweep_tool_calls(
     if !any_scope.unwrap_or(false) {
         return Ok(sweep(&scope::current()?)?);
     }
-    run_lease::check_any_scope(scope::is_operator()?, None)?;
+    run_leases::check_any_scope(scope::is_operator()?, None)?;
     let scopes = db::select(
         "SELECT tenant_id, workspace_id FROM ledger_dispatch.expired_tool_call_scopes()",
         &[],
@@ -1146,7 +1146,7 @@ fn approval_request(parsed: &Value) -> Result<ApprovalRequest> {
         policy_ref: ask.policy_ref.map(str::to_owned),
         details: ask.details.map_or_else(
             || json!({}),
-            |d| redact::redact(&guc::redaction_rules(), d.clone()),
+            |d| redaction::redact(&guc::redaction_rules(), d.clone()),
         ),
     })
 }

@@ -21,7 +21,7 @@ use serde_json::{json, Value};
 
 use crate::model::feed::insert_statement;
 use crate::model::hash::{ChannelKey, CHANNEL_KEY_BYTES};
-use crate::model::{json as cjson, redact};
+use crate::model::{json as cjson, redaction as redact};
 use crate::{follower, median, waits, Settings, Target};
 
 pub const TX_PER_LIFECYCLE: f64 = 3.0;

@@ -8,7 +8,7 @@ use std::time::Instant;
 use postgres::fallible_iterator::FallibleIterator;
 use serde_json::{json, Value};
 
-use crate::model::{json as cjson, redact};
+use crate::model::{json as cjson, redaction as redact};
 use crate::{median, percentile, Settings, Target};
 
 /// A small deterministic generator (xorshift64*): reproducible cursors without a dependency.

@@ -5,12 +5,12 @@ use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_label, required_id, required_label};
-use crate::model::events::{Event, Recorded};
-use crate::model::ids;
 use crate::redaction::{free_text, redacted_object};
 use crate::rows;
 use crate::scope::{self, Scope};
+use ledger_model::args::{optional_label, required_id, required_label};
+use ledger_model::events::{Event, Recorded};
+use ledger_model::ids;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 

@@ -4,12 +4,13 @@ use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_label, required_id, required_label};
-use crate::model::events::{CostRecorded, Event};
-use crate::model::{cost, ids};
 use crate::redaction::redacted_object;
 use crate::rows;
 use crate::scope::{self, Scope};
+use ledger_model::args::{optional_label, required_id, required_label};
+use ledger_model::events::{CostRecorded, Event};
+use ledger_model::evidence::costs;
+use ledger_model::ids;
 use pgrx::prelude::*;
 use pgrx::AnyNumeric;
 
@@ -92,7 +93,7 @@ fn record_cost_float_amount(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), SqlError> {
     let amount = amount
         .map(|a| {
-            let text = cost::float_text("amount", a)?;
+            let text = costs::float_text("amount", a)?;
             text.parse::<AnyNumeric>()
                 .map_err(|e| LedgerError::internal(format!("decimal text {text}: {e}")))
         })
@@ -182,18 +183,18 @@ fn record(
         optional_label(argument, label)?;
     }
     let quantity = billed_quantity.ok_or_else(|| LedgerError::required("billed_quantity"))?;
-    cost::check_non_negative("billed_quantity", "QUANTITY_INVALID", &quantity.to_string())?;
+    costs::check_non_negative("billed_quantity", "QUANTITY_INVALID", &quantity.to_string())?;
     if let Some(a) = &amount {
-        cost::check_non_negative("amount", "AMOUNT_INVALID", &a.to_string())?;
+        costs::check_non_negative("amount", "AMOUNT_INVALID", &a.to_string())?;
     }
-    let currency = currency.map(cost::currency).transpose()?;
+    let currency = currency.map(costs::currency).transpose()?;
     if amount.is_some() && currency.is_none() {
         return Err(LedgerError::invalid(
             "CURRENCY_REQUIRED",
             "an amount needs a currency",
         ));
     }
-    let usage = cost::normalize_usage(&redacted_object("usage", usage)?)?;
+    let usage = costs::normalize_usage(&redacted_object("usage", usage)?)?;
     let pricing = redacted_object("pricing_snapshot", pricing_snapshot)?;
     if let Some(r) = source_ref {
         ids::validate_key("source_ref", r)?;
@@ -202,7 +203,7 @@ fn record(
 
     let id = ids::new_id("cost");
     let inserted = db::write_one(
-        include_str!("../sql/queries/insert_cost_entry.sql"),
+        include_str!("../../sql/queries/insert_cost_entry.sql"),
         &scope.args([
             id.as_str().into(),
             run_id.into(),
