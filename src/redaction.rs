@@ -74,3 +74,37 @@ fn request_hash(value: Jsonb) -> Result<String, SqlError> {
     // Unsized like the tool-call arguments it hashes.
     Ok(json::request_hash(&json::parse_unsized(value.as_str())?))
 }
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::one;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn redaction_and_hashing_are_exposed_for_clients() {
+        assert_eq!(
+            one::<String>(
+                r#"SELECT ledger.redact('{"X-API-Key": "a", "token_count": 3, "auth": "Bearer abcdefghijk"}')::text"#
+            ),
+            r#"{"auth": "[REDACTED]", "X-API-Key": "[REDACTED]", "token_count": 3}"#
+        );
+        Spi::run("SET LOCAL ledger.redact_keys = 'customerSsn, internal-note'").unwrap();
+        Spi::run("SET LOCAL ledger.redact_values = off").unwrap();
+        assert_eq!(
+            one::<String>(
+                r#"SELECT ledger.redact('{"customer_ssn": "1", "InternalNote": "2", "header": "Bearer abcdefghijk"}')::text"#
+            ),
+            r#"{"header": "Bearer abcdefghijk", "InternalNote": "[REDACTED]", "customer_ssn": "[REDACTED]"}"#
+        );
+        assert_eq!(
+            one::<String>(r#"SELECT ledger.canonical_json('{"b": [1.0, {}], "a": "é"}')"#),
+            r#"{"a":"é","b":[1.0,{}]}"#
+        );
+        assert_eq!(
+            one::<String>("SELECT ledger.request_hash('{}')"),
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+        assert!(one::<bool>("SELECT ledger.redact(NULL) IS NULL"));
+    }
+}

@@ -3,7 +3,9 @@
 //! `claim`, `start`); the batch adds only its shape, one lock and fence of the run, and one
 //! `last_seq` bump for all the events (`feed::collected`).
 
-use super::{approval_request, claim, claim_owner, parsed_arguments, start, Answer, Claim};
+use super::claim::{claim, claim_owner, Answer, Claim};
+use super::execute::start;
+use super::{approval_request, parsed_arguments};
 use crate::error::{LedgerError, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
