@@ -6,7 +6,7 @@
 use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
-use crate::rows;
+use crate::rows::{self, HeldRun};
 use crate::runs;
 use crate::scope::{self, Scope};
 use ledger_model::args::{optional_id, required_id, required_label};
@@ -77,19 +77,19 @@ fn claim(
     let Some((id, previous_owner)) = found else {
         return Ok(None);
     };
-    let run_token = db::write_one(
+    let (run_token, last_seq) = db::write_one(
         "UPDATE ledger.runs SET lease_owner = $4, lease_seconds = $5, \
                 lease_expires_at = clock_timestamp() + make_interval(secs => $5), \
                 run_token = run_token + 1 \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING run_token",
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING run_token, last_seq",
         &scope.args([id.as_str().into(), owner.into(), lease.into()]),
-        |r| db::req::<i64>(r, 1),
+        |r| Ok((db::req::<i64>(r, 1)?, db::req::<i64>(r, 2)?)),
     )?
     .ok_or_else(|| LedgerError::internal("a locked run was not updated"))?;
     let takeover = previous_owner.is_some();
     feed::append(
         scope,
-        &id,
+        HeldRun { id: &id, last_seq },
         None,
         &Event::RunClaimed(RunClaimed {
             run_id: &id,

@@ -5,8 +5,9 @@ use crate::db;
 use crate::error::{Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
+use crate::outbox;
 use crate::redaction::{free_text, redacted_json};
-use crate::rows;
+use crate::rows::{self, HeldRun};
 use crate::scope::{self, Scope};
 use crate::transition;
 use ledger_model::args::{optional_id, optional_label, required, required_id};
@@ -139,10 +140,10 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
             inputs_size.into(),
             new.control_action.into(),
         ]),
-        |r| db::req::<String>(r, 1),
+        |r| db::req::<i64>(r, 1),
     )?;
 
-    if inserted.is_none() {
+    let Some(last_seq) = inserted else {
         // A run with this request_id (or this run_id) exists: the same request returns it, any
         // other is refused with the fields that differ.
         let (found, differing) = db::select_one(
@@ -183,7 +184,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
             .with("fields", differing));
         }
         return Ok(found);
-    }
+    };
 
     let created = Event::RunCreated(RunCreated {
         run_id: &id,
@@ -200,8 +201,8 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         attempt_no,
         control_action: new.control_action,
     });
-    feed::append(scope, &id, None, &created)?;
-    feed::enqueue(scope, &created, Some(&id), None, &format!("run:{id}"))?;
+    feed::append(scope, HeldRun { id: &id, last_seq }, None, &created)?;
+    outbox::enqueue(scope, &created, Some(&id), None, &format!("run:{id}"))?;
     Ok(id)
 }
 
@@ -409,7 +410,12 @@ fn transition_run(
         error_code,
         error_step_id,
     };
-    feed::append(&scope, run_id, None, &Event::RunStatus(change.clone()))?;
+    feed::append(
+        &scope,
+        current.held(),
+        None,
+        &Event::RunStatus(change.clone()),
+    )?;
     transition::write(
         &scope,
         &TRANSITION,
@@ -425,7 +431,7 @@ fn transition_run(
         ],
     )?;
     if to.is_terminal() {
-        feed::enqueue(
+        outbox::enqueue(
             &scope,
             &Event::RunStatusUpdated(change),
             Some(run_id),

@@ -4,8 +4,8 @@
 
 use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
-use crate::feed;
 use crate::jsonb::Jsonb;
+use crate::outbox;
 use crate::redaction::{free_text, redacted_object};
 use crate::rows;
 use crate::scope::{self, Scope};
@@ -358,7 +358,7 @@ fn retry_task(
         from: task.status.as_str(),
         attempt_count: task.attempt_count.saturating_add(1),
     });
-    feed::enqueue(
+    outbox::enqueue(
         &scope,
         &retried,
         task.run_id.as_deref(),

@@ -27,7 +27,7 @@ use crate::feed;
 use crate::guc;
 use crate::jsonb::Jsonb;
 use crate::redaction::free_text;
-use crate::rows::ToolCall;
+use crate::rows::{LockedRun, ToolCall};
 use crate::scope::Scope;
 use ledger_model::args::{optional_id, required_id, required_label};
 use ledger_model::events::{Event, ToolCallIds};
@@ -83,11 +83,11 @@ fn outcome(
     .ok_or_else(|| LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", record_id))
 }
 
-/// Appends an event about the call to `run_id`'s feed (the call's own run, or the run that
-/// replayed it); it names the call's step only in the call's own run.
-fn event(scope: &Scope, run_id: &str, rec: &ToolCall, event: &Event) -> Result<()> {
-    let step = (run_id == rec.run_id).then_some(rec.step_id.as_str());
-    feed::append(scope, run_id, step, event)
+/// Appends an event about the call to the feed of `run`, held by this transaction (the call's
+/// own run, or the run that replayed it); it names the call's step only in the call's own run.
+fn event(scope: &Scope, run: &LockedRun, rec: &ToolCall, event: &Event) -> Result<()> {
+    let step = (run.id == rec.run_id).then_some(rec.step_id.as_str());
+    feed::append(scope, run.held(), step, event)
 }
 
 /// The ledger's own audit record of tool activity (evidence `audit_record`), redacted like every

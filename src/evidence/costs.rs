@@ -4,6 +4,7 @@ use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
+use crate::outbox;
 use crate::redaction::redacted_object;
 use crate::rows;
 use crate::scope::{self, Scope};
@@ -199,7 +200,7 @@ fn record(
     if let Some(r) = source_ref {
         ids::validate_key("source_ref", r)?;
     }
-    rows::lock_owner(&scope, run_id, step_id)?;
+    let run = rows::lock_owner(&scope, run_id, step_id)?;
 
     let id = ids::new_id("cost");
     let inserted = db::write_one(
@@ -243,8 +244,8 @@ fn record(
         currency: currency.as_deref(),
         source_ref,
     });
-    feed::append(&scope, run_id, step_id, &recorded)?;
-    feed::enqueue(&scope, &recorded, Some(run_id), None, &format!("cost:{id}"))?;
+    feed::append(&scope, run.held(), step_id, &recorded)?;
+    outbox::enqueue(&scope, &recorded, Some(run_id), None, &format!("cost:{id}"))?;
     row(&scope, &id)
 }
 

@@ -61,7 +61,7 @@ fn record<T: FromDatum + IntoDatum>(
     columns: &[&str],
     values: Vec<DatumWithOid>,
 ) -> Result<T> {
-    rows::lock_owner(scope, run_id, step_id)?;
+    let run = rows::lock_owner(scope, run_id, step_id)?;
     let (table, prefix, code, what) = kind.names();
     let id = ids::new_id(prefix);
     let placeholders: Vec<String> = (5..5 + columns.len()).map(|i| format!("${i}")).collect();
@@ -75,7 +75,7 @@ fn record<T: FromDatum + IntoDatum>(
     args.extend(values);
     db::execute(&query, &args)?;
     let recorded = kind.event(Recorded { id: &id, table });
-    feed::append(scope, run_id, step_id, &recorded)?;
+    feed::append(scope, run.held(), step_id, &recorded)?;
     rows::scoped_row(scope, &format!("ledger.{table}"), &id, code, what)
 }
 

@@ -58,7 +58,7 @@ fn request_tool_approval(
             );
         }
         if let Some(found) = find_locked(&scope, &run, &who)? {
-            return Ok(apply(&scope, &who, found, &args, None)?.json(&scope)?);
+            return Ok(apply(&scope, &run, &who, found, &args, None)?.json(&scope)?);
         }
         run.ensure_live("tool calls")?;
         let rec = create_waiting(&scope, &run, &who, &args, None, lease_seconds(0)?, &request)?;
@@ -126,7 +126,7 @@ fn resolve_approval(
             actor,
             tool_call_record_id: record_id.as_deref(),
         });
-        feed::append(&scope, &run_id, None, &resolved)?;
+        feed::append(&scope, run.held(), None, &resolved)?;
         audit(
             &scope,
             &run_id,
@@ -159,7 +159,7 @@ fn resolve_approval(
                         approval_id,
                         title: None,
                     });
-                    event(&scope, &run_id, &rec, &rejected)?;
+                    event(&scope, &run, &rec, &rejected)?;
                 }
             }
         }

@@ -134,6 +134,7 @@ pub(super) fn claim(scope: &Scope, run: &LockedRun, call: &Claim, owner: &str) -
         if let Some(found) = find_locked(scope, run, who)? {
             return apply(
                 scope,
+                run,
                 who,
                 found,
                 args,
@@ -178,11 +179,13 @@ pub(super) fn claim(scope: &Scope, run: &LockedRun, call: &Claim, owner: &str) -
 }
 
 /// What a claim (`terms`: its lease owner, lease and `retry_failed`) or an approval request
-/// (`terms` None: it never hands out execution) does with the record it found. Only a record
+/// (`terms` None: it never hands out execution) of the calling run `caller` does with the
+/// record it found. Only a record
 /// whose run this transaction holds is written: another run's call to take over answers `busy`
 /// and one whose request left answers `in_doubt` unmarked (the next claim or sweep marks it).
 pub(super) fn apply(
     scope: &Scope,
+    caller: &LockedRun,
     who: &Identity,
     found: Found,
     args: &Arguments,
@@ -199,7 +202,7 @@ pub(super) fn apply(
         (Decision::Replay, _, _) => {
             let response = replay_response(scope, &rec)?;
             if who.run_id != rec.run_id {
-                replayed_into(scope, who.run_id, &rec)?;
+                replayed_into(scope, caller, &rec)?;
             }
             Answer::Of(rec.id, "replayed", Some(response))
         }

@@ -58,7 +58,7 @@ pub(super) fn start(scope: &Scope, run: &LockedRun, rec: &mut ToolCall) -> Resul
         Status::Running,
         StepChange::default(),
     )?;
-    event(scope, &rec.run_id, rec, &Event::ToolCallRunning(rec.ids()))
+    event(scope, run, rec, &Event::ToolCallRunning(rec.ids()))
 }
 
 /// Extends the lease of the current attempt.

@@ -5,8 +5,8 @@ use super::{audit, event, ApprovalRequest, Arguments, Identity};
 use crate::artifacts;
 use crate::db;
 use crate::error::{Class, LedgerError, Result};
-use crate::feed;
 use crate::jsonb::Jsonb;
+use crate::outbox;
 use crate::redaction::{free_text, free_text_within, redacted_json};
 use crate::rows::{self, LockedRun, ToolCall};
 use crate::scope::Scope;
@@ -47,7 +47,7 @@ pub(super) fn announce_claim(
         call: rec.ids(),
         lease_owner,
     });
-    event(scope, &rec.run_id, rec, &claimed)?;
+    event(scope, run, rec, &claimed)?;
     audit(
         scope,
         &rec.run_id,
@@ -84,14 +84,14 @@ pub(super) fn mark_in_doubt(
         },
     )?;
     let in_doubt = Event::ToolCallInDoubt(rec.ids());
-    feed::enqueue(
+    outbox::enqueue(
         scope,
         &in_doubt,
         Some(&rec.run_id),
         None,
         &format!("tool_call:{}", rec.id),
     )?;
-    event(scope, &rec.run_id, rec, &in_doubt)
+    event(scope, run, rec, &in_doubt)
 }
 
 /// Starts a new attempt: the caller now holds the lease and `attempt` is its fencing token.
@@ -141,7 +141,7 @@ pub(super) fn finish(
             let meta = json!({"kind": "tool_result", "tool_call_id": rec.tool_call_id, "tool_call_record_id": rec.id});
             let (id, sha) = artifacts::put_bytes(
                 scope,
-                &rec.run_id,
+                run.held(),
                 Some(&rec.step_id),
                 c.as_bytes(),
                 "json",
@@ -201,7 +201,7 @@ pub(super) fn finish(
         status: status.as_str(),
         result_artifact_id: artifact.as_deref(),
     });
-    event(scope, &rec.run_id, rec, &completed)
+    event(scope, run, rec, &completed)
 }
 
 /// `{result, success, error, metadata}` of a finished call, with `metadata.idempotent_replay`.
@@ -342,11 +342,12 @@ pub(super) fn insert(
     rows::held_tool_call(scope, run, &id)
 }
 
-/// A finished call of another run reused by `run_id` (a retry or replay passing its source's
-/// keys): the first reuse writes `tool_call.replayed` to that run's feed and an audit record,
+/// A finished call of another run reused by `run`, the calling run (a retry or replay passing its
+/// source's keys): the first reuse writes `tool_call.replayed` to that run's feed and an audit record,
 /// which are that run's evidence of where the result came from. A reuse within the call's own
 /// run (a resuming worker) writes nothing: the run already holds the call.
-pub(super) fn replayed_into(scope: &Scope, run_id: &str, rec: &ToolCall) -> Result<()> {
+pub(super) fn replayed_into(scope: &Scope, run: &LockedRun, rec: &ToolCall) -> Result<()> {
+    let run_id = run.id.as_str();
     let known = db::select_one(
         "SELECT 1 FROM ledger.run_events \
           WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 \
@@ -361,7 +362,7 @@ pub(super) fn replayed_into(scope: &Scope, run_id: &str, rec: &ToolCall) -> Resu
         call: rec.ids(),
         source_run_id: &rec.run_id,
     });
-    event(scope, run_id, rec, &replayed)?;
+    event(scope, run, rec, &replayed)?;
     audit(
         scope,
         run_id,
@@ -445,14 +446,14 @@ pub(super) fn create_waiting(
         approval_id: &approval_id,
         title,
     });
-    feed::enqueue(
+    outbox::enqueue(
         scope,
         &requested,
         Some(who.run_id),
         None,
         &format!("approval:{approval_id}"),
     )?;
-    event(scope, who.run_id, &rec, &requested)?;
+    event(scope, run, &rec, &requested)?;
     audit(
         scope,
         who.run_id,

@@ -87,7 +87,7 @@ fn resolve_tool_call(
             decision: resolution.as_str(),
             actor,
         });
-        event(&scope, &rec.run_id, &rec, &resolved)?;
+        event(&scope, &run, &rec, &resolved)?;
         Ok(outcome(&scope, id, rec.status.as_str(), None)?)
     })
 }
@@ -155,12 +155,7 @@ fn sweep(scope: &Scope) -> Result<i32> {
                       WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
                     &scope.args([id.as_str().into()]),
                 )?;
-                event(
-                    scope,
-                    &run_id,
-                    &rec,
-                    &Event::ToolCallLeaseExpired(rec.ids()),
-                )?;
+                event(scope, &run, &rec, &Event::ToolCallLeaseExpired(rec.ids()))?;
             }
             swept += 1;
         }
