@@ -29,11 +29,13 @@ use crate::jsonb::Jsonb;
 use crate::redaction::free_text;
 use crate::rows::{LockedRun, ToolCall};
 use crate::scope::Scope;
+use crate::steps::{self, StepChange};
 use ledger_model::args::{optional_id, required_id, required_label};
 use ledger_model::events::{Event, ToolCallIds};
 use ledger_model::ids;
 use ledger_model::json;
 use ledger_model::redaction;
+use ledger_model::status::Status;
 use ledger_model::tool_calls::{approval_ask, check_fence, Existing};
 use serde_json::{json, Value};
 
@@ -88,6 +90,11 @@ fn outcome(
 fn event(scope: &Scope, run: &LockedRun, rec: &ToolCall, event: &Event) -> Result<()> {
     let step = (run.id == rec.run_id).then_some(rec.step_id.as_str());
     feed::append(scope, run.held(), step, event)
+}
+
+/// Moves the call's step to `to`, changing nothing else of it.
+fn step_to(scope: &Scope, run: &LockedRun, rec: &ToolCall, to: Status) -> Result<()> {
+    steps::follow(scope, run, &rec.step_id, to, StepChange::default())
 }
 
 /// The ledger's own audit record of tool activity (evidence `audit_record`), redacted like every

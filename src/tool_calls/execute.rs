@@ -2,7 +2,7 @@
 //! `complete_tool_call`, each fenced by the attempt.
 
 use super::record::{finish, mark_in_doubt};
-use super::{audit, event, outcome};
+use super::{audit, event, outcome, step_to};
 use crate::db;
 use crate::error::{raise, LedgerError, Result, SqlError};
 use crate::feed;
@@ -10,7 +10,6 @@ use crate::jsonb::Jsonb;
 use crate::redaction::redacted_object;
 use crate::rows::{self, LockedRun, ToolCall};
 use crate::scope::{self, Scope};
-use crate::steps::{self, StepChange};
 use ledger_model::args::{required, required_id};
 use ledger_model::events::Event;
 use ledger_model::status::Status;
@@ -51,13 +50,7 @@ pub(super) fn start(scope: &Scope, run: &LockedRun, rec: &mut ToolCall) -> Resul
         &scope.args([rec.id.as_str().into()]),
     )?;
     rec.status = CallStatus::Running;
-    steps::follow(
-        scope,
-        run,
-        &rec.step_id,
-        Status::Running,
-        StepChange::default(),
-    )?;
+    step_to(scope, run, rec, Status::Running)?;
     event(scope, run, rec, &Event::ToolCallRunning(rec.ids()))
 }
 

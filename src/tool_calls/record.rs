@@ -1,7 +1,7 @@
 //! Writing a tool call's record: a new call (claimed, or waiting for an approval), a new
 //! attempt, in doubt, its result; and reading a finished call's result back for a replay.
 
-use super::{audit, event, ApprovalRequest, Arguments, Identity};
+use super::{audit, event, step_to, ApprovalRequest, Arguments, Identity};
 use crate::artifacts;
 use crate::db;
 use crate::error::{Class, LedgerError, Result};
@@ -36,13 +36,7 @@ pub(super) fn announce_claim(
     lease_owner: &str,
     lease: i32,
 ) -> Result<()> {
-    steps::follow(
-        scope,
-        run,
-        &rec.step_id,
-        Status::Preparing,
-        StepChange::default(),
-    )?;
+    step_to(scope, run, rec, Status::Preparing)?;
     let claimed = Event::ToolCallClaimed(ToolCallClaimed {
         call: rec.ids(),
         lease_owner,
@@ -427,20 +421,8 @@ pub(super) fn create_waiting(
             rec.id.as_str().into(),
         ]),
     )?;
-    steps::follow(
-        scope,
-        run,
-        &rec.step_id,
-        Status::Preparing,
-        StepChange::default(),
-    )?;
-    steps::follow(
-        scope,
-        run,
-        &rec.step_id,
-        Status::WaitingApproval,
-        StepChange::default(),
-    )?;
+    step_to(scope, run, &rec, Status::Preparing)?;
+    step_to(scope, run, &rec, Status::WaitingApproval)?;
     let requested = Event::ApprovalRequested(ToolCallApproval {
         call: rec.ids(),
         approval_id: &approval_id,
