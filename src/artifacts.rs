@@ -1,24 +1,25 @@
 //! Artifacts of a run: bytes in the scope's blob store, or a pointer to an external store.
 
-use crate::blobs;
 use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_label, required, required_id};
-use crate::model::events::{ArtifactCreated, Event};
-use crate::model::ids;
 use crate::redaction::redacted_object;
-use crate::rows;
+use crate::rows::{self, HeldRun, LockedRun};
 use crate::scope::{self, Scope};
+use ledger_model::args::{optional_label, required, required_id};
+use ledger_model::events::{ArtifactCreated, Event};
+use ledger_model::ids;
 use pgrx::prelude::*;
+
+pub mod blobs;
 
 /// The storage key of bytes held in `ledger.blobs`.
 const BLOB_KEY_PREFIX: &str = "blob:sha256:";
 
-/// What a new artifact row holds.
+/// What a new artifact row holds: `run` is the run it belongs to, held by this transaction.
 pub struct NewArtifact<'a> {
-    pub run_id: &'a str,
+    pub run: HeldRun<'a>,
     pub step_id: Option<&'a str>,
     pub artifact_type: &'a str,
     pub mime: Option<&'a str>,
@@ -35,7 +36,7 @@ pub fn insert(scope: &Scope, new: &NewArtifact) -> Result<String> {
         include_str!("../sql/queries/insert_artifact.sql"),
         &scope.args([
             id.as_str().into(),
-            new.run_id.into(),
+            new.run.id.into(),
             new.step_id.into(),
             new.artifact_type.into(),
             new.mime.into(),
@@ -51,14 +52,14 @@ pub fn insert(scope: &Scope, new: &NewArtifact) -> Result<String> {
         size_bytes: new.size_bytes,
         sha256: new.sha256,
     });
-    feed::append(scope, new.run_id, new.step_id, &created)?;
+    feed::append(scope, new.run, new.step_id, &created)?;
     Ok(id)
 }
 
 /// Stores `bytes` in the blob store and records them as an artifact; returns (id, sha256).
 pub fn put_bytes(
     scope: &Scope,
-    run_id: &str,
+    run: HeldRun,
     step_id: Option<&str>,
     bytes: &[u8],
     artifact_type: &str,
@@ -70,7 +71,7 @@ pub fn put_bytes(
     let id = insert(
         scope,
         &NewArtifact {
-            run_id,
+            run,
             step_id,
             artifact_type,
             mime,
@@ -197,7 +198,7 @@ impl<'a> Shared<'a> {
 /// the meta redacted.
 struct Checked<'a> {
     scope: Scope,
-    run_id: &'a str,
+    run: LockedRun,
     artifact_type: &'a str,
     mime: Option<&'a str>,
     step_id: Option<&'a str>,
@@ -213,11 +214,11 @@ fn record(
     store: impl FnOnce(&Checked) -> Result<String>,
 ) -> Result<ArtifactRow> {
     let artifact_type = checked_type(shared.artifact_type, default_type)?;
-    rows::lock_owner(&shared.scope, shared.run_id, shared.step_id)?;
+    let run = rows::lock_owner(&shared.scope, shared.run_id, shared.step_id)?;
     let checked = Checked {
         meta: redacted_object("meta", shared.meta)?,
         scope: shared.scope,
-        run_id: shared.run_id,
+        run,
         artifact_type,
         mime: shared.mime,
         step_id: shared.step_id,
@@ -242,7 +243,7 @@ fn put_artifact(
     Ok(record(shared, "blob", |a| {
         let (id, _) = put_bytes(
             &a.scope,
-            a.run_id,
+            a.run.held(),
             a.step_id,
             &content,
             a.artifact_type,
@@ -295,7 +296,7 @@ fn register_artifact(
         insert(
             &a.scope,
             &NewArtifact {
-                run_id: a.run_id,
+                run: a.run.held(),
                 step_id: a.step_id,
                 artifact_type: a.artifact_type,
                 mime: a.mime,

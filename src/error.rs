@@ -6,7 +6,7 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{pg_sys, PgLogLevel, PgSqlErrorCode};
 use std::ffi::CString;
 
-pub use crate::model::error::{Class, LedgerError, Result};
+pub use ledger_model::error::{Class, LedgerError, Result};
 
 /// Raises `e` as a PostgreSQL ERROR. Like `ereport(ERROR)` it does not return: the Rust frames
 /// unwind and PostgreSQL aborts the statement.

@@ -1,17 +1,21 @@
-//! The outbox consumer API: claim a batch under a lease, ack, nack with backoff, and replay a
-//! failed event. Delivery is at least once: a lease that expires is re-taken by the next claim,
-//! so consumers deduplicate on the event id.
+//! The transactional outbox. Its write side: every fact a consumer must hear of is written as an
+//! outbox row in the caller's transaction (`enqueue`). Its consumer API: claim a batch under a
+//! lease, ack, nack with backoff, and replay a failed event. Delivery is at least once: a lease
+//! that expires is re-taken by the next claim, so consumers deduplicate on the event id.
 //!
-//! The rules (bounds, backoff, when an event fails) are in `model::outbox`; this is SPI.
+//! The rules (bounds, backoff, when an event fails) are in `ledger_model::outbox`; this is SPI.
 
 use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
-use crate::model::args::required_id;
-use crate::model::ids;
-use crate::model::outbox::{self as rules, AfterNack};
-use crate::model::run_lease;
+use crate::jsonb::Jsonb;
+use crate::notifier;
 use crate::redaction::free_text;
 use crate::scope::{self, Scope};
+use ledger_model::args::required_id;
+use ledger_model::events;
+use ledger_model::ids;
+use ledger_model::outbox::{self as rules, AfterNack};
+use ledger_model::run_leases;
 use pgrx::prelude::*;
 
 type Event = pgrx::composite_type!('static, "ledger.outbox_event");
@@ -21,6 +25,40 @@ const EVENT: &str =
     "(o.tenant_id, o.workspace_id, o.id, o.event_type, o.run_id, o.task_id, o.subject, \
       o.payload, o.status, o.attempt_count, o.replay_count, o.available_at, o.lease_expires_at, \
       o.error_message, o.occurred_at, o.processed_at)::ledger.outbox_event";
+
+/// Writes an outbox row in the caller's transaction and wakes `ledger_outbox`'s listeners at
+/// commit with its id. `subject` names the fact (`run:<id>`, `tool_call:<id>`).
+pub fn enqueue(
+    scope: &Scope,
+    event: &events::Event,
+    run_id: Option<&str>,
+    task_id: Option<&str>,
+    subject: &str,
+) -> Result<String> {
+    let id = ids::new_id("obx");
+    db::execute(
+        include_str!("../sql/queries/enqueue_outbox.sql"),
+        &scope.args([
+            id.as_str().into(),
+            event.event_type().into(),
+            run_id.into(),
+            task_id.into(),
+            subject.into(),
+            Jsonb::from(&event.payload()).into(),
+        ]),
+    )?;
+    wakeup(&id);
+    Ok(id)
+}
+
+/// Tells `ledger_outbox`'s listeners (at commit) that the event is due, as `ledger.notify` says.
+pub fn wakeup(id: &str) {
+    match notifier::mode() {
+        notifier::Mode::Off => {}
+        notifier::Mode::Inline => notifier::notify("ledger_outbox", id),
+        notifier::Mode::Worker => notifier::outbox_news(id),
+    }
+}
 
 fn not_found(id: &str) -> LedgerError {
     LedgerError::not_found("OUTBOX_EVENT_NOT_FOUND", "outbox event", id)
@@ -142,7 +180,7 @@ fn claim_outbox_events(
             lease,
         )?));
     }
-    run_lease::check_any_scope(scope::is_operator()?, None)?;
+    run_leases::check_any_scope(scope::is_operator()?, None)?;
     // Found and locked across the caller's scopes (its granted ones, when its login role is
     // bound), then leased in each one's scope, which is taken back after.
     let (tenants, workspaces, ids) = db::write_one(
@@ -345,7 +383,7 @@ fn replay_outbox_event(
         include_str!("../sql/queries/replay_outbox_event.sql"),
         &scope.args([id.as_str().into()]),
     )?;
-    crate::feed::outbox_wakeup(&id);
+    wakeup(&id);
     let event = events(&scope, vec![id.clone()])?.into_iter().next();
     Ok(event.ok_or_else(|| not_found(&id))?)
 }

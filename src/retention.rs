@@ -2,11 +2,11 @@
 //! idempotency keys of their tool calls stay behind as tombstones, so a late duplicate can
 //! never execute again.
 
-use crate::blobs;
+use crate::artifacts::blobs;
 use crate::db;
 use crate::error::{raise, LedgerError, Result, SqlError};
-use crate::model::retention::check_older_than;
 use crate::scope::{self, Scope};
+use ledger_model::retention::check_older_than;
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
 

@@ -13,12 +13,11 @@
 
 use crate::db;
 use crate::error::{Class, LedgerError, Result};
-use crate::feed;
-use crate::model::ids;
-use crate::model::run_lease;
-use crate::model::status::{Resource, Status};
-use crate::model::tool_call::{ApprovalStatus, CallStatus};
 use crate::scope::Scope;
+use ledger_model::ids;
+use ledger_model::run_leases;
+use ledger_model::status::{Resource, Status};
+use ledger_model::tool_calls::{ApprovalStatus, CallStatus};
 use pgrx::datum::DatumWithOid;
 use pgrx::{FromDatum, IntoDatum};
 
@@ -123,12 +122,29 @@ pub struct LockedRun {
 }
 
 impl LockedRun {
+    /// The run as the feed's appends take it.
+    pub fn held(&self) -> HeldRun<'_> {
+        HeldRun {
+            id: &self.id,
+            last_seq: self.last_seq,
+        }
+    }
+
     /// The fence of every write about a run that may carry the owner's `run_token`: none given
     /// passes, else it must be the current token of a held run (40001 `LEASE_STALE`). Read
     /// under the run's lock, so no claim can take the run over before the write commits.
     pub fn fence(&self, run_token: Option<i64>) -> Result<()> {
-        run_lease::check_token(&self.id, run_token, self.run_token, self.lease_held)
+        run_leases::check_token(&self.id, run_token, self.run_token, self.lease_held)
     }
+}
+
+/// A run this transaction holds (locked, or inserted by it) with its `last_seq` as read then:
+/// what appending to its feed takes (`feed::append`), so that a call collecting its events
+/// allocates their seqs after it without a statement.
+#[derive(Clone, Copy)]
+pub struct HeldRun<'a> {
+    pub id: &'a str,
+    pub last_seq: i64,
 }
 
 impl std::ops::Deref for LockedRun {
@@ -207,19 +223,12 @@ pub fn run_exists(scope: &Scope, run_id: &str) -> Result<()> {
 /// lock of every write about a run.
 pub fn lock_run(scope: &Scope, argument: &str, run_id: &str) -> Result<LockedRun> {
     ids::validate(argument, run_id)?;
-    let run = run_by(scope, "id", run_id, Lock::NoKeyUpdate)?
-        .ok_or_else(|| run_not_found(argument, run_id))?;
-    feed::held(scope, &run);
-    Ok(run)
+    run_by(scope, "id", run_id, Lock::NoKeyUpdate)?.ok_or_else(|| run_not_found(argument, run_id))
 }
 
 /// Locks the run if no one else holds it; None when it is busy or gone.
 pub fn try_lock_run(scope: &Scope, run_id: &str) -> Result<Option<LockedRun>> {
-    let run = run_by(scope, "id", run_id, Lock::NoKeyUpdateSkipLocked)?;
-    if let Some(run) = &run {
-        feed::held(scope, run);
-    }
-    Ok(run)
+    run_by(scope, "id", run_id, Lock::NoKeyUpdateSkipLocked)
 }
 
 /// Keeps the run from being purged until this transaction ends, without waiting and without

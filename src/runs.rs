@@ -1,18 +1,19 @@
 //! Runs: creation with lineage and exact inputs, transitions, and reading the inputs back.
 
-use crate::blobs;
+use crate::artifacts::blobs;
 use crate::db;
 use crate::error::{Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, optional_label, required, required_id};
-use crate::model::events::{Event, RunCreated, RunStatus};
-use crate::model::ids;
-use crate::model::status::{check_transition, Resource, Status};
+use crate::outbox;
 use crate::redaction::{free_text, redacted_json};
-use crate::rows;
+use crate::rows::{self, HeldRun};
 use crate::scope::{self, Scope};
 use crate::transition;
+use ledger_model::args::{optional_id, optional_label, required, required_id};
+use ledger_model::events::{Event, RunCreated, RunStatus};
+use ledger_model::ids;
+use ledger_model::status::{check_transition, Resource, Status};
 use pgrx::prelude::*;
 
 /// Inputs whose JSON text is longer than this are kept in `ledger.blobs`.
@@ -139,10 +140,10 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
             inputs_size.into(),
             new.control_action.into(),
         ]),
-        |r| db::req::<String>(r, 1),
+        |r| db::req::<i64>(r, 1),
     )?;
 
-    if inserted.is_none() {
+    let Some(last_seq) = inserted else {
         // A run with this request_id (or this run_id) exists: the same request returns it, any
         // other is refused with the fields that differ.
         let (found, differing) = db::select_one(
@@ -183,7 +184,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
             .with("fields", differing));
         }
         return Ok(found);
-    }
+    };
 
     let created = Event::RunCreated(RunCreated {
         run_id: &id,
@@ -200,8 +201,8 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         attempt_no,
         control_action: new.control_action,
     });
-    feed::append(scope, &id, None, &created)?;
-    feed::enqueue(scope, &created, Some(&id), None, &format!("run:{id}"))?;
+    feed::append(scope, HeldRun { id: &id, last_seq }, None, &created)?;
+    outbox::enqueue(scope, &created, Some(&id), None, &format!("run:{id}"))?;
     Ok(id)
 }
 
@@ -362,7 +363,7 @@ const TRANSITION: transition::Columns = transition::Columns {
     duration_from: Some("queued_at"),
 };
 
-/// Moves a run to `to_status` under the status machine (`model::status`).
+/// Moves a run to `to_status` under the status machine (`ledger_model::status`).
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
@@ -409,7 +410,12 @@ fn transition_run(
         error_code,
         error_step_id,
     };
-    feed::append(&scope, run_id, None, &Event::RunStatus(change.clone()))?;
+    feed::append(
+        &scope,
+        current.held(),
+        None,
+        &Event::RunStatus(change.clone()),
+    )?;
     transition::write(
         &scope,
         &TRANSITION,
@@ -425,7 +431,7 @@ fn transition_run(
         ],
     )?;
     if to.is_terminal() {
-        feed::enqueue(
+        outbox::enqueue(
             &scope,
             &Event::RunStatusUpdated(change),
             Some(run_id),

@@ -5,8 +5,8 @@
 use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::guc;
-use crate::model::args::{optional_id, required_id, required_label};
-use crate::model::ids;
+use ledger_model::args::{optional_id, required_id, required_label};
+use ledger_model::ids;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 

@@ -4,14 +4,14 @@ use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, optional_label, required, required_id, required_label};
-use crate::model::events::{Event, StepCreated, StepStatus};
-use crate::model::ids;
-use crate::model::status::{check_transition, Resource, Status};
 use crate::redaction::{free_text, redacted_json};
 use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
 use crate::transition;
+use ledger_model::args::{optional_id, optional_label, required, required_id, required_label};
+use ledger_model::events::{Event, StepCreated, StepStatus};
+use ledger_model::ids;
+use ledger_model::status::{check_transition, Resource, Status};
 use pgrx::prelude::*;
 
 fn row(scope: &Scope, step_id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_steps")> {
@@ -90,7 +90,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
     let id = new
         .step_id
         .map_or_else(|| ids::new_id("step"), str::to_owned);
-    let seq = feed::next_seq(scope, run)?;
+    let seq = feed::next_seq(scope, run.held())?;
     db::execute(
         include_str!("../sql/queries/insert_step.sql"),
         &scope.args([
@@ -112,7 +112,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
         node_id: new.node_id,
         status: new.status.as_str(),
     });
-    feed::insert(scope, &run.id, seq, Some(&id), &created)?;
+    feed::insert(scope, run.held(), seq, Some(&id), &created)?;
     Ok(id)
 }
 
@@ -233,7 +233,7 @@ fn write_transition(
         to: to.as_str(),
         error_code: change.error_code,
     });
-    feed::append(scope, &run.id, Some(step_id), &status)?;
+    feed::append(scope, run.held(), Some(step_id), &status)?;
     transition::write(
         scope,
         &TRANSITION,

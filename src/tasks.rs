@@ -4,18 +4,18 @@
 
 use crate::db;
 use crate::error::{raise, Class, LedgerError, Result, SqlError};
-use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, optional_label, required, required_id, required_label};
-use crate::model::events::{
-    task_event_reserved, Event, TaskCheckpoint, TaskCreated, TaskRetried, TaskSnapshot, TaskStatus,
-};
-use crate::model::status::{check_transition, Resource, Status};
-use crate::model::{ids, json};
+use crate::outbox;
 use crate::redaction::{free_text, redacted_object};
 use crate::rows;
 use crate::scope::{self, Scope};
 use crate::transition;
+use ledger_model::args::{optional_id, optional_label, required, required_id, required_label};
+use ledger_model::events::{
+    task_event_reserved, Event, TaskCheckpoint, TaskCreated, TaskRetried, TaskSnapshot, TaskStatus,
+};
+use ledger_model::status::{check_transition, Resource, Status};
+use ledger_model::{ids, json};
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
@@ -358,7 +358,7 @@ fn retry_task(
         from: task.status.as_str(),
         attempt_count: task.attempt_count.saturating_add(1),
     });
-    feed::enqueue(
+    outbox::enqueue(
         &scope,
         &retried,
         task.run_id.as_deref(),

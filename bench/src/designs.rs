@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::model::feed::insert_statement;
 use crate::model::hash::{ChannelKey, CHANNEL_KEY_BYTES};
-use crate::model::{json as cjson, redact};
+use crate::model::{json as cjson, redaction};
 
 pub const TX_PER_LIFECYCLE: f64 = 3.0;
 pub const TENANT: &str = "bench";
@@ -250,7 +250,7 @@ struct App {
     run_id: String,
     n: u64,
     feed: Option<Feed>,
-    rules: redact::Rules,
+    rules: redaction::Rules,
     run_in_scope: Statement,
     find_call: Statement,
     insert_step: Statement,
@@ -285,7 +285,7 @@ impl App {
             run_id,
             n: 0,
             feed,
-            rules: redact::Rules::default(),
+            rules: redaction::Rules::default(),
             run_in_scope: p(&format!("SELECT 1 FROM app.runs WHERE {SCOPE} AND id = $3")),
             find_call: p(&format!(
                 "SELECT id, status FROM app.run_step_tool_calls
@@ -354,7 +354,7 @@ impl App {
 
         // claim
         let request_hash = cjson::request_hash(args);
-        let stored_args = redact::summarize_arguments(&self.rules, args.clone(), &request_hash);
+        let stored_args = redaction::summarize_arguments(&self.rules, args.clone(), &request_hash);
         let mut tx = c.transaction().expect("BEGIN");
         let found = tx
             .query(&self.run_in_scope, &[&t, &w, &self.run_id])

@@ -1,15 +1,18 @@
-//! Governance evidence and replay readiness of one run (README: `run_evidence`, `replay_ready`):
+//! Governance evidence and replay readiness of one run (docs/evidence.md: `run_evidence`, `replay_ready`):
 //! the thirteen items and the replay criteria, computed from facts the SPI layer gathers.
 //! No Postgres here.
 //!
 //! Every `Value` came through `json::parse`, so its depth is bounded and recursion is safe.
+
+pub mod costs;
+pub mod otel;
 
 use std::collections::HashSet;
 
 use serde_json::{json, Value};
 
 use crate::json::canonical;
-use crate::redact;
+use crate::redaction;
 
 /// What the ledger knows about a run, gathered by the SPI layer.
 #[derive(Clone, Debug, Default)]
@@ -307,7 +310,7 @@ impl Context<'_> {
             has_secret_key: everywhere.iter().any(|v| has_key(v, &SECRET_KEYS)),
             leaked_secret: audits
                 .iter()
-                .any(|v| string_values(v).into_iter().any(redact::is_credential)),
+                .any(|v| string_values(v).into_iter().any(redaction::is_credential)),
             has_egress_evidence: has_egress_key || !egress_refs.is_empty(),
             egress_refs,
             metrics,

@@ -70,7 +70,7 @@ fn check(argument: &str, value: &str, max_chars: usize, max_bytes: usize) -> Res
 }
 
 /// Unicode's format characters (general category Cf, Unicode 15.1): zero-width, bidi, tags.
-pub(crate) fn is_format(c: char) -> bool {
+pub fn is_format(c: char) -> bool {
     matches!(c,
         '\u{AD}' | '\u{600}'..='\u{605}' | '\u{61C}' | '\u{6DD}' | '\u{70F}' | '\u{890}'..='\u{891}'
         | '\u{8E2}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'

@@ -5,12 +5,12 @@ use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_label, required_id, required_label};
-use crate::model::events::{Event, Recorded};
-use crate::model::ids;
 use crate::redaction::{free_text, redacted_object};
 use crate::rows;
 use crate::scope::{self, Scope};
+use ledger_model::args::{optional_label, required_id, required_label};
+use ledger_model::events::{Event, Recorded};
+use ledger_model::ids;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 
@@ -61,7 +61,7 @@ fn record<T: FromDatum + IntoDatum>(
     columns: &[&str],
     values: Vec<DatumWithOid>,
 ) -> Result<T> {
-    rows::lock_owner(scope, run_id, step_id)?;
+    let run = rows::lock_owner(scope, run_id, step_id)?;
     let (table, prefix, code, what) = kind.names();
     let id = ids::new_id(prefix);
     let placeholders: Vec<String> = (5..5 + columns.len()).map(|i| format!("${i}")).collect();
@@ -75,7 +75,7 @@ fn record<T: FromDatum + IntoDatum>(
     args.extend(values);
     db::execute(&query, &args)?;
     let recorded = kind.event(Recorded { id: &id, table });
-    feed::append(scope, run_id, step_id, &recorded)?;
+    feed::append(scope, run.held(), step_id, &recorded)?;
     rows::scoped_row(scope, &format!("ledger.{table}"), &id, code, what)
 }
 

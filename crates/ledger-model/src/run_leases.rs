@@ -1,6 +1,6 @@
-//! Run ownership: the rules of a run's fencing token (the `run_token` argument of the run's
+//! Run leases: the rules of a run's fencing token (the `run_token` argument of the run's
 //! writes) and of claims across scopes. Lease lengths follow the outbox's and the tool calls'
-//! rules (`outbox::lease_seconds`, `tool_call::extend_seconds`).
+//! rules (`outbox::lease_seconds`, `tool_calls::extend_seconds`).
 
 use crate::error::{Class, LedgerError, Result};
 

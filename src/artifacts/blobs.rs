@@ -3,8 +3,8 @@
 
 use crate::db;
 use crate::error::{Class, LedgerError, Result};
-use crate::model::hash;
 use crate::scope::Scope;
+use ledger_model::hash;
 
 /// Stores `bytes` in the scope's content-addressed blob store; returns their sha256.
 pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {

@@ -1,6 +1,8 @@
 //! The tool-call record's rules: what a claim does with an existing record, the lease length,
 //! and attempt fencing. No Postgres here.
 
+pub mod batch;
+
 use serde_json::Value;
 
 use crate::error::{Class, LedgerError, Result};
