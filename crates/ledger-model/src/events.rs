@@ -290,6 +290,44 @@ pub fn ends_run(event_type: &str, payload: &str) -> bool {
             .is_some_and(Status::is_terminal)
 }
 
+/// The audit records the ledger writes itself (`ledger.audit_events`), beside the events: their
+/// `gateway_type`s, which docs/reference.md lists under "Audit records the ledger writes"
+/// (`tests/reference.rs` compares them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuditKind {
+    ToolCallClaim,
+    ToolCallComplete,
+    ToolCallResolve,
+    ToolCallReplay,
+    ApprovalRequest,
+    ApprovalDecision,
+    OutboxReplay,
+}
+
+impl AuditKind {
+    pub const ALL: &'static [AuditKind] = &[
+        AuditKind::ToolCallClaim,
+        AuditKind::ToolCallComplete,
+        AuditKind::ToolCallResolve,
+        AuditKind::ToolCallReplay,
+        AuditKind::ApprovalRequest,
+        AuditKind::ApprovalDecision,
+        AuditKind::OutboxReplay,
+    ];
+
+    pub fn gateway_type(self) -> &'static str {
+        match self {
+            AuditKind::ToolCallClaim => "tool_call.claim",
+            AuditKind::ToolCallComplete => "tool_call.complete",
+            AuditKind::ToolCallResolve => "tool_call.resolve",
+            AuditKind::ToolCallReplay => "tool_call.replay",
+            AuditKind::ApprovalRequest => "approval.request",
+            AuditKind::ApprovalDecision => "approval.decision",
+            AuditKind::OutboxReplay => "outbox.replay",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
