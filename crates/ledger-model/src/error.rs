@@ -297,9 +297,9 @@ mod tests {
     #[test]
     fn every_code_has_one_wire_name() {
         let mut names: Vec<&str> = Code::ALL.iter().map(|c| c.as_str()).collect();
-        assert!(names
-            .iter()
-            .all(|n| n.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')));
+        assert!(names.iter().all(|n| n
+            .bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_')));
         names.sort_unstable();
         let n = names.len();
         names.dedup();
