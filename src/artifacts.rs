@@ -1,7 +1,7 @@
 //! Artifacts of a run: bytes in the scope's blob store, or a pointer to an external store.
 
 use crate::db;
-use crate::error::{raise, Class, LedgerError, Result, SqlError};
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::redaction::redacted_object;
@@ -114,8 +114,7 @@ pub fn load(scope: &Scope, artifact_id: &str) -> Result<Option<Artifact>> {
 pub fn bytes(scope: &Scope, artifact_id: &str, artifact: &Artifact) -> Result<Vec<u8>> {
     let Some(address) = artifact.storage_key.strip_prefix(BLOB_KEY_PREFIX) else {
         return Err(LedgerError::new(
-            Class::WrongState,
-            "ARTIFACT_EXTERNAL",
+            Code::ArtifactExternal,
             "the artifact's bytes live in an external store; read them from its storage_key",
         )
         .with("artifact_id", artifact_id)
@@ -124,13 +123,12 @@ pub fn bytes(scope: &Scope, artifact_id: &str, artifact: &Artifact) -> Result<Ve
     if address != artifact.sha256 {
         return Err(hash_mismatch(artifact_id, &artifact.sha256, address));
     }
-    blobs::get(scope, address, "ARTIFACT_HASH_MISMATCH")
+    blobs::get(scope, address, Code::ArtifactHashMismatch)
 }
 
 pub fn hash_mismatch(artifact_id: &str, expected: &str, actual: &str) -> LedgerError {
     LedgerError::new(
-        Class::Corrupted,
-        "ARTIFACT_HASH_MISMATCH",
+        Code::ArtifactHashMismatch,
         "stored bytes do not match their sha256",
     )
     .with("artifact_id", artifact_id)
@@ -143,8 +141,8 @@ fn checked_type<'a>(value: Option<&'a str>, default: &'static str) -> Result<&'a
     if ["file", "log", "blob", "json"].contains(&t) {
         Ok(t)
     } else {
-        Err(LedgerError::invalid(
-            "ARTIFACT_TYPE_UNKNOWN",
+        Err(LedgerError::new(
+            Code::ArtifactTypeUnknown,
             "artifact_type must be file, log, blob or json",
         )
         .with("artifact_type", t))
@@ -158,7 +156,7 @@ fn row(scope: &Scope, id: &str) -> Result<ArtifactRow> {
         scope,
         "ledger.run_artifacts",
         id,
-        "ARTIFACT_NOT_FOUND",
+        Code::ArtifactNotFound,
         "artifact",
     )
 }
@@ -274,21 +272,21 @@ fn register_artifact(
     let size_bytes = size_bytes.ok_or_else(|| LedgerError::required("size_bytes"))?;
     if size_bytes < 0 {
         raise(
-            LedgerError::invalid("SIZE_INVALID", "size_bytes must not be negative")
+            LedgerError::new(Code::SizeInvalid, "size_bytes must not be negative")
                 .with("size_bytes", size_bytes),
         );
     }
     let sha = required("sha256", sha256)?;
     if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
-        raise(LedgerError::invalid(
-            "SHA256_INVALID",
+        raise(LedgerError::new(
+            Code::Sha256Invalid,
             "sha256 must be 64 hex digits",
         ));
     }
     let sha = sha.to_ascii_lowercase();
     if storage_key.starts_with(BLOB_KEY_PREFIX) {
-        raise(LedgerError::invalid(
-            "STORAGE_KEY_RESERVED",
+        raise(LedgerError::new(
+            Code::StorageKeyReserved,
             "blob:sha256: keys are the built-in store's; use ledger.put_artifact",
         ));
     }
@@ -317,7 +315,7 @@ fn get_artifact(artifact_id: Option<&str>) -> std::result::Result<Vec<u8>, SqlEr
     let artifact_id = required_id("artifact_id", artifact_id)?;
     ids::validate("artifact_id", artifact_id)?;
     let artifact = load(&scope, artifact_id)?
-        .ok_or_else(|| LedgerError::not_found("ARTIFACT_NOT_FOUND", "artifact", artifact_id))?;
+        .ok_or_else(|| LedgerError::not_found(Code::ArtifactNotFound, "artifact", artifact_id))?;
     Ok(bytes(&scope, artifact_id, &artifact)?)
 }
 

@@ -20,7 +20,7 @@ use std::cell::RefCell;
 
 use crate::channels;
 use crate::db;
-use crate::error::{raise, LedgerError, Result, SqlError};
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
 use crate::notifier;
 use crate::rows::{self, HeldRun};
@@ -215,7 +215,7 @@ fn bump(scope: &Scope, run_id: &str, k: i64) -> Result<i64> {
         &scope.args([run_id.into(), k.into()]),
         |r| db::req::<i64>(r, 1),
     )?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
+    .ok_or_else(|| LedgerError::not_found(Code::RunNotFound, "run", run_id))
 }
 
 /// Most events one INSERT writes: the statement text depends on the count (a kept plan each).
@@ -398,7 +398,7 @@ fn events_since(
     let limit = max_events.ok_or_else(|| LedgerError::required("max_events"))?;
     if !(1..=MAX_EVENTS_PER_CALL).contains(&limit) {
         raise(
-            LedgerError::invalid("LIMIT_INVALID", "max_events must be between 1 and 10000")
+            LedgerError::new(Code::LimitInvalid, "max_events must be between 1 and 10000")
                 .with("argument", "max_events")
                 .with("value", limit),
         );
@@ -413,7 +413,7 @@ fn events_since(
             |r| db::req::<i64>(r, 1),
         )?
         .ok_or_else(|| {
-            LedgerError::not_found("EVENT_NOT_FOUND", "event", event_id).with("run_id", run_id)
+            LedgerError::not_found(Code::EventNotFound, "event", event_id).with("run_id", run_id)
         })?,
     };
     let rows = db::select(

@@ -1,6 +1,6 @@
 //! Configuration parameters (GUCs) of the extension.
 
-use crate::error::{report_check_failure, Class, LedgerError};
+use crate::error::{report_check_failure, Code, LedgerError};
 use ledger_model::ids;
 use pgrx::{pg_guard, pg_sys, GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use std::cell::Cell;
@@ -161,7 +161,7 @@ unsafe fn check_scope_name(argument: &str, newval: *mut *mut c_char) -> bool {
         Ok(name) => ids::validate(argument, name).and_then(|()| stated_by_set_scope(argument)),
         // Possible only in a SQL_ASCII database.
         Err(_) => Err(
-            LedgerError::invalid("ID_INVALID", format!("{argument} is not valid UTF-8"))
+            LedgerError::new(Code::IdInvalid, format!("{argument} is not valid UTF-8"))
                 .with("argument", argument),
         ),
     };
@@ -182,8 +182,7 @@ fn stated_by_set_scope(argument: &str) -> Result<(), LedgerError> {
         return Ok(());
     }
     Err(LedgerError::new(
-        Class::Privilege,
-        "SCOPE_SET_DIRECTLY",
+        Code::ScopeSetDirectly,
         format!("ledger.{argument} is set only by ledger.set_scope(tenant_id, workspace_id)"),
     )
     .with("argument", argument))

@@ -6,7 +6,7 @@
 //! The rules (bounds, backoff, when an event fails) are in `ledger_model::outbox`; this is SPI.
 
 use crate::db;
-use crate::error::{LedgerError, Result, SqlError};
+use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
 use crate::notifier;
 use crate::redaction::free_text;
@@ -61,7 +61,7 @@ pub fn wakeup(id: &str) {
 }
 
 fn not_found(id: &str) -> LedgerError {
-    LedgerError::not_found("OUTBOX_EVENT_NOT_FOUND", "outbox event", id)
+    LedgerError::not_found(Code::OutboxEventNotFound, "outbox event", id)
 }
 
 /// The events `ids` as `ledger.outbox_event`, in claim order.
@@ -111,8 +111,8 @@ fn event_id_arg(event_id: Option<&str>) -> Result<String> {
     // An untyped '{a,b}' literal resolves to the single-id variant; the ledger's ids never
     // start with a brace, so say what happened instead of acking nothing.
     if id.starts_with('{') {
-        return Err(LedgerError::invalid(
-            "ID_INVALID",
+        return Err(LedgerError::new(
+            Code::IdInvalid,
             "event_id looks like an array literal: pass ARRAY[...] or cast it to text[]",
         )
         .with("argument", "event_id"));
@@ -124,8 +124,8 @@ fn event_id_arg(event_id: Option<&str>) -> Result<String> {
 fn event_ids_arg(event_ids: Option<Vec<Option<String>>>) -> Result<Vec<String>> {
     let event_ids = event_ids.ok_or_else(|| LedgerError::required("event_ids"))?;
     if event_ids.len() > rules::MAX_CLAIM_EVENTS as usize {
-        return Err(LedgerError::invalid(
-            "LIMIT_INVALID",
+        return Err(LedgerError::new(
+            Code::LimitInvalid,
             format!("event_ids may hold at most {} ids", rules::MAX_CLAIM_EVENTS),
         )
         .with("argument", "event_ids")

@@ -1,7 +1,7 @@
 //! SQL faces of the pure redaction and canonical-hashing rules, so clients and psql users can
 //! check what the ledger stores and hashes.
 
-use crate::error::{LedgerError, SqlError};
+use crate::error::{Code, LedgerError, SqlError};
 use crate::guc;
 use crate::jsonb::Jsonb;
 use ledger_model::{json, redaction, text};
@@ -20,8 +20,8 @@ pub fn redacted_object(
     match value {
         None => Ok(serde_json::json!({})),
         Some(v) if v.is_object() => Ok(redaction::redact(&guc::redaction_rules(), parse(&v)?)),
-        Some(_) => Err(LedgerError::invalid(
-            "ARGUMENT_NOT_OBJECT",
+        Some(_) => Err(LedgerError::new(
+            Code::ArgumentNotObject,
             format!("{argument} must be a JSON object"),
         )
         .with("argument", argument)),

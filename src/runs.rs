@@ -2,7 +2,7 @@
 
 use crate::artifacts::blobs;
 use crate::db;
-use crate::error::{Class, LedgerError, Result, SqlError};
+use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::outbox;
@@ -20,7 +20,7 @@ use pgrx::prelude::*;
 pub const INLINE_INPUT_BYTES: usize = 8192;
 
 fn row(scope: &Scope, run_id: &str) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
-    rows::scoped_row(scope, "ledger.runs", run_id, "RUN_NOT_FOUND", "run")
+    rows::scoped_row(scope, "ledger.runs", run_id, Code::RunNotFound, "run")
 }
 
 /// What a new run is made of.
@@ -65,8 +65,8 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     };
     let inputs = match &new.inputs {
         Some(inputs) if !inputs.is_object() => {
-            return Err(LedgerError::invalid(
-                "INPUTS_NOT_OBJECT",
+            return Err(LedgerError::new(
+                Code::InputsNotObject,
                 "inputs must be a JSON object",
             ));
         }
@@ -76,7 +76,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     if let Some(n) = new.attempt_no {
         if n < 1 {
             return Err(
-                LedgerError::invalid("ATTEMPT_INVALID", "attempt_no must be at least 1")
+                LedgerError::new(Code::AttemptInvalid, "attempt_no must be at least 1")
                     .with("attempt_no", n),
             );
         }
@@ -175,8 +175,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
                 "run_id"
             };
             return Err(LedgerError::new(
-                Class::Duplicate,
-                "IDEMPOTENCY_MISMATCH",
+                Code::IdempotencyMismatch,
                 format!("{key} was reused with a different {}", differing.join(", ")),
             )
             .with("run_id", found)
@@ -263,8 +262,7 @@ fn rerun(
     let source = rows::referenced_run(&scope, "run_id", run_id)?;
     if !allowed(source.status) {
         return Err(LedgerError::new(
-            Class::WrongState,
-            "RUN_NOT_RERUNNABLE",
+            Code::RunNotRerunnable,
             format!(
                 "a {} run cannot be {}",
                 source.status.as_str(),
@@ -295,7 +293,7 @@ fn rerun(
                 ))
             },
         )?
-        .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
+        .ok_or_else(|| LedgerError::not_found(Code::RunNotFound, "run", run_id))?;
     let overridden = inputs.is_some();
     let inputs = match inputs {
         Some(i) => Some(i),
@@ -460,18 +458,14 @@ pub fn load_inputs(scope: &Scope, run_id: &str) -> Result<Option<Jsonb>> {
         &scope.args([run_id.into()]),
         |r| Ok((db::opt::<Jsonb>(r, 1)?, db::opt::<String>(r, 2)?)),
     )?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
+    .ok_or_else(|| LedgerError::not_found(Code::RunNotFound, "run", run_id))?;
     match (inline, sha) {
         (Some(doc), _) => Ok(Some(doc)),
         (None, Some(sha)) => {
-            let bytes = blobs::get(scope, &sha, "BLOB_HASH_MISMATCH")?;
+            let bytes = blobs::get(scope, &sha, Code::BlobHashMismatch)?;
             let text = String::from_utf8(bytes).map_err(|_| {
-                LedgerError::new(
-                    Class::Corrupted,
-                    "BLOB_NOT_UTF8",
-                    "stored inputs are not UTF-8",
-                )
-                .with("sha256", sha)
+                LedgerError::new(Code::BlobNotUtf8, "stored inputs are not UTF-8")
+                    .with("sha256", sha)
             })?;
             Ok(Some(Jsonb(text)))
         }

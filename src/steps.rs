@@ -1,7 +1,7 @@
 //! Steps of a run: creation and transitions.
 
 use crate::db;
-use crate::error::{raise, Class, LedgerError, Result, SqlError};
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::redaction::{free_text, redacted_json};
@@ -15,7 +15,13 @@ use ledger_model::status::{check_transition, Resource, Status};
 use pgrx::prelude::*;
 
 fn row(scope: &Scope, step_id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_steps")> {
-    rows::scoped_row(scope, "ledger.run_steps", step_id, "STEP_NOT_FOUND", "step")
+    rows::scoped_row(
+        scope,
+        "ledger.run_steps",
+        step_id,
+        Code::StepNotFound,
+        "step",
+    )
 }
 
 /// What a new step is made of.
@@ -45,7 +51,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
         None => None,
     };
     let mismatch = |field: &str, message: &str| {
-        LedgerError::new(Class::Duplicate, "IDEMPOTENCY_MISMATCH", message)
+        LedgerError::new(Code::IdempotencyMismatch, message)
             .with("fields", vec![field])
             .with("step_id", new.step_id)
             .with("step_key", new.step_key)
@@ -167,7 +173,7 @@ pub fn transition(
     run_token: Option<i64>,
 ) -> Result<bool> {
     let Some((run, step)) = rows::lock_step_by_id(scope, step_id)? else {
-        return Err(LedgerError::not_found("STEP_NOT_FOUND", "step", step_id));
+        return Err(LedgerError::not_found(Code::StepNotFound, "step", step_id));
     };
     run.fence(run_token)?;
     let Some(from) = check_transition(Resource::Step, step_id, step.status, expected, to)? else {
@@ -273,8 +279,8 @@ fn transition_step(
         .map(|s| Status::parse(Resource::Step, s))
         .transpose()?;
     let metrics = match metrics {
-        Some(m) if !m.is_object() => raise(LedgerError::invalid(
-            "METRICS_NOT_OBJECT",
+        Some(m) if !m.is_object() => raise(LedgerError::new(
+            Code::MetricsNotObject,
             "metrics must be a JSON object",
         )),
         // Parsed (depth-bounded) and redacted: metrics are evidence run_evidence walks later.

@@ -22,7 +22,7 @@ mod record;
 mod resolve;
 
 use crate::db;
-use crate::error::{LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 use crate::feed;
 use crate::guc;
 use crate::jsonb::Jsonb;
@@ -31,7 +31,7 @@ use crate::rows::{LockedRun, ToolCall};
 use crate::scope::Scope;
 use crate::steps::{self, StepChange};
 use ledger_model::args::{optional_id, required_id, required_label};
-use ledger_model::events::{Event, ToolCallIds};
+use ledger_model::events::{AuditKind, Event, ToolCallIds};
 use ledger_model::ids;
 use ledger_model::json;
 use ledger_model::redaction;
@@ -82,7 +82,7 @@ fn outcome(
         &scope.args([record_id.into(), outcome.into(), response.into()]),
         |r| db::req::<Jsonb>(r, 1),
     )?
-    .ok_or_else(|| LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", record_id))
+    .ok_or_else(|| LedgerError::not_found(Code::ToolCallNotFound, "tool call", record_id))
 }
 
 /// Appends an event about the call to the feed of `run`, held by this transaction (the call's
@@ -103,7 +103,7 @@ fn audit(
     scope: &Scope,
     run_id: &str,
     step_id: Option<&str>,
-    gateway_type: &str,
+    kind: AuditKind,
     outcome: &str,
     actor: Option<&str>,
     payload: Value,
@@ -115,7 +115,7 @@ fn audit(
             ids::new_id("aud").into(),
             run_id.into(),
             step_id.into(),
-            gateway_type.into(),
+            kind.gateway_type().into(),
             outcome.into(),
             actor.into(),
             Jsonb::from(&payload).into(),
@@ -139,7 +139,7 @@ fn arguments(value: Option<Jsonb>) -> Result<Arguments> {
 }
 
 fn arguments_not_object() -> LedgerError {
-    LedgerError::invalid("ARGUMENTS_NOT_OBJECT", "arguments must be a JSON object")
+    LedgerError::new(Code::ArgumentsNotObject, "arguments must be a JSON object")
 }
 
 /// `arguments` of a value already parsed (a call of a batch).

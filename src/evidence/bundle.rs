@@ -3,7 +3,7 @@
 //! SQL maps rows to JSON and sums money as numeric; Rust assembles and judges.
 
 use crate::db;
-use crate::error::{LedgerError, Result, SqlError};
+use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
 use crate::rows;
 use crate::scope::{self, Scope};
@@ -15,7 +15,7 @@ use pgrx::prelude::*;
 /// The one value of a read-only query over the run (`$1`, `$2` scope, `$3` run id).
 fn value<T: FromDatum + IntoDatum>(scope: &Scope, run_id: &str, query: &str) -> Result<T> {
     db::select_one(query, &scope.args([run_id.into()]), |r| db::req::<T>(r, 1))?
-        .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
+        .ok_or_else(|| LedgerError::not_found(Code::RunNotFound, "run", run_id))
 }
 
 /// One JSON value computed by a read-only query over the run.
@@ -224,7 +224,7 @@ fn facts(scope: &Scope, run_id: &str) -> Result<RunFacts> {
             })
         },
     )?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
+    .ok_or_else(|| LedgerError::not_found(Code::RunNotFound, "run", run_id))?;
     facts.steps = db::select(
         "SELECT id, step_type, metrics FROM ledger.run_steps \
           WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 ORDER BY step_no",

@@ -1,7 +1,7 @@
 //! Cost entries of a run.
 
 use crate::db;
-use crate::error::{LedgerError, Result, SqlError};
+use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::outbox;
@@ -23,7 +23,7 @@ fn row(
         scope,
         "ledger.run_cost_entries",
         id,
-        "COST_NOT_FOUND",
+        Code::CostNotFound,
         "cost entry",
     )
 }
@@ -184,14 +184,18 @@ fn record(
         optional_label(argument, label)?;
     }
     let quantity = billed_quantity.ok_or_else(|| LedgerError::required("billed_quantity"))?;
-    costs::check_non_negative("billed_quantity", "QUANTITY_INVALID", &quantity.to_string())?;
+    costs::check_non_negative(
+        "billed_quantity",
+        Code::QuantityInvalid,
+        &quantity.to_string(),
+    )?;
     if let Some(a) = &amount {
-        costs::check_non_negative("amount", "AMOUNT_INVALID", &a.to_string())?;
+        costs::check_non_negative("amount", Code::AmountInvalid, &a.to_string())?;
     }
     let currency = currency.map(costs::currency).transpose()?;
     if amount.is_some() && currency.is_none() {
-        return Err(LedgerError::invalid(
-            "CURRENCY_REQUIRED",
+        return Err(LedgerError::new(
+            Code::CurrencyRequired,
             "an amount needs a currency",
         ));
     }

@@ -2,7 +2,7 @@
 //! the pure core (`ledger_model::evidence::otel`) shapes the spans.
 
 use crate::db;
-use crate::error::{LedgerError, SqlError};
+use crate::error::{Code, LedgerError, SqlError};
 use crate::jsonb::Jsonb;
 use crate::rows;
 use crate::scope;
@@ -27,7 +27,7 @@ fn otel_trace(
         &scope.args([run_id.into()]),
         |r| db::req(r, 1),
     )?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
+    .ok_or_else(|| LedgerError::not_found(Code::RunNotFound, "run", run_id))?;
     let facts: Facts = serde_json::from_str(&text)
         .map_err(|e| LedgerError::internal(format!("otel_trace read its facts wrong: {e}")))?;
     Ok(Jsonb::from(&otel::trace(

@@ -2,7 +2,7 @@
 //! Every payload is redacted before it is stored.
 
 use crate::db;
-use crate::error::{LedgerError, Result, SqlError};
+use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::redaction::{free_text, redacted_object};
@@ -26,17 +26,17 @@ enum Kind {
 impl Kind {
     /// Its table, the prefix of its ids, and what a missing row of it is called (P0002 code,
     /// noun).
-    fn names(self) -> (&'static str, &'static str, &'static str, &'static str) {
+    fn names(self) -> (&'static str, &'static str, Code, &'static str) {
         match self {
-            Kind::Audit => ("audit_events", "aud", "AUDIT_NOT_FOUND", "audit event"),
+            Kind::Audit => ("audit_events", "aud", Code::AuditNotFound, "audit event"),
             Kind::ResponseEvent => (
                 "response_events",
                 "rev",
-                "RESPONSE_EVENT_NOT_FOUND",
+                Code::ResponseEventNotFound,
                 "response event",
             ),
-            Kind::Citation => ("citations", "cit", "CITATION_NOT_FOUND", "citation"),
-            Kind::Feedback => ("run_feedback", "fbk", "FEEDBACK_NOT_FOUND", "feedback"),
+            Kind::Citation => ("citations", "cit", Code::CitationNotFound, "citation"),
+            Kind::Feedback => ("run_feedback", "fbk", Code::FeedbackNotFound, "feedback"),
         }
     }
 

@@ -6,7 +6,7 @@ use super::lookup::{find_locked, tombstone};
 use super::record::create_waiting;
 use super::{arguments, audit, event, identity, outcome, ApprovalRequest};
 use crate::db;
-use crate::error::{raise, Class, LedgerError, Result, SqlError};
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::redaction::{free_text, redacted_object};
@@ -14,7 +14,7 @@ use crate::rows;
 use crate::scope::{self, Scope};
 use crate::steps::{self, StepChange};
 use ledger_model::args::{optional_label, required, required_id};
-use ledger_model::events::{ApprovalResolved, Event, ToolCallApproval};
+use ledger_model::events::{ApprovalResolved, AuditKind, Event, ToolCallApproval};
 use ledger_model::status::Status;
 use ledger_model::tool_calls::{lease_seconds, ApprovalStatus, CallStatus};
 use pgrx::prelude::*;
@@ -49,12 +49,8 @@ fn request_tool_approval(
         run.fence(run_token)?;
         if tombstone(&scope, &who, &args)?.is_some() {
             raise(
-                LedgerError::new(
-                    Class::WrongState,
-                    "TOOL_CALL_PURGED",
-                    "this tool call was purged",
-                )
-                .with("idempotency_key", who.idempotency_key.as_str()),
+                LedgerError::new(Code::ToolCallPurged, "this tool call was purged")
+                    .with("idempotency_key", who.idempotency_key.as_str()),
             );
         }
         if let Some(found) = find_locked(&scope, &run, &who)? {
@@ -83,8 +79,11 @@ fn resolve_approval(
             "approved" => ApprovalStatus::Approved,
             "rejected" => ApprovalStatus::Rejected,
             other => raise(
-                LedgerError::invalid("DECISION_UNKNOWN", "decision must be approved or rejected")
-                    .with("decision", other),
+                LedgerError::new(
+                    Code::DecisionUnknown,
+                    "decision must be approved or rejected",
+                )
+                .with("decision", other),
             ),
         };
         let actor = free_text(optional_label("actor", actor)?);
@@ -96,7 +95,7 @@ fn resolve_approval(
             approval.status,
             approval.tool_call_record_id,
         );
-        let current = ApprovalStatus::parse(&status)
+        let current = ApprovalStatus::from_name(&status)
             .ok_or_else(|| LedgerError::internal("unknown approval status"))?;
         if current != ApprovalStatus::Pending {
             if current == decision {
@@ -104,8 +103,7 @@ fn resolve_approval(
             }
             raise(
                 LedgerError::new(
-                    Class::WrongState,
-                    "APPROVAL_RESOLVED",
+                    Code::ApprovalResolved,
                     format!("approval {approval_id} is already {status}"),
                 )
                 .with("status", status),
@@ -131,7 +129,7 @@ fn resolve_approval(
             &scope,
             &run_id,
             None,
-            "approval.decision",
+            AuditKind::ApprovalDecision,
             decision.as_str(),
             actor,
             json!({"approval_id": approval_id, "tool_call_record_id": record_id, "note": note}),
@@ -174,7 +172,7 @@ fn approval_json(scope: &Scope, approval_id: &str) -> Result<Jsonb> {
         &scope.args([approval_id.into()]),
         |r| db::req::<Jsonb>(r, 1),
     )?
-    .ok_or_else(|| LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id))
+    .ok_or_else(|| LedgerError::not_found(Code::ApprovalNotFound, "approval", approval_id))
 }
 
 #[cfg(any(test, feature = "pg_test"))]

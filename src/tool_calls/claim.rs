@@ -7,7 +7,7 @@ use super::record::{
 use super::{
     approval_argument, arguments, identity, outcome, ApprovalRequest, Arguments, Identity,
 };
-use crate::error::{Class, LedgerError, Result, SqlError};
+use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::rows::{self, LockedRun, ToolCall};
@@ -166,8 +166,7 @@ pub(super) fn claim(scope: &Scope, run: &LockedRun, call: &Claim, owner: &str) -
         }
         if let Some(step) = step_id {
             return Err(LedgerError::new(
-                Class::Duplicate,
-                "STEP_HAS_TOOL_CALL",
+                Code::StepHasToolCall,
                 "the step already has a tool call",
             )
             .with("step_id", step));

@@ -11,7 +11,7 @@ use crate::redaction::redacted_object;
 use crate::rows::{self, LockedRun, ToolCall};
 use crate::scope::{self, Scope};
 use ledger_model::args::{required, required_id};
-use ledger_model::events::Event;
+use ledger_model::events::{AuditKind, Event};
 use ledger_model::status::Status;
 use ledger_model::tool_calls::{extend_seconds, wrong_state, CallStatus, Outcome};
 use pgrx::prelude::*;
@@ -150,7 +150,7 @@ fn complete_tool_call(
             &scope,
             &rec.run_id,
             Some(&rec.step_id),
-            "tool_call.complete",
+            AuditKind::ToolCallComplete,
             reported,
             rec.lease_owner.as_deref(),
             json!({"tool_call": rec.ids(), "status": rec.status.as_str()}),

@@ -4,7 +4,7 @@
 use super::{audit, event, step_to, ApprovalRequest, Arguments, Identity};
 use crate::artifacts;
 use crate::db;
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 use crate::jsonb::Jsonb;
 use crate::outbox;
 use crate::redaction::{free_text, free_text_within, redacted_json};
@@ -12,7 +12,7 @@ use crate::rows::{self, LockedRun, ToolCall};
 use crate::scope::Scope;
 use crate::steps::{self, NewStep, StepChange};
 use ledger_model::events::{
-    Event, ToolCallApproval, ToolCallClaimed, ToolCallCompleted, ToolCallReplayed,
+    AuditKind, Event, ToolCallApproval, ToolCallClaimed, ToolCallCompleted, ToolCallReplayed,
 };
 use ledger_model::status::Status;
 use ledger_model::tool_calls::{identity_reused, CallStatus};
@@ -46,7 +46,7 @@ pub(super) fn announce_claim(
         scope,
         &rec.run_id,
         Some(&rec.step_id),
-        "tool_call.claim",
+        AuditKind::ToolCallClaim,
         "claimed",
         Some(lease_owner),
         json!({"tool_call": rec.ids(), "lease_seconds": lease}),
@@ -213,14 +213,13 @@ pub(super) fn replay_response(scope: &Scope, rec: &ToolCall) -> Result<Jsonb> {
             ))
         },
     )?
-    .ok_or_else(|| LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", &rec.id))?;
+    .ok_or_else(|| LedgerError::not_found(Code::ToolCallNotFound, "tool call", &rec.id))?;
     let result_text = match &rec.result_artifact_id {
         None => result.map_or_else(|| "null".to_owned(), |r| r.0),
         Some(artifact_id) => {
             let mismatch = || {
                 LedgerError::new(
-                    Class::Privilege,
-                    "ARTIFACT_SCOPE_MISMATCH",
+                    Code::ArtifactScopeMismatch,
                     "Tool result artifact scope mismatch",
                 )
                 .with("artifact_id", artifact_id.as_str())
@@ -267,8 +266,8 @@ fn given_step(scope: &Scope, run_id: &str, step_id: &str) -> Result<()> {
     ids::validate("step_id", step_id)?;
     let step_type = rows::step_of_run(scope, step_id, run_id)?.step_type;
     if step_type != "tool" {
-        return Err(LedgerError::invalid(
-            "STEP_NOT_TOOL",
+        return Err(LedgerError::new(
+            Code::StepNotTool,
             "a tool call's step must have step_type tool",
         )
         .with("step_id", step_id)
@@ -361,7 +360,7 @@ pub(super) fn replayed_into(scope: &Scope, run: &LockedRun, rec: &ToolCall) -> R
         scope,
         run_id,
         None,
-        "tool_call.replay",
+        AuditKind::ToolCallReplay,
         "replayed",
         None,
         json!({"tool_call": rec.ids(), "source_run_id": rec.run_id}),
@@ -440,7 +439,7 @@ pub(super) fn create_waiting(
         scope,
         who.run_id,
         Some(&rec.step_id),
-        "approval.request",
+        AuditKind::ApprovalRequest,
         "pending",
         None,
         json!({"tool_call": rec.ids(), "approval_id": approval_id, "title": title, "policy_ref": policy_ref}),

@@ -4,14 +4,14 @@
 use super::record::{finish, mark_in_doubt};
 use super::{audit, event, outcome};
 use crate::db;
-use crate::error::{raise, Class, LedgerError, Result, SqlError};
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::redaction::free_text;
 use crate::rows;
 use crate::scope::{self, Scope};
 use ledger_model::args::{optional_label, required, required_id};
-use ledger_model::events::{Event, ToolCallResolved};
+use ledger_model::events::{AuditKind, Event, ToolCallResolved};
 use ledger_model::run_leases;
 use ledger_model::tool_calls::{CallStatus, Resolution};
 use pgrx::prelude::*;
@@ -40,8 +40,7 @@ fn resolve_tool_call(
         if rec.status != CallStatus::InDoubt {
             raise(
                 LedgerError::new(
-                    Class::WrongState,
-                    "TOOL_CALL_NOT_IN_DOUBT",
+                    Code::ToolCallNotInDoubt,
                     format!(
                         "only an in_doubt tool call can be resolved; this one is {}",
                         rec.status.as_str()
@@ -77,7 +76,7 @@ fn resolve_tool_call(
             &scope,
             &rec.run_id,
             Some(&rec.step_id),
-            "tool_call.resolve",
+            AuditKind::ToolCallResolve,
             resolution.as_str(),
             actor,
             json!({"tool_call": rec.ids(), "decision": resolution.as_str(), "note": note}),

@@ -1,7 +1,7 @@
 //! The status vocabularies, each declared once as data: the statuses of runs, steps and tasks
 //! with their transition table, of tool calls and of approvals.
 
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 
 /// Declares a vocabulary: each value's wire name, `terminal` or `live`, and optionally (`to
 /// [...]`, on every value) the values it may move to. Generates the enum, `ALL` (declaration
@@ -142,8 +142,8 @@ impl Status {
             .ok_or_else(|| {
                 // Echo at most 64 characters of a bad value back (it may be megabytes).
                 let shown = crate::text::truncate_chars(name, 64);
-                LedgerError::invalid(
-                    "STATUS_UNKNOWN",
+                LedgerError::new(
+                    Code::StatusUnknown,
                     format!("unknown {} status: {shown:?}", resource.as_str()),
                 )
                 .with("resource", resource.as_str())
@@ -157,13 +157,6 @@ impl CallStatus {
     pub fn parse(s: &str) -> Result<CallStatus> {
         CallStatus::from_name(s)
             .ok_or_else(|| LedgerError::internal(format!("unknown tool call status {s:?}")))
-    }
-}
-
-impl ApprovalStatus {
-    /// A status read back from an approval row (`None`: not one).
-    pub fn parse(s: &str) -> Option<ApprovalStatus> {
-        ApprovalStatus::from_name(s)
     }
 }
 
@@ -201,8 +194,7 @@ impl Resource {
             return Ok(());
         }
         Err(LedgerError::new(
-            Class::WrongState,
-            "TRANSITION_INVALID",
+            Code::TransitionInvalid,
             format!(
                 "invalid {} transition: {} -> {}",
                 self.as_str(),
@@ -227,8 +219,7 @@ impl Resource {
 /// 40001 `TRANSITION_CONFLICT`: the row was no longer at `expected`.
 pub fn conflict(resource: Resource, id: &str, expected: Status, to: Status) -> LedgerError {
     LedgerError::new(
-        Class::Conflict,
-        "TRANSITION_CONFLICT",
+        Code::TransitionConflict,
         format!(
             "concurrent {} transition rejected: {} was no longer {}",
             resource.as_str(),
@@ -266,6 +257,7 @@ pub fn check_transition(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Class;
 
     fn table(resource: Resource) -> Vec<(&'static str, Vec<&'static str>)> {
         Status::ALL
@@ -389,8 +381,8 @@ mod tests {
         assert_eq!(Status::parse(Resource::Run, "running").unwrap(), Running);
         let e = Status::parse(Resource::Run, "skipped").unwrap_err();
         assert_eq!(
-            (e.class, e.code),
-            (Class::InvalidParameter, "STATUS_UNKNOWN")
+            (e.class(), e.code),
+            (Class::InvalidParameter, Code::StatusUnknown)
         );
         assert_eq!(Status::parse(Resource::Step, "skipped").unwrap(), Skipped);
         assert!(Status::parse(Resource::Run, "RUNNING").is_err());
@@ -401,8 +393,8 @@ mod tests {
     #[test]
     fn invalid_transition_error_names_both_ends() {
         let e = Resource::Run.check(Succeeded, Failed).unwrap_err();
-        assert_eq!(e.code, "TRANSITION_INVALID");
-        assert_eq!(e.class, Class::WrongState);
+        assert_eq!(e.code, Code::TransitionInvalid);
+        assert_eq!(e.class(), Class::WrongState);
         assert_eq!(e.detail["from"], "succeeded");
         assert_eq!(e.detail["to"], "failed");
     }
@@ -429,7 +421,10 @@ mod tests {
             Status::Failed,
         )
         .unwrap_err();
-        assert_eq!((e.class, e.code), (Class::Conflict, "TRANSITION_CONFLICT"));
+        assert_eq!(
+            (e.class(), e.code),
+            (Class::Conflict, Code::TransitionConflict)
+        );
         assert_eq!(e.detail["actual"], "succeeded");
     }
 
@@ -437,7 +432,7 @@ mod tests {
     fn without_expectation_the_current_status_is_checked() {
         let e = check_transition(Resource::Run, "r", Status::Succeeded, None, Status::Failed)
             .unwrap_err();
-        assert_eq!(e.code, "TRANSITION_INVALID");
+        assert_eq!(e.code, Code::TransitionInvalid);
         assert_eq!(
             check_transition(Resource::Run, "r", Status::Queued, None, Status::Running).unwrap(),
             Some(Status::Queued)
@@ -523,9 +518,9 @@ mod tests {
             assert_eq!(Status::from_name(s.as_str()), Some(s));
         }
         for s in ApprovalStatus::ALL {
-            assert_eq!(ApprovalStatus::parse(s.as_str()), Some(s));
+            assert_eq!(ApprovalStatus::from_name(s.as_str()), Some(s));
         }
-        assert_eq!(ApprovalStatus::parse("Pending"), None);
+        assert_eq!(ApprovalStatus::from_name("Pending"), None);
         assert_eq!(CallStatus::from_name(""), None);
     }
 }

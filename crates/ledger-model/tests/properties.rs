@@ -15,6 +15,7 @@ use proptest::prelude::*;
 use proptest::sample::{select, Index};
 use serde_json::{json, Map, Value};
 
+use ledger_model::error::Code;
 use ledger_model::ids::{self, MAX_ID_CHARS};
 use ledger_model::json::{self, MAX_DEPTH};
 use ledger_model::redaction::{
@@ -398,7 +399,7 @@ proptest! {
         match json::parse(&text) {
             Ok(v) => prop_assert_eq!(json::parse(&json::canonical(&v)).ok(), Some(v)),
             Err(e) => {
-                prop_assert!(matches!(e.code, "INPUT_TOO_DEEP" | "JSON_INVALID"), "{e}");
+                prop_assert!(matches!(e.code, Code::InputTooDeep | Code::JsonInvalid), "{e}");
                 // The depth check runs first, so serde_json never meets its own limit.
                 prop_assert!(!e.message.contains("recursion limit"), "{e}");
             }
@@ -413,7 +414,7 @@ proptest! {
         if kinds.len() <= MAX_DEPTH {
             prop_assert!(result.is_ok(), "{:?}", result.err());
         } else {
-            prop_assert_eq!(result.err().map(|e| e.code), Some("INPUT_TOO_DEEP"));
+            prop_assert_eq!(result.err().map(|e| e.code), Some(Code::InputTooDeep));
         }
     }
 
@@ -472,7 +473,7 @@ proptest! {
         chars.insert(at.index(chars.len() + 1), bad);
         let id = String::from_iter(chars);
         let e = ids::validate("run_id", &id).expect_err("refused");
-        prop_assert_eq!(e.code, "ID_INVALID");
+        prop_assert_eq!(e.code, Code::IdInvalid);
     }
 
     #[test]
@@ -481,7 +482,7 @@ proptest! {
         match ids::validate("run_id", &id) {
             Ok(()) => prop_assert!((1..=MAX_ID_CHARS).contains(&count)),
             Err(e) => {
-                prop_assert_eq!(e.code, "ID_INVALID");
+                prop_assert_eq!(e.code, Code::IdInvalid);
                 prop_assert_eq!(&e.detail["length"], &json!(count));
             }
         }
@@ -503,7 +504,7 @@ proptest! {
         id in prop_oneof![Just(String::new()), id_of(MAX_ID_CHARS + 1..=MAX_ID_CHARS + 300)],
     ) {
         let e = ids::validate("run_id", &id).expect_err("refused");
-        prop_assert_eq!(e.code, "ID_INVALID");
+        prop_assert_eq!(e.code, Code::IdInvalid);
         prop_assert_eq!(&e.detail["length"], &json!(id.chars().count()));
     }
 
