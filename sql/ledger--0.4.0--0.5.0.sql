@@ -1181,7 +1181,7 @@ COMMENT ON FUNCTION ledger.retry_task(text) IS
 COMMENT ON FUNCTION ledger.replay_task(text) IS
     'Replays a task from its snapshot in one transaction and returns the NEW task: queued, same type and input, no run, replayed_from_task_id set, snapshot without task_id and run_id (top level and in payload). The old task goes to canceled (through retrying when terminal; succeeded fails 55000 TRANSITION_INVALID) with retried_as_task_id. No snapshot: 55000 TASK_RETRY_SNAPSHOT_MISSING, nothing changed. A task already replayed returns its replacement.';
 
--- Run ownership, the operator role and scope grants (0.5.0).
+-- Run leases, the operator role and scope grants (0.5.0).
 COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
     'Claims a run for lease_owner: run_id, or the oldest claimable run of the scope (filtered by modes and kinds), FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, and queued or retrying or claimed before (a run nobody ever claimed stays with its caller); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
 COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS

@@ -1,24 +1,25 @@
 //! Artifacts of a run: bytes in the scope's blob store, or a pointer to an external store.
 
-use crate::blobs;
 use crate::db;
-use crate::error::{raise, Class, LedgerError, Result, SqlError};
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_label, required, required_id};
-use crate::model::events::{ArtifactCreated, Event};
-use crate::model::ids;
 use crate::redaction::redacted_object;
-use crate::rows;
+use crate::rows::{self, HeldRun, LockedRun};
 use crate::scope::{self, Scope};
+use ledger_model::args::{optional_label, required, required_id};
+use ledger_model::events::{ArtifactCreated, Event};
+use ledger_model::ids;
 use pgrx::prelude::*;
+
+pub mod blobs;
 
 /// The storage key of bytes held in `ledger.blobs`.
 const BLOB_KEY_PREFIX: &str = "blob:sha256:";
 
-/// What a new artifact row holds.
+/// What a new artifact row holds: `run` is the run it belongs to, held by this transaction.
 pub struct NewArtifact<'a> {
-    pub run_id: &'a str,
+    pub run: HeldRun<'a>,
     pub step_id: Option<&'a str>,
     pub artifact_type: &'a str,
     pub mime: Option<&'a str>,
@@ -35,7 +36,7 @@ pub fn insert(scope: &Scope, new: &NewArtifact) -> Result<String> {
         include_str!("../sql/queries/insert_artifact.sql"),
         &scope.args([
             id.as_str().into(),
-            new.run_id.into(),
+            new.run.id.into(),
             new.step_id.into(),
             new.artifact_type.into(),
             new.mime.into(),
@@ -51,14 +52,14 @@ pub fn insert(scope: &Scope, new: &NewArtifact) -> Result<String> {
         size_bytes: new.size_bytes,
         sha256: new.sha256,
     });
-    feed::append(scope, new.run_id, new.step_id, &created)?;
+    feed::append(scope, new.run, new.step_id, &created)?;
     Ok(id)
 }
 
 /// Stores `bytes` in the blob store and records them as an artifact; returns (id, sha256).
 pub fn put_bytes(
     scope: &Scope,
-    run_id: &str,
+    run: HeldRun,
     step_id: Option<&str>,
     bytes: &[u8],
     artifact_type: &str,
@@ -70,7 +71,7 @@ pub fn put_bytes(
     let id = insert(
         scope,
         &NewArtifact {
-            run_id,
+            run,
             step_id,
             artifact_type,
             mime,
@@ -113,8 +114,7 @@ pub fn load(scope: &Scope, artifact_id: &str) -> Result<Option<Artifact>> {
 pub fn bytes(scope: &Scope, artifact_id: &str, artifact: &Artifact) -> Result<Vec<u8>> {
     let Some(address) = artifact.storage_key.strip_prefix(BLOB_KEY_PREFIX) else {
         return Err(LedgerError::new(
-            Class::WrongState,
-            "ARTIFACT_EXTERNAL",
+            Code::ArtifactExternal,
             "the artifact's bytes live in an external store; read them from its storage_key",
         )
         .with("artifact_id", artifact_id)
@@ -123,13 +123,12 @@ pub fn bytes(scope: &Scope, artifact_id: &str, artifact: &Artifact) -> Result<Ve
     if address != artifact.sha256 {
         return Err(hash_mismatch(artifact_id, &artifact.sha256, address));
     }
-    blobs::get(scope, address, "ARTIFACT_HASH_MISMATCH")
+    blobs::get(scope, address, Code::ArtifactHashMismatch)
 }
 
 pub fn hash_mismatch(artifact_id: &str, expected: &str, actual: &str) -> LedgerError {
     LedgerError::new(
-        Class::Corrupted,
-        "ARTIFACT_HASH_MISMATCH",
+        Code::ArtifactHashMismatch,
         "stored bytes do not match their sha256",
     )
     .with("artifact_id", artifact_id)
@@ -142,8 +141,8 @@ fn checked_type<'a>(value: Option<&'a str>, default: &'static str) -> Result<&'a
     if ["file", "log", "blob", "json"].contains(&t) {
         Ok(t)
     } else {
-        Err(LedgerError::invalid(
-            "ARTIFACT_TYPE_UNKNOWN",
+        Err(LedgerError::new(
+            Code::ArtifactTypeUnknown,
             "artifact_type must be file, log, blob or json",
         )
         .with("artifact_type", t))
@@ -157,7 +156,7 @@ fn row(scope: &Scope, id: &str) -> Result<ArtifactRow> {
         scope,
         "ledger.run_artifacts",
         id,
-        "ARTIFACT_NOT_FOUND",
+        Code::ArtifactNotFound,
         "artifact",
     )
 }
@@ -197,7 +196,7 @@ impl<'a> Shared<'a> {
 /// the meta redacted.
 struct Checked<'a> {
     scope: Scope,
-    run_id: &'a str,
+    run: LockedRun,
     artifact_type: &'a str,
     mime: Option<&'a str>,
     step_id: Option<&'a str>,
@@ -213,11 +212,11 @@ fn record(
     store: impl FnOnce(&Checked) -> Result<String>,
 ) -> Result<ArtifactRow> {
     let artifact_type = checked_type(shared.artifact_type, default_type)?;
-    rows::lock_owner(&shared.scope, shared.run_id, shared.step_id)?;
+    let run = rows::lock_owner(&shared.scope, shared.run_id, shared.step_id)?;
     let checked = Checked {
         meta: redacted_object("meta", shared.meta)?,
         scope: shared.scope,
-        run_id: shared.run_id,
+        run,
         artifact_type,
         mime: shared.mime,
         step_id: shared.step_id,
@@ -242,7 +241,7 @@ fn put_artifact(
     Ok(record(shared, "blob", |a| {
         let (id, _) = put_bytes(
             &a.scope,
-            a.run_id,
+            a.run.held(),
             a.step_id,
             &content,
             a.artifact_type,
@@ -273,21 +272,21 @@ fn register_artifact(
     let size_bytes = size_bytes.ok_or_else(|| LedgerError::required("size_bytes"))?;
     if size_bytes < 0 {
         raise(
-            LedgerError::invalid("SIZE_INVALID", "size_bytes must not be negative")
+            LedgerError::new(Code::SizeInvalid, "size_bytes must not be negative")
                 .with("size_bytes", size_bytes),
         );
     }
     let sha = required("sha256", sha256)?;
     if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_hexdigit()) {
-        raise(LedgerError::invalid(
-            "SHA256_INVALID",
+        raise(LedgerError::new(
+            Code::Sha256Invalid,
             "sha256 must be 64 hex digits",
         ));
     }
     let sha = sha.to_ascii_lowercase();
     if storage_key.starts_with(BLOB_KEY_PREFIX) {
-        raise(LedgerError::invalid(
-            "STORAGE_KEY_RESERVED",
+        raise(LedgerError::new(
+            Code::StorageKeyReserved,
             "blob:sha256: keys are the built-in store's; use ledger.put_artifact",
         ));
     }
@@ -295,7 +294,7 @@ fn register_artifact(
         insert(
             &a.scope,
             &NewArtifact {
-                run_id: a.run_id,
+                run: a.run.held(),
                 step_id: a.step_id,
                 artifact_type: a.artifact_type,
                 mime: a.mime,
@@ -316,7 +315,7 @@ fn get_artifact(artifact_id: Option<&str>) -> std::result::Result<Vec<u8>, SqlEr
     let artifact_id = required_id("artifact_id", artifact_id)?;
     ids::validate("artifact_id", artifact_id)?;
     let artifact = load(&scope, artifact_id)?
-        .ok_or_else(|| LedgerError::not_found("ARTIFACT_NOT_FOUND", "artifact", artifact_id))?;
+        .ok_or_else(|| LedgerError::not_found(Code::ArtifactNotFound, "artifact", artifact_id))?;
     Ok(bytes(&scope, artifact_id, &artifact)?)
 }
 

@@ -5,8 +5,8 @@
 
 use crate::db;
 use crate::error::{LedgerError, Result};
-use crate::model::hash::ChannelKey;
 use crate::scope::Scope;
+use ledger_model::hash::ChannelKey;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;

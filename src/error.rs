@@ -6,12 +6,12 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{pg_sys, PgLogLevel, PgSqlErrorCode};
 use std::ffi::CString;
 
-pub use crate::model::error::{Class, LedgerError, Result};
+pub use ledger_model::error::{Code, LedgerError, Result};
 
 /// Raises `e` as a PostgreSQL ERROR. Like `ereport(ERROR)` it does not return: the Rust frames
 /// unwind and PostgreSQL aborts the statement.
 pub fn raise(e: LedgerError) -> ! {
-    let code = PgSqlErrorCode::from(packed(e.class.sqlstate()));
+    let code = PgSqlErrorCode::from(packed(e.class().sqlstate()));
     ErrorReport::new(code, e.wire_message(), "ledger")
         .set_detail(e.wire_detail())
         .report(PgLogLevel::ERROR);
@@ -27,7 +27,7 @@ pub fn report_check_failure(e: &LedgerError) {
     // SAFETY: these globals are how a check hook reports; PostgreSQL expects palloc'd strings
     // and resets them before each hook call.
     unsafe {
-        pg_sys::GUC_check_errcode(packed(e.class.sqlstate()));
+        pg_sys::GUC_check_errcode(packed(e.class().sqlstate()));
         pg_sys::GUC_check_errmsg_string = pg_sys::pstrdup(message.as_ptr());
         pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr());
     }

@@ -1,5 +1,5 @@
-//! The run event feed (replay #2: catch up after a dropped connection) and the transactional
-//! outbox's write side. Every event written is an `Event` of `model::events`.
+//! The run event feed (replay #2: catch up after a dropped connection). Every event written is an
+//! `Event` of `ledger_model::events`.
 //!
 //! Every write that concerns a run appends to `run_events` in the caller's transaction. The seq
 //! comes from `runs.last_seq`, bumped under the run's row lock, so seq N+1 cannot commit before
@@ -10,23 +10,24 @@
 //! multi-row INSERT in the order they were produced, one NOTIFY each. The events, their seqs and
 //! the notifications are the same as one at a time; a failed call writes none of them.
 //!
-//! A seq needed before the end (`step.created`, written right after the step it names) comes
-//! from the run's `last_seq` as read under the run's lock (`LockedRun`): while collecting, no
-//! one else can move it, so the seq is reserved in the batch and the one bump at the end covers
-//! it too.
+//! Appending takes the run as this call holds it (`rows::HeldRun`, its `last_seq` as read under
+//! the run's lock): while collecting, no one else can move it, so the events' seqs are allocated
+//! after it without a statement. A seq needed before the end (`step.created`, written right
+//! after the step it names) is so reserved in the batch, and the one bump at the end covers it
+//! too.
 
 use std::cell::RefCell;
 
 use crate::channels;
 use crate::db;
-use crate::error::{raise, LedgerError, Result, SqlError};
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, required_id};
-use crate::model::events::{self, Event};
-use crate::model::{self, ids};
 use crate::notifier;
-use crate::rows::{self, LockedRun};
+use crate::rows::{self, HeldRun};
 use crate::scope::{self, Scope};
+use ledger_model::args::{optional_id, required_id};
+use ledger_model::events::{self, Event};
+use ledger_model::ids;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use serde_json::json;
@@ -63,7 +64,7 @@ impl Batch {
 
     /// Gives the unallocated events the seqs up to `last`, in order.
     fn allocate(&mut self, last: i64) {
-        model::feed::allocate(self.events.iter_mut().map(|e| &mut e.seq), last);
+        ledger_model::feed::allocate(self.events.iter_mut().map(|e| &mut e.seq), last);
     }
 }
 
@@ -167,28 +168,29 @@ impl Drop for Collecting {
 }
 
 /// The pending batch of this run (a batch of another run is written first). The collector is
-/// never borrowed across SPI calls.
-fn take_batch(scope: &Scope, run_id: &str) -> Result<Batch> {
+/// never borrowed across SPI calls. While collecting, the run's `last_seq` is known: as this
+/// call has moved it, else as read under the run's lock (`run`).
+fn take_batch(scope: &Scope, run: HeldRun) -> Result<Batch> {
     let pending = COLLECTOR.with(|c| c.borrow_mut().batch.take());
     match pending {
-        Some(b) if b.is_for(scope, run_id) => Ok(b),
+        Some(b) if b.is_for(scope, run.id) => Ok(b),
         other => {
             if let Some(b) = other {
                 write(b)?;
             }
             Ok(Batch {
                 scope: scope.clone(),
-                run_id: run_id.to_owned(),
+                run_id: run.id.to_owned(),
                 events: Vec::new(),
-                known: COLLECTOR.with(|c| c.borrow().known(scope, run_id)),
+                known: COLLECTOR.with(|c| {
+                    let c = c.borrow();
+                    c.open
+                        .then(|| c.known(scope, run.id).unwrap_or(run.last_seq))
+                }),
                 reserved: 0,
             })
         }
     }
-}
-
-fn collecting() -> bool {
-    COLLECTOR.with(|c| c.borrow().open)
 }
 
 /// Puts the batch back while collecting, else writes it.
@@ -213,7 +215,7 @@ fn bump(scope: &Scope, run_id: &str, k: i64) -> Result<i64> {
         &scope.args([run_id.into(), k.into()]),
         |r| db::req::<i64>(r, 1),
     )?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
+    .ok_or_else(|| LedgerError::not_found(Code::RunNotFound, "run", run_id))
 }
 
 /// Most events one INSERT writes: the statement text depends on the count (a kept plan each).
@@ -259,17 +261,6 @@ fn remember(batch: &Batch, last: i64) {
     });
 }
 
-/// A run this call has just locked (with the `last_seq` read under the lock): while collecting,
-/// its events' seqs are then allocated without a statement.
-pub fn held(scope: &Scope, run: &LockedRun) {
-    COLLECTOR.with(|c| {
-        let mut c = c.borrow_mut();
-        if c.open && c.known(scope, &run.id).is_none() {
-            c.remember(scope, &run.id, run.last_seq);
-        }
-    });
-}
-
 /// Writes the events with one INSERT per `EVENTS_PER_INSERT`, then moves `last_seq` of a held run
 /// past them. Inserted first, the events' foreign-key checks find the run's row as this call
 /// locked it, instead of locking the new version the bump makes (a WAL record). Inline, the run's
@@ -304,7 +295,10 @@ fn write(mut batch: Batch) -> Result<()> {
                 note.into(),
             ]);
         }
-        db::execute(&model::feed::insert_statement(chunk.len(), inline), &args)?;
+        db::execute(
+            &ledger_model::feed::insert_statement(chunk.len(), inline),
+            &args,
+        )?;
     }
     if mode == notifier::Mode::Worker {
         if let Some(last) = batch.events.iter().filter_map(|e| e.seq).max() {
@@ -319,20 +313,20 @@ fn write(mut batch: Batch) -> Result<()> {
     Ok(())
 }
 
-/// Allocates the locked run's next event seq (with the seqs of the events collected before it,
+/// Allocates the held run's next event seq (with the seqs of the events collected before it,
 /// so seq order stays the order events were produced). While collecting it is reserved in the
-/// batch, after the run's `last_seq` as known (else as read under `run`'s lock), and written
-/// with the batch's one bump; otherwise `last_seq` is bumped now.
-pub fn next_seq(scope: &Scope, run: &LockedRun) -> Result<i64> {
-    let mut batch = take_batch(scope, &run.id)?;
+/// batch, after the run's `last_seq` as known, and written with the batch's one bump; otherwise
+/// `last_seq` is bumped now.
+pub fn next_seq(scope: &Scope, run: HeldRun) -> Result<i64> {
+    let mut batch = take_batch(scope, run)?;
     let next = batch.unallocated() + 1;
-    let seq = if collecting() {
-        let known = *batch.known.get_or_insert(run.last_seq);
-        let seq = known + batch.reserved + next;
-        batch.reserved += next;
-        seq
-    } else {
-        bump(scope, &run.id, next)?
+    let seq = match batch.known {
+        Some(known) => {
+            let seq = known + batch.reserved + next;
+            batch.reserved += next;
+            seq
+        }
+        None => bump(scope, run.id, next)?,
     };
     batch.allocate(seq - 1);
     keep_or_write(batch)?;
@@ -342,27 +336,27 @@ pub fn next_seq(scope: &Scope, run: &LockedRun) -> Result<i64> {
 /// Adds the event with an already allocated seq (written now, or with the collected ones).
 pub fn insert(
     scope: &Scope,
-    run_id: &str,
+    run: HeldRun,
     seq: i64,
     step_id: Option<&str>,
     event: &Event,
 ) -> Result<()> {
-    push(scope, run_id, Some(seq), step_id, event)
+    push(scope, run, Some(seq), step_id, event)
 }
 
-/// Appends one event to the run's feed (its seq allocated when it is written).
-pub fn append(scope: &Scope, run_id: &str, step_id: Option<&str>, event: &Event) -> Result<()> {
-    push(scope, run_id, None, step_id, event)
+/// Appends one event to the held run's feed (its seq allocated when it is written).
+pub fn append(scope: &Scope, run: HeldRun, step_id: Option<&str>, event: &Event) -> Result<()> {
+    push(scope, run, None, step_id, event)
 }
 
 fn push(
     scope: &Scope,
-    run_id: &str,
+    run: HeldRun,
     seq: Option<i64>,
     step_id: Option<&str>,
     event: &Event,
 ) -> Result<()> {
-    let mut batch = take_batch(scope, run_id)?;
+    let mut batch = take_batch(scope, run)?;
     batch.events.push(Pending {
         id: ids::new_id("evt"),
         seq,
@@ -371,40 +365,6 @@ fn push(
         payload: Jsonb::from(&event.payload()),
     });
     keep_or_write(batch)
-}
-
-/// Writes an outbox row in the caller's transaction and wakes `ledger_outbox`'s listeners at
-/// commit with its id. `subject` names the fact (`run:<id>`, `tool_call:<id>`).
-pub fn enqueue(
-    scope: &Scope,
-    event: &Event,
-    run_id: Option<&str>,
-    task_id: Option<&str>,
-    subject: &str,
-) -> Result<String> {
-    let id = ids::new_id("obx");
-    db::execute(
-        include_str!("../sql/queries/enqueue_outbox.sql"),
-        &scope.args([
-            id.as_str().into(),
-            event.event_type().into(),
-            run_id.into(),
-            task_id.into(),
-            subject.into(),
-            Jsonb::from(&event.payload()).into(),
-        ]),
-    )?;
-    outbox_wakeup(&id);
-    Ok(id)
-}
-
-/// Tells `ledger_outbox`'s listeners (at commit) that the event is due, as `ledger.notify` says.
-pub fn outbox_wakeup(id: &str) {
-    match notifier::mode() {
-        notifier::Mode::Off => {}
-        notifier::Mode::Inline => notifier::notify("ledger_outbox", id),
-        notifier::Mode::Worker => notifier::outbox_news(id),
-    }
 }
 
 pub const MAX_EVENTS_PER_CALL: i32 = 10_000;
@@ -438,7 +398,7 @@ fn events_since(
     let limit = max_events.ok_or_else(|| LedgerError::required("max_events"))?;
     if !(1..=MAX_EVENTS_PER_CALL).contains(&limit) {
         raise(
-            LedgerError::invalid("LIMIT_INVALID", "max_events must be between 1 and 10000")
+            LedgerError::new(Code::LimitInvalid, "max_events must be between 1 and 10000")
                 .with("argument", "max_events")
                 .with("value", limit),
         );
@@ -453,7 +413,7 @@ fn events_since(
             |r| db::req::<i64>(r, 1),
         )?
         .ok_or_else(|| {
-            LedgerError::not_found("EVENT_NOT_FOUND", "event", event_id).with("run_id", run_id)
+            LedgerError::not_found(Code::EventNotFound, "event", event_id).with("run_id", run_id)
         })?,
     };
     let rows = db::select(

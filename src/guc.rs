@@ -1,7 +1,7 @@
 //! Configuration parameters (GUCs) of the extension.
 
-use crate::error::{report_check_failure, Class, LedgerError};
-use crate::model::ids;
+use crate::error::{report_check_failure, Code, LedgerError};
+use ledger_model::ids;
 use pgrx::{pg_guard, pg_sys, GucContext, GucFlags, GucRegistry, GucSetting, PostgresGucEnum};
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -32,7 +32,7 @@ pub static REDACT_KEYS: GucSetting<Option<CString>> = GucSetting::<Option<CStrin
 pub static REDACT_VALUES: GucSetting<bool> = GucSetting::<bool>::new(true);
 pub static NOTIFY: GucSetting<NotifyMode> = GucSetting::<NotifyMode>::new(NotifyMode::Worker);
 pub static NOTIFIER_CAPACITY: GucSetting<i32> =
-    GucSetting::<i32>::new(crate::model::wakeups::CAPACITY as i32);
+    GucSetting::<i32>::new(ledger_model::notifier::CAPACITY as i32);
 
 /// `ledger.notify`: who sends the feed's and the outbox's notifications.
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
@@ -112,7 +112,7 @@ pub fn init() {
         c"At most 1024, the table's size in shared memory. Read at each commit.",
         &NOTIFIER_CAPACITY,
         1,
-        crate::model::wakeups::CAPACITY as i32,
+        ledger_model::notifier::CAPACITY as i32,
         GucContext::Sighup,
         GucFlags::default(),
     );
@@ -161,7 +161,7 @@ unsafe fn check_scope_name(argument: &str, newval: *mut *mut c_char) -> bool {
         Ok(name) => ids::validate(argument, name).and_then(|()| stated_by_set_scope(argument)),
         // Possible only in a SQL_ASCII database.
         Err(_) => Err(
-            LedgerError::invalid("ID_INVALID", format!("{argument} is not valid UTF-8"))
+            LedgerError::new(Code::IdInvalid, format!("{argument} is not valid UTF-8"))
                 .with("argument", argument),
         ),
     };
@@ -182,8 +182,7 @@ fn stated_by_set_scope(argument: &str) -> Result<(), LedgerError> {
         return Ok(());
     }
     Err(LedgerError::new(
-        Class::Privilege,
-        "SCOPE_SET_DIRECTLY",
+        Code::ScopeSetDirectly,
         format!("ledger.{argument} is set only by ledger.set_scope(tenant_id, workspace_id)"),
     )
     .with("argument", argument))
@@ -198,6 +197,6 @@ pub fn string(setting: &GucSetting<Option<CString>>) -> Option<String> {
 }
 
 /// The redaction rules in force: the built-in names, `ledger.redact_keys` and `ledger.redact_values`.
-pub fn redaction_rules() -> crate::model::redact::Rules {
-    crate::model::redact::Rules::new(string(&REDACT_KEYS).as_deref(), REDACT_VALUES.get())
+pub fn redaction_rules() -> ledger_model::redaction::Rules {
+    ledger_model::redaction::Rules::new(string(&REDACT_KEYS).as_deref(), REDACT_VALUES.get())
 }

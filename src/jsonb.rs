@@ -3,7 +3,7 @@
 //! pgrx's own `JsonB` parses every argument into a `serde_json::Value` on the way in, and
 //! panics (XX000) on input nested deeper than serde_json's recursion limit. The ledger instead
 //! takes the text as it is, parses only where it needs to, with a depth check first
-//! (`model::json`), and stores values it does not need to look into without touching them.
+//! (`ledger_model::json`), and stores values it does not need to look into without touching them.
 
 use pgrx::callconv::{Arg, ArgAbi, BoxRet, FcInfo};
 use pgrx::datum::Datum;
@@ -27,7 +27,7 @@ impl Jsonb {
 
 impl From<&serde_json::Value> for Jsonb {
     fn from(v: &serde_json::Value) -> Self {
-        Jsonb(crate::model::json::canonical(v))
+        Jsonb(ledger_model::json::canonical(v))
     }
 }
 

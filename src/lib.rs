@@ -1,32 +1,25 @@
 //! `ledger`: an AI agent runtime's run ledger inside PostgreSQL.
 //!
 //! Pure logic lives in the workspace crate `ledger-model` (crates/ledger-model: no Postgres calls,
-//! no pgrx, plain `#[test]`s), named `model` here; the modules of this crate are thin SPI layers
-//! exposing it as SQL functions in schema `ledger`.
+//! no pgrx, plain `#[test]`s), imported as `ledger_model::...`; the modules of this crate are thin
+//! SPI layers exposing it as SQL functions in schema `ledger`.
 
 use pgrx::prelude::*;
 
-// The pure core, a crate of its own (crates/ledger-model); `crate::model::...` names its modules.
-use ledger_model as model;
-
 mod artifacts;
-mod blobs;
-mod bundle;
 mod channels;
-mod costs;
 mod db;
 mod error;
+mod evidence;
 mod feed;
 mod guc;
 mod jsonb;
 mod notifier;
-mod otel;
 mod outbox;
-mod ownership;
-mod records;
 mod redaction;
 mod retention;
 mod rows;
+mod run_leases;
 mod runs;
 mod scope;
 mod steps;
@@ -54,7 +47,7 @@ pub extern "C-unwind" fn _PG_init() {
     guc::init();
     channels::init();
     notifier::init();
-    model::interrupt::install(check_for_interrupts);
+    ledger_model::interrupt::install(check_for_interrupts);
 }
 
 /// PostgreSQL's interrupt check: a pending cancel or termination raises its ERROR (or FATAL)
@@ -63,7 +56,7 @@ fn check_for_interrupts() {
     pgrx::check_for_interrupts!();
 }
 
-/// The allowed status transitions of runs, steps and tasks, as held in Rust (`model::status`).
+/// The allowed status transitions of runs, steps and tasks, as held in Rust (`ledger_model::status`).
 #[pg_extern(immutable, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn status_transitions() -> TableIterator<
@@ -74,7 +67,7 @@ fn status_transitions() -> TableIterator<
         name!(to_status, String),
     ),
 > {
-    use model::status::Resource;
+    use ledger_model::status::Resource;
     TableIterator::new(Resource::ALL.into_iter().flat_map(|r| {
         r.transitions().map(move |(from, to)| {
             (

@@ -6,19 +6,19 @@
 //! channel, reserves room in a shared table before its commit, publishes there at commit and sets
 //! its database's notifier worker's latch. The worker sends one notification per channel from its
 //! own short transactions, which write no WAL worth flushing and hold the lock for microseconds.
-//! The table's rules are `model::wakeups`.
+//! The table's rules are `ledger_model::notifier`.
 //!
 //! A writer notifies by itself (as `inline` does) whenever the worker cannot be counted on: none
 //! attached or its heartbeat stale, the table full, more channels than one transaction may reserve
-//! (`wakeups::TRANSACTION_CHANNELS`), or an id too long for it. It asks the
+//! (`notifier::TRANSACTION_CHANNELS`), or an id too long for it. It asks the
 //! postmaster for a worker when none is on its way. Workers leave after a short idle spell, so that
 //! their database can be dropped.
 
 use crate::channels;
 use crate::error::{Result, SqlError};
 use crate::guc::{self, NotifyMode};
-use crate::model::wakeups::{self, Attach, Channel, Decision, News, Note, Prepared, Wakeups};
 use crate::scope::{self, Scope};
+use ledger_model::notifier::{self, Attach, Channel, Decision, News, Note, Prepared, Wakeups};
 use pgrx::bgworkers::{
     BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags,
 };
@@ -180,7 +180,7 @@ fn before_commit(preparing: bool) {
             return (None, 0);
         }
         if preparing {
-            let room = wakeups::TRANSACTION_CHANNELS - usize::from(p.outbox.is_some());
+            let room = notifier::TRANSACTION_CHANNELS - usize::from(p.outbox.is_some());
             p.runs.truncate(room);
         }
         let news = p.news();
@@ -294,7 +294,7 @@ pub extern "C-unwind" fn ledger_notifier_main(arg: pg_sys::Datum) {
             });
             idle_since = now();
         } else if parked == 0
-            && now() - idle_since > wakeups::IDLE_EXIT_US
+            && now() - idle_since > notifier::IDLE_EXIT_US
             && TABLE.exclusive().0.leave_if_idle(oid, pid)
         {
             return;
@@ -361,7 +361,7 @@ fn notifier_status() -> std::result::Result<
     >,
     SqlError,
 > {
-    wakeups::check_status_reader(
+    notifier::check_status_reader(
         scope::is_operator()? || scope::caller_is_member("ledger_owner")?,
     )?;
     let mode = match mode() {
@@ -378,7 +378,7 @@ fn notifier_status() -> std::result::Result<
         preloaded(),
         (db.pid != 0).then_some(db.pid),
         db.waiting as i32,
-        guc::NOTIFIER_CAPACITY.get().min(wakeups::CAPACITY as i32),
+        guc::NOTIFIER_CAPACITY.get().min(notifier::CAPACITY as i32),
         db.sent as i64,
         db.by_writers as i64,
     )))

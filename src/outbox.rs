@@ -1,25 +1,24 @@
-//! The outbox consumer API: claim a batch under a lease, ack, nack with backoff, and replay a
-//! failed event. Delivery is at least once: a lease that expires is re-taken by the next claim,
-//! so consumers deduplicate on the event id.
+//! The transactional outbox. Its write side: every fact a consumer must hear of is written as an
+//! outbox row in the caller's transaction (`enqueue`). Its consumer API: claim a batch under a
+//! lease, ack, nack with backoff, and replay a failed event. Delivery is at least once: a lease
+//! that expires is re-taken by the next claim, so consumers deduplicate on the event id.
 //!
-//! The rules (bounds, backoff, when an event fails) are in `model::outbox`; this is SPI.
+//! The rules (bounds, backoff, when an event fails) are in `ledger_model::outbox`; this is SPI.
 
 use crate::db;
-use crate::error::{LedgerError, Result, SqlError};
-use crate::guc;
-use crate::model::args::{required_id, required_label};
-use crate::model::ids;
-use crate::model::outbox::{self as rules, AfterNack};
-use crate::model::redact;
-use crate::model::run_lease;
-use crate::records;
+use crate::error::{Code, LedgerError, Result, SqlError};
+use crate::jsonb::Jsonb;
+use crate::notifier;
 use crate::redaction::free_text;
-use crate::rows;
 use crate::scope::{self, Scope};
+use ledger_model::args::required_id;
+use ledger_model::events;
+use ledger_model::ids;
+use ledger_model::outbox::{self as rules, AfterNack};
+use ledger_model::run_leases;
 use pgrx::prelude::*;
-use serde_json::json;
 
-type Event = pgrx::composite_type!('static, "ledger.outbox_event");
+pub(crate) type Event = pgrx::composite_type!('static, "ledger.outbox_event");
 
 /// The columns of `ledger.outbox_event`, from an outbox row `o`.
 const EVENT: &str =
@@ -27,8 +26,42 @@ const EVENT: &str =
       o.payload, o.status, o.attempt_count, o.replay_count, o.available_at, o.lease_expires_at, \
       o.error_message, o.occurred_at, o.processed_at)::ledger.outbox_event";
 
+/// Writes an outbox row in the caller's transaction and wakes `ledger_outbox`'s listeners at
+/// commit with its id. `subject` names the fact (`run:<id>`, `tool_call:<id>`).
+pub fn enqueue(
+    scope: &Scope,
+    event: &events::Event,
+    run_id: Option<&str>,
+    task_id: Option<&str>,
+    subject: &str,
+) -> Result<String> {
+    let id = ids::new_id("obx");
+    db::execute(
+        include_str!("../sql/queries/enqueue_outbox.sql"),
+        &scope.args([
+            id.as_str().into(),
+            event.event_type().into(),
+            run_id.into(),
+            task_id.into(),
+            subject.into(),
+            Jsonb::from(&event.payload()).into(),
+        ]),
+    )?;
+    wakeup(&id);
+    Ok(id)
+}
+
+/// Tells `ledger_outbox`'s listeners (at commit) that the event is due, as `ledger.notify` says.
+pub fn wakeup(id: &str) {
+    match notifier::mode() {
+        notifier::Mode::Off => {}
+        notifier::Mode::Inline => notifier::notify("ledger_outbox", id),
+        notifier::Mode::Worker => notifier::outbox_news(id),
+    }
+}
+
 fn not_found(id: &str) -> LedgerError {
-    LedgerError::not_found("OUTBOX_EVENT_NOT_FOUND", "outbox event", id)
+    LedgerError::not_found(Code::OutboxEventNotFound, "outbox event", id)
 }
 
 /// The events `ids` as `ledger.outbox_event`, in claim order.
@@ -75,13 +108,13 @@ fn lease_owner_arg(lease_owner: Option<&str>) -> Result<&str> {
     required_id("lease_owner", lease_owner)
 }
 
-fn event_id_arg(event_id: Option<&str>) -> Result<String> {
+pub(crate) fn event_id_arg(event_id: Option<&str>) -> Result<String> {
     let id = required_id("event_id", event_id)?;
     // An untyped '{a,b}' literal resolves to the single-id variant; the ledger's ids never
     // start with a brace, so say what happened instead of acking nothing.
     if id.starts_with('{') {
-        return Err(LedgerError::invalid(
-            "ID_INVALID",
+        return Err(LedgerError::new(
+            Code::IdInvalid,
             "event_id looks like an array literal: pass ARRAY[...] or cast it to text[]",
         )
         .with("argument", "event_id"));
@@ -93,8 +126,8 @@ fn event_id_arg(event_id: Option<&str>) -> Result<String> {
 fn event_ids_arg(event_ids: Option<Vec<Option<String>>>) -> Result<Vec<String>> {
     let event_ids = event_ids.ok_or_else(|| LedgerError::required("event_ids"))?;
     if event_ids.len() > rules::MAX_CLAIM_EVENTS as usize {
-        return Err(LedgerError::invalid(
-            "LIMIT_INVALID",
+        return Err(LedgerError::new(
+            Code::LimitInvalid,
             format!("event_ids may hold at most {} ids", rules::MAX_CLAIM_EVENTS),
         )
         .with("argument", "event_ids")
@@ -149,7 +182,7 @@ fn claim_outbox_events(
             lease,
         )?));
     }
-    run_lease::check_any_scope(scope::is_operator()?, None)?;
+    run_leases::check_any_scope(scope::is_operator()?, None)?;
     // Found and locked across the caller's scopes (its granted ones, when its login role is
     // bound), then leased in each one's scope, which is taken back after.
     let (tenants, workspaces, ids) = db::write_one(
@@ -346,63 +379,42 @@ fn replay_outbox_event(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox_event"), SqlError> {
     let scope = scope::current()?;
     let id = event_id_arg(event_id)?;
-    Ok(replay(&scope, &id)?.0)
+    Ok(replay(&scope, &id)?.event)
 }
 
-/// `replay_outbox_event` done by a person, who is named: the same replay and, in the same
-/// transaction, its audit record (`outbox.replay`, outcome `replayed`) for the event's run, or
-/// for the scope alone when the event has none.
-#[pg_extern(name = "replay_outbox_event", volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
-#[search_path(pg_catalog, ledger, pg_temp)]
-fn replay_outbox_event_by(
-    event_id: Option<&str>,
-    actor: Option<&str>,
-    note: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox_event"), SqlError> {
-    let scope = scope::current()?;
-    let id = event_id_arg(event_id)?;
-    let actor = free_text(Some(required_label("actor", actor)?));
-    let note = free_text(note);
-    // The run before the event: a purge of the run locks them in that order.
-    let run_id = db::select_one(
+/// A replayed event, with what its audit record says of it.
+pub(crate) struct Replayed {
+    pub event: Event,
+    pub event_type: String,
+    pub replay_count: i32,
+}
+
+/// The run of event `id`, read without a lock (a caller that locks the run does it before the
+/// event, the order a purge of the run takes); None for an event of no run.
+pub(crate) fn run_of(scope: &Scope, id: &str) -> Result<Option<String>> {
+    db::select_one(
         "SELECT run_id FROM ledger.outbox WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &scope.args([id.as_str().into()]),
+        &scope.args([id.into()]),
         |r| db::opt::<String>(r, 1),
     )?
-    .ok_or_else(|| not_found(&id))?;
-    if let Some(run_id) = &run_id {
-        rows::lock_run(&scope, "run_id", run_id)?;
-    }
-    let (event, held) = replay(&scope, &id)?;
-    let payload = json!({
-        "outbox_event_id": id,
-        "event_type": held.event_type,
-        "replay_count": held.replay_count + 1,
-        "note": note,
-    });
-    records::audit(
-        &scope,
-        run_id.as_deref(),
-        None,
-        "outbox.replay",
-        "replayed",
-        actor.as_deref(),
-        &redact::redact(&guc::redaction_rules(), payload),
-    )?;
-    Ok(event)
+    .ok_or_else(|| not_found(id))
 }
 
-/// Replays the failed event `id`: the event as it is now, and as it was before.
-fn replay(scope: &Scope, id: &str) -> Result<(Event, Held)> {
+/// Replays the failed event `id` (P0002 `OUTBOX_EVENT_NOT_FOUND`, 55000 `OUTBOX_NOT_FAILED`).
+pub(crate) fn replay(scope: &Scope, id: &str) -> Result<Replayed> {
     let held = locked(scope, id)?;
     rules::check_failed(id, &held.status)?;
     db::execute(
         include_str!("../sql/queries/replay_outbox_event.sql"),
         &scope.args([id.into()]),
     )?;
-    crate::feed::outbox_wakeup(id);
+    wakeup(id);
     let event = events(scope, vec![id.to_owned()])?.into_iter().next();
-    Ok((event.ok_or_else(|| not_found(id))?, held))
+    Ok(Replayed {
+        event: event.ok_or_else(|| not_found(id))?,
+        event_type: held.event_type,
+        replay_count: held.replay_count + 1,
+    })
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -1,10 +1,10 @@
 //! SQL faces of the pure redaction and canonical-hashing rules, so clients and psql users can
 //! check what the ledger stores and hashes.
 
-use crate::error::{LedgerError, SqlError};
+use crate::error::{Code, LedgerError, SqlError};
 use crate::guc;
 use crate::jsonb::Jsonb;
-use crate::model::{json, redact, text};
+use ledger_model::{json, redaction, text};
 use pgrx::prelude::*;
 
 fn parse(value: &Jsonb) -> Result<serde_json::Value, LedgerError> {
@@ -19,9 +19,9 @@ pub fn redacted_object(
 ) -> Result<serde_json::Value, LedgerError> {
     match value {
         None => Ok(serde_json::json!({})),
-        Some(v) if v.is_object() => Ok(redact::redact(&guc::redaction_rules(), parse(&v)?)),
-        Some(_) => Err(LedgerError::invalid(
-            "ARGUMENT_NOT_OBJECT",
+        Some(v) if v.is_object() => Ok(redaction::redact(&guc::redaction_rules(), parse(&v)?)),
+        Some(_) => Err(LedgerError::new(
+            Code::ArgumentNotObject,
             format!("{argument} must be a JSON object"),
         )
         .with("argument", argument)),
@@ -30,7 +30,7 @@ pub fn redacted_object(
 
 /// Any JSON argument (a tool result, run inputs), redacted under the current rules.
 pub fn redacted_json(value: &Jsonb) -> Result<serde_json::Value, LedgerError> {
-    Ok(redact::redact(&guc::redaction_rules(), parse(value)?))
+    Ok(redaction::redact(&guc::redaction_rules(), parse(value)?))
 }
 
 /// Free text (a summary, an error message, a note, a title, a comment) as the ledger stores it:
@@ -45,7 +45,7 @@ pub fn free_text(value: Option<&str>) -> Option<String> {
 pub fn free_text_within(value: Option<&str>, max: usize) -> Option<String> {
     value.map(|v| {
         let head = text::truncate_chars(v, 4 * max);
-        text::truncate_chars(&redact::redact_text(&guc::redaction_rules(), head), max).to_owned()
+        text::truncate_chars(&redaction::redact_text(&guc::redaction_rules(), head), max).to_owned()
     })
 }
 
@@ -54,7 +54,7 @@ pub fn free_text_within(value: Option<&str>, max: usize) -> Option<String> {
 #[pg_extern(stable, strict, parallel_safe)]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn redact(value: Jsonb) -> Result<Jsonb, SqlError> {
-    Ok(Jsonb::from(&redact::redact(
+    Ok(Jsonb::from(&redaction::redact(
         &guc::redaction_rules(),
         parse(&value)?,
     )))
@@ -73,4 +73,38 @@ fn canonical_json(value: Jsonb) -> Result<String, SqlError> {
 fn request_hash(value: Jsonb) -> Result<String, SqlError> {
     // Unsized like the tool-call arguments it hashes.
     Ok(json::request_hash(&json::parse_unsized(value.as_str())?))
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::one;
+    use pgrx::prelude::*;
+
+    #[pg_test]
+    fn redaction_and_hashing_are_exposed_for_clients() {
+        assert_eq!(
+            one::<String>(
+                r#"SELECT ledger.redact('{"X-API-Key": "a", "token_count": 3, "auth": "Bearer abcdefghijk"}')::text"#
+            ),
+            r#"{"auth": "[REDACTED]", "X-API-Key": "[REDACTED]", "token_count": 3}"#
+        );
+        Spi::run("SET LOCAL ledger.redact_keys = 'customerSsn, internal-note'").unwrap();
+        Spi::run("SET LOCAL ledger.redact_values = off").unwrap();
+        assert_eq!(
+            one::<String>(
+                r#"SELECT ledger.redact('{"customer_ssn": "1", "InternalNote": "2", "header": "Bearer abcdefghijk"}')::text"#
+            ),
+            r#"{"header": "Bearer abcdefghijk", "InternalNote": "[REDACTED]", "customer_ssn": "[REDACTED]"}"#
+        );
+        assert_eq!(
+            one::<String>(r#"SELECT ledger.canonical_json('{"b": [1.0, {}], "a": "é"}')"#),
+            r#"{"a":"é","b":[1.0,{}]}"#
+        );
+        assert_eq!(
+            one::<String>("SELECT ledger.request_hash('{}')"),
+            "44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a"
+        );
+        assert!(one::<bool>("SELECT ledger.redact(NULL) IS NULL"));
+    }
 }

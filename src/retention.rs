@@ -2,11 +2,11 @@
 //! idempotency keys of their tool calls stay behind as tombstones, so a late duplicate can
 //! never execute again.
 
-use crate::blobs;
+use crate::artifacts::blobs;
 use crate::db;
-use crate::error::{raise, LedgerError, Result, SqlError};
-use crate::model::retention::check_older_than;
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::scope::{self, Scope};
+use ledger_model::retention::check_older_than;
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
 
@@ -81,7 +81,7 @@ fn purge_runs(
     let batch = batch.ok_or_else(|| LedgerError::required("batch"))?;
     if !(1..=MAX_BATCH).contains(&batch) {
         raise(
-            LedgerError::invalid("LIMIT_INVALID", "batch must be between 1 and 100000")
+            LedgerError::new(Code::LimitInvalid, "batch must be between 1 and 100000")
                 .with("batch", batch),
         );
     }

@@ -12,13 +12,12 @@
 //! apart: a task's writes lock only the task.
 
 use crate::db;
-use crate::error::{Class, LedgerError, Result};
-use crate::feed;
-use crate::model::ids;
-use crate::model::run_lease;
-use crate::model::status::{Resource, Status};
-use crate::model::tool_call::{ApprovalStatus, CallStatus};
+use crate::error::{Code, LedgerError, Result};
 use crate::scope::Scope;
+use ledger_model::ids;
+use ledger_model::run_leases;
+use ledger_model::status::{Resource, Status};
+use ledger_model::tool_calls::{ApprovalStatus, CallStatus};
 use pgrx::datum::DatumWithOid;
 use pgrx::{FromDatum, IntoDatum};
 
@@ -60,12 +59,11 @@ fn first<R>(
 }
 
 /// Refuses to add `what` to a finished run or task (55000 `code`).
-fn ensure_live(code: &'static str, name: &str, id: &str, status: Status, what: &str) -> Result<()> {
+fn ensure_live(code: Code, name: &str, id: &str, status: Status, what: &str) -> Result<()> {
     if !status.is_terminal() {
         return Ok(());
     }
     Err(LedgerError::new(
-        Class::WrongState,
         code,
         format!("{name} {id} is {}; it takes no new {what}", status.as_str()),
     )
@@ -79,7 +77,7 @@ pub fn scoped_row<T: FromDatum + IntoDatum>(
     scope: &Scope,
     table: &str,
     id: &str,
-    code: &'static str,
+    code: Code,
     what: &str,
 ) -> Result<T> {
     db::select_one(
@@ -107,7 +105,7 @@ pub struct RunHead {
 impl RunHead {
     /// Refuses to add `what` (steps, tool calls, ...) to a finished run (55000 `RUN_TERMINAL`).
     pub fn ensure_live(&self, what: &str) -> Result<()> {
-        ensure_live("RUN_TERMINAL", "run", &self.id, self.status, what)
+        ensure_live(Code::RunTerminal, "run", &self.id, self.status, what)
     }
 }
 
@@ -123,12 +121,29 @@ pub struct LockedRun {
 }
 
 impl LockedRun {
+    /// The run as the feed's appends take it.
+    pub fn held(&self) -> HeldRun<'_> {
+        HeldRun {
+            id: &self.id,
+            last_seq: self.last_seq,
+        }
+    }
+
     /// The fence of every write about a run that may carry the owner's `run_token`: none given
     /// passes, else it must be the current token of a held run (40001 `LEASE_STALE`). Read
     /// under the run's lock, so no claim can take the run over before the write commits.
     pub fn fence(&self, run_token: Option<i64>) -> Result<()> {
-        run_lease::check_token(&self.id, run_token, self.run_token, self.lease_held)
+        run_leases::check_token(&self.id, run_token, self.run_token, self.lease_held)
     }
+}
+
+/// A run this transaction holds (locked, or inserted by it) with its `last_seq` as read then:
+/// what appending to its feed takes (`feed::append`), so that a call collecting its events
+/// allocates their seqs after it without a statement.
+#[derive(Clone, Copy)]
+pub struct HeldRun<'a> {
+    pub id: &'a str,
+    pub last_seq: i64,
 }
 
 impl std::ops::Deref for LockedRun {
@@ -174,7 +189,7 @@ pub fn find_run(scope: &Scope, run_id: &str) -> Result<Option<RunHead>> {
 }
 
 fn run_not_found(argument: &str, run_id: &str) -> LedgerError {
-    LedgerError::not_found("RUN_NOT_FOUND", "run", run_id).with("argument", argument)
+    LedgerError::not_found(Code::RunNotFound, "run", run_id).with("argument", argument)
 }
 
 /// A run that must exist in scope, not locked (P0002 `RUN_NOT_FOUND`, naming the argument).
@@ -199,7 +214,7 @@ pub fn run_exists(scope: &Scope, run_id: &str) -> Result<()> {
     ids::validate("run_id", run_id)?;
     match find_run(scope, run_id)? {
         Some(_) => Ok(()),
-        None => Err(LedgerError::not_found("RUN_NOT_FOUND", "run", run_id)),
+        None => Err(LedgerError::not_found(Code::RunNotFound, "run", run_id)),
     }
 }
 
@@ -207,19 +222,12 @@ pub fn run_exists(scope: &Scope, run_id: &str) -> Result<()> {
 /// lock of every write about a run.
 pub fn lock_run(scope: &Scope, argument: &str, run_id: &str) -> Result<LockedRun> {
     ids::validate(argument, run_id)?;
-    let run = run_by(scope, "id", run_id, Lock::NoKeyUpdate)?
-        .ok_or_else(|| run_not_found(argument, run_id))?;
-    feed::held(scope, &run);
-    Ok(run)
+    run_by(scope, "id", run_id, Lock::NoKeyUpdate)?.ok_or_else(|| run_not_found(argument, run_id))
 }
 
 /// Locks the run if no one else holds it; None when it is busy or gone.
 pub fn try_lock_run(scope: &Scope, run_id: &str) -> Result<Option<LockedRun>> {
-    let run = run_by(scope, "id", run_id, Lock::NoKeyUpdateSkipLocked)?;
-    if let Some(run) = &run {
-        feed::held(scope, run);
-    }
-    Ok(run)
+    run_by(scope, "id", run_id, Lock::NoKeyUpdateSkipLocked)
 }
 
 /// Keeps the run from being purged until this transaction ends, without waiting and without
@@ -281,14 +289,14 @@ pub fn find_step(scope: &Scope, step_id: &str) -> Result<Option<StepHead>> {
 /// A step that must be one of the run's (P0002 `STEP_NOT_FOUND`, naming the run), not locked.
 pub fn step_of_run(scope: &Scope, step_id: &str, run_id: &str) -> Result<StepHead> {
     step_by(scope, step_id, Some(run_id), Lock::No)?.ok_or_else(|| {
-        LedgerError::not_found("STEP_NOT_FOUND", "step", step_id).with("run_id", run_id)
+        LedgerError::not_found(Code::StepNotFound, "step", step_id).with("run_id", run_id)
     })
 }
 
 /// Locks a step of the locked run (P0002 `STEP_NOT_FOUND`).
 pub fn lock_step(scope: &Scope, run: &LockedRun, step_id: &str) -> Result<StepHead> {
     step_by(scope, step_id, Some(&run.id), Lock::Update)?
-        .ok_or_else(|| LedgerError::not_found("STEP_NOT_FOUND", "step", step_id))
+        .ok_or_else(|| LedgerError::not_found(Code::StepNotFound, "step", step_id))
 }
 
 /// Locks the step's run, then the step; None when the step is not in scope.
@@ -316,7 +324,7 @@ pub struct TaskHead {
 impl TaskHead {
     /// Refuses to change a finished task's row outside a transition (55000 `TASK_TERMINAL`).
     pub fn ensure_live(&self, what: &str) -> Result<()> {
-        ensure_live("TASK_TERMINAL", "task", &self.id, self.status, what)
+        ensure_live(Code::TaskTerminal, "task", &self.id, self.status, what)
     }
 }
 
@@ -338,7 +346,7 @@ fn task_by(scope: &Scope, task_id: &str, lock: Lock) -> Result<TaskHead> {
             })
         },
     )?
-    .ok_or_else(|| LedgerError::not_found("TASK_NOT_FOUND", "task", task_id))
+    .ok_or_else(|| LedgerError::not_found(Code::TaskNotFound, "task", task_id))
 }
 
 /// A task that must exist in scope (P0002 `TASK_NOT_FOUND`), not locked.
@@ -422,7 +430,7 @@ fn tool_call_by(scope: &Scope, by: By, lock: Lock) -> Result<Option<ToolCall>> {
             result_sha256: db::opt(r, 15)?,
             approval: db::opt::<String>(r, 16)?
                 .as_deref()
-                .and_then(ApprovalStatus::parse),
+                .and_then(ApprovalStatus::from_name),
             lease_owner: db::opt(r, 17)?,
         })
     })
@@ -457,7 +465,7 @@ pub fn held_tool_call(scope: &Scope, run: &LockedRun, id: &str) -> Result<Option
 
 /// Locks the tool call `id`'s run, then reads the call under it (P0002 `TOOL_CALL_NOT_FOUND`).
 pub fn lock_tool_call_by_id(scope: &Scope, id: &str) -> Result<(LockedRun, ToolCall)> {
-    let not_found = || LedgerError::not_found("TOOL_CALL_NOT_FOUND", "tool call", id);
+    let not_found = || LedgerError::not_found(Code::ToolCallNotFound, "tool call", id);
     let found = find_tool_call(scope, By::Id(id))?.ok_or_else(not_found)?;
     let run = lock_run(scope, "run_id", &found.run_id)?;
     let rec = held_tool_call(scope, &run, id)?.ok_or_else(not_found)?;
@@ -513,7 +521,7 @@ fn approval_by(scope: &Scope, approval_id: &str, lock: Lock) -> Result<Option<Ap
 
 /// Locks the approval's run, then the approval (P0002 `APPROVAL_NOT_FOUND`).
 pub fn lock_approval(scope: &Scope, approval_id: &str) -> Result<(LockedRun, ApprovalHead)> {
-    let not_found = || LedgerError::not_found("APPROVAL_NOT_FOUND", "approval", approval_id);
+    let not_found = || LedgerError::not_found(Code::ApprovalNotFound, "approval", approval_id);
     let found = approval_by(scope, approval_id, Lock::No)?.ok_or_else(not_found)?;
     let run = lock_run(scope, "run_id", &found.run_id)?;
     let approval = approval_by(scope, approval_id, Lock::Update)?.ok_or_else(not_found)?;

@@ -1,25 +1,26 @@
 //! Runs: creation with lineage and exact inputs, transitions, and reading the inputs back.
 
-use crate::blobs;
+use crate::artifacts::blobs;
 use crate::db;
-use crate::error::{Class, LedgerError, Result, SqlError};
+use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, optional_label, required, required_id};
-use crate::model::events::{Event, RunCreated, RunStatus};
-use crate::model::ids;
-use crate::model::status::{check_transition, Resource, Status};
+use crate::outbox;
 use crate::redaction::{free_text, redacted_json};
-use crate::rows;
+use crate::rows::{self, HeldRun};
 use crate::scope::{self, Scope};
 use crate::transition;
+use ledger_model::args::{optional_id, optional_label, required, required_id};
+use ledger_model::events::{Event, RunCreated, RunStatus};
+use ledger_model::ids;
+use ledger_model::status::{check_transition, Resource, Status};
 use pgrx::prelude::*;
 
 /// Inputs whose JSON text is longer than this are kept in `ledger.blobs`.
 pub const INLINE_INPUT_BYTES: usize = 8192;
 
 fn row(scope: &Scope, run_id: &str) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
-    rows::scoped_row(scope, "ledger.runs", run_id, "RUN_NOT_FOUND", "run")
+    rows::scoped_row(scope, "ledger.runs", run_id, Code::RunNotFound, "run")
 }
 
 /// What a new run is made of.
@@ -64,8 +65,8 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     };
     let inputs = match &new.inputs {
         Some(inputs) if !inputs.is_object() => {
-            return Err(LedgerError::invalid(
-                "INPUTS_NOT_OBJECT",
+            return Err(LedgerError::new(
+                Code::InputsNotObject,
                 "inputs must be a JSON object",
             ));
         }
@@ -75,7 +76,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     if let Some(n) = new.attempt_no {
         if n < 1 {
             return Err(
-                LedgerError::invalid("ATTEMPT_INVALID", "attempt_no must be at least 1")
+                LedgerError::new(Code::AttemptInvalid, "attempt_no must be at least 1")
                     .with("attempt_no", n),
             );
         }
@@ -139,10 +140,10 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
             inputs_size.into(),
             new.control_action.into(),
         ]),
-        |r| db::req::<String>(r, 1),
+        |r| db::req::<i64>(r, 1),
     )?;
 
-    if inserted.is_none() {
+    let Some(last_seq) = inserted else {
         // A run with this request_id (or this run_id) exists: the same request returns it, any
         // other is refused with the fields that differ.
         let (found, differing) = db::select_one(
@@ -174,8 +175,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
                 "run_id"
             };
             return Err(LedgerError::new(
-                Class::Duplicate,
-                "IDEMPOTENCY_MISMATCH",
+                Code::IdempotencyMismatch,
                 format!("{key} was reused with a different {}", differing.join(", ")),
             )
             .with("run_id", found)
@@ -183,7 +183,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
             .with("fields", differing));
         }
         return Ok(found);
-    }
+    };
 
     let created = Event::RunCreated(RunCreated {
         run_id: &id,
@@ -200,8 +200,8 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         attempt_no,
         control_action: new.control_action,
     });
-    feed::append(scope, &id, None, &created)?;
-    feed::enqueue(scope, &created, Some(&id), None, &format!("run:{id}"))?;
+    feed::append(scope, HeldRun { id: &id, last_seq }, None, &created)?;
+    outbox::enqueue(scope, &created, Some(&id), None, &format!("run:{id}"))?;
     Ok(id)
 }
 
@@ -262,8 +262,7 @@ fn rerun(
     let source = rows::referenced_run(&scope, "run_id", run_id)?;
     if !allowed(source.status) {
         return Err(LedgerError::new(
-            Class::WrongState,
-            "RUN_NOT_RERUNNABLE",
+            Code::RunNotRerunnable,
             format!(
                 "a {} run cannot be {}",
                 source.status.as_str(),
@@ -294,7 +293,7 @@ fn rerun(
                 ))
             },
         )?
-        .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
+        .ok_or_else(|| LedgerError::not_found(Code::RunNotFound, "run", run_id))?;
     let overridden = inputs.is_some();
     let inputs = match inputs {
         Some(i) => Some(i),
@@ -362,7 +361,7 @@ const TRANSITION: transition::Columns = transition::Columns {
     duration_from: Some("queued_at"),
 };
 
-/// Moves a run to `to_status` under the status machine (`model::status`).
+/// Moves a run to `to_status` under the status machine (`ledger_model::status`).
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
@@ -409,7 +408,12 @@ fn transition_run(
         error_code,
         error_step_id,
     };
-    feed::append(&scope, run_id, None, &Event::RunStatus(change.clone()))?;
+    feed::append(
+        &scope,
+        current.held(),
+        None,
+        &Event::RunStatus(change.clone()),
+    )?;
     transition::write(
         &scope,
         &TRANSITION,
@@ -425,7 +429,7 @@ fn transition_run(
         ],
     )?;
     if to.is_terminal() {
-        feed::enqueue(
+        outbox::enqueue(
             &scope,
             &Event::RunStatusUpdated(change),
             Some(run_id),
@@ -454,18 +458,14 @@ pub fn load_inputs(scope: &Scope, run_id: &str) -> Result<Option<Jsonb>> {
         &scope.args([run_id.into()]),
         |r| Ok((db::opt::<Jsonb>(r, 1)?, db::opt::<String>(r, 2)?)),
     )?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
+    .ok_or_else(|| LedgerError::not_found(Code::RunNotFound, "run", run_id))?;
     match (inline, sha) {
         (Some(doc), _) => Ok(Some(doc)),
         (None, Some(sha)) => {
-            let bytes = blobs::get(scope, &sha, "BLOB_HASH_MISMATCH")?;
+            let bytes = blobs::get(scope, &sha, Code::BlobHashMismatch)?;
             let text = String::from_utf8(bytes).map_err(|_| {
-                LedgerError::new(
-                    Class::Corrupted,
-                    "BLOB_NOT_UTF8",
-                    "stored inputs are not UTF-8",
-                )
-                .with("sha256", sha)
+                LedgerError::new(Code::BlobNotUtf8, "stored inputs are not UTF-8")
+                    .with("sha256", sha)
             })?;
             Ok(Some(Jsonb(text)))
         }

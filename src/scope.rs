@@ -3,10 +3,10 @@
 //! function that touches ledger rows.
 
 use crate::db;
-use crate::error::{raise, Class, LedgerError, Result, SqlError};
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::guc;
-use crate::model::args::{optional_id, required_id, required_label};
-use crate::model::ids;
+use ledger_model::args::{optional_id, required_id, required_label};
+use ledger_model::ids;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 
@@ -144,8 +144,7 @@ fn set_scope(
     if !state(&scope, is_local.unwrap_or(false), true)? {
         raise(
             LedgerError::new(
-                Class::Privilege,
-                "SCOPE_NOT_GRANTED",
+                Code::ScopeNotGranted,
                 "this login role is bound to other scopes (ledger.scope_grants)",
             )
             .with("tenant_id", tenant)
@@ -163,7 +162,7 @@ fn role_oid(role_name: Option<&str>) -> Result<pgrx::pg_sys::Oid> {
         &[name.into()],
         |r| db::req::<pgrx::pg_sys::Oid>(r, 1),
     )?
-    .ok_or_else(|| LedgerError::not_found("ROLE_NOT_FOUND", "role", name))
+    .ok_or_else(|| LedgerError::not_found(Code::RoleNotFound, "role", name))
 }
 
 /// The tenant and optional workspace of a grant.

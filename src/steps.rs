@@ -1,21 +1,27 @@
 //! Steps of a run: creation and transitions.
 
 use crate::db;
-use crate::error::{raise, Class, LedgerError, Result, SqlError};
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, optional_label, required, required_id, required_label};
-use crate::model::events::{Event, StepCreated, StepStatus};
-use crate::model::ids;
-use crate::model::status::{check_transition, Resource, Status};
 use crate::redaction::{free_text, redacted_json};
 use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
 use crate::transition;
+use ledger_model::args::{optional_id, optional_label, required, required_id, required_label};
+use ledger_model::events::{Event, StepCreated, StepStatus};
+use ledger_model::ids;
+use ledger_model::status::{check_transition, Resource, Status};
 use pgrx::prelude::*;
 
 fn row(scope: &Scope, step_id: &str) -> Result<pgrx::composite_type!('static, "ledger.run_steps")> {
-    rows::scoped_row(scope, "ledger.run_steps", step_id, "STEP_NOT_FOUND", "step")
+    rows::scoped_row(
+        scope,
+        "ledger.run_steps",
+        step_id,
+        Code::StepNotFound,
+        "step",
+    )
 }
 
 /// What a new step is made of.
@@ -45,7 +51,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
         None => None,
     };
     let mismatch = |field: &str, message: &str| {
-        LedgerError::new(Class::Duplicate, "IDEMPOTENCY_MISMATCH", message)
+        LedgerError::new(Code::IdempotencyMismatch, message)
             .with("fields", vec![field])
             .with("step_id", new.step_id)
             .with("step_key", new.step_key)
@@ -90,7 +96,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
     let id = new
         .step_id
         .map_or_else(|| ids::new_id("step"), str::to_owned);
-    let seq = feed::next_seq(scope, run)?;
+    let seq = feed::next_seq(scope, run.held())?;
     db::execute(
         include_str!("../sql/queries/insert_step.sql"),
         &scope.args([
@@ -112,7 +118,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
         node_id: new.node_id,
         status: new.status.as_str(),
     });
-    feed::insert(scope, &run.id, seq, Some(&id), &created)?;
+    feed::insert(scope, run.held(), seq, Some(&id), &created)?;
     Ok(id)
 }
 
@@ -167,7 +173,7 @@ pub fn transition(
     run_token: Option<i64>,
 ) -> Result<bool> {
     let Some((run, step)) = rows::lock_step_by_id(scope, step_id)? else {
-        return Err(LedgerError::not_found("STEP_NOT_FOUND", "step", step_id));
+        return Err(LedgerError::not_found(Code::StepNotFound, "step", step_id));
     };
     run.fence(run_token)?;
     let Some(from) = check_transition(Resource::Step, step_id, step.status, expected, to)? else {
@@ -233,7 +239,7 @@ fn write_transition(
         to: to.as_str(),
         error_code: change.error_code,
     });
-    feed::append(scope, &run.id, Some(step_id), &status)?;
+    feed::append(scope, run.held(), Some(step_id), &status)?;
     transition::write(
         scope,
         &TRANSITION,
@@ -273,8 +279,8 @@ fn transition_step(
         .map(|s| Status::parse(Resource::Step, s))
         .transpose()?;
     let metrics = match metrics {
-        Some(m) if !m.is_object() => raise(LedgerError::invalid(
-            "METRICS_NOT_OBJECT",
+        Some(m) if !m.is_object() => raise(LedgerError::new(
+            Code::MetricsNotObject,
             "metrics must be a JSON object",
         )),
         // Parsed (depth-bounded) and redacted: metrics are evidence run_evidence walks later.

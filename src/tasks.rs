@@ -3,24 +3,24 @@
 //! checkpoints, an append-only event history, and re-execution by retry or replay.
 
 use crate::db;
-use crate::error::{raise, Class, LedgerError, Result, SqlError};
-use crate::feed;
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_id, optional_label, required, required_id, required_label};
-use crate::model::events::{
-    task_event_reserved, Event, TaskCheckpoint, TaskCreated, TaskRetried, TaskSnapshot, TaskStatus,
-};
-use crate::model::status::{check_transition, Resource, Status};
-use crate::model::{ids, json};
+use crate::outbox;
 use crate::redaction::{free_text, redacted_object};
 use crate::rows;
 use crate::scope::{self, Scope};
 use crate::transition;
+use ledger_model::args::{optional_id, optional_label, required, required_id, required_label};
+use ledger_model::events::{
+    task_event_reserved, Event, TaskCheckpoint, TaskCreated, TaskRetried, TaskSnapshot, TaskStatus,
+};
+use ledger_model::status::{check_transition, Resource, Status};
+use ledger_model::{ids, json};
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
 fn row(scope: &Scope, task_id: &str) -> Result<pgrx::composite_type!('static, "ledger.tasks")> {
-    rows::scoped_row(scope, "ledger.tasks", task_id, "TASK_NOT_FOUND", "task")
+    rows::scoped_row(scope, "ledger.tasks", task_id, Code::TaskNotFound, "task")
 }
 
 /// Appends to the task's history (not the run feed: a task may have no run).
@@ -94,8 +94,7 @@ fn create_task(
         if found.task_type != task_type || found.run_id.as_deref() != run_id {
             raise(
                 LedgerError::new(
-                    Class::Duplicate,
-                    "IDEMPOTENCY_MISMATCH",
+                    Code::IdempotencyMismatch,
                     "task_id was reused for a different task type or run",
                 )
                 .with("task_id", id),
@@ -236,7 +235,7 @@ fn add_task_checkpoint(
         &scope.args([task_id.into()]),
         |r| db::req::<i64>(r, 1),
     )?
-    .ok_or_else(|| LedgerError::not_found("TASK_NOT_FOUND", "task", task_id))?;
+    .ok_or_else(|| LedgerError::not_found(Code::TaskNotFound, "task", task_id))?;
     let id = ids::new_id("tckp");
     let checkpoint = db::write_one(
         "INSERT INTO ledger.task_checkpoints AS c \
@@ -273,8 +272,8 @@ fn record_task_event(
     let event_type = required_label("event_type", event_type)?;
     if task_event_reserved(event_type) {
         raise(
-            LedgerError::invalid(
-                "EVENT_TYPE_RESERVED",
+            LedgerError::new(
+                Code::EventTypeReserved,
                 format!("event type {event_type} is written only by the ledger"),
             )
             .with("event_type", event_type),
@@ -332,8 +331,7 @@ fn retry_task(
     if let Some(replacement) = &task.retried_as_task_id {
         raise(
             LedgerError::new(
-                Class::WrongState,
-                "TASK_REPLAYED",
+                Code::TaskReplayed,
                 format!("task {task_id} was replayed as {replacement}; retry that one instead"),
             )
             .with("task_id", task_id)
@@ -358,7 +356,7 @@ fn retry_task(
         from: task.status.as_str(),
         attempt_count: task.attempt_count.saturating_add(1),
     });
-    feed::enqueue(
+    outbox::enqueue(
         &scope,
         &retried,
         task.run_id.as_deref(),
@@ -413,8 +411,7 @@ fn replay_task(
     .flatten()
     .ok_or_else(|| {
         LedgerError::new(
-            Class::WrongState,
-            "TASK_RETRY_SNAPSHOT_MISSING",
+            Code::TaskRetrySnapshotMissing,
             format!("task {task_id} has no persisted execution snapshot to replay"),
         )
         .with("task_id", task_id)

@@ -4,8 +4,8 @@
 
 use crate::db;
 use crate::error::Result;
-use crate::model::status::{conflict, Resource, Status};
 use crate::scope::Scope;
+use ledger_model::status::{conflict, Resource, Status};
 use pgrx::datum::DatumWithOid;
 
 /// What a resource's transition writes besides the status and the times.

@@ -240,7 +240,7 @@ fn a_listening_client_gets_100000_events_exactly_once_in_order_under_4_writers()
             })
         })
         .collect();
-    // Fresh tables have no statistics: analyze once the load is under way (README, Operations).
+    // Fresh tables have no statistics: analyze once the load is under way (docs/operations.md).
     wait_for_seq(&mut admin, 2000, &writers);
     exec(&mut admin, "ANALYZE");
     // Half way, the follower's connection is terminated; it reconnects and goes on from its cursor.

@@ -50,7 +50,7 @@ fn json_of(c: &mut Client, sql: &str) -> Value {
 }
 
 /// One worker's turn: claim the run, resume it from what the ledger holds, and drive it as far
-/// as it can. This is the loop the README documents, with a crash point for the test.
+/// as it can. This is the loop docs/workers.md documents, with a crash point for the test.
 fn work(db: &str, name: &str, world: &mut World, crash: Option<Crash>) -> Turn {
     let mut c = session(db);
     let claimed = c

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Backend CPU per tool-call lifecycle (BENCHMARKS.md, "Side by side"): one pgbench client runs
-# N lifecycles (the same statements as bench/src/lifecycle.rs) on a fresh run, and
+# N lifecycles (the same statements as bench/src/designs.rs) on a fresh run, and
 # `perf stat -e task-clock` counts its backend's CPU time. The script's first lifecycle sleeps
 # 3 s, so perf attaches before any lifecycle has run.
 #

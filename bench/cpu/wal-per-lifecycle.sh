@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # WAL and backend CPU per tool-call lifecycle, with the WAL broken down by record type
 # (BENCHMARKS.md, "Fewer bytes per call"): one pgbench client runs N lifecycles
-# (bench/cpu/lifecycle.pgbench, the statements of bench/src/lifecycle.rs) on a fresh run after
+# (bench/cpu/lifecycle.pgbench, the statements of bench/src/designs.rs) on a fresh run after
 # a warm-up of the same size; the WAL insert position is read before and after, `perf stat`
 # counts the backend's CPU and `pg_waldump` splits the WAL between the two positions by record
 # type and by relation. Run it on a quiet cluster (nothing else writing, autovacuum off for

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use postgres::fallible_iterator::FallibleIterator;
 use postgres::Client;
 
-use crate::lifecycle::{self, arguments, notify_setting, result_2kb, Kind, Ledger, DESIGNS};
+use crate::designs::{arguments, notify_setting, result_2kb, writer, Kind, Ledger, DESIGNS};
 use crate::{median, percentile, Settings, Target};
 
 /// How often the probe appends, at most (it waits for its commit first).
@@ -74,7 +74,7 @@ fn measure(s: &Settings, clients: usize, d: usize, secs: f64) -> Vec<f64> {
     let design = &DESIGNS[d];
     let probe = format!("probe-{d}");
     let scope = "SELECT ledger.set_scope('bench', 'follow')";
-    let mut w = lifecycle::writer(&s.conn);
+    let mut w = writer(&s.conn);
     w.batch_execute(&format!(
         "{scope}; SELECT ledger.create_run('agent', run_id => '{probe}'); {}",
         notify_setting(design)
@@ -117,7 +117,7 @@ fn measure(s: &Settings, clients: usize, d: usize, secs: f64) -> Vec<f64> {
             let (stop, ready, conn) = (stop.clone(), ready.clone(), s.lifecycle_conn.clone());
             let setting = notify_setting(design);
             thread::spawn(move || {
-                let mut c = lifecycle::writer(&conn);
+                let mut c = writer(&conn);
                 c.batch_execute(&setting).expect("ledger.notify");
                 let mut ledger = Ledger::new(&mut c, format!("follow-{d}-{i}"));
                 let (args, result) = (arguments(), result_2kb());

@@ -7,6 +7,7 @@
 //! LEDGER_BENCH_RTT_MS=0.5 to add that network round-trip time between those clients and the server;
 //! LEDGER_BENCH_ONLY=lifecycle, turns or reads to run one part alone.
 
+mod designs;
 mod follower;
 mod latency;
 mod lifecycle;

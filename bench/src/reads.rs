@@ -8,7 +8,7 @@ use std::time::Instant;
 use postgres::fallible_iterator::FallibleIterator;
 use serde_json::{json, Value};
 
-use crate::model::{json as cjson, redact};
+use crate::model::{json as cjson, redaction};
 use crate::{median, percentile, Settings, Target};
 
 /// A small deterministic generator (xorshift64*): reproducible cursors without a dependency.
@@ -270,7 +270,7 @@ fn big_arguments() -> String {
 fn redaction(s: &Settings, targets: &mut Vec<Target>) {
     let text = big_arguments();
     let mb = text.len() as f64 / 1e6;
-    let rules = redact::Rules::default();
+    let rules = redaction::Rules::default();
     let mut full = Vec::new();
     let mut no_parse = Vec::new();
     for _ in 0..s.redact_iters {
@@ -278,13 +278,13 @@ fn redaction(s: &Settings, targets: &mut Vec<Target>) {
         let t = Instant::now();
         let v = cjson::parse(&text).expect("parse");
         let hash = cjson::request_hash(&v);
-        let stored = redact::summarize_arguments(&rules, v, &hash);
+        let stored = redaction::summarize_arguments(&rules, v, &hash);
         full.push(mb / t.elapsed().as_secs_f64());
         assert!(stored.get("truncated").is_some() && hash.len() == 64);
         let v = cjson::parse(&text).expect("parse");
         let t = Instant::now();
         let hash = cjson::request_hash(&v);
-        let stored = redact::summarize_arguments(&rules, v, &hash);
+        let stored = redaction::summarize_arguments(&rules, v, &hash);
         no_parse.push(mb / t.elapsed().as_secs_f64());
         assert!(stored.get("truncated").is_some() && hash.len() == 64);
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use postgres::{Client, Statement};
 use serde_json::Value;
 
-use crate::lifecycle::{arguments, result_2kb};
+use crate::designs::{arguments, result_2kb};
 use crate::{median, Settings, Target};
 
 const CALLS: usize = 4;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use postgres::Client;
 
-use crate::lifecycle::WRITER;
+use crate::designs::WRITER;
 
 /// How often the sampler looks.
 const EVERY: Duration = Duration::from_millis(10);

@@ -1,4 +1,5 @@
--- Creates a run, or nothing when its id or its request_id exists.
+-- Creates a run, or nothing when its id or its request_id exists; returns the new run's
+-- last_seq, which its first events follow.
 INSERT INTO ledger.runs
        (tenant_id, workspace_id, id, mode, kind, subject_kind, subject_id,
         subject_version_id, user_id, trace_id, request_id, parent_run_id, source_run_id,
@@ -7,4 +8,4 @@ INSERT INTO ledger.runs
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10,
         $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)
 ON CONFLICT DO NOTHING
-RETURNING id
+RETURNING last_seq

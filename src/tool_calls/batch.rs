@@ -3,15 +3,17 @@
 //! `claim`, `start`); the batch adds only its shape, one lock and fence of the run, and one
 //! `last_seq` bump for all the events (`feed::collected`).
 
-use super::{approval_request, claim, claim_owner, parsed_arguments, start, Answer, Claim};
+use super::claim::{claim, claim_owner, Answer, Claim};
+use super::execute::start;
+use super::{approval_request, parsed_arguments};
 use crate::error::{LedgerError, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::required_id;
-use crate::model::json;
-use crate::model::tool_batch::{self, CallSpec};
 use crate::rows;
 use crate::scope;
+use ledger_model::args::required_id;
+use ledger_model::json;
+use ledger_model::tool_calls::batch::{self, CallSpec};
 use pgrx::prelude::*;
 
 /// Claims the tool calls of one model turn in one statement: each element of `calls` (a JSON
@@ -34,8 +36,7 @@ fn claim_tool_calls(
         let scope = scope::current()?;
         let run_id = required_id("run_id", run_id)?;
         let calls = calls.ok_or_else(|| LedgerError::required("calls"))?;
-        let mut specs =
-            tool_batch::calls(json::parse_nested(calls.as_str(), tool_batch::NESTING)?)?;
+        let mut specs = batch::calls(json::parse_nested(calls.as_str(), batch::NESTING)?)?;
         let begin = begin.ok_or_else(|| LedgerError::required("begin"))?;
         let owner = claim_owner(lease_owner, run_id)?;
         // Every call is checked before the run is locked: a bad one writes nothing.
@@ -65,7 +66,7 @@ fn claim_tool_calls(
             .map_err(|e| e.with("index", i))?;
             claims.push(call);
         }
-        tool_batch::distinct(
+        batch::distinct(
             claims
                 .iter()
                 .map(|c| (c.who.idempotency_key.as_str(), c.who.tool_call_id.as_str())),

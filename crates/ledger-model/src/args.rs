@@ -45,23 +45,24 @@ pub fn optional_id<'a>(argument: &str, value: Option<&'a str>) -> Result<Option<
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Code;
 
     #[test]
     fn null_and_empty_are_refused() {
         assert_eq!(required("mode", Some("chat")).unwrap(), "chat");
         for v in [None, Some("")] {
             let e = required("mode", v).unwrap_err();
-            assert_eq!(e.code, "ARGUMENT_REQUIRED");
+            assert_eq!(e.code, Code::ArgumentRequired);
             assert_eq!(e.detail["argument"], "mode");
         }
         assert_eq!(
             required_id("run_id", None).unwrap_err().code,
-            "ARGUMENT_REQUIRED"
+            Code::ArgumentRequired
         );
         for bad in ["", "a b", "a\u{200B}"] {
             assert_eq!(
                 required_id("run_id", Some(bad)).unwrap_err().code,
-                "ID_INVALID"
+                Code::IdInvalid
             );
         }
         assert_eq!(required_id("run_id", Some("r-1")).unwrap(), "r-1");
@@ -77,15 +78,15 @@ mod tests {
         );
         assert_eq!(
             required_label("tool_ref", None).unwrap_err().code,
-            "ARGUMENT_REQUIRED"
+            Code::ArgumentRequired
         );
         assert_eq!(
             required_label("tool_ref", Some("")).unwrap_err().code,
-            "ARGUMENT_REQUIRED"
+            Code::ArgumentRequired
         );
         for bad in ["a\nb".to_owned(), "a\u{202E}b".to_owned(), "t".repeat(257)] {
             let e = required_label("tool_ref", Some(&bad)).unwrap_err();
-            assert_eq!(e.code, "LABEL_INVALID");
+            assert_eq!(e.code, Code::LabelInvalid);
             assert_eq!(e.detail["argument"], "tool_ref");
             assert!(optional_label("tool_ref", Some(&bad)).is_err());
         }

@@ -1,15 +1,18 @@
-//! Governance evidence and replay readiness of one run (README: `run_evidence`, `replay_ready`):
+//! Governance evidence and replay readiness of one run (docs/evidence.md: `run_evidence`, `replay_ready`):
 //! the thirteen items and the replay criteria, computed from facts the SPI layer gathers.
 //! No Postgres here.
 //!
 //! Every `Value` came through `json::parse`, so its depth is bounded and recursion is safe.
+
+pub mod costs;
+pub mod otel;
 
 use std::collections::HashSet;
 
 use serde_json::{json, Value};
 
 use crate::json::canonical;
-use crate::redact;
+use crate::redaction;
 
 /// What the ledger knows about a run, gathered by the SPI layer.
 #[derive(Clone, Debug, Default)]
@@ -108,24 +111,6 @@ pub struct Item {
 }
 
 impl Item {
-    fn new(
-        key: &'static str,
-        label: &'static str,
-        status: ItemStatus,
-        summary: impl Into<String>,
-        evidence_refs: Vec<String>,
-        missing: &[&str],
-    ) -> Item {
-        Item {
-            key,
-            status,
-            label,
-            summary: summary.into(),
-            evidence_refs: dedup(evidence_refs),
-            missing: missing.iter().map(|m| (*m).to_owned()).collect(),
-        }
-    }
-
     pub fn to_json(&self) -> Value {
         json!({
             "key": self.key,
@@ -171,6 +156,9 @@ struct Guards {
     cost_attribution: bool,
     knowledge_citation: bool,
     response_timeline: bool,
+    /// Own tool-call records or results reused from a source run.
+    tool_calls: bool,
+    children: bool,
 }
 
 impl Guards {
@@ -192,6 +180,8 @@ impl Guards {
                 || has_step(&["llm", "retrieval", "rerank"]),
             knowledge_citation: !facts.citations.is_empty() || has_step(&["retrieval", "rerank"]),
             response_timeline: described_as(&["agent", "chat", "response", "thread"]),
+            tool_calls: !facts.tool_call_ids.is_empty() || !facts.reused_tool_calls.is_empty(),
+            children: !facts.child_run_ids.is_empty(),
         }
     }
 }
@@ -200,462 +190,454 @@ impl Guards {
 /// permission_scope, secret_boundary, egress_policy, audit_record, cost_attribution,
 /// trace_timeline, tool_call, knowledge_citation, child_workflow, replay_ready.
 pub fn evidence(facts: &RunFacts) -> Vec<Item> {
-    use ItemStatus::*;
-    let g = Guards::of(facts);
-    let metrics: Vec<&Value> = facts.steps.iter().map(|s| &s.metrics).collect();
-    let audits: Vec<&Value> = facts.audits.iter().map(|a| &a.payload).collect();
-    let everywhere: Vec<&Value> = metrics.iter().chain(&audits).copied().collect();
+    let cx = Context::of(facts);
+    RULES.iter().map(|rule| rule.item(&cx)).collect()
+}
 
-    let capability_refs = dedup(refs_under(&metrics, &CAPABILITY_KEYS));
-    let permission_refs = dedup(refs_under(&metrics, &PERMISSION_KEYS));
-    let mut secret_ids = Vec::new();
-    for v in values_under(&everywhere, &SECRET_ID_KEYS) {
-        secret_ids.extend(
-            string_values(v)
-                .into_iter()
-                .filter(|s| s.starts_with("sec_"))
-                .map(str::to_owned),
-        );
+/// One evidence item as data: adding an item is adding a row to `RULES`.
+struct Rule {
+    key: &'static str,
+    label: &'static str,
+    applies: Applies,
+    /// The verdict of an applicable item.
+    check: fn(&Context) -> Verdict,
+}
+
+impl Rule {
+    fn item(&self, cx: &Context) -> Item {
+        let v = match self.applies {
+            Applies::When(applies, summary) if !applies(cx) => {
+                Verdict::lacking(ItemStatus::NotApplicable, summary, &[])
+            }
+            _ => (self.check)(cx),
+        };
+        Item {
+            key: self.key,
+            status: v.status,
+            label: self.label,
+            summary: v.summary,
+            evidence_refs: dedup(v.refs),
+            missing: v.missing.iter().map(|m| (*m).to_owned()).collect(),
+        }
     }
-    let has_secret_key = everywhere.iter().any(|v| has_key(v, &SECRET_KEYS));
-    // A real credential in a string value (redaction missed it), not any "sk-" text, which words
-    // like `task-1` contain.
-    let leaked_secret = audits
-        .iter()
-        .any(|v| string_values(v).into_iter().any(redact::is_credential));
-    let mut egress_refs = refs_under(&everywhere, &EGRESS_KEYS);
-    let has_egress_key = everywhere.iter().any(|v| has_key(v, &EGRESS_KEYS));
-    for v in &everywhere {
+}
+
+/// Whether an item applies to a run.
+enum Applies {
+    Always,
+    /// When the test holds; otherwise the item is not applicable, with this summary.
+    When(fn(&Context) -> bool, &'static str),
+}
+
+/// What a check found.
+struct Verdict {
+    status: ItemStatus,
+    summary: String,
+    refs: Vec<String>,
+    missing: Vec<&'static str>,
+}
+
+impl Verdict {
+    fn new(
+        status: ItemStatus,
+        summary: impl Into<String>,
+        refs: Vec<String>,
+        missing: &[&'static str],
+    ) -> Verdict {
+        Verdict {
+            status,
+            summary: summary.into(),
+            refs,
+            missing: missing.to_vec(),
+        }
+    }
+
+    fn pass(summary: impl Into<String>, refs: Vec<String>) -> Verdict {
+        Verdict::new(ItemStatus::Pass, summary, refs, &[])
+    }
+
+    /// A verdict with no evidence to point at.
+    fn lacking(
+        status: ItemStatus,
+        summary: impl Into<String>,
+        missing: &[&'static str],
+    ) -> Verdict {
+        Verdict::new(status, summary, vec![], missing)
+    }
+}
+
+/// The facts and what several rules derive from them, computed once per run.
+struct Context<'a> {
+    facts: &'a RunFacts,
+    g: Guards,
+    /// Every step's metrics, in step order.
+    metrics: Vec<&'a Value>,
+    /// `sec_...` ids under a secret id key of the metrics or audits.
+    secret_ids: Vec<String>,
+    has_secret_key: bool,
+    /// A real credential in an audit's string value (redaction missed it), not any "sk-" text,
+    /// which words like `task-1` contain.
+    leaked_secret: bool,
+    /// Values under an egress key, then URLs, of the metrics and audits.
+    egress_refs: Vec<String>,
+    has_egress_evidence: bool,
+}
+
+impl Context<'_> {
+    fn of(facts: &RunFacts) -> Context<'_> {
+        let metrics: Vec<&Value> = facts.steps.iter().map(|s| &s.metrics).collect();
+        let audits: Vec<&Value> = facts.audits.iter().map(|a| &a.payload).collect();
+        let everywhere: Vec<&Value> = metrics.iter().chain(&audits).copied().collect();
+        let secret_ids = values_under(&everywhere, &SECRET_ID_KEYS)
+            .into_iter()
+            .flat_map(string_values)
+            .filter(|s| s.starts_with("sec_"))
+            .map(str::to_owned)
+            .collect();
+        let mut egress_refs = refs_under(&everywhere, &EGRESS_KEYS);
         egress_refs.extend(
-            string_values(v)
-                .into_iter()
+            everywhere
+                .iter()
+                .flat_map(|v| string_values(v))
                 .filter(|s| s.starts_with("http://") || s.starts_with("https://"))
                 .map(str::to_owned),
         );
+        let has_egress_key = everywhere.iter().any(|v| has_key(v, &EGRESS_KEYS));
+        Context {
+            facts,
+            g: Guards::of(facts),
+            secret_ids,
+            has_secret_key: everywhere.iter().any(|v| has_key(v, &SECRET_KEYS)),
+            leaked_secret: audits
+                .iter()
+                .any(|v| string_values(v).into_iter().any(redaction::is_credential)),
+            has_egress_evidence: has_egress_key || !egress_refs.is_empty(),
+            egress_refs,
+            metrics,
+        }
     }
-    let has_egress_evidence = has_egress_key || !egress_refs.is_empty();
+}
 
-    let has_tool_calls = !facts.tool_call_ids.is_empty() || !facts.reused_tool_calls.is_empty();
-    let has_children = !facts.child_run_ids.is_empty();
-    let capability_applicable = g.versioned_subject || has_tool_calls || has_children;
-    let permission_applicable = g.versioned_subject || has_tool_calls;
-    let secret_applicable =
-        g.tool_governance || !secret_ids.is_empty() || has_secret_key || leaked_secret;
-    let egress_applicable = g.tool_governance || has_egress_evidence;
+/// The items in their fixed order.
+const RULES: [Rule; 13] = [
+    Rule {
+        key: "actor_scope",
+        label: "Actor and scope",
+        applies: Applies::Always,
+        check: actor_scope,
+    },
+    Rule {
+        key: "subject_version",
+        label: "Subject version",
+        applies: Applies::When(
+            |cx| cx.g.versioned_subject,
+            "The run does not execute a versioned agent or workflow.",
+        ),
+        check: subject_version,
+    },
+    Rule {
+        key: "capability_binding",
+        label: "Capability binding",
+        applies: Applies::When(
+            |cx| cx.g.versioned_subject || cx.g.tool_calls || cx.g.children,
+            "The run has no capability surface.",
+        ),
+        check: |cx| {
+            let refs = dedup(refs_under(&cx.metrics, &CAPABILITY_KEYS));
+            if refs.is_empty() {
+                return Verdict::lacking(
+                    ItemStatus::Warning,
+                    "No capability binding was recorded in step metrics.",
+                    &["capability_binding"],
+                );
+            }
+            let summary = format!(
+                "{} capability binding reference(s) were recorded.",
+                refs.len()
+            );
+            Verdict::pass(summary, refs)
+        },
+    },
+    Rule {
+        key: "permission_scope",
+        label: "Permission scope",
+        applies: Applies::When(
+            |cx| cx.g.versioned_subject || cx.g.tool_calls,
+            "The run has no agent, workflow or tool permission surface.",
+        ),
+        check: |cx| {
+            let refs = dedup(refs_under(&cx.metrics, &PERMISSION_KEYS));
+            if refs.is_empty() {
+                return Verdict::lacking(
+                    ItemStatus::Warning,
+                    "No permission or policy decision was recorded in step metrics.",
+                    &["permission_scope"],
+                );
+            }
+            let summary = format!(
+                "{} permission or policy decision reference(s) were recorded.",
+                refs.len()
+            );
+            Verdict::pass(summary, refs)
+        },
+    },
+    Rule {
+        key: "secret_boundary",
+        label: "Secret boundary",
+        applies: Applies::When(
+            |cx| {
+                cx.g.tool_governance
+                    || !cx.secret_ids.is_empty()
+                    || cx.has_secret_key
+                    || cx.leaked_secret
+            },
+            "The run has no governed tool secret surface.",
+        ),
+        check: |cx| {
+            if cx.leaked_secret {
+                Verdict::new(
+                    ItemStatus::Fail,
+                    "An audit payload contains a plaintext credential.",
+                    cx.secret_ids.clone(),
+                    &["redaction"],
+                )
+            } else if !cx.secret_ids.is_empty() || cx.has_secret_key {
+                Verdict::pass(
+                    "Secret references were recorded; no audit payload holds a credential.",
+                    cx.secret_ids.clone(),
+                )
+            } else {
+                Verdict::lacking(
+                    ItemStatus::Warning,
+                    "No secret reference was recorded for the run.",
+                    &["secret_id"],
+                )
+            }
+        },
+    },
+    Rule {
+        key: "egress_policy",
+        label: "Egress policy",
+        applies: Applies::When(
+            |cx| cx.g.tool_governance || cx.has_egress_evidence,
+            "The run has no governed tool egress surface.",
+        ),
+        check: |cx| {
+            if cx.has_egress_evidence {
+                Verdict::pass(
+                    "Egress decision evidence was recorded.",
+                    cx.egress_refs.clone(),
+                )
+            } else {
+                Verdict::lacking(
+                    ItemStatus::Warning,
+                    "No egress decision was recorded for the run.",
+                    &["egress_decision"],
+                )
+            }
+        },
+    },
+    Rule {
+        key: "audit_record",
+        label: "Audit record",
+        applies: Applies::When(
+            |cx| cx.g.tool_governance,
+            "The run has no governed tool activity that needs an audit record.",
+        ),
+        check: |cx| {
+            let audits = &cx.facts.audits;
+            if audits.is_empty() {
+                return Verdict::lacking(
+                    ItemStatus::Fail,
+                    "No audit records are attached.",
+                    &["audits"],
+                );
+            }
+            let refs = audits
+                .iter()
+                // An audit without a step is named by its own id, so every ref names one.
+                .map(|a| {
+                    format!(
+                        "{}:{}",
+                        cx.facts.run_id,
+                        a.step_id.as_ref().unwrap_or(&a.id)
+                    )
+                })
+                .collect();
+            Verdict::pass(
+                format!("{} audit record(s) are attached.", audits.len()),
+                refs,
+            )
+        },
+    },
+    Rule {
+        key: "cost_attribution",
+        label: "Cost attribution",
+        applies: Applies::When(
+            |cx| cx.g.cost_attribution,
+            "The run has no metered model, retrieval or rerank step.",
+        ),
+        check: |cx| {
+            let costs = &cx.facts.cost_ids;
+            if costs.is_empty() {
+                return Verdict::lacking(
+                    ItemStatus::Fail,
+                    "No cost records are attached.",
+                    &["costs"],
+                );
+            }
+            Verdict::pass(
+                format!("{} cost record(s) are attached.", costs.len()),
+                costs.clone(),
+            )
+        },
+    },
+    Rule {
+        key: "trace_timeline",
+        label: "Trace timeline",
+        applies: Applies::Always,
+        check: |cx| {
+            let (steps, responses) = (&cx.facts.steps, &cx.facts.response_event_ids);
+            if steps.is_empty() && responses.is_empty() {
+                return Verdict::lacking(
+                    ItemStatus::Fail,
+                    "No steps or response events are attached.",
+                    &["steps", "response_events"],
+                );
+            }
+            let summary = format!(
+                "{} step(s) and {} response event(s) are attached.",
+                steps.len(),
+                responses.len()
+            );
+            let refs = steps.iter().map(|s| s.id.clone());
+            Verdict::pass(summary, refs.chain(responses.iter().cloned()).collect())
+        },
+    },
+    Rule {
+        key: "tool_call",
+        label: "Tool call",
+        // Tool calls (own or reused) count as tool governance, so they are always checked.
+        applies: Applies::When(|cx| cx.g.tool_governance, "The run made no tool calls."),
+        check: tool_call,
+    },
+    Rule {
+        key: "knowledge_citation",
+        label: "Knowledge citation",
+        applies: Applies::When(
+            |cx| cx.g.knowledge_citation,
+            "The run has no retrieval or rerank step.",
+        ),
+        check: |cx| {
+            let citations = &cx.facts.citations;
+            if citations.is_empty() {
+                return Verdict::lacking(
+                    ItemStatus::Fail,
+                    "No citations are attached.",
+                    &["citations"],
+                );
+            }
+            let summary = format!("{} citation(s) are attached.", citations.len());
+            Verdict::pass(summary, citations.iter().flat_map(citation_refs).collect())
+        },
+    },
+    Rule {
+        key: "child_workflow",
+        label: "Child workflow",
+        applies: Applies::When(|cx| cx.g.children, "The run has no child runs."),
+        check: |cx| {
+            let children = &cx.facts.child_run_ids;
+            let summary = format!("{} child run(s) are attached.", children.len());
+            Verdict::pass(summary, children.clone())
+        },
+    },
+    Rule {
+        key: "replay_ready",
+        label: "Replay ready",
+        applies: Applies::Always,
+        check: |cx| {
+            let refs = vec![cx.facts.run_id.clone()];
+            let missing = replay_missing(cx.facts);
+            if missing.is_empty() {
+                return Verdict::pass("The run has the evidence needed to replay it.", refs);
+            }
+            let summary = format!(
+                "The run is missing replay evidence: {}.",
+                missing.join(", ")
+            );
+            Verdict::new(ItemStatus::Fail, summary, refs, &missing)
+        },
+    },
+];
 
-    let actor_missing: Vec<&str> = [
-        ("tenant_id", facts.tenant_id.as_str()),
-        ("workspace_id", facts.workspace_id.as_str()),
-        ("user_id", facts.user_id.as_deref().unwrap_or("")),
-        ("run_id", facts.run_id.as_str()),
+fn actor_scope(cx: &Context) -> Verdict {
+    let f = cx.facts;
+    let user_id = f.user_id.as_deref().unwrap_or("");
+    let missing: Vec<&'static str> = [
+        ("tenant_id", f.tenant_id.as_str()),
+        ("workspace_id", f.workspace_id.as_str()),
+        ("user_id", user_id),
+        ("run_id", f.run_id.as_str()),
     ]
     .into_iter()
     .filter(|(_, v)| v.is_empty())
     .map(|(name, _)| name)
     .collect();
-    let actor_refs = present(&[
-        Some(&facts.tenant_id),
-        Some(&facts.workspace_id),
-        facts.user_id.as_ref(),
-        Some(&facts.run_id),
+    let refs = present(&[
+        Some(&f.tenant_id),
+        Some(&f.workspace_id),
+        f.user_id.as_ref(),
+        Some(&f.run_id),
     ]);
-    let subject_missing: Vec<&str> = [
-        ("subject_kind", Some(&facts.subject_kind)),
-        ("subject_id", facts.subject_id.as_ref()),
-        ("subject_version_id", facts.subject_version_id.as_ref()),
-    ]
-    .into_iter()
-    .filter(|(_, v)| v.is_none_or(|s| s.is_empty()))
-    .map(|(name, _)| name)
-    .collect();
+    if missing.is_empty() {
+        let summary = "The run is bound to its tenant, workspace, user and run ids.";
+        return Verdict::pass(summary, refs);
+    }
+    let summary = format!("The run's scope is missing {}.", missing.join(", "));
+    Verdict::new(ItemStatus::Fail, summary, refs, &missing)
+}
 
-    let replay_missing = replay_missing(facts);
+fn subject_version(cx: &Context) -> Verdict {
+    let f = cx.facts;
+    let fields = [
+        ("subject_kind", Some(&f.subject_kind)),
+        ("subject_id", f.subject_id.as_ref()),
+        ("subject_version_id", f.subject_version_id.as_ref()),
+    ];
+    let missing: Vec<&'static str> = fields
+        .iter()
+        .filter(|(_, v)| v.is_none_or(|s| s.is_empty()))
+        .map(|(name, _)| *name)
+        .collect();
+    let refs = present(&fields.map(|(_, v)| v));
+    if missing.is_empty() {
+        return Verdict::pass("The run is pinned to a subject version.", refs);
+    }
+    let summary = format!("The run's subject is missing {}.", missing.join(", "));
+    Verdict::new(ItemStatus::Fail, summary, refs, &missing)
+}
 
-    vec![
-        if actor_missing.is_empty() {
-            Item::new(
-                "actor_scope",
-                "Actor and scope",
-                Pass,
-                "The run is bound to its tenant, workspace, user and run ids.",
-                actor_refs,
-                &[],
-            )
-        } else {
-            Item::new(
-                "actor_scope",
-                "Actor and scope",
-                Fail,
-                format!("The run's scope is missing {}.", actor_missing.join(", ")),
-                actor_refs,
-                &actor_missing,
-            )
-        },
-        if !g.versioned_subject {
-            Item::new(
-                "subject_version",
-                "Subject version",
-                NotApplicable,
-                "The run does not execute a versioned agent or workflow.",
-                vec![],
-                &[],
-            )
-        } else {
-            let refs = present(&[
-                Some(&facts.subject_kind),
-                facts.subject_id.as_ref(),
-                facts.subject_version_id.as_ref(),
-            ]);
-            if subject_missing.is_empty() {
-                Item::new(
-                    "subject_version",
-                    "Subject version",
-                    Pass,
-                    "The run is pinned to a subject version.",
-                    refs,
-                    &[],
-                )
-            } else {
-                Item::new(
-                    "subject_version",
-                    "Subject version",
-                    Fail,
-                    format!(
-                        "The run's subject is missing {}.",
-                        subject_missing.join(", ")
-                    ),
-                    refs,
-                    &subject_missing,
-                )
-            }
-        },
-        if !capability_applicable {
-            Item::new(
-                "capability_binding",
-                "Capability binding",
-                NotApplicable,
-                "The run has no capability surface.",
-                vec![],
-                &[],
-            )
-        } else if !capability_refs.is_empty() {
-            Item::new(
-                "capability_binding",
-                "Capability binding",
-                Pass,
-                format!(
-                    "{} capability binding reference(s) were recorded.",
-                    capability_refs.len()
-                ),
-                capability_refs,
-                &[],
-            )
-        } else {
-            Item::new(
-                "capability_binding",
-                "Capability binding",
-                Warning,
-                "No capability binding was recorded in step metrics.",
-                vec![],
-                &["capability_binding"],
-            )
-        },
-        if !permission_applicable {
-            Item::new(
-                "permission_scope",
-                "Permission scope",
-                NotApplicable,
-                "The run has no agent, workflow or tool permission surface.",
-                vec![],
-                &[],
-            )
-        } else if !permission_refs.is_empty() {
-            Item::new(
-                "permission_scope",
-                "Permission scope",
-                Pass,
-                format!(
-                    "{} permission or policy decision reference(s) were recorded.",
-                    permission_refs.len()
-                ),
-                permission_refs,
-                &[],
-            )
-        } else {
-            Item::new(
-                "permission_scope",
-                "Permission scope",
-                Warning,
-                "No permission or policy decision was recorded in step metrics.",
-                vec![],
-                &["permission_scope"],
-            )
-        },
-        if !secret_applicable {
-            Item::new(
-                "secret_boundary",
-                "Secret boundary",
-                NotApplicable,
-                "The run has no governed tool secret surface.",
-                vec![],
-                &[],
-            )
-        } else if leaked_secret {
-            Item::new(
-                "secret_boundary",
-                "Secret boundary",
-                Fail,
-                "An audit payload contains a plaintext credential.",
-                secret_ids,
-                &["redaction"],
-            )
-        } else if !secret_ids.is_empty() || has_secret_key {
-            Item::new(
-                "secret_boundary",
-                "Secret boundary",
-                Pass,
-                "Secret references were recorded; no audit payload holds a credential.",
-                secret_ids,
-                &[],
-            )
-        } else {
-            Item::new(
-                "secret_boundary",
-                "Secret boundary",
-                Warning,
-                "No secret reference was recorded for the run.",
-                vec![],
-                &["secret_id"],
-            )
-        },
-        if !egress_applicable {
-            Item::new(
-                "egress_policy",
-                "Egress policy",
-                NotApplicable,
-                "The run has no governed tool egress surface.",
-                vec![],
-                &[],
-            )
-        } else if has_egress_evidence {
-            Item::new(
-                "egress_policy",
-                "Egress policy",
-                Pass,
-                "Egress decision evidence was recorded.",
-                egress_refs,
-                &[],
-            )
-        } else {
-            Item::new(
-                "egress_policy",
-                "Egress policy",
-                Warning,
-                "No egress decision was recorded for the run.",
-                vec![],
-                &["egress_decision"],
-            )
-        },
-        if !g.tool_governance {
-            Item::new(
-                "audit_record",
-                "Audit record",
-                NotApplicable,
-                "The run has no governed tool activity that needs an audit record.",
-                vec![],
-                &[],
-            )
-        } else if !facts.audits.is_empty() {
-            Item::new(
-                "audit_record",
-                "Audit record",
-                Pass,
-                format!("{} audit record(s) are attached.", facts.audits.len()),
-                facts
-                    .audits
-                    .iter()
-                    // An audit without a step is named by its own id, so every ref names one.
-                    .map(|a| format!("{}:{}", facts.run_id, a.step_id.as_ref().unwrap_or(&a.id)))
-                    .collect(),
-                &[],
-            )
-        } else {
-            Item::new(
-                "audit_record",
-                "Audit record",
-                Fail,
-                "No audit records are attached.",
-                vec![],
-                &["audits"],
-            )
-        },
-        if !g.cost_attribution {
-            Item::new(
-                "cost_attribution",
-                "Cost attribution",
-                NotApplicable,
-                "The run has no metered model, retrieval or rerank step.",
-                vec![],
-                &[],
-            )
-        } else if !facts.cost_ids.is_empty() {
-            Item::new(
-                "cost_attribution",
-                "Cost attribution",
-                Pass,
-                format!("{} cost record(s) are attached.", facts.cost_ids.len()),
-                facts.cost_ids.clone(),
-                &[],
-            )
-        } else {
-            Item::new(
-                "cost_attribution",
-                "Cost attribution",
-                Fail,
-                "No cost records are attached.",
-                vec![],
-                &["costs"],
-            )
-        },
-        if facts.steps.is_empty() && facts.response_event_ids.is_empty() {
-            Item::new(
-                "trace_timeline",
-                "Trace timeline",
-                Fail,
-                "No steps or response events are attached.",
-                vec![],
-                &["steps", "response_events"],
-            )
-        } else {
-            Item::new(
-                "trace_timeline",
-                "Trace timeline",
-                Pass,
-                format!(
-                    "{} step(s) and {} response event(s) are attached.",
-                    facts.steps.len(),
-                    facts.response_event_ids.len()
-                ),
-                facts
-                    .steps
-                    .iter()
-                    .map(|s| s.id.clone())
-                    .chain(facts.response_event_ids.iter().cloned())
-                    .collect(),
-                &[],
-            )
-        },
-        if has_tool_calls {
-            let reused = &facts.reused_tool_calls;
-            let summary = match (facts.tool_call_ids.len(), reused.len()) {
-                (own, 0) => format!("{own} tool call record(s) are attached."),
-                (0, n) => format!("{n} tool call result(s) were reused from the source run."),
-                (own, n) => format!(
-                    "{own} tool call record(s) are attached; {n} result(s) were reused from the source run."
-                ),
-            };
-            Item::new(
-                "tool_call",
-                "Tool call",
-                Pass,
-                summary,
-                facts
-                    .tool_call_ids
-                    .iter()
-                    .cloned()
-                    .chain(reused.iter().map(ReusedCall::reference))
-                    .collect(),
-                &[],
-            )
-        } else if g.tool_governance {
-            Item::new(
-                "tool_call",
-                "Tool call",
-                Fail,
+fn tool_call(cx: &Context) -> Verdict {
+    let (own, reused) = (&cx.facts.tool_call_ids, &cx.facts.reused_tool_calls);
+    let summary = match (own.len(), reused.len()) {
+        (0, 0) => {
+            return Verdict::lacking(
+                ItemStatus::Fail,
                 "Tool activity was recorded but no tool call record is attached.",
-                vec![],
                 &["tool_calls"],
             )
-        } else {
-            Item::new(
-                "tool_call",
-                "Tool call",
-                NotApplicable,
-                "The run made no tool calls.",
-                vec![],
-                &[],
-            )
-        },
-        if !g.knowledge_citation {
-            Item::new(
-                "knowledge_citation",
-                "Knowledge citation",
-                NotApplicable,
-                "The run has no retrieval or rerank step.",
-                vec![],
-                &[],
-            )
-        } else if !facts.citations.is_empty() {
-            Item::new(
-                "knowledge_citation",
-                "Knowledge citation",
-                Pass,
-                format!("{} citation(s) are attached.", facts.citations.len()),
-                facts.citations.iter().flat_map(citation_refs).collect(),
-                &[],
-            )
-        } else {
-            Item::new(
-                "knowledge_citation",
-                "Knowledge citation",
-                Fail,
-                "No citations are attached.",
-                vec![],
-                &["citations"],
-            )
-        },
-        if has_children {
-            Item::new(
-                "child_workflow",
-                "Child workflow",
-                Pass,
-                format!("{} child run(s) are attached.", facts.child_run_ids.len()),
-                facts.child_run_ids.clone(),
-                &[],
-            )
-        } else {
-            Item::new(
-                "child_workflow",
-                "Child workflow",
-                NotApplicable,
-                "The run has no child runs.",
-                vec![],
-                &[],
-            )
-        },
-        if replay_missing.is_empty() {
-            Item::new(
-                "replay_ready",
-                "Replay ready",
-                Pass,
-                "The run has the evidence needed to replay it.",
-                vec![facts.run_id.clone()],
-                &[],
-            )
-        } else {
-            Item::new(
-                "replay_ready",
-                "Replay ready",
-                Fail,
-                format!(
-                    "The run is missing replay evidence: {}.",
-                    replay_missing.join(", ")
-                ),
-                vec![facts.run_id.clone()],
-                &replay_missing,
-            )
-        },
-    ]
+        }
+        (own, 0) => format!("{own} tool call record(s) are attached."),
+        (0, n) => format!("{n} tool call result(s) were reused from the source run."),
+        (own, n) => format!(
+            "{own} tool call record(s) are attached; {n} result(s) were reused from the source run."
+        ),
+    };
+    let refs = own
+        .iter()
+        .cloned()
+        .chain(reused.iter().map(ReusedCall::reference));
+    Verdict::pass(summary, refs.collect())
 }
 
 /// The six replay_ready criteria in order (steps, response_events, costs, citations,

@@ -1,7 +1,7 @@
 //! Identifiers: `<prefix>_<ULID>`, monotonic within a backend, and validation of ids that
 //! callers supply themselves.
 
-use crate::error::{LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 use std::cell::RefCell;
 
 thread_local! {
@@ -62,7 +62,7 @@ fn check(argument: &str, value: &str, max_chars: usize, max_bytes: usize) -> Res
     match reason {
         None => Ok(()),
         Some(reason) => Err(
-            LedgerError::invalid("ID_INVALID", format!("{argument} {reason}"))
+            LedgerError::new(Code::IdInvalid, format!("{argument} {reason}"))
                 .with("argument", argument)
                 .with("length", count),
         ),
@@ -70,7 +70,7 @@ fn check(argument: &str, value: &str, max_chars: usize, max_bytes: usize) -> Res
 }
 
 /// Unicode's format characters (general category Cf, Unicode 15.1): zero-width, bidi, tags.
-pub(crate) fn is_format(c: char) -> bool {
+pub fn is_format(c: char) -> bool {
     matches!(c,
         '\u{AD}' | '\u{600}'..='\u{605}' | '\u{61C}' | '\u{6DD}' | '\u{70F}' | '\u{890}'..='\u{891}'
         | '\u{8E2}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
@@ -111,7 +111,7 @@ fn check_label(argument: &str, value: &str, max_bytes: usize) -> Result<()> {
         return Ok(());
     };
     Err(
-        LedgerError::invalid("LABEL_INVALID", format!("{argument} {reason}"))
+        LedgerError::new(Code::LabelInvalid, format!("{argument} {reason}"))
             .with("argument", argument)
             .with("bytes", value.len()),
     )
@@ -164,8 +164,8 @@ mod tests {
         ] {
             let e = validate("run_id", bad).unwrap_err();
             assert_eq!(
-                (e.class, e.code),
-                (Class::InvalidParameter, "ID_INVALID"),
+                (e.class(), e.code),
+                (Class::InvalidParameter, Code::IdInvalid),
                 "{bad:?}"
             );
         }
@@ -178,7 +178,7 @@ mod tests {
         let wide = "\u{20000}"; // 4 bytes
         assert!(validate_key("k", &wide.repeat(256)).is_ok());
         let e = validate_key("k", &wide.repeat(257)).unwrap_err();
-        assert_eq!(e.code, "ID_INVALID");
+        assert_eq!(e.code, Code::IdInvalid);
         assert!(e.message.contains("1024 bytes"));
         assert!(validate_key("k", &"k".repeat(512)).is_ok());
         assert!(validate_key("k", &"k".repeat(513)).is_err());
@@ -188,22 +188,22 @@ mod tests {
         let e = validate_storage_key("storage_key", &"k".repeat(1025)).unwrap_err();
         assert_eq!(
             (e.code, e.message.as_str()),
-            ("LABEL_INVALID", "storage_key is longer than 1024 bytes")
+            (Code::LabelInvalid, "storage_key is longer than 1024 bytes")
         );
         assert!(validate_label("mode", &"m".repeat(256)).is_ok());
         assert_eq!(
             validate_label("mode", &"m".repeat(257)).unwrap_err().code,
-            "LABEL_INVALID"
+            Code::LabelInvalid
         );
         assert_eq!(
             validate_label("mode", "a\nb").unwrap_err().code,
-            "LABEL_INVALID"
+            Code::LabelInvalid
         );
         assert_eq!(
             validate_label("subject", "invoice \u{202e}fdp.exe")
                 .unwrap_err()
                 .code,
-            "LABEL_INVALID"
+            Code::LabelInvalid
         );
         assert!(validate_label("mode", "team \u{1F469}\u{200D}\u{1F4BB}").is_ok());
     }

@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use crate::error::{LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 use crate::hash::hex;
 use crate::interrupt::{self, Checked};
 use sha2::{Digest, Sha256};
@@ -51,11 +51,11 @@ pub fn parse_nested(text: &str, levels: usize) -> Result<Value> {
     // FromStr, not from_str::<Value>: its code is serde_json's own (optimised even in test
     // builds, see the workspace Cargo.toml), not a copy instantiated in this crate.
     text.parse::<Value>()
-        .map_err(|e| LedgerError::invalid("JSON_INVALID", format!("invalid JSON: {e}")))
+        .map_err(|e| LedgerError::new(Code::JsonInvalid, format!("invalid JSON: {e}")))
 }
 
 fn too_large(message: String) -> LedgerError {
-    LedgerError::invalid("INPUT_TOO_LARGE", message)
+    LedgerError::new(Code::InputTooLarge, message)
         .with("max_bytes", MAX_BYTES)
         .with("max_values", MAX_VALUES)
 }
@@ -91,8 +91,8 @@ fn check_shape(text: &str, max_depth: usize) -> Result<()> {
                 values += 1;
                 depth += 1;
                 if depth > max_depth {
-                    return Err(LedgerError::invalid(
-                        "INPUT_TOO_DEEP",
+                    return Err(LedgerError::new(
+                        Code::InputTooDeep,
                         format!("JSON nested deeper than {max_depth} levels"),
                     )
                     .with("max_depth", max_depth));
@@ -301,8 +301,8 @@ mod tests {
         assert!(parse(&many(MAX_VALUES - 1)).is_ok());
         let e = parse(&many(MAX_VALUES)).unwrap_err();
         assert_eq!(
-            (e.class, e.code),
-            (Class::InvalidParameter, "INPUT_TOO_LARGE")
+            (e.class(), e.code),
+            (Class::InvalidParameter, Code::InputTooLarge)
         );
         assert_eq!(e.detail["max_values"], MAX_VALUES);
         // Commas inside strings are not values.
@@ -319,7 +319,7 @@ mod tests {
         assert!(parse(&fits).is_ok());
         let over = format!("\"{}\"", "a".repeat(MAX_BYTES - 1));
         let e = parse(&over).unwrap_err();
-        assert_eq!(e.code, "INPUT_TOO_LARGE");
+        assert_eq!(e.code, Code::InputTooLarge);
         assert_eq!(e.detail["bytes"], MAX_BYTES + 1);
         assert!(
             parse_unsized(&over).is_ok(),
@@ -327,7 +327,7 @@ mod tests {
         );
         assert_eq!(
             parse_unsized(&many(MAX_VALUES)).unwrap_err().code,
-            "INPUT_TOO_LARGE"
+            Code::InputTooLarge
         );
     }
 
@@ -344,8 +344,8 @@ mod tests {
             format!("{}{}", r#"[{"a":"#.repeat(51), "}]".repeat(51)),
         ] {
             let e = parse(&text).unwrap_err();
-            assert_eq!(e.code, "INPUT_TOO_DEEP");
-            assert_eq!(e.class, Class::InvalidParameter);
+            assert_eq!(e.code, Code::InputTooDeep);
+            assert_eq!(e.class(), Class::InvalidParameter);
             assert_eq!(e.detail["max_depth"], json!(100));
         }
     }
@@ -364,7 +364,7 @@ mod tests {
             "[".repeat(100_000),
             format!("{}1{}", r#"{"a":"#.repeat(100_000), "}".repeat(100_000)),
         ] {
-            assert_eq!(parse(&text).unwrap_err().code, "INPUT_TOO_DEEP");
+            assert_eq!(parse(&text).unwrap_err().code, Code::InputTooDeep);
         }
         assert!(start.elapsed() < Duration::from_secs(2));
     }
@@ -379,7 +379,7 @@ mod tests {
         assert_eq!(v["b"], json!("\\\"{{"));
         // A string ending in an escaped backslash closes; the next brackets count again.
         let text = format!(r#"["\\", {}]"#, nested(MAX_DEPTH));
-        assert_eq!(parse(&text).unwrap_err().code, "INPUT_TOO_DEEP");
+        assert_eq!(parse(&text).unwrap_err().code, Code::InputTooDeep);
         let text = format!(r#"["\\", {}]"#, nested(MAX_DEPTH - 1));
         assert!(parse(&text).is_ok());
     }
@@ -405,14 +405,14 @@ mod tests {
             "[\"raw\nnewline\"]",
         ] {
             let e = parse(text).unwrap_err();
-            assert_eq!(e.code, "JSON_INVALID", "{text:?}");
-            assert_eq!(e.class, Class::InvalidParameter);
+            assert_eq!(e.code, Code::JsonInvalid, "{text:?}");
+            assert_eq!(e.class(), Class::InvalidParameter);
         }
     }
 
     #[test]
     fn unbalanced_closers_do_not_hide_depth() {
         let text = format!("{}{}", "]".repeat(10), "[".repeat(100_000));
-        assert_eq!(parse(&text).unwrap_err().code, "INPUT_TOO_DEEP");
+        assert_eq!(parse(&text).unwrap_err().code, Code::InputTooDeep);
     }
 }

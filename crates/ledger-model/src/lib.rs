@@ -3,7 +3,6 @@
 //! extension (the workspace root, `src/`) exposes it through SQL functions, and the benchmark
 //! client (`bench/`) runs the same code in process.
 pub mod args;
-pub mod cost;
 pub mod error;
 pub mod events;
 pub mod evidence;
@@ -12,15 +11,11 @@ pub mod hash;
 pub mod ids;
 pub mod interrupt;
 pub mod json;
-pub mod otel;
+pub mod notifier;
 pub mod outbox;
-#[cfg(test)]
-mod properties;
-pub mod redact;
+pub mod redaction;
 pub mod retention;
-pub mod run_lease;
+pub mod run_leases;
 pub mod status;
 pub mod text;
-pub mod tool_batch;
-pub mod tool_call;
-pub mod wakeups;
+pub mod tool_calls;

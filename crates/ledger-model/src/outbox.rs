@@ -1,7 +1,7 @@
 //! The outbox consumer's rules: batch and lease bounds, the retry backoff, and when an event
 //! fails for good. No Postgres here.
 
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 
 /// Delivery attempts an event gets between replays.
 pub const MAX_ATTEMPTS: i32 = 64;
@@ -18,7 +18,7 @@ pub const MAX_LEASE_SECONDS: i32 = 86_400;
 pub fn claim_events(max_events: i32) -> Result<i32> {
     if !(1..=MAX_CLAIM_EVENTS).contains(&max_events) {
         return Err(
-            LedgerError::invalid("LIMIT_INVALID", "max_events must be between 1 and 1000")
+            LedgerError::new(Code::LimitInvalid, "max_events must be between 1 and 1000")
                 .with("argument", "max_events")
                 .with("value", max_events),
         );
@@ -29,8 +29,8 @@ pub fn claim_events(max_events: i32) -> Result<i32> {
 /// A claim's `lease_seconds`, 1 second to one day.
 pub fn lease_seconds(lease: i32) -> Result<i32> {
     if !(1..=MAX_LEASE_SECONDS).contains(&lease) {
-        return Err(LedgerError::invalid(
-            "TIMEOUT_INVALID",
+        return Err(LedgerError::new(
+            Code::TimeoutInvalid,
             "lease_seconds must be between 1 and 86400",
         )
         .with("argument", "lease_seconds")
@@ -90,8 +90,7 @@ pub fn check_held(id: &str, lease_owner: &str, status: &str, held_by: Option<&st
         return Ok(());
     }
     Err(LedgerError::new(
-        Class::WrongState,
-        "OUTBOX_NOT_LEASED",
+        Code::OutboxNotLeased,
         format!("outbox event {id} is not leased to {lease_owner}"),
     )
     .with("id", id)
@@ -106,8 +105,7 @@ pub fn check_failed(id: &str, status: &str) -> Result<()> {
         return Ok(());
     }
     Err(LedgerError::new(
-        Class::WrongState,
-        "OUTBOX_NOT_FAILED",
+        Code::OutboxNotFailed,
         format!("outbox event {id} is not in failed state (it is {status})"),
     )
     .with("id", id)
@@ -117,6 +115,7 @@ pub fn check_failed(id: &str, status: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Class;
 
     #[test]
     fn backoff_doubles_from_one_second_up_to_300() {
@@ -182,13 +181,19 @@ mod tests {
             ("failed", None),
         ] {
             let e = check_held("obx_1", "c1", status, owner).unwrap_err();
-            assert_eq!((e.class, e.code), (Class::WrongState, "OUTBOX_NOT_LEASED"));
+            assert_eq!(
+                (e.class(), e.code),
+                (Class::WrongState, Code::OutboxNotLeased)
+            );
             assert_eq!(e.detail["status"], status);
         }
         assert!(check_failed("obx_1", "failed").is_ok());
         for status in ["pending", "processing", "done"] {
             let e = check_failed("obx_1", status).unwrap_err();
-            assert_eq!((e.class, e.code), (Class::WrongState, "OUTBOX_NOT_FAILED"));
+            assert_eq!(
+                (e.class(), e.code),
+                (Class::WrongState, Code::OutboxNotFailed)
+            );
             assert!(e.message.contains("not in failed state"), "{}", e.message);
         }
     }
@@ -199,13 +204,13 @@ mod tests {
         assert_eq!(claim_events(1000).unwrap(), 1000);
         for bad in [0, -1, 1001] {
             let e = claim_events(bad).unwrap_err();
-            assert_eq!(e.code, "LIMIT_INVALID");
+            assert_eq!(e.code, Code::LimitInvalid);
             assert_eq!(e.detail["argument"], "max_events");
         }
         assert_eq!(lease_seconds(1).unwrap(), 1);
         assert_eq!(lease_seconds(86_400).unwrap(), 86_400);
         for bad in [0, -5, 86_401] {
-            assert_eq!(lease_seconds(bad).unwrap_err().code, "TIMEOUT_INVALID");
+            assert_eq!(lease_seconds(bad).unwrap_err().code, Code::TimeoutInvalid);
         }
     }
 }

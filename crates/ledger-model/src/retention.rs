@@ -1,6 +1,6 @@
 //! Retention's argument rule, without Postgres: how far back a purge may reach.
 
-use crate::error::{LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 
 /// The longest `older_than`, in years. Every part of the interval stays within it, so that
 /// `now() - older_than` is always a timestamp (PostgreSQL's reach back is 4713 BC), whatever the
@@ -15,8 +15,8 @@ const USECS_PER_DAY: i128 = 86_400_000_000;
 pub fn check_older_than(months: i32, days: i32, micros: i64) -> Result<()> {
     let total = (i128::from(months) * 30 + i128::from(days)) * USECS_PER_DAY + i128::from(micros);
     if total < 0 {
-        return Err(LedgerError::invalid(
-            "INTERVAL_INVALID",
+        return Err(LedgerError::new(
+            Code::IntervalInvalid,
             "older_than must not be negative",
         ));
     }
@@ -31,8 +31,8 @@ pub fn check_older_than(months: i32, days: i32, micros: i64) -> Result<()> {
     if in_range {
         return Ok(());
     }
-    Err(LedgerError::invalid(
-        "INTERVAL_INVALID",
+    Err(LedgerError::new(
+        Code::IntervalInvalid,
         format!("older_than is out of range (at most {MAX_OLDER_THAN_YEARS} years)"),
     )
     .with("max_years", MAX_OLDER_THAN_YEARS))
@@ -73,7 +73,7 @@ mod tests {
             let e = check_older_than(far.0, far.1, far.2).unwrap_err();
             assert_eq!(
                 (e.code, e.detail["max_years"].as_i64()),
-                ("INTERVAL_INVALID", Some(1000)),
+                (Code::IntervalInvalid, Some(1000)),
                 "{far:?}"
             );
         }

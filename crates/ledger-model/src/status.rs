@@ -1,22 +1,123 @@
-//! The status machine of runs, steps and tasks (their transition tables), as data.
+//! The status vocabularies, each declared once as data: the statuses of runs, steps and tasks
+//! with their transition table, of tool calls and of approvals.
 
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Status {
-    Queued,
-    Preparing,
-    Running,
-    WaitingInput,
-    WaitingApproval,
-    Paused,
-    Retrying,
-    Succeeded,
-    Failed,
-    Canceled,
-    Expired,
-    /// Steps only.
-    Skipped,
+/// Declares a vocabulary: each value's wire name, `terminal` or `live`, and optionally (`to
+/// [...]`, on every value) the values it may move to. Generates the enum, `ALL` (declaration
+/// order), `as_str`, `from_name`, `is_terminal` and, with transitions, `moves_to`.
+macro_rules! vocabulary {
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $wire:literal, $end:ident, to [$($to:ident),*];)+
+        }
+    ) => {
+        vocabulary! { $(#[$meta])* pub enum $name { $($(#[$vmeta])* $variant = $wire, $end;)+ } }
+
+        impl $name {
+            /// The values this one may move to, in table order.
+            pub fn moves_to(self) -> &'static [$name] {
+                match self {
+                    $($name::$variant => &[$($name::$to),*],)+
+                }
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        pub enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $wire:literal, $end:ident;)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $name {
+            /// Every value, in declaration order.
+            pub const ALL: [$name; [$(stringify!($variant)),+].len()] = [$($name::$variant),+];
+
+            /// The wire name (the database's and the API's).
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $wire,)+
+                }
+            }
+
+            /// The value of a wire name; names are exact (case included).
+            pub fn from_name(name: &str) -> Option<$name> {
+                $name::ALL.into_iter().find(|v| v.as_str() == name)
+            }
+
+            /// Whether the value ends the thing's life (a retry may still revive a run).
+            pub fn is_terminal(self) -> bool {
+                match self {
+                    $($name::$variant => vocabulary!(@terminal $end),)+
+                }
+            }
+        }
+    };
+    (@terminal terminal) => {
+        true
+    };
+    (@terminal live) => {
+        false
+    };
+}
+
+vocabulary! {
+    /// The statuses of runs, steps and tasks: the eleven execution statuses, then `skipped`.
+    /// The transitions are those of every resource; only steps have `skipped`, so runs and tasks
+    /// share one table and steps add `skipped` from `queued` and `preparing`.
+    pub enum Status {
+        Queued = "queued", live, to [Preparing, Running, Failed, Canceled, Expired, Skipped];
+        Preparing = "preparing", live, to [
+            Running, WaitingInput, WaitingApproval, Paused, Succeeded, Failed, Canceled, Expired,
+            Skipped
+        ];
+        Running = "running", live, to [
+            WaitingInput, WaitingApproval, Paused, Succeeded, Failed, Canceled, Expired
+        ];
+        WaitingInput = "waiting_input", live, to [Running, Failed, Canceled, Expired];
+        WaitingApproval = "waiting_approval", live, to [Running, Failed, Canceled, Expired];
+        Paused = "paused", live, to [Running, Canceled, Expired];
+        Retrying = "retrying", live, to [Queued, Preparing, Running, Failed, Canceled, Expired];
+        Succeeded = "succeeded", terminal, to [];
+        Failed = "failed", terminal, to [Retrying];
+        Canceled = "canceled", terminal, to [Retrying];
+        Expired = "expired", terminal, to [Retrying];
+        /// Steps only.
+        Skipped = "skipped", terminal, to [];
+    }
+}
+
+vocabulary! {
+    /// The statuses of a tool-call record; a terminal call (`succeeded`, `failed`, `rejected`)
+    /// no longer keeps its run from being purged.
+    pub enum CallStatus {
+        WaitingApproval = "waiting_approval", live;
+        Claimed = "claimed", live;
+        Running = "running", live;
+        Succeeded = "succeeded", terminal;
+        Failed = "failed", terminal;
+        /// The request may have left and no answer came back: a person resolves it.
+        InDoubt = "in_doubt", live;
+        Rejected = "rejected", terminal;
+    }
+}
+
+vocabulary! {
+    /// The statuses of an approval request: pending until decided.
+    pub enum ApprovalStatus {
+        Pending = "pending", live;
+        Approved = "approved", terminal;
+        Rejected = "rejected", terminal;
+        Expired = "expired", terminal;
+        Canceled = "canceled", terminal;
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,43 +130,6 @@ pub enum Resource {
 use Status::*;
 
 impl Status {
-    /// The eleven execution statuses, then `skipped`.
-    pub const ALL: [Status; 12] = [
-        Queued,
-        Preparing,
-        Running,
-        WaitingInput,
-        WaitingApproval,
-        Paused,
-        Retrying,
-        Succeeded,
-        Failed,
-        Canceled,
-        Expired,
-        Skipped,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Queued => "queued",
-            Preparing => "preparing",
-            Running => "running",
-            WaitingInput => "waiting_input",
-            WaitingApproval => "waiting_approval",
-            Paused => "paused",
-            Retrying => "retrying",
-            Succeeded => "succeeded",
-            Failed => "failed",
-            Canceled => "canceled",
-            Expired => "expired",
-            Skipped => "skipped",
-        }
-    }
-
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Succeeded | Failed | Canceled | Expired | Skipped)
-    }
-
     /// Statuses that mean the work has begun (first entry sets `started_at`).
     pub fn is_started(self) -> bool {
         matches!(self, Preparing | Running)
@@ -73,19 +137,26 @@ impl Status {
 
     /// Parses a status of `resource`; unknown names (and `skipped` outside steps) are refused.
     pub fn parse(resource: Resource, name: &str) -> Result<Status> {
-        Status::ALL
-            .into_iter()
-            .find(|s| s.as_str() == name && resource.has(*s))
+        Status::from_name(name)
+            .filter(|s| resource.has(*s))
             .ok_or_else(|| {
                 // Echo at most 64 characters of a bad value back (it may be megabytes).
                 let shown = crate::text::truncate_chars(name, 64);
-                LedgerError::invalid(
-                    "STATUS_UNKNOWN",
+                LedgerError::new(
+                    Code::StatusUnknown,
                     format!("unknown {} status: {shown:?}", resource.as_str()),
                 )
                 .with("resource", resource.as_str())
                 .with("status", shown)
             })
+    }
+}
+
+impl CallStatus {
+    /// A status read back from the ledger's own row; anything else is a bug.
+    pub fn parse(s: &str) -> Result<CallStatus> {
+        CallStatus::from_name(s)
+            .ok_or_else(|| LedgerError::internal(format!("unknown tool call status {s:?}")))
     }
 }
 
@@ -104,53 +175,17 @@ impl Resource {
         status != Skipped || self == Resource::Step
     }
 
-    /// The statuses `from` may move to. Runs and tasks share one table; steps add `skipped`
-    /// from `queued` and `preparing`.
-    pub fn targets(self, from: Status) -> &'static [Status] {
-        let step = self == Resource::Step;
-        match from {
-            Queued if step => &[Preparing, Running, Failed, Canceled, Expired, Skipped],
-            Queued => &[Preparing, Running, Failed, Canceled, Expired],
-            Preparing if step => &[
-                Running,
-                WaitingInput,
-                WaitingApproval,
-                Paused,
-                Succeeded,
-                Failed,
-                Canceled,
-                Expired,
-                Skipped,
-            ],
-            Preparing => &[
-                Running,
-                WaitingInput,
-                WaitingApproval,
-                Paused,
-                Succeeded,
-                Failed,
-                Canceled,
-                Expired,
-            ],
-            Running => &[
-                WaitingInput,
-                WaitingApproval,
-                Paused,
-                Succeeded,
-                Failed,
-                Canceled,
-                Expired,
-            ],
-            WaitingInput | WaitingApproval => &[Running, Failed, Canceled, Expired],
-            Paused => &[Running, Canceled, Expired],
-            Retrying => &[Queued, Preparing, Running, Failed, Canceled, Expired],
-            Failed | Canceled | Expired => &[Retrying],
-            Succeeded | Skipped => &[],
-        }
+    /// The statuses `from` may move to: the table's, restricted to the resource's statuses.
+    pub fn targets(self, from: Status) -> Vec<Status> {
+        from.moves_to()
+            .iter()
+            .copied()
+            .filter(|to| self.has(*to))
+            .collect()
     }
 
     pub fn allows(self, from: Status, to: Status) -> bool {
-        self.targets(from).contains(&to)
+        self.has(from) && self.has(to) && from.moves_to().contains(&to)
     }
 
     /// Refuses a move the table does not allow (55000 `TRANSITION_INVALID`).
@@ -159,8 +194,7 @@ impl Resource {
             return Ok(());
         }
         Err(LedgerError::new(
-            Class::WrongState,
-            "TRANSITION_INVALID",
+            Code::TransitionInvalid,
             format!(
                 "invalid {} transition: {} -> {}",
                 self.as_str(),
@@ -178,15 +212,14 @@ impl Resource {
         Status::ALL
             .into_iter()
             .filter(move |s| self.has(*s))
-            .flat_map(move |from| self.targets(from).iter().map(move |to| (from, *to)))
+            .flat_map(move |from| self.targets(from).into_iter().map(move |to| (from, to)))
     }
 }
 
 /// 40001 `TRANSITION_CONFLICT`: the row was no longer at `expected`.
 pub fn conflict(resource: Resource, id: &str, expected: Status, to: Status) -> LedgerError {
     LedgerError::new(
-        Class::Conflict,
-        "TRANSITION_CONFLICT",
+        Code::TransitionConflict,
         format!(
             "concurrent {} transition rejected: {} was no longer {}",
             resource.as_str(),
@@ -224,6 +257,7 @@ pub fn check_transition(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Class;
 
     fn table(resource: Resource) -> Vec<(&'static str, Vec<&'static str>)> {
         Status::ALL
@@ -238,7 +272,7 @@ mod tests {
             .collect()
     }
 
-    /// The run table, written out independently of the match above.
+    /// The run table, written out independently of the declaration above.
     const RUN_TABLE: [(&str, &[&str]); 11] = [
         (
             "queued",
@@ -347,8 +381,8 @@ mod tests {
         assert_eq!(Status::parse(Resource::Run, "running").unwrap(), Running);
         let e = Status::parse(Resource::Run, "skipped").unwrap_err();
         assert_eq!(
-            (e.class, e.code),
-            (Class::InvalidParameter, "STATUS_UNKNOWN")
+            (e.class(), e.code),
+            (Class::InvalidParameter, Code::StatusUnknown)
         );
         assert_eq!(Status::parse(Resource::Step, "skipped").unwrap(), Skipped);
         assert!(Status::parse(Resource::Run, "RUNNING").is_err());
@@ -359,8 +393,8 @@ mod tests {
     #[test]
     fn invalid_transition_error_names_both_ends() {
         let e = Resource::Run.check(Succeeded, Failed).unwrap_err();
-        assert_eq!(e.code, "TRANSITION_INVALID");
-        assert_eq!(e.class, Class::WrongState);
+        assert_eq!(e.code, Code::TransitionInvalid);
+        assert_eq!(e.class(), Class::WrongState);
         assert_eq!(e.detail["from"], "succeeded");
         assert_eq!(e.detail["to"], "failed");
     }
@@ -387,7 +421,10 @@ mod tests {
             Status::Failed,
         )
         .unwrap_err();
-        assert_eq!((e.class, e.code), (Class::Conflict, "TRANSITION_CONFLICT"));
+        assert_eq!(
+            (e.class(), e.code),
+            (Class::Conflict, Code::TransitionConflict)
+        );
         assert_eq!(e.detail["actual"], "succeeded");
     }
 
@@ -395,10 +432,95 @@ mod tests {
     fn without_expectation_the_current_status_is_checked() {
         let e = check_transition(Resource::Run, "r", Status::Succeeded, None, Status::Failed)
             .unwrap_err();
-        assert_eq!(e.code, "TRANSITION_INVALID");
+        assert_eq!(e.code, Code::TransitionInvalid);
         assert_eq!(
             check_transition(Resource::Run, "r", Status::Queued, None, Status::Running).unwrap(),
             Some(Status::Queued)
         );
+    }
+
+    /// The quoted names of the first `status IN (...)` or `status NOT IN (...)` list after
+    /// `after` in `sql`.
+    fn sql_list(sql: &str, after: &str, list: &str) -> Vec<String> {
+        let rest = &sql[sql.find(after).expect(after)..];
+        let rest = &rest[rest.find(list).expect(list) + list.len()..];
+        rest[..rest.find(')').expect("a closed list")]
+            .split(',')
+            .map(|n| n.trim().trim_matches('\'').to_owned())
+            .collect()
+    }
+
+    fn names<T: Copy>(
+        values: impl IntoIterator<Item = T>,
+        as_str: fn(T) -> &'static str,
+    ) -> Vec<String> {
+        values.into_iter().map(|v| as_str(v).to_owned()).collect()
+    }
+
+    /// The tables' CHECK constraints and the queries that name terminal statuses say what the
+    /// vocabularies declare.
+    #[test]
+    fn the_sql_names_the_declared_statuses() {
+        let schema = include_str!("../../../sql/schema.sql");
+        let tasks = include_str!("../../../sql/tasks.sql");
+        let purge = include_str!("../../../sql/queries/purgeable_runs.sql");
+        let of = |r: Resource| {
+            names(
+                Status::ALL.into_iter().filter(move |s| r.has(*s)),
+                Status::as_str,
+            )
+        };
+        let status_in = "status IN (";
+        assert_eq!(
+            sql_list(schema, "TABLE ledger.runs (", status_in),
+            of(Resource::Run)
+        );
+        assert_eq!(
+            sql_list(schema, "TABLE ledger.run_steps (", status_in),
+            of(Resource::Step)
+        );
+        assert_eq!(
+            sql_list(tasks, "TABLE ledger.tasks (", status_in),
+            of(Resource::Task)
+        );
+        assert_eq!(
+            sql_list(schema, "TABLE ledger.run_step_tool_calls (", status_in),
+            names(CallStatus::ALL, CallStatus::as_str)
+        );
+        assert_eq!(
+            sql_list(schema, "TABLE ledger.approval_requests (", status_in),
+            names(ApprovalStatus::ALL, ApprovalStatus::as_str)
+        );
+        let run_terminal = Status::ALL
+            .into_iter()
+            .filter(|s| s.is_terminal() && Resource::Run.has(*s));
+        assert_eq!(
+            sql_list(schema, "INDEX runs_live_idx", "status NOT IN ("),
+            names(run_terminal, Status::as_str)
+        );
+        assert_eq!(
+            sql_list(purge, "run_step_tool_calls", "status NOT IN ("),
+            names(
+                CallStatus::ALL.into_iter().filter(|s| s.is_terminal()),
+                CallStatus::as_str
+            )
+        );
+        let decided = ApprovalStatus::ALL.into_iter().filter(|s| s.is_terminal());
+        assert_eq!(
+            names(decided, ApprovalStatus::as_str),
+            ["approved", "rejected", "expired", "canceled"]
+        );
+    }
+
+    #[test]
+    fn every_wire_name_reads_back_as_its_value() {
+        for s in Status::ALL {
+            assert_eq!(Status::from_name(s.as_str()), Some(s));
+        }
+        for s in ApprovalStatus::ALL {
+            assert_eq!(ApprovalStatus::from_name(s.as_str()), Some(s));
+        }
+        assert_eq!(ApprovalStatus::from_name("Pending"), None);
+        assert_eq!(CallStatus::from_name(""), None);
     }
 }

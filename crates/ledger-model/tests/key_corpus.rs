@@ -1,7 +1,7 @@
 //! The key rule against real names: every line of `data/key_corpus.txt` says whether the value
 //! under that name is redacted by default.
 
-use ledger_model::redact::{is_sensitive_key, Rules};
+use ledger_model::redaction::{is_sensitive_key, Rules};
 
 #[test]
 fn every_corpus_name_is_read_as_marked() {

@@ -2,9 +2,9 @@
 //! once per scope under its sha256.
 
 use crate::db;
-use crate::error::{Class, LedgerError, Result};
-use crate::model::hash;
+use crate::error::{Code, LedgerError, Result};
 use crate::scope::Scope;
+use ledger_model::hash;
 
 /// Stores `bytes` in the scope's content-addressed blob store; returns their sha256.
 pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {
@@ -24,23 +24,21 @@ pub fn put(scope: &Scope, bytes: &[u8]) -> Result<String> {
 
 /// Loads a blob and checks it against its address (XX001 with `mismatch_code`, which names what
 /// the caller was reading).
-pub fn get(scope: &Scope, sha256: &str, mismatch_code: &'static str) -> Result<Vec<u8>> {
+pub fn get(scope: &Scope, sha256: &str, mismatch_code: Code) -> Result<Vec<u8>> {
     let content = db::select_one(
         "SELECT content FROM ledger.blobs \
           WHERE tenant_id = $1 AND workspace_id = $2 AND sha256 = $3",
         &scope.args([sha256.into()]),
         |r| db::req::<Vec<u8>>(r, 1),
     )?
-    .ok_or_else(|| LedgerError::not_found("BLOB_NOT_FOUND", "blob", sha256))?;
+    .ok_or_else(|| LedgerError::not_found(Code::BlobNotFound, "blob", sha256))?;
     let actual = hash::sha256_hex(&content);
     if actual != sha256 {
-        return Err(LedgerError::new(
-            Class::Corrupted,
-            mismatch_code,
-            "stored bytes do not match their sha256",
-        )
-        .with("expected", sha256)
-        .with("actual", actual));
+        return Err(
+            LedgerError::new(mismatch_code, "stored bytes do not match their sha256")
+                .with("expected", sha256)
+                .with("actual", actual),
+        );
     }
     Ok(content)
 }

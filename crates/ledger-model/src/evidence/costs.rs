@@ -1,6 +1,6 @@
 //! Cost entries: the usage vocabulary and the money rules, without Postgres.
 
-use crate::error::{LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 use serde_json::Value;
 
 /// The usage keys a cost entry stores, each a non-negative integer.
@@ -54,8 +54,8 @@ fn unknown_usage_key(key: &str) -> LedgerError {
     let mut accepted: Vec<&str> = USAGE_KEYS.to_vec();
     accepted.extend(USAGE_ALIASES.iter().map(|(alias, _)| *alias));
     accepted.extend(USAGE_DETAILS.iter().map(|(object, _, _)| *object));
-    LedgerError::invalid(
-        "USAGE_KEY_UNKNOWN",
+    LedgerError::new(
+        Code::UsageKeyUnknown,
         format!(
             "unknown usage key {:?}",
             crate::text::truncate_chars(key, 64)
@@ -67,8 +67,8 @@ fn unknown_usage_key(key: &str) -> LedgerError {
 
 fn usage_count(key: &str, value: &Value) -> Result<u64> {
     value.as_u64().ok_or_else(|| {
-        LedgerError::invalid(
-            "USAGE_INVALID",
+        LedgerError::new(
+            Code::UsageInvalid,
             format!("usage {key} must be a non-negative integer"),
         )
         .with("key", key)
@@ -81,15 +81,15 @@ fn usage_count(key: &str, value: &Value) -> Result<u64> {
 pub fn normalize_usage(usage: &Value) -> Result<Value> {
     let Value::Object(map) = usage else {
         return Err(
-            LedgerError::invalid("ARGUMENT_NOT_OBJECT", "usage must be a JSON object")
+            LedgerError::new(Code::ArgumentNotObject, "usage must be a JSON object")
                 .with("argument", "usage"),
         );
     };
     let mut out = serde_json::Map::new();
     let mut put = |key: &'static str, given_as: &str, count: u64| -> Result<()> {
         match out.get(key).and_then(Value::as_u64) {
-            Some(other) if other != count => Err(LedgerError::invalid(
-                "USAGE_INVALID",
+            Some(other) if other != count => Err(LedgerError::new(
+                Code::UsageInvalid,
                 format!("usage gives {key} twice with different counts ({other} and {count} as {given_as})"),
             )
             .with("key", key)
@@ -114,8 +114,8 @@ pub fn normalize_usage(usage: &Value) -> Result<Value> {
             .any(|(object, _, _)| *object == key.as_str())
         {
             let Value::Object(details) = value else {
-                return Err(LedgerError::invalid(
-                    "USAGE_INVALID",
+                return Err(LedgerError::new(
+                    Code::UsageInvalid,
                     format!("usage {key} must be a JSON object"),
                 )
                 .with("key", key.as_str()));
@@ -147,8 +147,8 @@ pub fn float_text(argument: &str, value: f64) -> Result<String> {
     if value.is_finite() {
         Ok(value.to_string())
     } else {
-        Err(LedgerError::invalid(
-            "AMOUNT_INVALID",
+        Err(LedgerError::new(
+            Code::AmountInvalid,
             format!("{argument} must be a finite number of at least 0"),
         )
         .with("argument", argument)
@@ -157,13 +157,13 @@ pub fn float_text(argument: &str, value: f64) -> Result<String> {
 }
 
 /// Checks a decimal's text (as PostgreSQL prints a numeric): finite and not negative.
-pub fn check_non_negative(argument: &str, code: &'static str, text: &str) -> Result<()> {
+pub fn check_non_negative(argument: &str, code: Code, text: &str) -> Result<()> {
     let finite = !matches!(text, "NaN" | "Infinity" | "-Infinity");
     let negative = text.starts_with('-') && text.bytes().any(|b| matches!(b, b'1'..=b'9'));
     if finite && !negative {
         return Ok(());
     }
-    Err(LedgerError::invalid(
+    Err(LedgerError::new(
         code,
         format!("{argument} must be a finite number of at least 0"),
     )
@@ -187,8 +187,8 @@ pub fn currency(code: &str) -> Result<String> {
     if ok {
         Ok(upper)
     } else {
-        Err(LedgerError::invalid(
-            "CURRENCY_INVALID",
+        Err(LedgerError::new(
+            Code::CurrencyInvalid,
             "currency must be a code such as USD or EUR",
         )
         .with("currency", crate::text::truncate_chars(code, 64)))
@@ -211,19 +211,19 @@ mod tests {
         assert_eq!(normalize_usage(&json!({})).unwrap(), json!({}));
         assert_eq!(
             normalize_usage(&json!({"tokens": 1})).unwrap_err().code,
-            "USAGE_KEY_UNKNOWN"
+            Code::UsageKeyUnknown
         );
         for bad in [json!(-1), json!(1.5), json!("3"), json!(true)] {
             for key in ["prompt_tokens", "input_tokens"] {
                 assert_eq!(
                     normalize_usage(&json!({ key: bad })).unwrap_err().code,
-                    "USAGE_INVALID"
+                    Code::UsageInvalid
                 );
             }
         }
         assert_eq!(
             normalize_usage(&json!([1])).unwrap_err().code,
-            "ARGUMENT_NOT_OBJECT"
+            Code::ArgumentNotObject
         );
     }
 
@@ -259,7 +259,7 @@ mod tests {
         let e = normalize_usage(&json!({"prompt_tokens": 5, "input_tokens": 6})).unwrap_err();
         assert_eq!(
             (e.code, e.detail["key"].clone()),
-            ("USAGE_INVALID", json!("prompt_tokens"))
+            (Code::UsageInvalid, json!("prompt_tokens"))
         );
         // A breakdown's count without a usage key is refused unless it is zero.
         let e =
@@ -267,7 +267,7 @@ mod tests {
         assert_eq!(
             (e.code, e.detail["key"].clone()),
             (
-                "USAGE_KEY_UNKNOWN",
+                Code::UsageKeyUnknown,
                 json!("prompt_tokens_details.audio_tokens")
             )
         );
@@ -275,13 +275,13 @@ mod tests {
             normalize_usage(&json!({"output_tokens_details": 3}))
                 .unwrap_err()
                 .code,
-            "USAGE_INVALID"
+            Code::UsageInvalid
         );
         assert_eq!(
             normalize_usage(&json!({"output_tokens_details": {"reasoning_tokens": -1}}))
                 .unwrap_err()
                 .code,
-            "USAGE_INVALID"
+            Code::UsageInvalid
         );
     }
 
@@ -300,7 +300,7 @@ mod tests {
         for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
             assert_eq!(
                 float_text("amount", bad).unwrap_err().code,
-                "AMOUNT_INVALID"
+                Code::AmountInvalid
             );
         }
     }
@@ -316,16 +316,16 @@ mod tests {
             "123456789012345678901234567890.5",
         ] {
             assert!(
-                check_non_negative("amount", "AMOUNT_INVALID", ok).is_ok(),
+                check_non_negative("amount", Code::AmountInvalid, ok).is_ok(),
                 "{ok}"
             );
         }
         for bad in ["-1", "-0.01", "NaN", "Infinity", "-Infinity"] {
             assert_eq!(
-                check_non_negative("amount", "AMOUNT_INVALID", bad)
+                check_non_negative("amount", Code::AmountInvalid, bad)
                     .unwrap_err()
                     .code,
-                "AMOUNT_INVALID",
+                Code::AmountInvalid,
                 "{bad}"
             );
         }
@@ -336,7 +336,11 @@ mod tests {
         assert_eq!(currency("usd").unwrap(), "USD");
         assert_eq!(currency("CREDITS").unwrap(), "CREDITS");
         for bad in ["", "U", "1USD", "US D", "€", "A_VERY_LONG_CURRENCY_CODE"] {
-            assert_eq!(currency(bad).unwrap_err().code, "CURRENCY_INVALID", "{bad}");
+            assert_eq!(
+                currency(bad).unwrap_err().code,
+                Code::CurrencyInvalid,
+                "{bad}"
+            );
         }
     }
 }

@@ -15,12 +15,13 @@ use proptest::prelude::*;
 use proptest::sample::{select, Index};
 use serde_json::{json, Map, Value};
 
-use crate::ids::{self, MAX_ID_CHARS};
-use crate::json::{self, MAX_DEPTH};
-use crate::redact::{
+use ledger_model::error::Code;
+use ledger_model::ids::{self, MAX_ID_CHARS};
+use ledger_model::json::{self, MAX_DEPTH};
+use ledger_model::redaction::{
     self, is_credential, is_sensitive_key, normalize_key, Rules, KEY_BYTES, REDACTED, SUMMARY_BYTES,
 };
-use crate::text::truncate_chars;
+use ledger_model::text::truncate_chars;
 
 /// Cases per property for small inputs.
 const CASES: u32 = 1024;
@@ -398,7 +399,7 @@ proptest! {
         match json::parse(&text) {
             Ok(v) => prop_assert_eq!(json::parse(&json::canonical(&v)).ok(), Some(v)),
             Err(e) => {
-                prop_assert!(matches!(e.code, "INPUT_TOO_DEEP" | "JSON_INVALID"), "{e}");
+                prop_assert!(matches!(e.code, Code::InputTooDeep | Code::JsonInvalid), "{e}");
                 // The depth check runs first, so serde_json never meets its own limit.
                 prop_assert!(!e.message.contains("recursion limit"), "{e}");
             }
@@ -413,35 +414,35 @@ proptest! {
         if kinds.len() <= MAX_DEPTH {
             prop_assert!(result.is_ok(), "{:?}", result.err());
         } else {
-            prop_assert_eq!(result.err().map(|e| e.code), Some("INPUT_TOO_DEEP"));
+            prop_assert_eq!(result.err().map(|e| e.code), Some(Code::InputTooDeep));
         }
     }
 
     #[test]
     fn redaction_is_idempotent_and_keeps_the_shape((rules, _) in rules(), v in args()) {
-        let once = redact::redact(&rules, v.clone());
+        let once = redaction::redact(&rules, v.clone());
         prop_assert!(same_shape(&rules, &v, &once), "{} -> {}", v, once);
-        prop_assert_eq!(redact::redact(&rules, once.clone()), once);
+        prop_assert_eq!(redaction::redact(&rules, once.clone()), once);
     }
 
     #[test]
     fn values_under_sensitive_keys_are_redacted((rules, _) in rules(), v in args()) {
-        let out = redact::redact(&rules, v.clone());
+        let out = redaction::redact(&rules, v.clone());
         prop_assert!(sensitive_values_redacted(&rules, &v, &out), "{} -> {}", v, out);
     }
 
     #[test]
     fn no_credential_survives_value_checking((rules, check) in rules(), v in args()) {
-        let out = redact::redact(&rules, v.clone());
+        let out = redaction::redact(&rules, v.clone());
         prop_assert!(!check || !any_credential(&out), "{} -> {}", v, out);
     }
 
     #[test]
     fn free_text_keeps_all_but_the_credentials(s in free_text()) {
-        let out = redact::redact_text(&Rules::default(), &s);
+        let out = redaction::redact_text(&Rules::default(), &s);
         prop_assert_eq!(matches!(out, Cow::Borrowed(_)), !is_credential(&s), "{:?}", s);
         prop_assert!(!is_credential(&out), "{:?} -> {:?}", s, out);
-        prop_assert_eq!(&redact::redact_text(&Rules::default(), &out), &out);
+        prop_assert_eq!(&redaction::redact_text(&Rules::default(), &out), &out);
         // What is left is the input's own text, in order: only the marker is added.
         let mut rest = s.as_str();
         for piece in out.split(REDACTED) {
@@ -449,7 +450,7 @@ proptest! {
             prop_assert!(at.is_some(), "{:?} -> {:?}", s, out);
             rest = &rest[at.unwrap_or(0) + piece.len()..];
         }
-        let off = redact::redact_text(&Rules::new(None, false), &s);
+        let off = redaction::redact_text(&Rules::new(None, false), &s);
         prop_assert!(matches!(off, Cow::Borrowed(kept) if kept == s));
     }
 
@@ -472,7 +473,7 @@ proptest! {
         chars.insert(at.index(chars.len() + 1), bad);
         let id = String::from_iter(chars);
         let e = ids::validate("run_id", &id).expect_err("refused");
-        prop_assert_eq!(e.code, "ID_INVALID");
+        prop_assert_eq!(e.code, Code::IdInvalid);
     }
 
     #[test]
@@ -481,7 +482,7 @@ proptest! {
         match ids::validate("run_id", &id) {
             Ok(()) => prop_assert!((1..=MAX_ID_CHARS).contains(&count)),
             Err(e) => {
-                prop_assert_eq!(e.code, "ID_INVALID");
+                prop_assert_eq!(e.code, Code::IdInvalid);
                 prop_assert_eq!(&e.detail["length"], &json!(count));
             }
         }
@@ -503,7 +504,7 @@ proptest! {
         id in prop_oneof![Just(String::new()), id_of(MAX_ID_CHARS + 1..=MAX_ID_CHARS + 300)],
     ) {
         let e = ids::validate("run_id", &id).expect_err("refused");
-        prop_assert_eq!(e.code, "ID_INVALID");
+        prop_assert_eq!(e.code, Code::IdInvalid);
         prop_assert_eq!(&e.detail["length"], &json!(id.chars().count()));
     }
 
@@ -521,7 +522,7 @@ proptest! {
                 prop_assert_eq!(normalize_key(&k), Some(k));
             }
             // Only keys with more letters and digits than the buffer holds overflow it.
-            None => prop_assert!(key.chars().filter(|c| redact::fold(*c).is_some()).count() > KEY_BYTES / 2),
+            None => prop_assert!(key.chars().filter(|c| redaction::fold(*c).is_some()).count() > KEY_BYTES / 2),
         }
         // A key means what its normalised form means, in any case.
         if let Some(k) = normalize_key(&key) {
@@ -537,9 +538,9 @@ proptest! {
         (rules, _) in rules(),
         args in large_args(),
     ) {
-        let redacted = redact::redact(&rules, args.clone());
+        let redacted = redaction::redact(&rules, args.clone());
         let size = json::canonical(&redacted).len();
-        let stored = redact::summarize_arguments(&rules, args.clone(), &json::request_hash(&args));
+        let stored = redaction::summarize_arguments(&rules, args.clone(), &json::request_hash(&args));
         if size <= SUMMARY_BYTES {
             prop_assert_eq!(stored, redacted);
             return Ok(());

@@ -3,19 +3,19 @@
 //! SQL maps rows to JSON and sums money as numeric; Rust assembles and judges.
 
 use crate::db;
-use crate::error::{LedgerError, Result, SqlError};
+use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
-use crate::model::args::required_id;
-use crate::model::evidence::{self, AuditFact, CitationFact, ReusedCall, RunFacts, StepFact};
-use crate::model::json;
 use crate::rows;
 use crate::scope::{self, Scope};
+use ledger_model::args::required_id;
+use ledger_model::evidence::{self, AuditFact, CitationFact, ReusedCall, RunFacts, StepFact};
+use ledger_model::json;
 use pgrx::prelude::*;
 
 /// The one value of a read-only query over the run (`$1`, `$2` scope, `$3` run id).
 fn value<T: FromDatum + IntoDatum>(scope: &Scope, run_id: &str, query: &str) -> Result<T> {
     db::select_one(query, &scope.args([run_id.into()]), |r| db::req::<T>(r, 1))?
-        .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))
+        .ok_or_else(|| LedgerError::not_found(Code::RunNotFound, "run", run_id))
 }
 
 /// One JSON value computed by a read-only query over the run.
@@ -51,7 +51,7 @@ fn trace_spec(scope: &Scope, run_id: &str) -> Result<String> {
     let run = fragment(
         scope,
         run_id,
-        include_str!("../sql/queries/trace_spec_run.sql"),
+        include_str!("../../sql/queries/trace_spec_run.sql"),
     )?;
     let steps = list(
         scope,
@@ -81,13 +81,13 @@ fn trace_spec(scope: &Scope, run_id: &str) -> Result<String> {
     let usage = fragment(
         scope,
         run_id,
-        include_str!("../sql/queries/trace_spec_usage.sql"),
+        include_str!("../../sql/queries/trace_spec_usage.sql"),
     )?;
     // Money: summed as numeric per currency, rendered as decimal strings, never mixed.
     let charges = fragment(
         scope,
         run_id,
-        include_str!("../sql/queries/trace_spec_charges.sql"),
+        include_str!("../../sql/queries/trace_spec_charges.sql"),
     )?;
     let entries = list(
         scope,
@@ -205,22 +205,26 @@ fn ids_of(scope: &Scope, run_id: &str, table: &str, column: &str) -> Result<Vec<
 /// What the evidence rules look at.
 fn facts(scope: &Scope, run_id: &str) -> Result<RunFacts> {
     let args = || scope.args([run_id.into()]);
-    let mut facts = db::select_one(include_str!("../sql/queries/run_facts.sql"), &args(), |r| {
-        Ok(RunFacts {
-            run_id: db::req(r, 1)?,
-            tenant_id: db::req(r, 2)?,
-            workspace_id: db::req(r, 3)?,
-            user_id: db::opt(r, 4)?,
-            mode: db::req(r, 5)?,
-            kind: db::req(r, 6)?,
-            subject_kind: db::req(r, 7)?,
-            subject_id: db::opt(r, 8)?,
-            subject_version_id: db::opt(r, 9)?,
-            inputs_recoverable: db::req(r, 10)?,
-            ..RunFacts::default()
-        })
-    })?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
+    let mut facts = db::select_one(
+        include_str!("../../sql/queries/run_facts.sql"),
+        &args(),
+        |r| {
+            Ok(RunFacts {
+                run_id: db::req(r, 1)?,
+                tenant_id: db::req(r, 2)?,
+                workspace_id: db::req(r, 3)?,
+                user_id: db::opt(r, 4)?,
+                mode: db::req(r, 5)?,
+                kind: db::req(r, 6)?,
+                subject_kind: db::req(r, 7)?,
+                subject_id: db::opt(r, 8)?,
+                subject_version_id: db::opt(r, 9)?,
+                inputs_recoverable: db::req(r, 10)?,
+                ..RunFacts::default()
+            })
+        },
+    )?
+    .ok_or_else(|| LedgerError::not_found(Code::RunNotFound, "run", run_id))?;
     facts.steps = db::select(
         "SELECT id, step_type, metrics FROM ledger.run_steps \
           WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 ORDER BY step_no",
@@ -537,7 +541,7 @@ pub(crate) mod tests {
         assert_eq!(ready("r4"), json!({"status": "pass", "missing": []}));
     }
 
-    /// A chat turn as a worker following the README runs it, on the queued run `run`: an llm
+    /// A chat turn as a worker following docs/workers.md runs it, on the queued run `run`: an llm
     /// step with its cost, a tool call through the executor protocol, what the user was shown.
     /// No record_audit.
     fn protocol_run(run: &str) {

@@ -11,7 +11,7 @@
 //! ordinary commit notifies by itself, and a prepared transaction parks only that many (see
 //! `src/notifier.rs`), so that no single transaction holds the table.
 
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 use crate::hash;
 use heapless::{FnvIndexMap, String};
 
@@ -30,9 +30,7 @@ pub fn check_status_reader(operator_or_owner: bool) -> Result<()> {
     if operator_or_owner {
         return Ok(());
     }
-    Err(LedgerError::new(
-        Class::Privilege,
-        "OPERATOR_REQUIRED",
+    Err(LedgerError::new(Code::OperatorRequired,
         "notifier_status shows every scope's notifications: for members of ledger_operator or ledger_owner",
     )
     .with("role", "ledger_operator"))
@@ -450,6 +448,7 @@ impl Wakeups {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Class;
 
     const DB: u32 = 16384;
     const S: i64 = 1_000_000;
@@ -640,7 +639,10 @@ mod tests {
     fn the_status_is_for_operators_and_owners() {
         assert!(check_status_reader(true).is_ok());
         let e = check_status_reader(false).unwrap_err();
-        assert_eq!((e.class, e.code), (Class::Privilege, "OPERATOR_REQUIRED"));
+        assert_eq!(
+            (e.class(), e.code),
+            (Class::Privilege, Code::OperatorRequired)
+        );
         assert_eq!(e.detail["role"], "ledger_operator");
     }
 

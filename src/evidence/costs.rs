@@ -1,15 +1,17 @@
 //! Cost entries of a run.
 
 use crate::db;
-use crate::error::{LedgerError, Result, SqlError};
+use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_label, required_id, required_label};
-use crate::model::events::{CostRecorded, Event};
-use crate::model::{cost, ids};
+use crate::outbox;
 use crate::redaction::redacted_object;
 use crate::rows;
 use crate::scope::{self, Scope};
+use ledger_model::args::{optional_label, required_id, required_label};
+use ledger_model::events::{CostRecorded, Event};
+use ledger_model::evidence::costs;
+use ledger_model::ids;
 use pgrx::prelude::*;
 use pgrx::AnyNumeric;
 
@@ -21,7 +23,7 @@ fn row(
         scope,
         "ledger.run_cost_entries",
         id,
-        "COST_NOT_FOUND",
+        Code::CostNotFound,
         "cost entry",
     )
 }
@@ -92,7 +94,7 @@ fn record_cost_float_amount(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), SqlError> {
     let amount = amount
         .map(|a| {
-            let text = cost::float_text("amount", a)?;
+            let text = costs::float_text("amount", a)?;
             text.parse::<AnyNumeric>()
                 .map_err(|e| LedgerError::internal(format!("decimal text {text}: {e}")))
         })
@@ -182,27 +184,31 @@ fn record(
         optional_label(argument, label)?;
     }
     let quantity = billed_quantity.ok_or_else(|| LedgerError::required("billed_quantity"))?;
-    cost::check_non_negative("billed_quantity", "QUANTITY_INVALID", &quantity.to_string())?;
+    costs::check_non_negative(
+        "billed_quantity",
+        Code::QuantityInvalid,
+        &quantity.to_string(),
+    )?;
     if let Some(a) = &amount {
-        cost::check_non_negative("amount", "AMOUNT_INVALID", &a.to_string())?;
+        costs::check_non_negative("amount", Code::AmountInvalid, &a.to_string())?;
     }
-    let currency = currency.map(cost::currency).transpose()?;
+    let currency = currency.map(costs::currency).transpose()?;
     if amount.is_some() && currency.is_none() {
-        return Err(LedgerError::invalid(
-            "CURRENCY_REQUIRED",
+        return Err(LedgerError::new(
+            Code::CurrencyRequired,
             "an amount needs a currency",
         ));
     }
-    let usage = cost::normalize_usage(&redacted_object("usage", usage)?)?;
+    let usage = costs::normalize_usage(&redacted_object("usage", usage)?)?;
     let pricing = redacted_object("pricing_snapshot", pricing_snapshot)?;
     if let Some(r) = source_ref {
         ids::validate_key("source_ref", r)?;
     }
-    rows::lock_owner(&scope, run_id, step_id)?;
+    let run = rows::lock_owner(&scope, run_id, step_id)?;
 
     let id = ids::new_id("cost");
     let inserted = db::write_one(
-        include_str!("../sql/queries/insert_cost_entry.sql"),
+        include_str!("../../sql/queries/insert_cost_entry.sql"),
         &scope.args([
             id.as_str().into(),
             run_id.into(),
@@ -242,8 +248,8 @@ fn record(
         currency: currency.as_deref(),
         source_ref,
     });
-    feed::append(&scope, run_id, step_id, &recorded)?;
-    feed::enqueue(&scope, &recorded, Some(run_id), None, &format!("cost:{id}"))?;
+    feed::append(&scope, run.held(), step_id, &recorded)?;
+    outbox::enqueue(&scope, &recorded, Some(run_id), None, &format!("cost:{id}"))?;
     row(&scope, &id)
 }
 

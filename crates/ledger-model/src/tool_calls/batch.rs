@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::error::{LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 
 /// The most calls one batch takes. A model turn asks for a handful; the bound keeps one
 /// statement (which holds the run's lock throughout) short.
@@ -48,14 +48,14 @@ pub const DEFAULT_TIMEOUT_SECONDS: i32 = 30;
 /// `key`). A refusal about an element names its `index` (from 0, as `calls->index`).
 pub fn calls(value: Value) -> Result<Vec<CallSpec>> {
     let Value::Array(items) = value else {
-        return Err(LedgerError::invalid(
-            "CALLS_NOT_ARRAY",
+        return Err(LedgerError::new(
+            Code::CallsNotArray,
             "calls must be a JSON array of tool calls",
         ));
     };
     if items.len() > MAX_CALLS {
-        return Err(LedgerError::invalid(
-            "CALLS_TOO_MANY",
+        return Err(LedgerError::new(
+            Code::CallsTooMany,
             format!("a batch takes at most {MAX_CALLS} tool calls"),
         )
         .with("max_calls", MAX_CALLS)
@@ -69,7 +69,7 @@ pub fn calls(value: Value) -> Result<Vec<CallSpec>> {
 }
 
 fn invalid(message: String, key: &str) -> LedgerError {
-    LedgerError::invalid("CALL_INVALID", message).with("key", key)
+    LedgerError::new(Code::CallInvalid, message).with("key", key)
 }
 
 fn call(item: Value) -> Result<CallSpec> {
@@ -144,8 +144,8 @@ pub fn distinct<'a>(identities: impl IntoIterator<Item = (&'a str, &'a str)>) ->
             } else {
                 continue;
             };
-            return Err(LedgerError::invalid(
-                "CALLS_DUPLICATE",
+            return Err(LedgerError::new(
+                Code::CallsDuplicate,
                 format!("the batch names one tool call twice (the same {field})"),
             )
             .with("index", i)
@@ -204,10 +204,10 @@ mod tests {
     #[test]
     fn a_bad_batch_or_element_is_refused_naming_the_element_and_key() {
         for v in [json!({}), json!("[]"), json!(null), json!(1)] {
-            assert_eq!(refused(v).code, "CALLS_NOT_ARRAY");
+            assert_eq!(refused(v).code, Code::CallsNotArray);
         }
         let e = refused(Value::Array(vec![json!({"tool_ref": "t"}); MAX_CALLS + 1]));
-        assert_eq!(e.code, "CALLS_TOO_MANY");
+        assert_eq!(e.code, Code::CallsTooMany);
         assert_eq!(e.detail["max_calls"], MAX_CALLS);
         assert_eq!(e.detail["calls"], MAX_CALLS + 1);
         assert_eq!(
@@ -239,7 +239,7 @@ mod tests {
                 _ => json!([{"tool_ref": "ok"}, bad]),
             };
             let e = refused(batch);
-            assert_eq!(e.code, "CALL_INVALID", "{e}");
+            assert_eq!(e.code, Code::CallInvalid, "{e}");
             assert_eq!(e.detail["index"], 1, "{e}");
             assert_eq!(e.detail["key"], key, "{e}");
         }
@@ -249,7 +249,7 @@ mod tests {
     fn one_call_named_twice_is_refused_naming_both() {
         assert!(distinct([("k1", "c1"), ("k2", "c2"), ("k3", "c3")]).is_ok());
         let e = distinct([("k1", "c1"), ("k2", "c2"), ("k1", "c3")]).unwrap_err();
-        assert_eq!(e.code, "CALLS_DUPLICATE");
+        assert_eq!(e.code, Code::CallsDuplicate);
         assert_eq!(
             (&e.detail["index"], &e.detail["same_as"], &e.detail["field"]),
             (&json!(2), &json!(0), &json!("idempotency_key"))

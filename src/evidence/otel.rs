@@ -1,13 +1,13 @@
 //! A run exported as an OpenTelemetry trace (OTLP/JSON): one read-only query gathers the facts,
-//! the pure core (`model::otel`) shapes the spans.
+//! the pure core (`ledger_model::evidence::otel`) shapes the spans.
 
 use crate::db;
-use crate::error::{LedgerError, SqlError};
+use crate::error::{Code, LedgerError, SqlError};
 use crate::jsonb::Jsonb;
-use crate::model::args::{required_id, required_label};
-use crate::model::otel::{self, Facts};
 use crate::rows;
 use crate::scope;
+use ledger_model::args::{required_id, required_label};
+use ledger_model::evidence::otel::{self, Facts};
 use pgrx::prelude::*;
 
 /// The run as an OTLP/JSON `ExportTraceServiceRequest` (GenAI semantic conventions), ready to
@@ -23,11 +23,11 @@ fn otel_trace(
     let service_name = required_label("service_name", service_name)?;
     rows::run_exists(&scope, run_id)?;
     let text: String = db::select_one(
-        include_str!("../sql/queries/otel_facts.sql"),
+        include_str!("../../sql/queries/otel_facts.sql"),
         &scope.args([run_id.into()]),
         |r| db::req(r, 1),
     )?
-    .ok_or_else(|| LedgerError::not_found("RUN_NOT_FOUND", "run", run_id))?;
+    .ok_or_else(|| LedgerError::not_found(Code::RunNotFound, "run", run_id))?;
     let facts: Facts = serde_json::from_str(&text)
         .map_err(|e| LedgerError::internal(format!("otel_trace read its facts wrong: {e}")))?;
     Ok(Jsonb::from(&otel::trace(
@@ -40,7 +40,7 @@ fn otel_trace(
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::bundle::tests::realistic_run;
+    use crate::evidence::bundle::tests::realistic_run;
     use crate::testing::{assert_error, one, set_scope};
     use pgrx::prelude::*;
     use serde_json::Value;

@@ -1,8 +1,8 @@
-//! Run ownership: the rules of a run's fencing token (the `run_token` argument of the run's
+//! Run leases: the rules of a run's fencing token (the `run_token` argument of the run's
 //! writes) and of claims across scopes. Lease lengths follow the outbox's and the tool calls'
-//! rules (`outbox::lease_seconds`, `tool_call::extend_seconds`).
+//! rules (`outbox::lease_seconds`, `tool_calls::extend_seconds`).
 
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 
 /// The run's fencing token as read under its lock: `current` (+ 1 on every claim) and whether
 /// an owner holds the run (`held`: claimed and neither released nor taken over since).
@@ -23,7 +23,7 @@ pub fn check_token(run_id: &str, given: Option<i64>, current: i64, held: bool) -
     } else {
         format!("run_token {given} is not the run's current token ({current}): the run was claimed again since")
     };
-    Err(LedgerError::new(Class::Conflict, "LEASE_STALE", message)
+    Err(LedgerError::new(Code::LeaseStale, message)
         .with("run_id", run_id)
         .with("run_token", given)
         .with("current_run_token", current)
@@ -36,15 +36,14 @@ pub fn check_token(run_id: &str, given: Option<i64>, current: i64, held: bool) -
 pub fn check_any_scope(is_operator: bool, run_id: Option<&str>) -> Result<()> {
     if !is_operator {
         return Err(LedgerError::new(
-            Class::Privilege,
-            "OPERATOR_REQUIRED",
+            Code::OperatorRequired,
             "any_scope => true is for members of ledger_operator",
         )
         .with("role", "ledger_operator"));
     }
     if run_id.is_some() {
-        return Err(LedgerError::invalid(
-            "ARGUMENT_CONFLICT",
+        return Err(LedgerError::new(
+            Code::ArgumentConflict,
             "run_id names a run of the current scope; any_scope => true claims the oldest claimable run of every scope",
         )
         .with("argument", "run_id"));
@@ -55,6 +54,7 @@ pub fn check_any_scope(is_operator: bool, run_id: Option<&str>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Class;
 
     #[test]
     fn no_token_is_not_fenced_and_only_the_current_held_token_passes() {
@@ -62,13 +62,13 @@ mod tests {
         assert!(check_token("r", None, 0, false).is_ok());
         assert!(check_token("r", Some(3), 3, true).is_ok());
         let e = check_token("r", Some(2), 3, true).unwrap_err();
-        assert_eq!((e.class, e.code), (Class::Conflict, "LEASE_STALE"));
+        assert_eq!((e.class(), e.code), (Class::Conflict, Code::LeaseStale));
         assert_eq!(e.detail["run_token"], 2);
         assert_eq!(e.detail["current_run_token"], 3);
         assert_eq!(e.detail["lease_released"], false);
         // A released run's last token is over too, and a run nobody claimed has no valid token.
         let e = check_token("r", Some(3), 3, false).unwrap_err();
-        assert_eq!(e.code, "LEASE_STALE");
+        assert_eq!(e.code, Code::LeaseStale);
         assert_eq!(e.detail["lease_released"], true);
         assert!(check_token("r", Some(0), 0, false).is_err());
         // A token from the future is stale as well (it was never issued).
@@ -79,11 +79,14 @@ mod tests {
     fn any_scope_is_for_operators_and_names_no_run() {
         assert!(check_any_scope(true, None).is_ok());
         let e = check_any_scope(false, None).unwrap_err();
-        assert_eq!((e.class, e.code), (Class::Privilege, "OPERATOR_REQUIRED"));
+        assert_eq!(
+            (e.class(), e.code),
+            (Class::Privilege, Code::OperatorRequired)
+        );
         let e = check_any_scope(true, Some("r")).unwrap_err();
         assert_eq!(
-            (e.class, e.code),
-            (Class::InvalidParameter, "ARGUMENT_CONFLICT")
+            (e.class(), e.code),
+            (Class::InvalidParameter, Code::ArgumentConflict)
         );
     }
 }

@@ -1,85 +1,14 @@
 //! The tool-call record's rules: what a claim does with an existing record, the lease length,
 //! and attempt fencing. No Postgres here.
 
+pub mod batch;
+
 use serde_json::Value;
 
-use crate::error::{Class, LedgerError, Result};
+use crate::error::{Code, LedgerError, Result};
 use crate::ids;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallStatus {
-    WaitingApproval,
-    Claimed,
-    Running,
-    Succeeded,
-    Failed,
-    InDoubt,
-    Rejected,
-}
-
-impl CallStatus {
-    pub const ALL: [CallStatus; 7] = [
-        CallStatus::WaitingApproval,
-        CallStatus::Claimed,
-        CallStatus::Running,
-        CallStatus::Succeeded,
-        CallStatus::Failed,
-        CallStatus::InDoubt,
-        CallStatus::Rejected,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CallStatus::WaitingApproval => "waiting_approval",
-            CallStatus::Claimed => "claimed",
-            CallStatus::Running => "running",
-            CallStatus::Succeeded => "succeeded",
-            CallStatus::Failed => "failed",
-            CallStatus::InDoubt => "in_doubt",
-            CallStatus::Rejected => "rejected",
-        }
-    }
-
-    pub fn parse(s: &str) -> Result<CallStatus> {
-        CallStatus::ALL
-            .into_iter()
-            .find(|c| c.as_str() == s)
-            .ok_or_else(|| LedgerError::internal(format!("unknown tool call status {s:?}")))
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ApprovalStatus {
-    Pending,
-    Approved,
-    Rejected,
-    Expired,
-    Canceled,
-}
-
-impl ApprovalStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalStatus::Pending => "pending",
-            ApprovalStatus::Approved => "approved",
-            ApprovalStatus::Rejected => "rejected",
-            ApprovalStatus::Expired => "expired",
-            ApprovalStatus::Canceled => "canceled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<ApprovalStatus> {
-        [
-            ApprovalStatus::Pending,
-            ApprovalStatus::Approved,
-            ApprovalStatus::Rejected,
-            ApprovalStatus::Expired,
-            ApprovalStatus::Canceled,
-        ]
-        .into_iter()
-        .find(|a| a.as_str() == s)
-    }
-}
+// Declared with the other status vocabularies; named here too, where the rules use them.
+pub use crate::status::{ApprovalStatus, CallStatus};
 
 /// What the ledger knows about an existing record when a claim arrives.
 #[derive(Clone, Copy, Debug)]
@@ -148,8 +77,7 @@ pub fn decide(
 
 pub fn identity_reused() -> LedgerError {
     LedgerError::new(
-        Class::Duplicate,
-        "IDEMPOTENCY_MISMATCH",
+        Code::IdempotencyMismatch,
         "Tool call identity was reused with different input",
     )
 }
@@ -166,8 +94,8 @@ pub const MIN_LEASE_SECONDS: i32 = 10;
 /// for 0 <= timeout <= one day. A slower call extends it with heartbeats.
 pub fn lease_seconds(timeout_seconds: i32) -> Result<i32> {
     if !(0..=MAX_TIMEOUT_SECONDS).contains(&timeout_seconds) {
-        return Err(LedgerError::invalid(
-            "TIMEOUT_INVALID",
+        return Err(LedgerError::new(
+            Code::TimeoutInvalid,
             "timeout_seconds must be between 0 and 86400",
         )
         .with("timeout_seconds", timeout_seconds));
@@ -178,8 +106,8 @@ pub fn lease_seconds(timeout_seconds: i32) -> Result<i32> {
 /// A heartbeat's extension, 1 second to one day.
 pub fn extend_seconds(extend: i32) -> Result<i32> {
     if !(1..=MAX_TIMEOUT_SECONDS).contains(&extend) {
-        return Err(LedgerError::invalid(
-            "TIMEOUT_INVALID",
+        return Err(LedgerError::new(
+            Code::TimeoutInvalid,
             "extend_seconds must be between 1 and 86400",
         )
         .with("extend_seconds", extend));
@@ -201,7 +129,7 @@ pub fn check_fence(status: CallStatus, lease_held: bool, current: i64, given: i6
     } else {
         format!("attempt {given} is no longer current (the current attempt is {current})")
     };
-    Err(LedgerError::new(Class::Conflict, "LEASE_STALE", message)
+    Err(LedgerError::new(Code::LeaseStale, message)
         .with("attempt", given)
         .with("current_attempt", current)
         .with("lease_released", released))
@@ -222,8 +150,8 @@ impl Outcome {
             "succeeded" => Ok(Outcome::Succeeded),
             "failed" => Ok(Outcome::Failed),
             "unknown" => Ok(Outcome::Unknown),
-            _ => Err(LedgerError::invalid(
-                "OUTCOME_UNKNOWN",
+            _ => Err(LedgerError::new(
+                Code::OutcomeUnknown,
                 "outcome must be succeeded, failed or unknown",
             )
             .with("outcome", s)),
@@ -246,8 +174,8 @@ impl Resolution {
             "succeeded" => Ok(Resolution::Succeeded),
             "failed" => Ok(Resolution::Failed),
             "retry" => Ok(Resolution::Retry),
-            _ => Err(LedgerError::invalid(
-                "DECISION_UNKNOWN",
+            _ => Err(LedgerError::new(
+                Code::DecisionUnknown,
                 "decision must be succeeded, failed or retry",
             )
             .with("decision", s)),
@@ -279,7 +207,7 @@ pub struct ApprovalAsk<'a> {
 /// `APPROVAL_INVALID` (naming the key), a bad label 22023 `LABEL_INVALID`. A null is absent.
 pub fn approval_ask(value: &Value) -> Result<ApprovalAsk<'_>> {
     let invalid = |message: &str, key: &str| {
-        LedgerError::invalid("APPROVAL_INVALID", message.to_owned()).with("key", key)
+        LedgerError::new(Code::ApprovalInvalid, message.to_owned()).with("key", key)
     };
     let Value::Object(map) = value else {
         return Err(invalid("approval must be a JSON object", ""));
@@ -318,8 +246,7 @@ pub fn approval_ask(value: &Value) -> Result<ApprovalAsk<'_>> {
 /// The state a call must be in for an operation (55000 `TOOL_CALL_STATE`).
 pub fn wrong_state(op: &str, status: CallStatus) -> LedgerError {
     LedgerError::new(
-        Class::WrongState,
-        "TOOL_CALL_STATE",
+        Code::ToolCallState,
         format!("a tool call cannot {op} from status {}", status.as_str()),
     )
     .with("operation", op)
@@ -329,6 +256,7 @@ pub fn wrong_state(op: &str, status: CallStatus) -> LedgerError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Class;
 
     fn existing(status: CallStatus) -> Existing<'static> {
         Existing {
@@ -431,8 +359,8 @@ mod tests {
             for (tool, hash) in [("other", "h"), ("search", "other")] {
                 let e = decide(&existing(status), tool, hash, false).unwrap_err();
                 assert_eq!(
-                    (e.class, e.code),
-                    (Class::Duplicate, "IDEMPOTENCY_MISMATCH"),
+                    (e.class(), e.code),
+                    (Class::Duplicate, Code::IdempotencyMismatch),
                     "{status:?}"
                 );
             }
@@ -453,7 +381,7 @@ mod tests {
         assert_eq!(lease_seconds(600).unwrap(), 660);
         assert_eq!(lease_seconds(86_400).unwrap(), 95_040);
         for bad in [-1, i32::MIN, 86_401, i32::MAX] {
-            assert_eq!(lease_seconds(bad).unwrap_err().code, "TIMEOUT_INVALID");
+            assert_eq!(lease_seconds(bad).unwrap_err().code, Code::TimeoutInvalid);
         }
         assert!(extend_seconds(0).is_err() && extend_seconds(1).is_ok());
     }
@@ -490,8 +418,8 @@ mod tests {
         ] {
             let e = approval_ask(&bad).unwrap_err();
             assert_eq!(
-                (e.class, e.code),
-                (Class::InvalidParameter, "APPROVAL_INVALID"),
+                (e.class(), e.code),
+                (Class::InvalidParameter, Code::ApprovalInvalid),
                 "{bad}"
             );
             assert_eq!(e.detail["key"], key, "{bad}");
@@ -499,7 +427,7 @@ mod tests {
         let e = approval_ask(&json!({"policy_ref": "a\nb"})).unwrap_err();
         assert_eq!(
             (e.code, &e.detail["argument"]),
-            ("LABEL_INVALID", &json!("policy_ref"))
+            (Code::LabelInvalid, &json!("policy_ref"))
         );
     }
 
@@ -508,14 +436,14 @@ mod tests {
         let claimed = CallStatus::Claimed;
         assert!(check_fence(claimed, true, 2, 2).is_ok());
         let e = check_fence(claimed, true, 2, 1).unwrap_err();
-        assert_eq!((e.class, e.code), (Class::Conflict, "LEASE_STALE"));
+        assert_eq!((e.class(), e.code), (Class::Conflict, Code::LeaseStale));
         assert_eq!(e.detail["current_attempt"], 2);
         assert!(check_fence(claimed, true, 2, 3).is_err());
         // Released (swept or resolved `retry`): the current number no longer passes.
         let e = check_fence(claimed, false, 2, 2).unwrap_err();
         assert_eq!(
             (e.code, &e.detail["lease_released"]),
-            ("LEASE_STALE", &true.into())
+            (Code::LeaseStale, &true.into())
         );
         // An in-doubt call has no lease either, and its executor's late answer still counts.
         assert!(check_fence(CallStatus::InDoubt, false, 2, 2).is_ok());
@@ -527,12 +455,12 @@ mod tests {
         assert_eq!(Outcome::parse("unknown").unwrap(), Outcome::Unknown);
         assert_eq!(
             Outcome::parse("timeout").unwrap_err().code,
-            "OUTCOME_UNKNOWN"
+            Code::OutcomeUnknown
         );
         assert_eq!(Resolution::parse("retry").unwrap(), Resolution::Retry);
         assert_eq!(
             Resolution::parse("Retry").unwrap_err().code,
-            "DECISION_UNKNOWN"
+            Code::DecisionUnknown
         );
         for s in CallStatus::ALL {
             assert_eq!(CallStatus::parse(s.as_str()).unwrap(), s);

@@ -1,4 +1,4 @@
-//! Run ownership: a worker claims a run (a given one, or the oldest claimable one) with a lease
+//! Run leases: a worker claims a run (a given one, or the oldest claimable one) with a lease
 //! and a fencing token, keeps it with heartbeats and gives it back with a release. The token
 //! fences the run's writes that carry it (`rows::LockedRun::fence`). Claiming does not change
 //! the run's status: the worker moves it (queued -> running) with `transition_run`.
@@ -6,14 +6,14 @@
 use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
-use crate::model::args::{optional_id, required_id, required_label};
-use crate::model::events::{Event, RunClaimed};
-use crate::model::outbox as rules;
-use crate::model::run_lease;
-use crate::model::tool_call::extend_seconds;
-use crate::rows;
+use crate::rows::{self, HeldRun};
 use crate::runs;
 use crate::scope::{self, Scope};
+use ledger_model::args::{optional_id, required_id, required_label};
+use ledger_model::events::{Event, RunClaimed};
+use ledger_model::outbox as rules;
+use ledger_model::run_leases;
+use ledger_model::tool_calls::extend_seconds;
 use pgrx::prelude::*;
 
 type Claimed = pgrx::composite_type!('static, "ledger.claimed_run");
@@ -77,19 +77,19 @@ fn claim(
     let Some((id, previous_owner)) = found else {
         return Ok(None);
     };
-    let run_token = db::write_one(
+    let (run_token, last_seq) = db::write_one(
         "UPDATE ledger.runs SET lease_owner = $4, lease_seconds = $5, \
                 lease_expires_at = clock_timestamp() + make_interval(secs => $5), \
                 run_token = run_token + 1 \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING run_token",
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING run_token, last_seq",
         &scope.args([id.as_str().into(), owner.into(), lease.into()]),
-        |r| db::req::<i64>(r, 1),
+        |r| Ok((db::req::<i64>(r, 1)?, db::req::<i64>(r, 2)?)),
     )?
     .ok_or_else(|| LedgerError::internal("a locked run was not updated"))?;
     let takeover = previous_owner.is_some();
     feed::append(
         scope,
-        &id,
+        HeldRun { id: &id, last_seq },
         None,
         &Event::RunClaimed(RunClaimed {
             run_id: &id,
@@ -134,7 +134,7 @@ fn claim_run(
     let lease =
         rules::lease_seconds(lease_seconds.ok_or_else(|| LedgerError::required("lease_seconds"))?)?;
     let claimed = if any_scope.unwrap_or(false) {
-        run_lease::check_any_scope(scope::is_operator()?, run_id)?;
+        run_leases::check_any_scope(scope::is_operator()?, run_id)?;
         // The candidate is found and locked across the caller's scopes (its granted ones, when
         // its login role is bound), then claimed in its own scope, which is taken back after.
         let next = db::write_one(

@@ -60,7 +60,7 @@ impl Default for Rules {
 // ---------------------------------------------------------------------------------------------
 
 #[derive(Clone, Copy, PartialEq)]
-pub(crate) enum Case {
+pub enum Case {
     Upper,
     Lower,
     Digit,
@@ -69,7 +69,7 @@ pub(crate) enum Case {
 /// A key character as the rules read it: an ASCII letter or digit, lowercased, with its case.
 /// Full-width forms and mathematical alphanumerics (Unicode compatibility forms of ASCII, which
 /// NFKC folds the same way) count as their ASCII letter; every other character separates words.
-pub(crate) fn fold(c: char) -> Option<(u8, Case)> {
+pub fn fold(c: char) -> Option<(u8, Case)> {
     let (byte, case) = match c {
         'a'..='z' => (c as u8, Case::Lower),
         'A'..='Z' => (c as u8 + 32, Case::Upper),

@@ -1,19 +1,22 @@
-//! Evidence records written against a run: audits, response events, citations and feedback.
-//! Every payload is redacted before it is stored.
+//! Evidence records written against a run: audits (among them a person's replay of an outbox
+//! event), response events, citations and feedback. Every payload is redacted before it is stored.
 
 use crate::db;
-use crate::error::{LedgerError, Result, SqlError};
+use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
+use crate::guc;
 use crate::jsonb::Jsonb;
-use crate::model::args::{optional_label, required_id, required_label};
-use crate::model::events::{Event, Recorded};
-use crate::model::ids;
+use crate::outbox;
 use crate::redaction::{free_text, redacted_object};
 use crate::rows;
 use crate::scope::{self, Scope};
+use ledger_model::args::{optional_label, required_id, required_label};
+use ledger_model::events::{AuditKind, Event, Recorded};
+use ledger_model::ids;
+use ledger_model::redaction::redact;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 /// The kinds of record.
 #[derive(Clone, Copy)]
@@ -27,17 +30,17 @@ enum Kind {
 impl Kind {
     /// Its table, the prefix of its ids, and what a missing row of it is called (P0002 code,
     /// noun).
-    fn names(self) -> (&'static str, &'static str, &'static str, &'static str) {
+    fn names(self) -> (&'static str, &'static str, Code, &'static str) {
         match self {
-            Kind::Audit => ("audit_events", "aud", "AUDIT_NOT_FOUND", "audit event"),
+            Kind::Audit => ("audit_events", "aud", Code::AuditNotFound, "audit event"),
             Kind::ResponseEvent => (
                 "response_events",
                 "rev",
-                "RESPONSE_EVENT_NOT_FOUND",
+                Code::ResponseEventNotFound,
                 "response event",
             ),
-            Kind::Citation => ("citations", "cit", "CITATION_NOT_FOUND", "citation"),
-            Kind::Feedback => ("run_feedback", "fbk", "FEEDBACK_NOT_FOUND", "feedback"),
+            Kind::Citation => ("citations", "cit", Code::CitationNotFound, "citation"),
+            Kind::Feedback => ("run_feedback", "fbk", Code::FeedbackNotFound, "feedback"),
         }
     }
 
@@ -63,9 +66,9 @@ fn record<T: FromDatum + IntoDatum>(
     columns: &[&str],
     values: Vec<DatumWithOid>,
 ) -> Result<T> {
-    if let Some(run_id) = run_id {
-        rows::lock_owner(scope, run_id, step_id)?;
-    }
+    let run = run_id
+        .map(|run_id| rows::lock_owner(scope, run_id, step_id))
+        .transpose()?;
     let (table, prefix, code, what) = kind.names();
     let id = ids::new_id(prefix);
     let placeholders: Vec<String> = (5..5 + columns.len()).map(|i| format!("${i}")).collect();
@@ -78,9 +81,9 @@ fn record<T: FromDatum + IntoDatum>(
     let mut args: Vec<DatumWithOid> = scope.args([id.as_str().into(), run_id.into()]);
     args.extend(values);
     db::execute(&query, &args)?;
-    if let Some(run_id) = run_id {
+    if let Some(run) = &run {
         let recorded = kind.event(Recorded { id: &id, table });
-        feed::append(scope, run_id, step_id, &recorded)?;
+        feed::append(scope, run.held(), step_id, &recorded)?;
     }
     rows::scoped_row(scope, &format!("ledger.{table}"), &id, code, what)
 }
@@ -112,6 +115,44 @@ pub(crate) fn audit(
             Jsonb::from(payload).into(),
         ],
     )
+}
+
+/// `replay_outbox_event` done by a person, who is named: the outbox's replay and, in the same
+/// transaction, its audit record (`outbox.replay`, outcome `replayed`) for the event's run, or
+/// for the scope alone when the event has none. (Here, not in the outbox module, which the
+/// evidence writers call: the outbox does not depend on them.)
+#[pg_extern(name = "replay_outbox_event", volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn replay_outbox_event_by(
+    event_id: Option<&str>,
+    actor: Option<&str>,
+    note: default!(Option<&str>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox_event"), SqlError> {
+    let scope = scope::current()?;
+    let id = outbox::event_id_arg(event_id)?;
+    let actor = free_text(Some(required_label("actor", actor)?));
+    let note = free_text(note);
+    let run_id = outbox::run_of(&scope, &id)?;
+    if let Some(run_id) = &run_id {
+        rows::lock_run(&scope, "run_id", run_id)?;
+    }
+    let replayed = outbox::replay(&scope, &id)?;
+    let payload = json!({
+        "outbox_event_id": id,
+        "event_type": replayed.event_type,
+        "replay_count": replayed.replay_count,
+        "note": note,
+    });
+    audit(
+        &scope,
+        run_id.as_deref(),
+        None,
+        AuditKind::OutboxReplay.gateway_type(),
+        "replayed",
+        actor.as_deref(),
+        &redact(&guc::redaction_rules(), payload),
+    )?;
+    Ok(replayed.event)
 }
 
 /// Records an audit event (a gateway decision, a human intervention, ...) for a run.

@@ -1,0 +1,405 @@
+//! Approvals: `request_tool_approval` creates a call waiting for a person's decision,
+//! `resolve_approval` records it.
+
+use super::claim::apply;
+use super::lookup::{find_locked, tombstone};
+use super::record::create_waiting;
+use super::{arguments, audit, event, identity, outcome, ApprovalRequest};
+use crate::db;
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
+use crate::feed;
+use crate::jsonb::Jsonb;
+use crate::redaction::{free_text, redacted_object};
+use crate::rows;
+use crate::scope::{self, Scope};
+use crate::steps::{self, StepChange};
+use ledger_model::args::{optional_label, required, required_id};
+use ledger_model::events::{ApprovalResolved, AuditKind, Event, ToolCallApproval};
+use ledger_model::status::Status;
+use ledger_model::tool_calls::{lease_seconds, ApprovalStatus, CallStatus};
+use pgrx::prelude::*;
+use serde_json::json;
+
+/// Creates a tool call that waits for a human decision, and its approval request. A known call
+/// answers its current outcome (never claims it).
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn request_tool_approval(
+    run_id: Option<&str>,
+    tool_ref: Option<&str>,
+    arguments: Option<Jsonb>,
+    tool_call_id: default!(Option<&str>, "NULL"),
+    idempotency_key: default!(Option<&str>, "NULL"),
+    title: default!(Option<&str>, "NULL"),
+    policy_ref: default!(Option<&str>, "NULL"),
+    details: default!(Option<Jsonb>, "NULL"),
+    run_token: default!(Option<i64>, "NULL"),
+) -> std::result::Result<Jsonb, SqlError> {
+    feed::collected(|| {
+        let scope = scope::current()?;
+        let who = identity(run_id, tool_ref, tool_call_id, idempotency_key)?;
+        let args = self::arguments(arguments)?;
+        let request = ApprovalRequest {
+            details: redacted_object("details", details)?,
+            title: free_text(title),
+            policy_ref: optional_label("policy_ref", policy_ref)?.map(str::to_owned),
+        };
+        let run = rows::lock_run(&scope, "run_id", who.run_id)?;
+        run.fence(run_token)?;
+        if tombstone(&scope, &who, &args)?.is_some() {
+            raise(
+                LedgerError::new(Code::ToolCallPurged, "this tool call was purged")
+                    .with("idempotency_key", who.idempotency_key.as_str()),
+            );
+        }
+        if let Some(found) = find_locked(&scope, &run, &who)? {
+            return Ok(apply(&scope, &run, &who, found, &args, None)?.json(&scope)?);
+        }
+        run.ensure_live("tool calls")?;
+        let rec = create_waiting(&scope, &run, &who, &args, None, lease_seconds(0)?, &request)?;
+        Ok(outcome(&scope, &rec.id, "waiting_approval", None)?)
+    })
+}
+
+/// Decides a pending approval: `approved` (the next claim of the call gets `claimed`) or
+/// `rejected` (the call is rejected and its step canceled).
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn resolve_approval(
+    approval_id: Option<&str>,
+    decision: Option<&str>,
+    actor: default!(Option<&str>, "NULL"),
+    note: default!(Option<&str>, "NULL"),
+) -> std::result::Result<Jsonb, SqlError> {
+    feed::collected(|| {
+        let scope = scope::current()?;
+        let approval_id = required_id("approval_id", approval_id)?;
+        let decision = match required("decision", decision)? {
+            "approved" => ApprovalStatus::Approved,
+            "rejected" => ApprovalStatus::Rejected,
+            other => raise(
+                LedgerError::new(
+                    Code::DecisionUnknown,
+                    "decision must be approved or rejected",
+                )
+                .with("decision", other),
+            ),
+        };
+        let actor = free_text(optional_label("actor", actor)?);
+        let actor = actor.as_deref();
+        let note = free_text(note);
+        let (run, approval) = rows::lock_approval(&scope, approval_id)?;
+        let (run_id, status, record_id) = (
+            approval.run_id,
+            approval.status,
+            approval.tool_call_record_id,
+        );
+        let current = ApprovalStatus::from_name(&status)
+            .ok_or_else(|| LedgerError::internal("unknown approval status"))?;
+        if current != ApprovalStatus::Pending {
+            if current == decision {
+                return Ok(approval_json(&scope, approval_id)?);
+            }
+            raise(
+                LedgerError::new(
+                    Code::ApprovalResolved,
+                    format!("approval {approval_id} is already {status}"),
+                )
+                .with("status", status),
+            );
+        }
+        db::execute(
+            include_str!("../../sql/queries/decide_approval.sql"),
+            &scope.args([
+                approval_id.into(),
+                decision.as_str().into(),
+                actor.into(),
+                note.as_deref().into(),
+            ]),
+        )?;
+        let resolved = Event::ApprovalResolved(ApprovalResolved {
+            approval_id,
+            decision: decision.as_str(),
+            actor,
+            tool_call_record_id: record_id.as_deref(),
+        });
+        feed::append(&scope, run.held(), None, &resolved)?;
+        audit(
+            &scope,
+            &run_id,
+            None,
+            AuditKind::ApprovalDecision,
+            decision.as_str(),
+            actor,
+            json!({"approval_id": approval_id, "tool_call_record_id": record_id, "note": note}),
+        )?;
+        if let (ApprovalStatus::Rejected, Some(record_id)) = (decision, record_id) {
+            if let Some(mut rec) = rows::held_tool_call(&scope, &run, &record_id)? {
+                if rec.status == CallStatus::WaitingApproval {
+                    db::execute(
+                        include_str!("../../sql/queries/reject_tool_call.sql"),
+                        &scope.args([record_id.as_str().into()]),
+                    )?;
+                    rec.status = CallStatus::Rejected;
+                    steps::follow(
+                        &scope,
+                        &run,
+                        &rec.step_id,
+                        Status::Canceled,
+                        StepChange {
+                            error_code: Some("TOOL_APPROVAL_REJECTED"),
+                            ..StepChange::default()
+                        },
+                    )?;
+                    let rejected = Event::ToolCallRejected(ToolCallApproval {
+                        call: rec.ids(),
+                        approval_id,
+                        title: None,
+                    });
+                    event(&scope, &run, &rec, &rejected)?;
+                }
+            }
+        }
+        Ok(approval_json(&scope, approval_id)?)
+    })
+}
+
+fn approval_json(scope: &Scope, approval_id: &str) -> Result<Jsonb> {
+    db::select_one(
+        "SELECT to_jsonb(a) - 'tenant_id' - 'workspace_id' FROM ledger.approval_requests a \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &scope.args([approval_id.into()]),
+        |r| db::req::<Jsonb>(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::not_found(Code::ApprovalNotFound, "approval", approval_id))
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, one, running_run};
+    use crate::tool_calls::tests::{field, outcome, record, request_pay, sent, step_status};
+    use pgrx::prelude::*;
+
+    /// `claim_tool_call` with an approval, for call `pay` of run `r`.
+    fn claim_approved(args: &str) -> serde_json::Value {
+        one::<pgrx::JsonB>(&format!(
+            "SELECT ledger.claim_tool_call('r', 'wire_money', '{args}', tool_call_id => 'pay', \
+                 approval => '{{\"title\": \"Pay 100\", \"policy_ref\": \"payments/v2\", \
+                               \"details\": {{\"api_key\": \"sk-live-0123456789abcdefghij\", \"why\": \"refund\"}}}}')"
+        ))
+        .0
+    }
+
+    #[pg_test]
+    fn approvals_gate_the_call() {
+        running_run("t-tc-approval");
+        let req = "SELECT ledger.request_tool_approval('r', 'wire_money', '{\"amount\": 100}', tool_call_id => 'pay', title => 'Pay supplier')";
+        let out = one::<pgrx::JsonB>(req).0;
+        assert_eq!(out["outcome"], "waiting_approval");
+        let approval = out["approval"]["id"].as_str().unwrap().to_owned();
+        assert_eq!(out["approval"]["status"], "pending");
+        assert_eq!(step_status("pay"), "waiting_approval");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.pending_approvals"),
+            1
+        );
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM ledger.outbox WHERE event_type = 'approval.requested'"
+            ),
+            1
+        );
+        // Idempotent request; other arguments are a conflict (the hash is compared, never overwritten).
+        assert_eq!(
+            one::<String>(&(req.replace("SELECT ", "SELECT (") + ")->>'outcome'")),
+            "waiting_approval"
+        );
+        let pay = |args: &str| {
+            format!(
+                "SELECT ledger.claim_tool_call('r', 'wire_money', '{args}', tool_call_id => 'pay')"
+            )
+        };
+        assert_error(&pay("{\"amount\": 999}"), "23505", "IDEMPOTENCY_MISMATCH");
+        assert_eq!(
+            one::<String>(&format!("{}->>'outcome'", pay("{\"amount\": 100}"))),
+            "waiting_approval"
+        );
+        assert_error(
+            &format!("SELECT ledger.resolve_approval('{approval}', 'maybe')"),
+            "22023",
+            "DECISION_UNKNOWN",
+        );
+        Spi::run(&format!(
+            "SELECT ledger.resolve_approval('{approval}', 'approved', actor => 'cfo')"
+        ))
+        .unwrap();
+        Spi::run(&format!(
+            "SELECT ledger.resolve_approval('{approval}', 'approved', actor => 'cfo')"
+        ))
+        .unwrap();
+        assert_error(
+            &format!("SELECT ledger.resolve_approval('{approval}', 'rejected')"),
+            "55000",
+            "APPROVAL_RESOLVED",
+        );
+        let claimed = one::<pgrx::JsonB>(&pay("{\"amount\": 100}")).0;
+        assert_eq!(
+            (
+                claimed["outcome"].as_str(),
+                claimed["tool_call"]["attempt"].as_i64()
+            ),
+            (Some("claimed"), Some(1))
+        );
+        let id = record("pay");
+        Spi::run(&format!("SELECT ledger.begin_tool_call('{id}', 1)")).unwrap();
+        assert_eq!(step_status("pay"), "running");
+
+        // A rejected approval rejects the call and cancels its step.
+        let out = one::<pgrx::JsonB>(
+            "SELECT ledger.request_tool_approval('r', 'delete_repo', '{}', tool_call_id => 'rm')",
+        )
+        .0;
+        let approval = out["approval"]["id"].as_str().unwrap().to_owned();
+        Spi::run(&format!(
+            "SELECT ledger.resolve_approval('{approval}', 'rejected', note => 'no')"
+        ))
+        .unwrap();
+        assert_eq!(one::<String>("SELECT ledger.claim_tool_call('r', 'delete_repo', '{}', tool_call_id => 'rm')->>'outcome'"), "rejected");
+        assert_eq!(field("rm", "error_code"), "TOOL_APPROVAL_REJECTED");
+        assert_eq!(step_status("rm"), "canceled");
+        assert_error(
+            "SELECT ledger.resolve_approval('apr_nope', 'approved')",
+            "P0002",
+            "APPROVAL_NOT_FOUND",
+        );
+    }
+
+    #[pg_test]
+    fn a_claim_with_an_approval_is_right_in_every_state_of_the_call() {
+        running_run("t-tc-claim-approval");
+        let args = "{\"amount\": 100}";
+        // Unknown: created waiting, exactly as request_tool_approval creates it.
+        let out = claim_approved(args);
+        assert_eq!(out["outcome"], "waiting_approval");
+        assert_eq!(out["tool_call"]["status"], "waiting_approval");
+        assert_eq!(out["tool_call"]["attempt"], 0);
+        let approval = &out["approval"];
+        assert_eq!(
+            (
+                approval["status"].as_str(),
+                approval["title"].as_str(),
+                approval["policy_ref"].as_str()
+            ),
+            (Some("pending"), Some("Pay 100"), Some("payments/v2"))
+        );
+        assert_eq!(approval["details"]["api_key"], "[REDACTED]");
+        assert_eq!(approval["details"]["why"], "refund");
+        assert_eq!(approval["details"]["tool_call_id"], "pay");
+        assert_eq!(step_status("pay"), "waiting_approval");
+        assert_eq!(
+            one::<i64>(
+                "SELECT count(*) FROM ledger.outbox WHERE event_type = 'approval.requested'"
+            ),
+            1
+        );
+        let approval_id = approval["id"].as_str().unwrap().to_owned();
+        // Every resume: the current outcome, never TOOL_CALL_STATE.
+        assert_eq!(claim_approved(args)["outcome"], "waiting_approval");
+        assert_eq!(request_pay(args)["outcome"], "waiting_approval");
+        Spi::run(&format!(
+            "SELECT ledger.resolve_approval('{approval_id}', 'approved', actor => 'cfo')"
+        ))
+        .unwrap();
+        // Approved: an approval request does not claim it, the claim does.
+        let out = request_pay(args);
+        assert_eq!(
+            (out["outcome"].as_str(), out["approval"]["status"].as_str()),
+            (Some("waiting_approval"), Some("approved"))
+        );
+        let out = claim_approved(args);
+        assert_eq!(
+            (
+                out["outcome"].as_str(),
+                out["tool_call"]["attempt"].as_i64()
+            ),
+            (Some("claimed"), Some(1))
+        );
+        // A worker that died and resumes while the lease lives is told busy, by either function.
+        assert_eq!(claim_approved(args)["outcome"], "busy");
+        assert_eq!(request_pay(args)["outcome"], "busy");
+        let id = record("pay");
+        sent(&id, "'succeeded', '{\"wire\": \"w-1\"}'");
+        for out in [claim_approved(args), request_pay(args)] {
+            assert_eq!(out["outcome"], "replayed");
+            assert_eq!(out["response"]["result"]["wire"], "w-1");
+        }
+        assert_eq!(field("pay", "attempt"), "1", "executed once");
+        // Another request under the key still refuses.
+        let e = assert_error(
+            "SELECT ledger.request_tool_approval('r', 'wire_money', '{\"amount\": 999}', tool_call_id => 'pay')",
+            "23505",
+            "IDEMPOTENCY_MISMATCH",
+        );
+        assert_eq!(e.detail["request_hash_matches"], false);
+
+        // Rejected stays rejected; an in-doubt call stays in doubt.
+        let out = one::<pgrx::JsonB>(
+            "SELECT ledger.claim_tool_call('r', 'rm', '{}', tool_call_id => 'rm', approval => '{}')",
+        )
+        .0;
+        Spi::run(&format!(
+            "SELECT ledger.resolve_approval('{}', 'rejected')",
+            out["approval"]["id"].as_str().unwrap()
+        ))
+        .unwrap();
+        assert_eq!(
+            one::<String>("SELECT ledger.claim_tool_call('r', 'rm', '{}', tool_call_id => 'rm', approval => '{}')->>'outcome'"),
+            "rejected"
+        );
+        outcome("{}", "doubt");
+        let id = record("doubt");
+        sent(&id, "'unknown'");
+        assert_eq!(
+            one::<String>("SELECT ledger.claim_tool_call('r', 'search', '{}', tool_call_id => 'doubt', approval => '{}')->>'outcome'"),
+            "in_doubt"
+        );
+        assert_eq!(
+            one::<String>("SELECT ledger.request_tool_approval('r', 'search', '{}', tool_call_id => 'doubt')->>'outcome'"),
+            "in_doubt"
+        );
+    }
+
+    #[pg_test]
+    fn a_bad_approval_is_refused_and_writes_nothing() {
+        running_run("t-tc-bad-approval");
+        for (approval, state, code) in [
+            ("'[1]'", "22023", "APPROVAL_INVALID"),
+            ("'{\"titel\": \"x\"}'", "22023", "APPROVAL_INVALID"),
+            ("'{\"title\": 1}'", "22023", "APPROVAL_INVALID"),
+            ("'{\"details\": [1]}'", "22023", "APPROVAL_INVALID"),
+            (
+                "'{\"policy_ref\": \"a\\u202eb\"}'",
+                "22023",
+                "LABEL_INVALID",
+            ),
+        ] {
+            assert_error(
+                &format!(
+                    "SELECT ledger.claim_tool_call('r', 'pay', '{{}}', approval => {approval})"
+                ),
+                state,
+                code,
+            );
+        }
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_step_tool_calls"),
+            0
+        );
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.approval_requests"),
+            0
+        );
+    }
+}
