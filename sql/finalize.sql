@@ -143,6 +143,8 @@ COMMENT ON FUNCTION ledger.nack_outbox_events(text, text, text) IS
     'ledger.nack_outbox_events for one event.';
 COMMENT ON FUNCTION ledger.replay_outbox_event(text) IS
     'Puts a failed outbox event back to pending, due now, with another 64 attempts (55000 OUTBOX_NOT_FAILED otherwise). attempt_count is kept; replay_count + 1. Notifies ledger_outbox.';
+COMMENT ON FUNCTION ledger.replay_outbox_event(text, text, text) IS
+    'ledger.replay_outbox_event by a person, who is named (actor; NULL or empty: 22023 ARGUMENT_REQUIRED), with its audit record in the same transaction: gateway_type outbox.replay, outcome replayed, for the event''s run (audit.recorded in its feed) or with no run if it has none; payload {outbox_event_id, event_type, replay_count, note}, redacted.';
 COMMENT ON FUNCTION ledger.create_task(text, jsonb, text, text) IS
     'Creates a queued task of task_type with input (a JSON object, redacted), optionally for run_id (which must exist in scope). A caller task_id is idempotent: the same type and run return the task, anything else fails 23505 IDEMPOTENCY_MISMATCH. Writes task.created to ledger.task_events.';
 COMMENT ON FUNCTION ledger.transition_task(text, text, text, jsonb, jsonb, text, text) IS

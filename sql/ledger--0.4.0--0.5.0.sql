@@ -298,7 +298,7 @@ UPDATE ledger.run_steps s
 CREATE UNIQUE INDEX run_steps_step_key_idx ON ledger.run_steps (tenant_id, workspace_id, run_id, step_key)
     WHERE step_key IS NOT NULL;
 
-COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and human interventions (ledger.record_audit), and the tool activity the ledger records itself: gateway_type tool_call.claim, tool_call.complete, tool_call.resolve (an in-doubt call resolved), tool_call.replay (a re-run reused a result), approval.request and approval.decision. Payloads are redacted.';
+COMMENT ON TABLE ledger.audit_events IS 'Audit records: governance decisions and human interventions (ledger.record_audit), and the tool activity the ledger records itself: gateway_type tool_call.claim, tool_call.complete, tool_call.resolve (an in-doubt call resolved), tool_call.replay (a re-run reused a result), approval.request, approval.decision and outbox.replay (ledger.replay_outbox_event by a named person). Payloads are redacted.';
 
 -- Functions: every one is dropped and created again from this version's library (new ones for
 -- run ownership and scope grants; run_token, approval and any_scope arguments; events_since
@@ -788,6 +788,17 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'replay_outbox_event_wrapper';
 
+CREATE  FUNCTION "replay_outbox_event"(
+	"event_id" TEXT, /* Option < & str > */
+	"actor" TEXT, /* Option < & str > */
+	"note" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS ledger.outbox_event /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE  
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'replay_outbox_event_by_wrapper';
+
 CREATE  FUNCTION "replay_ready"(
 	"run_id" TEXT /* Option < & str > */
 ) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
@@ -1153,6 +1164,8 @@ COMMENT ON FUNCTION ledger.nack_outbox_events(text, text, text) IS
     'ledger.nack_outbox_events for one event.';
 COMMENT ON FUNCTION ledger.replay_outbox_event(text) IS
     'Puts a failed outbox event back to pending, due now, with another 64 attempts (55000 OUTBOX_NOT_FAILED otherwise). attempt_count is kept; replay_count + 1. Notifies ledger_outbox.';
+COMMENT ON FUNCTION ledger.replay_outbox_event(text, text, text) IS
+    'ledger.replay_outbox_event by a person, who is named (actor; NULL or empty: 22023 ARGUMENT_REQUIRED), with its audit record in the same transaction: gateway_type outbox.replay, outcome replayed, for the event''s run (audit.recorded in its feed) or with no run if it has none; payload {outbox_event_id, event_type, replay_count, note}, redacted.';
 COMMENT ON FUNCTION ledger.create_task(text, jsonb, text, text) IS
     'Creates a queued task of task_type with input (a JSON object, redacted), optionally for run_id (which must exist in scope). A caller task_id is idempotent: the same type and run return the task, anything else fails 23505 IDEMPOTENCY_MISMATCH. Writes task.created to ledger.task_events.';
 COMMENT ON FUNCTION ledger.transition_task(text, text, text, jsonb, jsonb, text, text) IS

@@ -18,7 +18,7 @@ use ledger_model::outbox::{self as rules, AfterNack};
 use ledger_model::run_leases;
 use pgrx::prelude::*;
 
-type Event = pgrx::composite_type!('static, "ledger.outbox_event");
+pub(crate) type Event = pgrx::composite_type!('static, "ledger.outbox_event");
 
 /// The columns of `ledger.outbox_event`, from an outbox row `o`.
 const EVENT: &str =
@@ -78,6 +78,7 @@ fn events(scope: &Scope, ids: Vec<String>) -> Result<Vec<Event>> {
 
 /// The columns nack and replay decide on.
 struct Held {
+    event_type: String,
     status: String,
     lease_owner: Option<String>,
     attempt_count: i32,
@@ -87,15 +88,16 @@ struct Held {
 /// The event `id`, locked (P0002 `OUTBOX_EVENT_NOT_FOUND`).
 fn locked(scope: &Scope, id: &str) -> Result<Held> {
     db::write_one(
-        "SELECT status, lease_owner, attempt_count, replay_count FROM ledger.outbox \
+        "SELECT event_type, status, lease_owner, attempt_count, replay_count FROM ledger.outbox \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 FOR UPDATE",
         &scope.args([id.into()]),
         |r| {
             Ok(Held {
-                status: db::req(r, 1)?,
-                lease_owner: db::opt(r, 2)?,
-                attempt_count: db::req(r, 3)?,
-                replay_count: db::req(r, 4)?,
+                event_type: db::req(r, 1)?,
+                status: db::req(r, 2)?,
+                lease_owner: db::opt(r, 3)?,
+                attempt_count: db::req(r, 4)?,
+                replay_count: db::req(r, 5)?,
             })
         },
     )?
@@ -106,7 +108,7 @@ fn lease_owner_arg(lease_owner: Option<&str>) -> Result<&str> {
     required_id("lease_owner", lease_owner)
 }
 
-fn event_id_arg(event_id: Option<&str>) -> Result<String> {
+pub(crate) fn event_id_arg(event_id: Option<&str>) -> Result<String> {
     let id = required_id("event_id", event_id)?;
     // An untyped '{a,b}' literal resolves to the single-id variant; the ledger's ids never
     // start with a brace, so say what happened instead of acking nothing.
@@ -377,15 +379,42 @@ fn replay_outbox_event(
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox_event"), SqlError> {
     let scope = scope::current()?;
     let id = event_id_arg(event_id)?;
-    let held = locked(&scope, &id)?;
-    rules::check_failed(&id, &held.status)?;
+    Ok(replay(&scope, &id)?.event)
+}
+
+/// A replayed event, with what its audit record says of it.
+pub(crate) struct Replayed {
+    pub event: Event,
+    pub event_type: String,
+    pub replay_count: i32,
+}
+
+/// The run of event `id`, read without a lock (a caller that locks the run does it before the
+/// event, the order a purge of the run takes); None for an event of no run.
+pub(crate) fn run_of(scope: &Scope, id: &str) -> Result<Option<String>> {
+    db::select_one(
+        "SELECT run_id FROM ledger.outbox WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &scope.args([id.into()]),
+        |r| db::opt::<String>(r, 1),
+    )?
+    .ok_or_else(|| not_found(id))
+}
+
+/// Replays the failed event `id` (P0002 `OUTBOX_EVENT_NOT_FOUND`, 55000 `OUTBOX_NOT_FAILED`).
+pub(crate) fn replay(scope: &Scope, id: &str) -> Result<Replayed> {
+    let held = locked(scope, id)?;
+    rules::check_failed(id, &held.status)?;
     db::execute(
         include_str!("../sql/queries/replay_outbox_event.sql"),
-        &scope.args([id.as_str().into()]),
+        &scope.args([id.into()]),
     )?;
-    wakeup(&id);
-    let event = events(&scope, vec![id.clone()])?.into_iter().next();
-    Ok(event.ok_or_else(|| not_found(&id))?)
+    wakeup(id);
+    let event = events(scope, vec![id.to_owned()])?.into_iter().next();
+    Ok(Replayed {
+        event: event.ok_or_else(|| not_found(id))?,
+        event_type: held.event_type,
+        replay_count: held.replay_count + 1,
+    })
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -654,6 +683,183 @@ mod tests {
                 "SELECT replay_count FROM ledger.replay_outbox_event('{e1}')"
             )),
             2
+        );
+    }
+
+    /// Fails the event of `run`, as 64 failed deliveries would; returns its id.
+    fn failed_event_of(run: &str) -> String {
+        let id = event_of(run);
+        Spi::run(&format!(
+            "UPDATE ledger.outbox SET status = 'failed', attempt_count = 64 WHERE id = '{id}'"
+        ))
+        .unwrap();
+        id
+    }
+
+    /// The scope's audit records, as JSON, oldest first.
+    fn audits() -> serde_json::Value {
+        one::<pgrx::JsonB>(
+            "SELECT coalesce(jsonb_agg(jsonb_build_object('run_id', run_id, 'step_id', step_id, \
+                    'gateway_type', gateway_type, 'outcome', outcome, 'actor', actor, 'payload', payload) \
+                    ORDER BY created_at, id), '[]') \
+               FROM ledger.audit_events WHERE tenant_id = ledger.scope_tenant()",
+        )
+        .0
+    }
+
+    #[pg_test]
+    fn a_replay_by_a_person_writes_its_audit_record_for_the_events_run() {
+        three_events("t-obx-audit");
+        let e1 = failed_event_of("r1");
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT status || ':' || attempt_count || ':' || replay_count || ':' || run_id \
+                   FROM ledger.replay_outbox_event('{e1}', 'ops@acme', \
+                        'downstream fixed, key sk-abcdefghijklmnopqrstuvwx')"
+            )),
+            "pending:64:1:r1"
+        );
+        let first = audits();
+        let note = first[0]["payload"]["note"].as_str().unwrap_or_default();
+        assert!(note.starts_with("downstream fixed"), "{note}");
+        assert!(!note.contains("sk-abc"), "the note is redacted: {note}");
+        assert_eq!(
+            first,
+            serde_json::json!([{
+                "run_id": "r1",
+                "step_id": null,
+                "gateway_type": "outbox.replay",
+                "outcome": "replayed",
+                "actor": "ops@acme",
+                "payload": {
+                    "outbox_event_id": e1,
+                    "event_type": "run.created",
+                    "replay_count": 1,
+                    "note": note,
+                },
+            }])
+        );
+        // Announced in the run's feed, like every audit record of a run.
+        assert_eq!(
+            one::<String>(
+                "SELECT event_type FROM ledger.run_events \
+                  WHERE tenant_id = 't-obx-audit' AND run_id = 'r1' ORDER BY seq DESC LIMIT 1"
+            ),
+            "audit.recorded"
+        );
+        // Failed again and replayed without a note: the second replay, its own record.
+        Spi::run(&format!(
+            "UPDATE ledger.outbox SET status = 'failed' WHERE id = '{e1}'"
+        ))
+        .unwrap();
+        Spi::run(&format!(
+            "SELECT ledger.replay_outbox_event('{e1}', actor => 'lead')"
+        ))
+        .unwrap();
+        let both = audits();
+        assert_eq!(both[0], first[0]);
+        assert_eq!(both[1]["actor"], "lead");
+        assert_eq!(
+            both[1]["payload"],
+            serde_json::json!({"outbox_event_id": e1, "event_type": "run.created", "replay_count": 2, "note": null})
+        );
+    }
+
+    #[pg_test]
+    fn a_replay_without_an_actor_or_of_an_event_not_failed_writes_nothing() {
+        three_events("t-obx-actor");
+        let e1 = failed_event_of("r1");
+        let e2 = event_of("r2");
+        let state = || {
+            one::<String>(
+                "SELECT string_agg(run_id || ':' || status || ':' || replay_count, ',' ORDER BY run_id) \
+                   FROM ledger.outbox WHERE tenant_id = 't-obx-actor'",
+            ) + &format!(
+                " audits={} events={}",
+                one::<i64>("SELECT count(*) FROM ledger.audit_events WHERE tenant_id = 't-obx-actor'"),
+                one::<i64>("SELECT count(*) FROM ledger.run_events WHERE tenant_id = 't-obx-actor'")
+            )
+        };
+        let before = state();
+        assert_eq!(
+            before,
+            "r1:failed:0,r2:pending:0,r3:pending:0 audits=0 events=3"
+        );
+        for actor in ["NULL", "''"] {
+            let e = assert_error(
+                &format!("SELECT ledger.replay_outbox_event('{e1}', {actor}, 'why')"),
+                "22023",
+                "ARGUMENT_REQUIRED",
+            );
+            assert_eq!(e.detail["argument"], "actor");
+        }
+        assert_error(
+            &format!("SELECT ledger.replay_outbox_event('{e2}', 'ops')"),
+            "55000",
+            "OUTBOX_NOT_FAILED",
+        );
+        assert_error(
+            "SELECT ledger.replay_outbox_event('obx_nope', 'ops')",
+            "P0002",
+            "OUTBOX_EVENT_NOT_FOUND",
+        );
+        assert_eq!(state(), before);
+    }
+
+    #[pg_test]
+    fn a_replay_of_an_event_without_a_run_is_audited_for_the_scope() {
+        three_events("t-obx-norun");
+        let e1 = failed_event_of("r1");
+        // As a purge of its run leaves an event not delivered yet.
+        Spi::run(&format!(
+            "UPDATE ledger.outbox SET run_id = NULL WHERE id = '{e1}'"
+        ))
+        .unwrap();
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT status || ':' || replay_count || ':' || (run_id IS NULL) \
+                   FROM ledger.replay_outbox_event('{e1}', 'ops', 'purged run')"
+            )),
+            "pending:1:true"
+        );
+        assert_eq!(
+            audits(),
+            serde_json::json!([{
+                "run_id": null,
+                "step_id": null,
+                "gateway_type": "outbox.replay",
+                "outcome": "replayed",
+                "actor": "ops",
+                "payload": {
+                    "outbox_event_id": e1,
+                    "event_type": "run.created",
+                    "replay_count": 1,
+                    "note": "purged run",
+                },
+            }])
+        );
+        // No run, so no feed event.
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE tenant_id = 't-obx-norun'"),
+            3
+        );
+    }
+
+    #[pg_test]
+    fn the_replay_by_event_id_alone_is_unchanged_and_writes_no_audit() {
+        three_events("t-obx-plain");
+        let e1 = failed_event_of("r1");
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT status || ':' || attempt_count || ':' || replay_count \
+                   FROM ledger.replay_outbox_event('{e1}')"
+            )),
+            "pending:64:1"
+        );
+        assert_eq!(audits(), serde_json::json!([]));
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.run_events WHERE tenant_id = 't-obx-plain'"),
+            3
         );
     }
 

@@ -303,6 +303,10 @@ fn refusals(v: &Victim) -> Vec<(String, &'static str)> {
             format!("SELECT ledger.replay_outbox_event('{id}')"),
             "OUTBOX_EVENT_NOT_FOUND",
         ));
+        list.push((
+            format!("SELECT ledger.replay_outbox_event('{id}', 'ops')"),
+            "OUTBOX_EVENT_NOT_FOUND",
+        ));
     }
     list
 }

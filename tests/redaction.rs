@@ -248,6 +248,21 @@ fn every_json_and_free_text_argument_is_redacted_before_any_table_or_the_wal() {
             claimed[0], claimed[1]
         ),
     );
+    // So are a person's name and note on a replay: the first event, failed, replayed.
+    exec(
+        &mut admin,
+        &format!(
+            "UPDATE ledger.outbox SET status = 'failed' WHERE id = '{}'",
+            claimed[0]
+        ),
+    );
+    exec(
+        &mut app,
+        &format!(
+            "SELECT ledger.replay_outbox_event('{}', '{TEXT}', '{TEXT}')",
+            claimed[0]
+        ),
+    );
 
     // Every JSON and free-text argument of every function was exercised above.
     let mut jsonb: Vec<String> = JSON_CALLS.iter().map(|(a, _)| a.to_string()).collect();
@@ -262,7 +277,14 @@ fn every_json_and_free_text_argument_is_redacted_before_any_table_or_the_wal() {
     let mut text: Vec<String> = TEXT_CALLS
         .iter()
         .flat_map(|(a, _)| a.iter().map(|s| s.to_string()))
-        .chain(["nack_outbox_events.error_message".to_owned()])
+        .chain(
+            [
+                "nack_outbox_events.error_message",
+                "replay_outbox_event.actor",
+                "replay_outbox_event.note",
+            ]
+            .map(String::from),
+        )
         .collect();
     text.sort();
     text.dedup();

@@ -1,18 +1,22 @@
-//! Evidence records written against a run: audits, response events, citations and feedback.
-//! Every payload is redacted before it is stored.
+//! Evidence records written against a run: audits (among them a person's replay of an outbox
+//! event), response events, citations and feedback. Every payload is redacted before it is stored.
 
 use crate::db;
 use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
+use crate::guc;
 use crate::jsonb::Jsonb;
+use crate::outbox;
 use crate::redaction::{free_text, redacted_object};
 use crate::rows;
 use crate::scope::{self, Scope};
 use ledger_model::args::{optional_label, required_id, required_label};
-use ledger_model::events::{Event, Recorded};
+use ledger_model::events::{AuditKind, Event, Recorded};
 use ledger_model::ids;
+use ledger_model::redaction::redact;
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
+use serde_json::{json, Value};
 
 /// The kinds of record.
 #[derive(Clone, Copy)]
@@ -51,17 +55,20 @@ impl Kind {
     }
 }
 
-/// Locks the run (checking the step, if any, is one of its own), inserts one record (`values`
-/// of `columns`, after tenant, workspace, id and run_id) and its feed event; returns its row.
+/// Inserts one record (`values` of `columns`, after tenant, workspace, id and run_id) and returns
+/// its row. For a run, it locks the run (checking the step, if any, is one of its own) and
+/// announces the record in the run's feed; only an audit may have no run (an outbox event's).
 fn record<T: FromDatum + IntoDatum>(
     scope: &Scope,
     kind: Kind,
-    run_id: &str,
+    run_id: Option<&str>,
     step_id: Option<&str>,
     columns: &[&str],
     values: Vec<DatumWithOid>,
 ) -> Result<T> {
-    let run = rows::lock_owner(scope, run_id, step_id)?;
+    let run = run_id
+        .map(|run_id| rows::lock_owner(scope, run_id, step_id))
+        .transpose()?;
     let (table, prefix, code, what) = kind.names();
     let id = ids::new_id(prefix);
     let placeholders: Vec<String> = (5..5 + columns.len()).map(|i| format!("${i}")).collect();
@@ -74,9 +81,78 @@ fn record<T: FromDatum + IntoDatum>(
     let mut args: Vec<DatumWithOid> = scope.args([id.as_str().into(), run_id.into()]);
     args.extend(values);
     db::execute(&query, &args)?;
-    let recorded = kind.event(Recorded { id: &id, table });
-    feed::append(scope, run.held(), step_id, &recorded)?;
+    if let Some(run) = &run {
+        let recorded = kind.event(Recorded { id: &id, table });
+        feed::append(scope, run.held(), step_id, &recorded)?;
+    }
     rows::scoped_row(scope, &format!("ledger.{table}"), &id, code, what)
+}
+
+type AuditRow = pgrx::composite_type!('static, "ledger.audit_events");
+
+/// Writes an audit record whose arguments are checked and whose payload is redacted: for a run
+/// (see `record`), or with `run_id` None for the scope alone.
+pub(crate) fn audit(
+    scope: &Scope,
+    run_id: Option<&str>,
+    step_id: Option<&str>,
+    gateway_type: &str,
+    outcome: &str,
+    actor: Option<&str>,
+    payload: &Value,
+) -> Result<AuditRow> {
+    record(
+        scope,
+        Kind::Audit,
+        run_id,
+        step_id,
+        &["step_id", "gateway_type", "outcome", "actor", "payload"],
+        vec![
+            step_id.into(),
+            gateway_type.into(),
+            outcome.into(),
+            actor.into(),
+            Jsonb::from(payload).into(),
+        ],
+    )
+}
+
+/// `replay_outbox_event` done by a person, who is named: the outbox's replay and, in the same
+/// transaction, its audit record (`outbox.replay`, outcome `replayed`) for the event's run, or
+/// for the scope alone when the event has none. (Here, not in the outbox module, which the
+/// evidence writers call: the outbox does not depend on them.)
+#[pg_extern(name = "replay_outbox_event", volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn replay_outbox_event_by(
+    event_id: Option<&str>,
+    actor: Option<&str>,
+    note: default!(Option<&str>, "NULL"),
+) -> std::result::Result<pgrx::composite_type!('static, "ledger.outbox_event"), SqlError> {
+    let scope = scope::current()?;
+    let id = outbox::event_id_arg(event_id)?;
+    let actor = free_text(Some(required_label("actor", actor)?));
+    let note = free_text(note);
+    let run_id = outbox::run_of(&scope, &id)?;
+    if let Some(run_id) = &run_id {
+        rows::lock_run(&scope, "run_id", run_id)?;
+    }
+    let replayed = outbox::replay(&scope, &id)?;
+    let payload = json!({
+        "outbox_event_id": id,
+        "event_type": replayed.event_type,
+        "replay_count": replayed.replay_count,
+        "note": note,
+    });
+    audit(
+        &scope,
+        run_id.as_deref(),
+        None,
+        AuditKind::OutboxReplay.gateway_type(),
+        "replayed",
+        actor.as_deref(),
+        &redact(&guc::redaction_rules(), payload),
+    )?;
+    Ok(replayed.event)
 }
 
 /// Records an audit event (a gateway decision, a human intervention, ...) for a run.
@@ -95,20 +171,15 @@ fn record_audit(
     let gateway_type = required_label("gateway_type", gateway_type)?;
     let outcome = required_label("outcome", outcome)?;
     let actor = free_text(optional_label("actor", actor)?);
-    let payload = Jsonb::from(&redacted_object("payload", payload)?);
-    Ok(record(
+    let payload = redacted_object("payload", payload)?;
+    Ok(audit(
         &scope,
-        Kind::Audit,
-        run_id,
+        Some(run_id),
         step_id,
-        &["step_id", "gateway_type", "outcome", "actor", "payload"],
-        vec![
-            step_id.into(),
-            gateway_type.into(),
-            outcome.into(),
-            actor.as_deref().into(),
-            payload.into(),
-        ],
+        gateway_type,
+        outcome,
+        actor.as_deref(),
+        &payload,
     )?)
 }
 
@@ -128,7 +199,7 @@ fn record_response_event(
     Ok(record(
         &scope,
         Kind::ResponseEvent,
-        run_id,
+        Some(run_id),
         step_id,
         &["step_id", "event_type", "payload"],
         vec![step_id.into(), event_type.into(), payload.into()],
@@ -152,7 +223,7 @@ fn record_citation(
     Ok(record(
         &scope,
         Kind::Citation,
-        run_id,
+        Some(run_id),
         step_id,
         &["step_id", "citation"],
         vec![step_id.into(), citation.into()],
@@ -179,7 +250,7 @@ fn record_feedback(
     Ok(record(
         &scope,
         Kind::Feedback,
-        run_id,
+        Some(run_id),
         None,
         &["rating", "category", "comment", "user_id", "metadata"],
         vec![

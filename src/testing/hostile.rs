@@ -421,6 +421,7 @@ mod tests {
             ),
             ("run_id", "SELECT ledger.replay_bundle($MB)"),
             ("event_id", "SELECT ledger.replay_outbox_event($MB)"),
+            ("event_id", "SELECT ledger.replay_outbox_event($MB, 'ops')"),
             ("run_id", "SELECT ledger.replay_ready($MB)"),
             ("run_id", "SELECT ledger.otel_trace($MB)"),
             ("run_id", "SELECT ledger.replay_run($MB)"),
@@ -593,6 +594,10 @@ mod tests {
             ),
             (
                 "actor",
+                "SELECT ledger.replay_outbox_event('obx_x', actor => $MB)",
+            ),
+            (
+                "actor",
                 "SELECT ledger.resolve_tool_call($REC, 'retry', actor => $MB)",
             ),
             (
@@ -730,6 +735,22 @@ mod tests {
             8192
         );
         covered.push("resolve_tool_call.note".into());
+        // replay_outbox_event's note: a failed event, replayed by a person.
+        Spi::run(&sql(
+            "UPDATE ledger.outbox SET status = 'failed' \
+              WHERE id = (SELECT min(id) FROM ledger.outbox WHERE tenant_id = ledger.scope_tenant()); \
+             SELECT ledger.replay_outbox_event( \
+               (SELECT min(id) FROM ledger.outbox WHERE tenant_id = ledger.scope_tenant()), 'ops', note => $MB)",
+        ))
+        .unwrap();
+        assert_eq!(
+            one::<i32>(
+                "SELECT char_length(payload->>'note') FROM ledger.audit_events \
+                  WHERE tenant_id = ledger.scope_tenant() AND gateway_type = 'outbox.replay'"
+            ),
+            8192
+        );
+        covered.push("replay_outbox_event.note".into());
 
         // Every text argument of every function is in one of the lists above.
         covered.sort();

@@ -182,11 +182,11 @@ def test_replay_a_failed_outbox_event(browser: Browser, scoped: ScopedLedger, pe
     assert "pending again" in browser.text("#notice")
     row = person.execute("SELECT status, replay_count FROM ledger.outbox WHERE id = %s", (event_id,)).fetchone()
     assert row == {"status": "pending", "replay_count": 1}
-    # Who replayed it is in the run's audit.
+    # Who replayed it is in the run's audit, written by the ledger with the replay.
     audit = person.execute(
         "SELECT gateway_type, outcome, actor, payload->>'outbox_event_id' AS event FROM ledger.audit_events"
-        " WHERE run_id = 'run-obx' AND outcome = 'outbox_replayed'").fetchall()
-    assert audit == [{"gateway_type": "operator_console", "outcome": "outbox_replayed", "actor": "ops@acme", "event": event_id}]
+        " WHERE run_id = 'run-obx' AND outcome = 'replayed'").fetchall()
+    assert audit == [{"gateway_type": "outbox.replay", "outcome": "replayed", "actor": "ops@acme", "event": event_id}]
 
 
 def test_a_reader_sees_everything_and_can_act_on_nothing(

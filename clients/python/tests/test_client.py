@@ -170,3 +170,11 @@ def test_a_stale_run_token_is_the_conflict_error(scoped: ScopedLedger, person: p
     with pytest.raises(ConflictError) as conflict:
         scoped.transition_run("r-stale", "paused", expected_status="queued")
     assert conflict.value.code == "TRANSITION_CONFLICT"
+
+
+def test_the_status_enums_are_the_extensions_status_machine(person: psycopg.Connection[DictRow]) -> None:
+    statuses = {r["resource"]: set(r["statuses"]) for r in person.execute(
+        "SELECT resource, array_agg(DISTINCT s) AS statuses FROM ledger.status_transitions(),"
+        " unnest(ARRAY[from_status, to_status]) s GROUP BY resource")}
+    assert {s.value for s in RunStatus} == statuses["run"] == statuses["task"]
+    assert {s.value for s in StepStatus} == statuses["step"]

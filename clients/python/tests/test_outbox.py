@@ -1,14 +1,15 @@
 """The outbox consumer against the real extension: ack, nack with the ledger's backoff, a
-redelivery, LISTEN waking it up, several scopes, and a graceful stop."""
+redelivery, LISTEN waking it up, several scopes, a graceful stop; and a person's replay."""
 
 import threading
 import time
 
 import psycopg
+import pytest
 from conftest import SCOPE, one, wait_for
 from psycopg.rows import DictRow
 
-from ledger_client import Ledger, OutboxConsumer, OutboxEvent, OutboxStatus, ScopedLedger
+from ledger_client import InvalidArgumentError, Ledger, OutboxConsumer, OutboxEvent, OutboxStatus, ScopedLedger
 
 
 def test_ack_nack_and_the_backoff(ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]) -> None:
@@ -69,3 +70,23 @@ def test_listen_wakes_the_consumer_of_every_scope_and_it_stops_gracefully(
     with pooled.connection() as conn:
         row = conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()
         assert row == (0,) and not conn.autocommit
+
+
+def test_replay_outbox_event_records_who_replayed_it(scoped: ScopedLedger, person: psycopg.Connection[DictRow]) -> None:
+    scoped.create_run("agent", run_id="r-1")
+    event_id = one(person, "SELECT id FROM ledger.outbox")
+    person.execute("UPDATE ledger.outbox SET status = 'failed', attempt_count = 64")  # as 64 failed deliveries
+    replayed = scoped.replay_outbox_event(event_id, actor="ops@acme", note="billing is back")
+    assert (replayed.id, replayed.status, replayed.attempt_count, replayed.replay_count) == (
+        event_id, OutboxStatus.PENDING, 64, 1)
+    audit = person.execute("SELECT run_id, gateway_type, outcome, actor, payload FROM ledger.audit_events").fetchall()
+    assert audit == [{"run_id": "r-1", "gateway_type": "outbox.replay", "outcome": "replayed", "actor": "ops@acme",
+                      "payload": {"outbox_event_id": event_id, "event_type": "run.created", "replay_count": 1,
+                                  "note": "billing is back"}}]
+    # No one named: refused, and nothing changes.
+    person.execute("UPDATE ledger.outbox SET status = 'failed'")
+    with pytest.raises(InvalidArgumentError) as refused:
+        scoped.replay_outbox_event(event_id, actor="")
+    assert refused.value.code == "ARGUMENT_REQUIRED"
+    assert one(person, "SELECT status FROM ledger.outbox") == "failed"
+    assert one(person, "SELECT count(*) FROM ledger.audit_events") == 1

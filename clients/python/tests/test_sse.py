@@ -14,10 +14,10 @@ import psycopg
 import pytest
 import uvicorn
 
-from ledger_client.follow import Reconnect
+from ledger_client.feed import Reconnect
 from ledger_client.sse import EventHub, Scope, sse_app
-from test_follow import FAST, SCOPE, feed, reader_role, restart_server, scoped, start_run, write_steps
-from test_follow import watchdog  # noqa: F401 - the autouse fixture, for this module too
+from test_feed import FAST, SCOPE, feed, reader_role, restart_server, scoped, start_run, write_steps
+from test_feed import watchdog  # noqa: F401 - the autouse fixture, for this module too
 
 
 def scope_from_header(scope: Scope) -> tuple[str, str] | None:

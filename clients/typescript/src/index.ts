@@ -4,11 +4,11 @@
  * run's events and an outbox consumer. Every rule (statuses, fencing, redaction, hashing) is the
  * extension's: each helper is a sequence of its SQL calls.
  */
+export * from "./client.js";
 export { parseConninfo } from "./conninfo.js";
 export * from "./errors.js";
-export { follow, type FollowOptions } from "./follower.js";
-export * from "./ledger.js";
-export { consumeOutbox, type OutboxConsumerOptions } from "./outbox.js";
-export * from "./toolcall.js";
+export { follow, type FollowOptions } from "./feed.js";
+export { OutboxConsumer, type OutboxConsumerOptions } from "./outbox.js";
+export * from "./tool_calls.js";
 export * from "./types.js";
 export * from "./worker.js";

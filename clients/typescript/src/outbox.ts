@@ -10,11 +10,11 @@
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import type { ScopedLedger } from "./ledger.js";
-import { Listener } from "./listen.js";
+import type { ScopedLedger } from "./client.js";
+import { Listener } from "./notifier.js";
 import type { OutboxEvent } from "./types.js";
 
-/** Options of {@link consumeOutbox}. */
+/** Options of {@link OutboxConsumer}. */
 export interface OutboxConsumerOptions {
   /** Who holds the batches' leases; default `<hostname>:<pid>`. */
   leaseOwner?: string;
@@ -24,62 +24,90 @@ export interface OutboxConsumerOptions {
   leaseSeconds?: number;
   /** Longest wait for a notification when nothing is due; default 5. */
   idleSeconds?: number;
-  /** Stops the loop after the batch in hand. */
+  /** Stops the loop after the batch in hand, like {@link OutboxConsumer.stop} (one signal for a worker and a consumer). */
   signal?: AbortSignal;
   /** Called with an error that is not a handler's (the server unreachable); the loop goes on. Default: stderr. */
   onError?: (error: unknown) => void;
 }
 
 /**
- * Consumes the scope's outbox with `handler` until `signal` aborts. A handler that returns
- * delivered its event (acked); one that throws did not (nacked with the error's message).
+ * Consumes the scope's outbox with `handler`: a handler that returns delivered its event (acked);
+ * one that throws did not (nacked with the error's message).
  */
-export async function consumeOutbox(
-  ledger: ScopedLedger,
-  handler: (event: OutboxEvent) => Promise<void>,
-  options: OutboxConsumerOptions = {},
-): Promise<void> {
-  const leaseOwner = options.leaseOwner ?? `${hostname()}:${process.pid}`;
-  const idleMs = (options.idleSeconds ?? 5) * 1000;
-  const onError = options.onError ?? ((e: unknown) => console.error("ledger outbox consumer:", e));
-  const signal = options.signal;
-  let listener: Listener | null = null;
-  try {
-    while (!signal?.aborted) {
-      try {
-        if (listener === null) {
-          listener = await Listener.open(ledger.ledger.pool);
-          await listener.listen("ledger_outbox");
-        }
-        listener.reset();
-        const events = await ledger.claimOutboxEvents(leaseOwner, {
-          ...(options.maxEvents !== undefined ? { maxEvents: options.maxEvents } : {}),
-          ...(options.leaseSeconds !== undefined ? { leaseSeconds: options.leaseSeconds } : {}),
-        });
-        const delivered: string[] = [];
-        const failed: [string, string][] = [];
-        for (const event of events) {
-          try {
-            await handler(event);
-            delivered.push(event.id);
-          } catch (error) {
-            failed.push([event.id, error instanceof Error ? error.message : String(error)]);
+export class OutboxConsumer {
+  readonly leaseOwner: string;
+  private readonly idleMs: number;
+  private readonly onError: (error: unknown) => void;
+  private readonly stopping = new AbortController();
+
+  constructor(
+    readonly scoped: ScopedLedger,
+    readonly handler: (event: OutboxEvent) => Promise<void>,
+    private readonly options: OutboxConsumerOptions = {},
+  ) {
+    this.leaseOwner = options.leaseOwner ?? `${hostname()}:${process.pid}`;
+    this.idleMs = (options.idleSeconds ?? 5) * 1000;
+    this.onError = options.onError ?? ((e: unknown) => console.error("ledger outbox consumer:", e));
+    if (options.signal?.aborted) this.stop();
+    options.signal?.addEventListener("abort", () => this.stop(), { once: true });
+  }
+
+  /** Stops {@link run} after the batch in hand is acked and nacked. */
+  stop(): void {
+    this.stopping.abort();
+  }
+
+  /** Consumes until {@link stop}; a lost connection is opened again (after at most a second). */
+  async run(): Promise<void> {
+    const signal = this.stopping.signal;
+    let listener: Listener | null = null;
+    try {
+      while (!signal.aborted) {
+        try {
+          if (listener === null) {
+            listener = await Listener.open(this.scoped.ledger.pool);
+            await listener.listen("ledger_outbox");
           }
+          // Before the claim: a notification that comes while the batch is delivered is not lost.
+          listener.reset();
+          if ((await this.runOnce()) === 0) await listener.wait(this.idleMs, signal);
+        } catch (error) {
+          this.onError(error);
+          await listener?.close();
+          listener = null;
+          await sleep(Math.min(this.idleMs, 1000), undefined, { signal }).catch(() => undefined);
         }
-        if (delivered.length > 0) await ledger.ackOutboxEvents(leaseOwner, delivered);
-        for (const [id, message] of failed) {
-          // One at a time: each keeps its own error. A lease another consumer took since is theirs.
-          await ledger.nackOutboxEvents(leaseOwner, [id], message).catch(onError);
-        }
-        if (events.length === 0) await listener.wait(idleMs, signal);
+      }
+    } finally {
+      await listener?.close();
+    }
+  }
+
+  /**
+   * One batch: claims, delivers, acks the delivered events, then nacks the failed ones (a refused
+   * nack cannot cost the acks); returns how many events were claimed.
+   */
+  async runOnce(): Promise<number> {
+    const { maxEvents, leaseSeconds } = this.options;
+    const events = await this.scoped.claimOutboxEvents(this.leaseOwner, {
+      ...(maxEvents !== undefined ? { maxEvents } : {}),
+      ...(leaseSeconds !== undefined ? { leaseSeconds } : {}),
+    });
+    const delivered: string[] = [];
+    const failed: [string, string][] = [];
+    for (const event of events) {
+      try {
+        await this.handler(event);
+        delivered.push(event.id);
       } catch (error) {
-        onError(error);
-        await listener?.close();
-        listener = null;
-        await sleep(Math.min(idleMs, 1000), undefined, signal ? { signal } : {}).catch(() => undefined);
+        failed.push([event.id, error instanceof Error ? error.message : String(error)]);
       }
     }
-  } finally {
-    await listener?.close();
+    if (delivered.length > 0) await this.scoped.ackOutboxEvents(this.leaseOwner, delivered);
+    for (const [id, message] of failed) {
+      // One at a time: each keeps its own error. A lease another consumer took since is theirs.
+      await this.scoped.nackOutboxEvents(this.leaseOwner, [id], message).catch(this.onError);
+    }
+    return events.length;
   }
 }

@@ -23,8 +23,8 @@ import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { BusyError, ConflictError, InDoubtError, WaitingApprovalError } from "./errors.js";
-import { Ledger, type ScopedLedger } from "./ledger.js";
-import { toolCall, toolCalls, type ToolCallResult, type ToolFn, type TurnCall } from "./toolcall.js";
+import { Ledger, type ScopedLedger } from "./client.js";
+import { toolCall, toolCalls, type ToolCallResult, type ToolFn, type TurnCall } from "./tool_calls.js";
 import type { ClaimedRun, Step } from "./types.js";
 
 type Json = { [key: string]: unknown };

@@ -2,6 +2,7 @@
 ledger asks people to take (in-doubt calls, approvals, failed outbox events) and for reading a run
 at a glance. Every rule stays in the extension: the console calls its functions."""
 
-from .app import ConsoleConfig, create_app
+from .app import create_app
+from .console import ConsoleConfig
 
 __all__ = ["ConsoleConfig", "create_app"]

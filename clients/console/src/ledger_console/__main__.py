@@ -19,7 +19,8 @@ from pathlib import Path
 
 import uvicorn
 
-from .app import ConsoleConfig, create_app
+from .app import create_app
+from .console import ConsoleConfig
 from .data import NotAllowed
 from .users import Users
 

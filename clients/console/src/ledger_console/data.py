@@ -13,16 +13,11 @@ from datetime import datetime
 from typing import Any, LiteralString
 
 import psycopg
-from psycopg.types.json import Jsonb
 from psycopg import sql
 
 from ledger_client import Ledger, ScopedLedger
 
 PAGE = 50
-STATUSES = (
-    "queued", "preparing", "running", "waiting_input", "waiting_approval",
-    "paused", "retrying", "succeeded", "failed", "canceled", "expired",
-)
 Row = dict[str, Any]
 
 
@@ -224,14 +219,6 @@ def resolve_approval(ledger: ScopedLedger, approval_id: str, decision: str, acto
 
 
 def replay_outbox_event(ledger: ScopedLedger, event_id: str, actor: str) -> None:
-    """Replays the event and, when it belongs to a run, records who did in that run's audit
-    (`replay_outbox_event` takes no actor), in one transaction."""
-    with ledger.transaction() as tx:
-        (event,) = tx.execute(
-            "SELECT id, event_type, run_id, replay_count FROM ledger.replay_outbox_event(%s)", (event_id,))
-        if event["run_id"] is not None:
-            tx.execute(
-                "SELECT ledger.record_audit(%s, 'operator_console', 'outbox_replayed', %s, actor => %s)",
-                (event["run_id"], Jsonb({
-                    "outbox_event_id": event["id"], "event_type": event["event_type"],
-                    "replay_count": event["replay_count"]}), actor))
+    """Replays the event; the ledger records who did in the same transaction (audit
+    ``outbox.replay``, for the event's run)."""
+    ledger.replay_outbox_event(event_id, actor=actor)

@@ -15,7 +15,7 @@ from .errors import (
     translate,
     translated,
 )
-from .follow import Reconnect, afollow, follow
+from .feed import Reconnect, afollow, follow
 from .outbox import OutboxConsumer
 from .tool_calls import (
     Busy,

@@ -401,6 +401,12 @@ class LedgerCalls(ABC):
         return [OutboxEvent.from_row(r) for r in self._rows(
             "SELECT * FROM ledger.nack_outbox_events(%s, %s::text[], %s)", (lease_owner, list(event_ids), error_message))]
 
+    def replay_outbox_event(self, event_id: str, *, actor: str, note: str | None = None) -> OutboxEvent:
+        """Puts a ``failed`` event back to ``pending`` with another 64 attempts, and records who did
+        it and why in the same transaction (audit ``outbox.replay``, outcome ``replayed``)."""
+        # actor goes by position: a None left out would call the overload that audits nothing.
+        return OutboxEvent.from_row(self._fn("replay_outbox_event", event_id, actor, note=note)[0])
+
 
 class Transaction(LedgerCalls):
     """The calls on one connection inside an open transaction (``connection`` is the psycopg

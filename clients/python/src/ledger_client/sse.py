@@ -27,7 +27,7 @@ from psycopg.rows import BaseRowFactory, TupleRow, class_row, tuple_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from .errors import LedgerError, ScopeError, raise_translated
-from .follow import (
+from .feed import (
     CURSOR_ENDS_RUN,
     EVENTS_SINCE,
     RUN_CHANNEL,

@@ -98,6 +98,50 @@ def _first(row: tuple[Any, ...] | None) -> Any:
     return None if row is None else row[0]
 
 
+class _Contract:
+    """What `follow` and `afollow` decide, kept apart from their I/O (blocking or asyncio): the
+    cursor, which events of a page to hand out, and when to reconnect."""
+
+    def __init__(self, run_id: str, cursor: str | None, page: int, reconnect: Reconnect) -> None:
+        self.run_id = run_id
+        self.cursor = cursor
+        self.page = page
+        self.reconnect = reconnect
+        self.failures = 0
+
+    def cursor_check(self) -> tuple[str, str] | None:
+        """The parameters of CURSOR_ENDS_RUN, or None when following from the start."""
+        return None if self.cursor is None else (self.run_id, self.cursor)
+
+    def read(self) -> tuple[str, str | None, int]:
+        """The parameters of the next EVENTS_SINCE."""
+        return (self.run_id, self.cursor, self.page)
+
+    def take(self, rows: list[RunEvent]) -> tuple[list[RunEvent], bool]:
+        """The events of a page to hand out (up to the one that ended the run, if any) and
+        whether the follower returns after them; the cursor moves past them."""
+        self.failures = 0
+        ended = next((i for i, event in enumerate(rows) if event.ends_run), None)
+        if ended is not None:
+            rows = rows[: ended + 1]
+        if rows:
+            self.cursor = rows[-1].event_id
+        return rows, ended is not None
+
+    def caught_up(self, rows: list[RunEvent]) -> bool:
+        """A page that came back short: wait for "something new" or the backstop."""
+        return len(rows) < self.page
+
+    def failed(self, exc: psycopg.Error) -> float:
+        """Seconds to wait before reconnecting after `exc`; raises it (translated) when it is not
+        worth a retry."""
+        self.failures += 1
+        delay = retry_after(exc, self.reconnect, self.failures)
+        if delay is None:
+            raise_translated(exc)
+        return delay
+
+
 def follow(
     conninfo: str,
     tenant: str,
@@ -118,33 +162,28 @@ def follow(
     ID_INVALID, a scope refused) are raised. To resume later, keep the last `event_id` you handled
     and pass it as `cursor`.
     """
-    failures = 0
+    contract = _Contract(run_id, cursor, page, reconnect)
     while True:
         try:
             # autocommit: LISTEN takes effect at once and notifications arrive between statements
             with psycopg.connect(conninfo, autocommit=True) as conn:
                 conn.execute(SET_SCOPE, (tenant, workspace))
                 conn.execute(listen(_first(conn.execute(RUN_CHANNEL, (run_id,)).fetchone())))
-                if cursor is not None and _first(conn.execute(CURSOR_ENDS_RUN, (run_id, cursor)).fetchone()):
+                check = contract.cursor_check()
+                if check is not None and _first(conn.execute(CURSOR_ENDS_RUN, check).fetchone()):
                     return
                 events = conn.cursor(row_factory=class_row(RunEvent))
                 while True:
-                    rows = events.execute(EVENTS_SINCE, (run_id, cursor, page)).fetchall()
-                    failures = 0
-                    for event in rows:
-                        cursor = event.event_id
-                        yield event
-                        if event.ends_run:
-                            return
-                    if len(rows) < page:  # caught up: wait for "something new" or the backstop
+                    rows = events.execute(EVENTS_SINCE, contract.read()).fetchall()
+                    taken, ended = contract.take(rows)
+                    yield from taken
+                    if ended:
+                        return
+                    if contract.caught_up(rows):
                         for _ in conn.notifies(timeout=wait_s, stop_after=1):
                             pass
         except psycopg.Error as exc:
-            failures += 1
-            delay = retry_after(exc, reconnect, failures)
-            if delay is None:
-                raise_translated(exc)
-            time.sleep(delay)
+            time.sleep(contract.failed(exc))
 
 
 async def afollow(
@@ -162,32 +201,25 @@ async def afollow(
 
     Leaving the loop early leaves the connection open until the generator is collected; wrap it
     in `contextlib.aclosing` to close it at once."""
-    failures = 0
+    contract = _Contract(run_id, cursor, page, reconnect)
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
                 await conn.execute(SET_SCOPE, (tenant, workspace))
-                channel = _first(await (await conn.execute(RUN_CHANNEL, (run_id,))).fetchone())
-                await conn.execute(listen(channel))
-                if cursor is not None and _first(
-                    await (await conn.execute(CURSOR_ENDS_RUN, (run_id, cursor))).fetchone()
-                ):
+                await conn.execute(listen(_first(await (await conn.execute(RUN_CHANNEL, (run_id,))).fetchone())))
+                check = contract.cursor_check()
+                if check is not None and _first(await (await conn.execute(CURSOR_ENDS_RUN, check)).fetchone()):
                     return
                 events = conn.cursor(row_factory=class_row(RunEvent))
                 while True:
-                    rows = await (await events.execute(EVENTS_SINCE, (run_id, cursor, page))).fetchall()
-                    failures = 0
-                    for event in rows:
-                        cursor = event.event_id
+                    rows = await (await events.execute(EVENTS_SINCE, contract.read())).fetchall()
+                    taken, ended = contract.take(rows)
+                    for event in taken:
                         yield event
-                        if event.ends_run:
-                            return
-                    if len(rows) < page:
+                    if ended:
+                        return
+                    if contract.caught_up(rows):
                         async for _ in conn.notifies(timeout=wait_s, stop_after=1):
                             pass
         except psycopg.Error as exc:
-            failures += 1
-            delay = retry_after(exc, reconnect, failures)
-            if delay is None:
-                raise_translated(exc)
-            await asyncio.sleep(delay)
+            await asyncio.sleep(contract.failed(exc))

@@ -1,6 +1,6 @@
 /**
  * The scope-aware handle: {@link Ledger} over a `pg.Pool`, {@link ScopedLedger} for one
- * (tenant, workspace), and {@link LedgerTx}, one transaction of it.
+ * (tenant, workspace), and {@link Transaction}, one transaction of it.
  *
  * Every call of a {@link ScopedLedger} takes a pooled connection, opens a transaction, states the
  * scope with `ledger.set_scope(tenant, workspace, is_local => true)` (transaction-local, so a
@@ -209,7 +209,7 @@ function one(rows: Row[]): Row {
 
 /**
  * The ledger's functions, typed. {@link ScopedLedger} runs each in its own transaction,
- * {@link LedgerTx} in the current one.
+ * {@link Transaction} in the current one.
  */
 export abstract class LedgerCalls {
   /**
@@ -417,6 +417,15 @@ export abstract class LedgerCalls {
     return (await this.select("nack_outbox_events", [leaseOwner, new Cast(eventIds, "text[]"), errorMessage])).map(parseOutboxEvent);
   }
 
+  /**
+   * `replay_outbox_event(event_id, actor, note)`: a failed event pending again with another 64
+   * attempts, and in the same transaction the audit record (`outbox.replay`, `replayed`) naming
+   * `actor` (required: empty is 22023 `ARGUMENT_REQUIRED`) and `note`.
+   */
+  async replayOutboxEvent(eventId: string, options: { actor: string; note?: string }): Promise<OutboxEvent> {
+    return parseOutboxEvent(one(await this.select("replay_outbox_event", [eventId, options.actor], { note: options.note })));
+  }
+
   /** `sweep_tool_calls`: expired leases to in_doubt (or claimable); returns how many moved. */
   async sweepToolCalls(): Promise<number> {
     return Number(one(await this.select("sweep_tool_calls", [], {}, "sweep_tool_calls AS r"))["r"]);
@@ -442,7 +451,7 @@ export abstract class LedgerCalls {
  * One transaction of a {@link ScopedLedger}: every call runs in it. (Over a dedicated client, its
  * session; over a pool, each call on its own, as the cross-scope calls of {@link Ledger} do.)
  */
-export class LedgerTx extends LedgerCalls {
+export class Transaction extends LedgerCalls {
   constructor(private readonly client: pg.PoolClient | pg.Client | pg.Pool) {
     super();
   }
@@ -471,7 +480,7 @@ export class ScopedLedger extends LedgerCalls {
    * it returned; rolls back if it throws. Do not wait for anything slow inside (a tool, a model):
    * the transaction holds a pooled connection and the rows it wrote stay locked.
    */
-  async transaction<T>(fn: (tx: LedgerTx) => Promise<T>): Promise<T> {
+  async transaction<T>(fn: (tx: Transaction) => Promise<T>): Promise<T> {
     const client = await this.ledger.pool.connect();
     // A connection that breaks between our statements must not crash the process (pg emits
     // 'error' on a checked-out client that has no query running); the next query fails instead.
@@ -483,7 +492,7 @@ export class ScopedLedger extends LedgerCalls {
     try {
       await client.query("BEGIN");
       await client.query("SELECT ledger.set_scope($1, $2, is_local => true)", [this.tenant, this.workspace]);
-      const out = await fn(new LedgerTx(client));
+      const out = await fn(new Transaction(client));
       await client.query("COMMIT");
       return out;
     } catch (error) {
@@ -532,7 +541,7 @@ export class Ledger {
    * comes back with its scope: drive it through `scoped(run.tenantId, run.workspaceId)`.
    */
   async claimRun(leaseOwner: string, options: Omit<ClaimRunOptions, "runId" | "anyScope"> = {}): Promise<ClaimedRun | null> {
-    return new LedgerTx(this.pool).claimRun(leaseOwner, { ...options, anyScope: true });
+    return new Transaction(this.pool).claimRun(leaseOwner, { ...options, anyScope: true });
   }
 
   /** The handle of one (tenant, workspace). */

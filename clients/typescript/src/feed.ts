@@ -11,8 +11,8 @@
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { LedgerError } from "./errors.js";
-import { LedgerTx, type ScopedLedger } from "./ledger.js";
-import { Listener } from "./listen.js";
+import { Transaction, type ScopedLedger } from "./client.js";
+import { Listener } from "./notifier.js";
 import type { RunEvent } from "./types.js";
 
 /** Options of {@link follow}. */
@@ -49,7 +49,7 @@ export async function* follow(ledger: ScopedLedger, runId: string, options: Foll
     let listener: Listener | null = null;
     try {
       listener = await Listener.open(ledger.ledger.pool);
-      const tx = new LedgerTx(listener.client);
+      const tx = new Transaction(listener.client);
       // A dedicated session: its scope is the session's, not a transaction's.
       await tx.query("SELECT ledger.set_scope($1, $2)", [ledger.tenant, ledger.workspace]);
       await listener.listen(await tx.runChannel(runId)); // 1. LISTEN first

@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from ledger_client import InvalidArgumentError, NotFoundError, RunEvent
-from ledger_client.follow import Reconnect, afollow, follow
+from ledger_client.feed import Reconnect, afollow, follow
 
 SCOPE = ("acme", "stream")
 FAST = Reconnect(initial_s=0.05, max_s=0.5)

@@ -15,7 +15,7 @@
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { ConflictError, InDoubtError, LedgerError, stopped, ToolFailedError } from "./errors.js";
-import type { ClaimToolCallOptions, ScopedLedger, ToolCallSpec } from "./ledger.js";
+import type { ClaimToolCallOptions, ScopedLedger, ToolCallSpec } from "./client.js";
 import type { CompleteOutcome, ToolCall, ToolCallClaim } from "./types.js";
 
 type Json = { [key: string]: unknown };

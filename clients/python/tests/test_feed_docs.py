@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from test_follow import feed, start_run, write_steps
-from test_follow import watchdog  # noqa: F401 - the autouse fixture, for this module too
+from test_feed import feed, start_run, write_steps
+from test_feed import watchdog  # noqa: F401 - the autouse fixture, for this module too
 from test_sse import Stream
 
 ROOT = Path(__file__).parent.parent

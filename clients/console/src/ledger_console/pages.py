@@ -1,0 +1,162 @@
+"""The console's pages and actions, and how they are rendered: each handler reads or acts through
+`data` in the signed-in person's scope (the checks before it are app.py's) and renders a template,
+or redirects after an action to the page that shows its result."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlencode
+
+from jinja2 import Environment, PackageLoader
+from markupsafe import Markup
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from ledger_client import RunStatus
+
+from . import data
+from .console import Console, Refused
+from .sessions import Session
+from .timeline import timeline_svg
+
+# The run statuses the runs page filters by: the client's enum, which its tests hold to the
+# extension's status machine.
+STATUSES = tuple(str(s) for s in RunStatus)
+DECISIONS = ("succeeded", "failed", "retry")
+APPROVALS = ("approved", "rejected")
+DONE = {
+    "resolved": "The in-doubt call is resolved; the audit record below names you.",
+    "approved": "Approved: the next claim of the call gets claimed.",
+    "rejected": "Rejected: the call will not execute.",
+    "replayed": "The outbox event is pending again.",
+}
+# The feed's event types (docs/reference.md): the live page listens to each by name.
+FEED_TYPES = (
+    "run.created", "run.status", "run.claimed", "step.created", "step.status", "tool_call.claimed",
+    "tool_call.running", "tool_call.completed", "tool_call.in_doubt", "tool_call.lease_expired",
+    "tool_call.rejected", "tool_call.replayed", "tool_call.resolved", "approval.requested",
+    "approval.resolved", "artifact.created", "audit.recorded", "cost.recorded", "response_event.recorded",
+    "citation.recorded", "feedback.recorded",
+)
+
+_env = Environment(loader=PackageLoader("ledger_console"), autoescape=True)
+# JSON as text (ensure_ascii=False: "café", not "caf\u00e9"), left to autoescape; Jinja's tojson
+# writes \u escapes, made for <script>, that people would read as they are.
+_env.filters["pretty"] = lambda value: json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+_env.filters["compact"] = lambda value: json.dumps(value, sort_keys=True, ensure_ascii=False)
+_env.filters["cost"] = lambda cost: ", ".join(f"{v} {k}" for k, v in (cost or {}).items()) or "-"
+_env.filters["ms"] = lambda ms: "-" if ms is None else f"{ms / 1000:.2f} s"
+_env.filters["at"] = lambda t: "-" if t is None else t.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def render(console: Console, request: Request, template: str, http_status: int = 200,
+           session: Session | None = None, **context: Any) -> HTMLResponse:
+    session = session or console.session_of(request)
+    body = _env.get_template(template).render(
+        session=session, role=console.role, can_act=console.role.writer, scopes=console.config.scopes,
+        statuses=STATUSES, path=request.url.path, **context,
+    )
+    return HTMLResponse(body, status_code=http_status)
+
+
+def _done(request: Request) -> str | None:
+    """The message of the action a page was redirected to after, if any."""
+    return DONE.get(request.query_params.get("done", ""))
+
+
+# --- Pages ---
+
+
+async def runs(console: Console, request: Request, session: Session) -> Response:
+    qp = request.query_params
+    status = qp.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise Refused(400, "Unknown status.")
+    user, q, cursor = (qp.get("user") or "").strip() or None, (qp.get("q") or "").strip() or None, qp.get("after")
+    found = await run_in_threadpool(
+        lambda: data.list_runs(console.scoped(session), status=status, user=user, q=q, cursor=cursor))
+    nxt = None
+    if found.next_cursor:
+        nxt = "/runs?" + urlencode({k: v for k, v in (("status", status), ("user", user), ("q", q),
+                                                      ("after", found.next_cursor)) if v})
+    return render(console, request, "runs.html", runs=found.runs, status=status, user=user, q=q, next_url=nxt,
+                  first_page=cursor is None)
+
+
+async def run(console: Console, request: Request, session: Session) -> Response:
+    run_id = request.query_params.get("id", "")
+    view = await run_in_threadpool(data.run_view, console.scoped(session), run_id)
+    if view is None:
+        raise Refused(404, f"No run {run_id} in this scope.")
+    types = sorted(set(FEED_TYPES) | {e["event_type"] for e in view.events})
+    return render(console, request, "run.html", v=view, svg=Markup(timeline_svg(view)), done=_done(request),
+                  feed_types=types)
+
+
+async def timeline(console: Console, request: Request, session: Session) -> Response:
+    view = await run_in_threadpool(data.run_view, console.scoped(session), request.query_params.get("id", ""))
+    if view is None:
+        raise Refused(404, "No such run in this scope.")
+    return Response(timeline_svg(view), media_type="image/svg+xml")
+
+
+async def bundle(console: Console, request: Request, session: Session) -> Response:
+    run_id = request.query_params.get("id", "")
+    body = await run_in_threadpool(data.replay_bundle, console.scoped(session), run_id)
+    return Response(json.dumps(body, indent=2), media_type="application/json", headers={
+        "content-disposition": f'attachment; filename="replay-bundle-{_filename(run_id)}.json"'})
+
+
+async def in_doubt(console: Console, request: Request, session: Session) -> Response:
+    rows = await run_in_threadpool(data.in_doubt, console.scoped(session))
+    return render(console, request, "in_doubt.html", calls=rows, done=_done(request))
+
+
+async def approvals(console: Console, request: Request, session: Session) -> Response:
+    rows = await run_in_threadpool(data.pending_approvals, console.scoped(session))
+    return render(console, request, "approvals.html", approvals=rows, done=_done(request))
+
+
+async def outbox(console: Console, request: Request, session: Session) -> Response:
+    rows = await run_in_threadpool(data.failed_outbox, console.scoped(session))
+    return render(console, request, "outbox.html", events=rows, done=_done(request))
+
+
+# --- Actions: `session` has a person and a scope, `fields` passed the CSRF check ---
+
+
+async def resolve(console: Console, request: Request, session: Session, fields: dict[str, str]) -> Response:
+    decision = fields.get("decision", "")
+    if decision not in DECISIONS:
+        raise Refused(400, "Pick a decision: succeeded, failed or retry.")
+    try:
+        result = data.parse_result(fields.get("result", ""))
+    except ValueError as exc:
+        raise Refused(400, f"Nothing was written: {exc}.") from exc
+    note = fields.get("note", "").strip() or None
+    assert session.user is not None
+    done = await run_in_threadpool(data.resolve_tool_call, console.scoped(session), request.path_params["id"],
+                                   decision, result, session.user, note)
+    return RedirectResponse(f"/run?{urlencode({'id': done['run_id'], 'done': 'resolved'})}#audit", 303)
+
+
+async def decide(console: Console, request: Request, session: Session, fields: dict[str, str]) -> Response:
+    decision = fields.get("decision", "")
+    if decision not in APPROVALS:
+        raise Refused(400, "Pick a decision: approved or rejected.")
+    assert session.user is not None
+    await run_in_threadpool(data.resolve_approval, console.scoped(session), request.path_params["id"], decision,
+                            session.user, fields.get("note", "").strip() or None)
+    return RedirectResponse(f"/approvals?done={decision}", 303)
+
+
+async def replay(console: Console, request: Request, session: Session, fields: dict[str, str]) -> Response:
+    assert session.user is not None
+    await run_in_threadpool(data.replay_outbox_event, console.scoped(session), request.path_params["id"], session.user)
+    return RedirectResponse("/outbox?done=replayed", 303)
+
+
+def _filename(run_id: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
