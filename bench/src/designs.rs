@@ -9,9 +9,9 @@ use postgres::types::ToSql;
 use postgres::{Client, Statement, Transaction};
 use serde_json::{json, Value};
 
-use crate::model::feed::insert_statement;
-use crate::model::hash::{ChannelKey, CHANNEL_KEY_BYTES};
-use crate::model::{json as cjson, redaction};
+use ledger_model::feed::insert_statement;
+use ledger_model::hash::{ChannelKey, CHANNEL_KEY_BYTES};
+use ledger_model::{json as cjson, redaction};
 
 pub const TX_PER_LIFECYCLE: f64 = 3.0;
 pub const TENANT: &str = "bench";

@@ -15,10 +15,6 @@ mod reads;
 mod turns;
 mod waits;
 
-// The ledger's pure core (crates/ledger-model); its redaction, canonical JSON, hashing and
-// event-INSERT parts are used.
-use ledger_model as model;
-
 use std::time::Instant;
 
 pub struct Settings {

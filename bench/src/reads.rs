@@ -8,8 +8,8 @@ use std::time::Instant;
 use postgres::fallible_iterator::FallibleIterator;
 use serde_json::{json, Value};
 
-use crate::model::{json as cjson, redaction};
 use crate::{median, percentile, Settings, Target};
+use ledger_model::{json as cjson, redaction};
 
 /// A small deterministic generator (xorshift64*): reproducible cursors without a dependency.
 struct Rng(u64);
