@@ -98,12 +98,6 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         .map_or(id.clone(), |s| s.root_run_id.clone());
     let kind = new.kind.unwrap_or(mode);
     let subject_kind = new.subject_kind.unwrap_or(mode);
-    let (subject_id, subject_version_id, parent_run_id, source_run_id) = (
-        new.subject_id,
-        new.subject_version_id,
-        new.parent_run_id,
-        new.source_run_id,
-    );
 
     let input_summary = free_text(new.input_summary.or(inputs.as_ref().map(Jsonb::as_str)));
     let (inline_inputs, inputs_sha256, inputs_size) = match inputs {
@@ -118,53 +112,44 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         None => (None, None, None),
     };
 
-    let inserted = db::write_one(
-        include_str!("../sql/queries/insert_run.sql"),
-        &scope.args([
+    // The run's columns, in insert_run.sql's order; run_differences.sql compares them by the same
+    // numbers.
+    let run_args = || {
+        scope.args([
             id.as_str().into(),
             mode.into(),
             kind.into(),
             subject_kind.into(),
-            subject_id.into(),
-            subject_version_id.into(),
+            new.subject_id.into(),
+            new.subject_version_id.into(),
             new.user_id.into(),
             new.trace_id.into(),
             request_id.into(),
-            parent_run_id.into(),
-            source_run_id.into(),
+            new.parent_run_id.into(),
+            new.source_run_id.into(),
             root_run_id.as_str().into(),
             attempt_no.into(),
-            input_summary.into(),
+            input_summary.as_deref().into(),
             inline_inputs.clone().into(),
             inputs_sha256.as_deref().into(),
             inputs_size.into(),
             new.control_action.into(),
-        ]),
+        ])
+    };
+    let inserted = db::write_one(
+        include_str!("../sql/queries/insert_run.sql"),
+        &run_args(),
         |r| db::req::<i64>(r, 1),
     )?;
 
     let Some(last_seq) = inserted else {
         // A run with this request_id (or this run_id) exists: the same request returns it, any
         // other is refused with the fields that differ.
+        let mut args = run_args();
+        args.push(free_text(new.input_summary).into());
         let (found, differing) = db::select_one(
             include_str!("../sql/queries/run_differences.sql"),
-            &scope.args([
-                id.as_str().into(),
-                request_id.into(),
-                mode.into(),
-                kind.into(),
-                subject_kind.into(),
-                subject_id.into(),
-                subject_version_id.into(),
-                new.user_id.into(),
-                new.trace_id.into(),
-                parent_run_id.into(),
-                source_run_id.into(),
-                attempt_no.into(),
-                inline_inputs.into(),
-                inputs_sha256.into(),
-                free_text(new.input_summary).into(),
-            ]),
+            &args,
             |r| Ok((db::req::<String>(r, 1)?, db::req::<Vec<String>>(r, 2)?)),
         )?
         .ok_or_else(|| LedgerError::internal("insert conflicted but no run was found"))?;
@@ -191,11 +176,11 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         mode,
         kind,
         subject_kind,
-        subject_id,
-        subject_version_id,
+        subject_id: new.subject_id,
+        subject_version_id: new.subject_version_id,
         request_id,
-        parent_run_id,
-        source_run_id,
+        parent_run_id: new.parent_run_id,
+        source_run_id: new.source_run_id,
         root_run_id: &root_run_id,
         attempt_no,
         control_action: new.control_action,

@@ -165,19 +165,34 @@ fn role_oid(role_name: Option<&str>) -> Result<pgrx::pg_sys::Oid> {
     .ok_or_else(|| LedgerError::not_found(Code::RoleNotFound, "role", name))
 }
 
-/// The tenant and optional workspace of a grant.
-fn grant_scope_args<'a>(
-    tenant_id: Option<&'a str>,
-    workspace_id: Option<&'a str>,
-) -> Result<(&'a str, Option<&'a str>)> {
+/// Runs `statement` (`$1` the role, `$2` the tenant, `$3` the workspace) for the grant the
+/// arguments name, once they are checked; whether it returned its row.
+fn write_grant(
+    statement: &str,
+    role_name: Option<&str>,
+    tenant_id: Option<&str>,
+    workspace_id: Option<&str>,
+) -> Result<bool> {
+    let role = role_oid(role_name)?;
     let tenant = required_id("tenant_id", tenant_id)?;
     ids::validate("tenant_id", tenant)?;
     let workspace = optional_id("workspace_id", workspace_id)?;
     if let Some(w) = workspace {
         ids::validate("workspace_id", w)?;
     }
-    Ok((tenant, workspace))
+    Ok(db::write_one(
+        statement,
+        &[role.into(), tenant.into(), workspace.into()],
+        |r| db::req::<bool>(r, 1),
+    )?
+    .unwrap_or(false))
 }
+
+/// grant_scope's statement: binds the role on its first grant.
+const GRANT: &str = "WITH bound AS (INSERT INTO ledger.scope_bindings (grantee) \
+                                     VALUES ($1::oid::regrole) ON CONFLICT DO NOTHING) \
+                     INSERT INTO ledger.scope_grants (grantee, tenant_id, workspace_id) \
+                     VALUES ($1::oid::regrole, $2, $3) ON CONFLICT DO NOTHING RETURNING true";
 
 /// Lets login role `role_name` state the tenant's workspace (NULL: every workspace of it) with
 /// set_scope; its first grant binds it to its grants until `unbind_scope`. Returns false when it
@@ -189,18 +204,13 @@ fn grant_scope(
     tenant_id: Option<&str>,
     workspace_id: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<bool, SqlError> {
-    let role = role_oid(role_name)?;
-    let (tenant, workspace) = grant_scope_args(tenant_id, workspace_id)?;
-    Ok(db::write_one(
-        "WITH bound AS (INSERT INTO ledger.scope_bindings (grantee) VALUES ($1::oid::regrole) \
-                        ON CONFLICT DO NOTHING) \
-         INSERT INTO ledger.scope_grants (grantee, tenant_id, workspace_id) \
-         VALUES ($1::oid::regrole, $2, $3) ON CONFLICT DO NOTHING RETURNING true",
-        &[role.into(), tenant.into(), workspace.into()],
-        |r| db::req::<bool>(r, 1),
-    )?
-    .unwrap_or(false))
+    Ok(write_grant(GRANT, role_name, tenant_id, workspace_id)?)
 }
+
+/// revoke_scope's statement: leaves the binding (see revoke_scope).
+const REVOKE: &str = "DELETE FROM ledger.scope_grants \
+                       WHERE grantee = $1::oid::regrole AND tenant_id = $2 \
+                         AND workspace_id IS NOT DISTINCT FROM $3 RETURNING true";
 
 /// Removes one grant (exactly this tenant and workspace, NULL matching the every-workspace
 /// grant); returns whether it existed. The role stays bound: a role whose last grant goes may
@@ -212,16 +222,7 @@ fn revoke_scope(
     tenant_id: Option<&str>,
     workspace_id: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<bool, SqlError> {
-    let role = role_oid(role_name)?;
-    let (tenant, workspace) = grant_scope_args(tenant_id, workspace_id)?;
-    Ok(db::write_one(
-        "DELETE FROM ledger.scope_grants \
-          WHERE grantee = $1::oid::regrole AND tenant_id = $2 \
-            AND workspace_id IS NOT DISTINCT FROM $3 RETURNING true",
-        &[role.into(), tenant.into(), workspace.into()],
-        |r| db::req::<bool>(r, 1),
-    )?
-    .unwrap_or(false))
+    Ok(write_grant(REVOKE, role_name, tenant_id, workspace_id)?)
 }
 
 /// Unbinds a login role: removes its grants and its binding, so that it may state any scope

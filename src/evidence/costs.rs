@@ -28,131 +28,84 @@ fn row(
     )
 }
 
-/// Records a cost entry. `source_ref` is idempotent per scope: the same reference again returns
-/// the entry already recorded. Writes `cost.recorded` to the run's feed and the outbox.
-#[allow(clippy::too_many_arguments)]
-#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
-#[search_path(pg_catalog, ledger, pg_temp)]
-fn record_cost(
-    run_id: Option<&str>,
-    billing_basis: Option<&str>,
-    billed_quantity: Option<AnyNumeric>,
-    amount: default!(Option<AnyNumeric>, "NULL"),
-    currency: default!(Option<&str>, "NULL"),
-    step_id: default!(Option<&str>, "NULL"),
-    usage: default!(Option<Jsonb>, "'{}'"),
-    pricing_snapshot: default!(Option<Jsonb>, "'{}'"),
-    provider: default!(Option<&str>, "NULL"),
-    model_ref: default!(Option<&str>, "NULL"),
-    tool_ref: default!(Option<&str>, "NULL"),
-    source_port: default!(Option<&str>, "NULL"),
-    operation: default!(Option<&str>, "NULL"),
-    source_ref: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), SqlError> {
-    Ok(record(
-        run_id,
-        billing_basis,
-        billed_quantity,
-        amount,
-        currency,
-        step_id,
-        usage,
-        pricing_snapshot,
-        [provider, model_ref, tool_ref, source_port, operation],
-        source_ref,
-    )?)
+/// Declares the `record_cost` overloads, which differ only in the type of `amount`: each takes
+/// the same arguments and hands `record` its amount as a decimal (the expression after `=>`).
+/// pgrx needs every overload spelled as a `#[pg_extern]` fn; the types are `tt`s so that its
+/// attribute sees plain tokens (`default!(...)` included).
+macro_rules! record_cost_overloads {
+    ($(
+        $(#[doc = $doc:literal])*
+        fn $name:ident($amount:ident: $($amount_type:tt)+) => $decimal:expr;
+    )+) => {$(
+        $(#[doc = $doc])*
+        #[allow(clippy::too_many_arguments)]
+        #[pg_extern(
+            name = "record_cost",
+            volatile,
+            parallel_unsafe,
+            security_definer,
+            requires = ["ledger_schema"]
+        )]
+        #[search_path(pg_catalog, ledger, pg_temp)]
+        fn $name(
+            run_id: Option<&str>,
+            billing_basis: Option<&str>,
+            billed_quantity: Option<AnyNumeric>,
+            $amount: $($amount_type)+,
+            currency: default!(Option<&str>, "NULL"),
+            step_id: default!(Option<&str>, "NULL"),
+            usage: default!(Option<Jsonb>, "'{}'"),
+            pricing_snapshot: default!(Option<Jsonb>, "'{}'"),
+            provider: default!(Option<&str>, "NULL"),
+            model_ref: default!(Option<&str>, "NULL"),
+            tool_ref: default!(Option<&str>, "NULL"),
+            source_port: default!(Option<&str>, "NULL"),
+            operation: default!(Option<&str>, "NULL"),
+            source_ref: default!(Option<&str>, "NULL"),
+        ) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), SqlError>
+        {
+            Ok(record(
+                run_id,
+                billing_basis,
+                billed_quantity,
+                $decimal,
+                currency,
+                step_id,
+                usage,
+                pricing_snapshot,
+                [provider, model_ref, tool_ref, source_port, operation],
+                source_ref,
+            )?)
+        }
+    )+};
 }
 
-/// `record_cost` with a double precision amount, which is what a client's float binds as (a
-/// Python float through psycopg): without it PostgreSQL finds no function, since double precision
-/// does not convert to numeric implicitly. The amount is taken as its shortest decimal text, the
-/// one that reads back as the same double (0.1 is 0.1, not 0.1000000000000000055511151231257827).
-#[allow(clippy::too_many_arguments)]
-#[pg_extern(
-    name = "record_cost",
-    volatile,
-    parallel_unsafe,
-    security_definer,
-    requires = ["ledger_schema"]
-)]
-#[search_path(pg_catalog, ledger, pg_temp)]
-fn record_cost_float_amount(
-    run_id: Option<&str>,
-    billing_basis: Option<&str>,
-    billed_quantity: Option<AnyNumeric>,
-    amount: Option<f64>,
-    currency: default!(Option<&str>, "NULL"),
-    step_id: default!(Option<&str>, "NULL"),
-    usage: default!(Option<Jsonb>, "'{}'"),
-    pricing_snapshot: default!(Option<Jsonb>, "'{}'"),
-    provider: default!(Option<&str>, "NULL"),
-    model_ref: default!(Option<&str>, "NULL"),
-    tool_ref: default!(Option<&str>, "NULL"),
-    source_port: default!(Option<&str>, "NULL"),
-    operation: default!(Option<&str>, "NULL"),
-    source_ref: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), SqlError> {
-    let amount = amount
+record_cost_overloads! {
+    /// Records a cost entry. `source_ref` is idempotent per scope: the same reference again returns
+    /// the entry already recorded. Writes `cost.recorded` to the run's feed and the outbox.
+    fn record_cost(amount: default!(Option<AnyNumeric>, "NULL")) => amount;
+
+    /// `record_cost` with a double precision amount, which is what a client's float binds as (a
+    /// Python float through psycopg): without it PostgreSQL finds no function, since double precision
+    /// does not convert to numeric implicitly. The amount is taken as its shortest decimal text, the
+    /// one that reads back as the same double (0.1 is 0.1, not 0.1000000000000000055511151231257827).
+    fn record_cost_float_amount(amount: Option<f64>) => float_decimal(amount)?;
+
+    /// `record_cost` with a bigint amount, so that an integer stays exact: an integer literal past
+    /// int4 (or a client's large integer) is a bigint, which PostgreSQL would otherwise convert to
+    /// double precision, the preferred numeric type, and round past 2^53.
+    fn record_cost_integer_amount(amount: Option<i64>) => amount.map(AnyNumeric::from);
+}
+
+/// A double precision amount as the decimal of its shortest text.
+fn float_decimal(amount: Option<f64>) -> Result<Option<AnyNumeric>> {
+    amount
         .map(|a| {
             let text = costs::float_text("amount", a)?;
             text.parse::<AnyNumeric>()
                 .map_err(|e| LedgerError::internal(format!("decimal text {text}: {e}")))
         })
-        .transpose()?;
-    Ok(record(
-        run_id,
-        billing_basis,
-        billed_quantity,
-        amount,
-        currency,
-        step_id,
-        usage,
-        pricing_snapshot,
-        [provider, model_ref, tool_ref, source_port, operation],
-        source_ref,
-    )?)
-}
-
-/// `record_cost` with a bigint amount, so that an integer stays exact: an integer literal past
-/// int4 (or a client's large integer) is a bigint, which PostgreSQL would otherwise convert to
-/// double precision, the preferred numeric type, and round past 2^53.
-#[allow(clippy::too_many_arguments)]
-#[pg_extern(
-    name = "record_cost",
-    volatile,
-    parallel_unsafe,
-    security_definer,
-    requires = ["ledger_schema"]
-)]
-#[search_path(pg_catalog, ledger, pg_temp)]
-fn record_cost_integer_amount(
-    run_id: Option<&str>,
-    billing_basis: Option<&str>,
-    billed_quantity: Option<AnyNumeric>,
-    amount: Option<i64>,
-    currency: default!(Option<&str>, "NULL"),
-    step_id: default!(Option<&str>, "NULL"),
-    usage: default!(Option<Jsonb>, "'{}'"),
-    pricing_snapshot: default!(Option<Jsonb>, "'{}'"),
-    provider: default!(Option<&str>, "NULL"),
-    model_ref: default!(Option<&str>, "NULL"),
-    tool_ref: default!(Option<&str>, "NULL"),
-    source_port: default!(Option<&str>, "NULL"),
-    operation: default!(Option<&str>, "NULL"),
-    source_ref: default!(Option<&str>, "NULL"),
-) -> std::result::Result<pgrx::composite_type!('static, "ledger.run_cost_entries"), SqlError> {
-    Ok(record(
-        run_id,
-        billing_basis,
-        billed_quantity,
-        amount.map(AnyNumeric::from),
-        currency,
-        step_id,
-        usage,
-        pricing_snapshot,
-        [provider, model_ref, tool_ref, source_port, operation],
-        source_ref,
-    )?)
+        .transpose()
 }
 
 /// What every `record_cost` does, once its amount is a decimal. `labels`: provider, model_ref,
