@@ -19,6 +19,7 @@ import {
   parseClaimedRun,
   parseCostEntry,
   parseEvent,
+  parseEvidenceItem,
   parseOutboxEvent,
   parseRun,
   parseStep,
@@ -26,6 +27,7 @@ import {
   type ClaimedRun,
   type CompleteOutcome,
   type CostEntry,
+  type EvidenceItem,
   type OutboxEvent,
   type ResolveDecision,
   type Run,
@@ -266,6 +268,20 @@ export abstract class LedgerCalls {
     );
   }
 
+  /**
+   * `retry_run`: a new queued attempt of a failed or canceled run (`sourceRunId`, `attemptNo` + 1,
+   * `controlAction` `retry`), with the source's inputs unless `inputs` overrides them. Its tool
+   * calls with the source's idempotency keys replay their recorded results.
+   */
+  async retryRun(runId: string, inputs?: Json): Promise<Run> {
+    return parseRun(one(await this.select("retry_run", [runId], { inputs: json(inputs) })));
+  }
+
+  /** `replay_run`: like `retryRun`, for a run in any terminal status (`controlAction` `replay`). */
+  async replayRun(runId: string, inputs?: Json): Promise<Run> {
+    return parseRun(one(await this.select("replay_run", [runId], { inputs: json(inputs) })));
+  }
+
   /** `claim_run`: the oldest claimable run of the scope (or `runId`), or null when there is none. */
   async claimRun(leaseOwner: string, options: ClaimRunOptions = {}): Promise<ClaimedRun | null> {
     const { modes, kinds, ...rest } = options;
@@ -434,6 +450,17 @@ export abstract class LedgerCalls {
   /** `replay_bundle`: everything about a run, as documented jsonb. */
   async replayBundle(runId: string): Promise<Json> {
     return one(await this.select("replay_bundle", [runId], {}, "replay_bundle AS r"))["r"] as Json;
+  }
+
+  /** `run_evidence`: the run's thirteen governance items, in order. */
+  async runEvidence(runId: string): Promise<EvidenceItem[]> {
+    const items = one(await this.select("run_evidence", [runId], {}, "run_evidence AS r"))["r"];
+    return Array.isArray(items) ? items.map(parseEvidenceItem) : [];
+  }
+
+  /** `otel_trace`: the run as an OpenTelemetry trace, OTLP/JSON (for a collector's `/v1/traces`). */
+  async otelTrace(runId: string, serviceName = "ledger"): Promise<Json> {
+    return one(await this.select("otel_trace", [runId], { service_name: serviceName }, "otel_trace AS r"))["r"] as Json;
   }
 
   /** `replay_ready`: whether the run can be replayed (`status` pass, or what is missing). */

@@ -41,6 +41,8 @@ export type OutboxStatus = "pending" | "processing" | "done" | "failed";
 export type ResolveDecision = "succeeded" | "failed" | "retry";
 /** How an executor reports the end of an attempt (`unknown`: sent, no answer). */
 export type CompleteOutcome = "succeeded" | "failed" | "unknown";
+/** The statuses of a `run_evidence` item. */
+export type EvidenceStatus = "pass" | "warning" | "fail" | "not_applicable";
 
 type Json = { [key: string]: unknown };
 
@@ -233,6 +235,16 @@ export interface CostEntry {
   amount: string | null;
   currency: string | null;
   usage: Json;
+}
+
+/** One of the thirteen governance items of `run_evidence`, in its order. */
+export interface EvidenceItem {
+  key: string;
+  status: EvidenceStatus;
+  label: string;
+  summary: string;
+  evidenceRefs: unknown[];
+  missing: unknown[];
 }
 
 // Parsers. Columns come from node-postgres (timestamps as Date, bigint and numeric as strings,
@@ -491,6 +503,19 @@ export function parseOutboxEvent(row: Row): OutboxEvent {
     errorMessage: optStr(row, "error_message"),
     occurredAt: date(row, "occurred_at"),
     processedAt: optDate(row, "processed_at"),
+  };
+}
+
+/** Parses an item of `run_evidence`'s array (its refs and missing entries as the server wrote them). */
+export function parseEvidenceItem(item: unknown): EvidenceItem {
+  const row = typeof item === "object" && item !== null ? (item as Row) : {};
+  return {
+    key: str(row, "key"),
+    status: str(row, "status") as EvidenceStatus,
+    label: str(row, "label"),
+    summary: str(row, "summary"),
+    evidenceRefs: list(row, "evidence_refs"),
+    missing: list(row, "missing"),
   };
 }
 

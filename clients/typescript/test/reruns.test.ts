@@ -1,0 +1,156 @@
+/** Re-runs and a run's records: retryRun, replayRun, runEvidence, otelTrace. */
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { LedgerError, NotFoundError, WrongStateError, type JsonObject } from "../src/index.js";
+import { freshDb } from "./helpers.js";
+
+test("retryRun and replayRun: new runs in the source's lineage, with its inputs or new ones", async (t) => {
+  const db = await freshDb(t, "reruns");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "r-first", inputs: { order: 1042 }, userId: "u-1" });
+  await acme.transitionRun("r-first", "failed", { errorCode: "UPSTREAM_TIMEOUT" });
+
+  const retry = await acme.retryRun("r-first");
+  assert.notEqual(retry.id, "r-first");
+  assert.equal(retry.status, "queued");
+  assert.equal(retry.sourceRunId, "r-first");
+  assert.equal(retry.rootRunId, "r-first");
+  assert.equal(retry.attemptNo, 2);
+  assert.equal(retry.controlAction, "retry");
+  assert.equal(retry.userId, "u-1");
+  assert.deepEqual(retry.inputs, { order: 1042 }, "the source's inputs");
+  assert.deepEqual(await acme.getRun(retry.id), retry);
+
+  const replay = await acme.replayRun("r-first", { order: 1043 });
+  assert.equal(replay.status, "queued");
+  assert.equal(replay.sourceRunId, "r-first");
+  assert.equal(replay.rootRunId, "r-first");
+  assert.equal(replay.attemptNo, 2);
+  assert.equal(replay.controlAction, "replay");
+  assert.deepEqual(replay.inputs, { order: 1043 }, "inputs override the source's");
+
+  // The retry, once failed itself, is retried as the third attempt of the same chain.
+  await acme.transitionRun(retry.id, "failed");
+  const third = await acme.retryRun(retry.id, { order: 1044 });
+  assert.equal(third.sourceRunId, retry.id);
+  assert.equal(third.rootRunId, "r-first");
+  assert.equal(third.attemptNo, 3);
+  assert.deepEqual(third.inputs, { order: 1044 });
+  const chain = await acme.query("SELECT id FROM ledger.runs WHERE root_run_id = 'r-first' ORDER BY attempt_no, id");
+  assert.equal(chain.length, 4);
+});
+
+test("retryRun and replayRun: typed errors for an unknown run or one that cannot be re-run", async (t) => {
+  const db = await freshDb(t, "reruns_errors");
+  const acme = db.ledger.scoped("acme", "ts");
+  await assert.rejects(acme.retryRun("missing"), (e: unknown) => e instanceof NotFoundError && e.code === "RUN_NOT_FOUND");
+  await assert.rejects(acme.replayRun("missing"), (e: unknown) => e instanceof NotFoundError && e.code === "RUN_NOT_FOUND");
+  await acme.createRun("agent", { runId: "r-live" });
+  await acme.transitionRun("r-live", "running");
+  await assert.rejects(
+    acme.replayRun("r-live"),
+    (e: unknown) => e instanceof WrongStateError && e.sqlstate === "55000" && e.code === "RUN_NOT_RERUNNABLE",
+  );
+  await acme.transitionRun("r-live", "succeeded");
+  await assert.rejects(
+    acme.retryRun("r-live"),
+    (e: unknown) => e instanceof WrongStateError && e.code === "RUN_NOT_RERUNNABLE" && e.detail["status"] === "succeeded",
+  );
+  assert.equal((await acme.replayRun("r-live")).controlAction, "replay", "a succeeded run can be replayed");
+  assert.deepEqual(
+    await db.sql("SELECT count(*)::int AS n FROM ledger.runs WHERE source_run_id IS NOT NULL"),
+    [{ n: 1 }],
+    "the refused calls wrote no run",
+  );
+});
+
+test("runEvidence: the thirteen items in order, typed", async (t) => {
+  const db = await freshDb(t, "evidence");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("chat", { runId: "r-ev", inputs: { q: 1 } });
+  await acme.transitionRun("r-ev", "running");
+  await acme.createStep("r-ev", "llm");
+  await acme.recordResponseEvent("r-ev", "message", { text: "hi" });
+  await acme.recordCost("r-ev", "tokens", 10, { amount: "0.001", currency: "USD" });
+  await acme.transitionRun("r-ev", "succeeded");
+
+  const evidence = await acme.runEvidence("r-ev");
+  assert.deepEqual(
+    evidence.map((e) => e.key),
+    [
+      "actor_scope",
+      "subject_version",
+      "capability_binding",
+      "permission_scope",
+      "secret_boundary",
+      "egress_policy",
+      "audit_record",
+      "cost_attribution",
+      "trace_timeline",
+      "tool_call",
+      "knowledge_citation",
+      "child_workflow",
+      "replay_ready",
+    ],
+  );
+  for (const item of evidence) {
+    assert.ok(["pass", "warning", "fail", "not_applicable"].includes(item.status), `${item.key}: ${item.status}`);
+    assert.equal(typeof item.label, "string");
+    assert.equal(typeof item.summary, "string");
+    assert.ok(Array.isArray(item.evidenceRefs) && Array.isArray(item.missing));
+  }
+  const byKey = new Map(evidence.map((e) => [e.key, e]));
+  assert.equal(byKey.get("replay_ready")?.status, "pass");
+  assert.equal(byKey.get("cost_attribution")?.status, "pass");
+  assert.equal(byKey.get("tool_call")?.status, "not_applicable", "no tool activity");
+
+  await assert.rejects(acme.runEvidence("missing"), (e: unknown) => e instanceof LedgerError && e.code === "RUN_NOT_FOUND");
+});
+
+/** The `{key, value: {stringValue | intValue | doubleValue | boolValue}}` list of OTLP/JSON, as a map. */
+function attributes(holder: JsonObject): Map<string, unknown> {
+  const list = (holder["attributes"] ?? []) as { key: string; value: Record<string, unknown> }[];
+  return new Map(list.map((kv) => [kv.key, Object.values(kv.value)[0]]));
+}
+
+test("otelTrace: the run's spans as OTLP/JSON, the same every time", async (t) => {
+  const db = await freshDb(t, "otel");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "r-otel", subjectId: "support-bot" });
+  await acme.transitionRun("r-otel", "running");
+  const step = await acme.createStep("r-otel", "llm", { stepId: "otel-llm", status: "running" });
+  await acme.recordCost("r-otel", "tokens", 120, {
+    amount: "0.0021",
+    currency: "USD",
+    stepId: step.id,
+    usage: { input_tokens: 100, output_tokens: 20 },
+    provider: "anthropic",
+    modelRef: "claude-sonnet",
+  });
+  await acme.transitionStep(step.id, "succeeded");
+  await acme.transitionRun("r-otel", "succeeded");
+
+  const trace = await acme.otelTrace("r-otel", "support-agent");
+  const resourceSpans = trace["resourceSpans"] as JsonObject[];
+  assert.equal(resourceSpans.length, 1);
+  const resource = resourceSpans[0]?.["resource"] as JsonObject;
+  assert.equal(attributes(resource).get("service.name"), "support-agent");
+  assert.equal(attributes(resource).get("ledger.tenant_id"), "acme");
+  const scopeSpans = resourceSpans[0]?.["scopeSpans"] as JsonObject[];
+  const spans = scopeSpans[0]?.["spans"] as JsonObject[];
+  assert.deepEqual(
+    spans.map((s) => s["name"]),
+    ["invoke_agent support-bot", "chat claude-sonnet"],
+  );
+  const [run, chat] = spans as [JsonObject, JsonObject];
+  assert.equal(attributes(run).get("ledger.run_id"), "r-otel");
+  assert.equal(chat["parentSpanId"], run["spanId"]);
+  assert.equal(chat["traceId"], run["traceId"]);
+  assert.equal(attributes(chat).get("gen_ai.provider.name"), "anthropic");
+
+  assert.deepEqual(await acme.otelTrace("r-otel", "support-agent"), trace, "a finished run exports the same trace");
+  const byDefault = (await acme.otelTrace("r-otel"))["resourceSpans"] as JsonObject[];
+  assert.equal(attributes(byDefault[0]?.["resource"] as JsonObject).get("service.name"), "ledger");
+  await assert.rejects(acme.otelTrace("missing"), (e: unknown) => e instanceof NotFoundError && e.code === "RUN_NOT_FOUND");
+});
