@@ -46,10 +46,11 @@ for v in "${PG_WHEELS[@]}"; do
   rm -rf "$tmp"
 done
 
-# psycopg 3 for the tests that run docs/workers.md's Python worker and follower as written.
-if ! python3 -c 'import psycopg, sys; sys.exit(tuple(map(int, psycopg.__version__.split(".")[:3])) < (3, 2, 4))' 2>/dev/null; then
-  log "pip: psycopg[binary] (3.2.4 or later, for tests/docs/workers_*.py)"
-  python3 -m pip install -q --root-user-action=ignore "psycopg[binary]>=3.2.4,<4"
+# psycopg 3 and psycopg-pool (the worker's pool) for the tests that run docs/workers.md's Python
+# worker and follower as written.
+if ! python3 -c 'import psycopg, psycopg_pool, sys; sys.exit(tuple(map(int, psycopg.__version__.split(".")[:3])) < (3, 2, 4))' 2>/dev/null; then
+  log "pip: psycopg[binary] (3.2.4 or later) and psycopg-pool, for tests/docs/workers_*.py"
+  python3 -m pip install -q --root-user-action=ignore "psycopg[binary]>=3.2.4,<4" "psycopg-pool==3.3.3"
 fi
 
 # The clients' test dependencies, pinned: a virtualenv for the Python client, node_modules for the

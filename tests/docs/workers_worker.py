@@ -6,8 +6,10 @@ Usage: python3 tests/docs/workers_worker.py docs/workers.md "host=... port=... d
 A first worker process is killed (SIGKILL) while the lookup's request is out. A second worker,
 in this process, takes the run over, does not redo the model step, finds the lookup in doubt and
 parks the run; a person resolves the call, the worker resumes, asks for the refund's approval and
-parks again; the person approves and the worker finishes. The model, the lookup and the refund
-must each have run exactly once, and the run must pass replay_ready.
+parks again; the person approves and the worker finishes, its refund taking three times its 1 s
+lease while a third worker claims: the heartbeat must keep the run with the second worker. The
+model, the lookup and the refund must each have run exactly once, the run must have been taken
+over only once (after the kill), and it must pass replay_ready.
 """
 
 import os
@@ -48,6 +50,7 @@ def lookup_order(order):
     return {{"order": order, "paid": "12.50"}}
 def refund(order, amount):
     effect("refund")
+    time.sleep(float(os.environ.get("REFUND_SECONDS", "0")))
     return {{"refunded": amount}}
 _llm_step = llm_step
 def llm_step(conn, run, key, call_model):
@@ -83,7 +86,7 @@ def status():
 
 # 1. A worker process, killed while the lookup's request is out.
 first = subprocess.Popen(
-    [sys.executable, "-c", CODE + TOOLS + f"\nwork({dsn!r}, support_agent, lease_owner='worker-1', idle_s=0.1)\n"],
+    [sys.executable, "-c", CODE + TOOLS + f"\nwork(connect({dsn!r}), support_agent, lease_owner='worker-1', idle_s=0.1)\n"],
     env={**os.environ, "LOOKUP_SECONDS": "600"},
 )
 wait_for("the lookup's request", lambda: count("lookup") == 1)
@@ -97,9 +100,17 @@ person.execute("UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() W
 namespace = {}
 exec(CODE + TOOLS, namespace)  # noqa: S102 - the document's own code is what is under test
 done = threading.Event()
-second = threading.Thread(target=namespace["work"], args=(dsn, namespace["support_agent"]),
-                          kwargs={"lease_owner": "worker-2", "idle_s": 0.05, "stop": done.is_set})
+pool = namespace["connect"](dsn)
+
+
+def worker(name):
+    return threading.Thread(target=namespace["work"], args=(pool, namespace["support_agent"]),
+                            kwargs={"lease_owner": name, "lease_s": 1, "idle_s": 0.05, "stop": done.is_set})
+
+
+second = worker("worker-2")
 second.start()
+third = None
 try:
     wait_for("the run parked in doubt", lambda: status() == "paused")
     doubt = person.execute("SELECT id, lease_owner FROM ledger.tool_calls_in_doubt").fetchall()
@@ -109,12 +120,20 @@ try:
     person.execute("SELECT ledger.resolve_tool_call(%s, 'succeeded', '{\"order\": 7, \"paid\": \"12.50\"}',"
                    " actor => 'ops@acme', note => 'seen in the CRM')", (doubt[0][0],))
     wait_for("the run parked for approval", lambda: status() == "waiting_approval")
-    # 4. The person approves; the worker executes the refund and finishes the run.
+    # 4. The person approves; the worker executes the refund, slower than its 1 s lease, while a
+    # third worker claims: the heartbeat keeps the run with the second, which finishes it.
+    os.environ["REFUND_SECONDS"] = "3"
     person.execute("SELECT ledger.resolve_approval(id, 'approved', actor => 'lead@acme') FROM ledger.pending_approvals")
-    wait_for("the run to finish", lambda: status() in ("succeeded", "failed"))
+    wait_for("the refund's request", lambda: count("refund") == 1)
+    third = worker("worker-3")
+    third.start()
+    wait_for("the run to finish", lambda: status() not in ("queued", "running", "waiting_approval"))
 finally:
     done.set()
     second.join()
+    if third is not None:
+        third.join()
+    pool.close()
 
 assert status() == "succeeded", status()
 executed = {name: count(name) for name in ("model-plan", "lookup", "refund", "model-answer")}
@@ -124,4 +143,7 @@ assert ready["status"] == "pass", ready
 replayed = person.execute("SELECT count(*) FROM ledger.run_events WHERE run_id = %s"
                           " AND event_type = 'tool_call.replayed'", (RUN,)).fetchone()[0]
 assert replayed == 0, replayed
+takeovers = person.execute("SELECT count(*) FROM ledger.run_events WHERE run_id = %s AND event_type = 'run.claimed'"
+                           " AND (payload->>'takeover')::boolean", (RUN,)).fetchone()[0]
+assert takeovers == 1, f"{takeovers} takeovers: only the killed worker's run may be taken over"
 print(f"docs/workers.md worker: {executed}, replay_ready pass, across a killed worker and two decisions")

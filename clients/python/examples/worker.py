@@ -10,6 +10,8 @@ import time
 from decimal import Decimal
 from typing import Any
 
+from psycopg_pool import ConnectionPool
+
 from ledger_client import Ledger, ModelReply, RunContext, ToolRequest, Worker
 
 SCOPE = ("acme", "examples-py")
@@ -54,7 +56,13 @@ def support_agent(ctx: RunContext) -> str:
 
 
 def main() -> None:
-    ledger = Ledger(os.environ["LEDGER_DSN"])
+    # A pool, its connections checked when taken: a connection per transaction costs a connect
+    # (tens of milliseconds) on every call.
+    with ConnectionPool(os.environ["LEDGER_DSN"], check=ConnectionPool.check_connection) as pool:
+        work(Ledger(pool))
+
+
+def work(ledger: Ledger) -> None:
     support = ledger.scoped(*SCOPE)
     runs = [
         support.create_run("agent", {"order": 1042, "question": "Where is my order?"},

@@ -58,7 +58,8 @@ def test_the_follower_example_follows_its_run_to_the_end_and_resumes(dsn: str) -
     ]
 
 
-def test_the_sse_example_serves_a_signed_in_browser_only(dsn: str, tmp_path: Path) -> None:
+def serve_the_sse_example(dsn: str, tmp_path: Path) -> tuple["subprocess.Popen[str]", int]:
+    """The manual's SSE block as the module a real uvicorn serves, once it listens: (server, port)."""
     (tmp_path / "streaming_app.py").write_text(examples()[1], encoding="utf-8")
     with socket.socket() as probe:  # a free port (uvicorn binds it a moment later)
         probe.bind(("127.0.0.1", 0))
@@ -69,10 +70,15 @@ def test_the_sse_example_serves_a_signed_in_browser_only(dsn: str, tmp_path: Pat
         stderr=subprocess.PIPE,
         text=True,
     )
+    while not listening(port):
+        assert server.poll() is None, server.communicate()[1]
+        time.sleep(0.05)
+    return server, port
+
+
+def test_the_sse_example_serves_a_signed_in_browser_only(dsn: str, tmp_path: Path) -> None:
+    server, port = serve_the_sse_example(dsn, tmp_path)
     try:
-        while not listening(port):
-            assert server.poll() is None, server.communicate()[1]
-            time.sleep(0.05)
         scope = ("acme", "streaming")
         start_run(dsn, "example", scope=scope)
         write_steps(dsn, "example", range(2), finish=True, scope=scope)
@@ -87,3 +93,28 @@ def test_the_sse_example_serves_a_signed_in_browser_only(dsn: str, tmp_path: Pat
         server.send_signal(signal.SIGINT)
         _, log = server.communicate(timeout=30)
         assert server.returncode == 0 and "Traceback" not in log, log
+
+
+def test_sigterm_ends_the_open_streams_and_the_server(dsn: str, tmp_path: Path) -> None:
+    """uvicorn waits for open responses before it shuts down, and a stream of a running run never
+    ends by itself: SIGTERM must end the streams (cleanly, so that EventSource reconnects to
+    another server with its Last-Event-ID) and the server with them."""
+    server, port = serve_the_sse_example(dsn, tmp_path)
+    try:
+        scope = ("acme", "streaming")
+        start_run(dsn, "running", scope=scope)
+        write_steps(dsn, "running", range(2), scope=scope)
+        alice = Stream(port, "running", scope=None, headers={"cookie": "session=session-of-alice"})
+        assert alice.response.status == 200
+        assert [e["id"] for e in alice.events(limit=4)] == feed(dsn, "running", scope=scope)
+        server.send_signal(signal.SIGTERM)
+        assert alice.frame() is None  # the response ended cleanly (a broken one raises IncompleteRead)
+        alice.close()
+        _, log = server.communicate(timeout=10)  # a stream that kept it open held it for good
+        # After its clean shutdown uvicorn raises the signal it handled again: the exit is SIGTERM's.
+        assert server.returncode == -signal.SIGTERM and "Traceback" not in log, log
+        assert "Application shutdown complete" in log, log
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.communicate()

@@ -16,9 +16,12 @@ import asyncio
 import inspect
 import json
 import logging
+import signal
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import asdict
+from types import FrameType
 from typing import Any, TypeVar
 
 import psycopg
@@ -310,10 +313,18 @@ def sse_app(
     without events keeps proxies from closing the stream. The response ends after the event that
     ended the run, and a request resuming after that event gets 204 (which tells EventSource to
     stop reconnecting). An unknown run (or one in another scope) is 404, a bad run id or an unknown
-    Last-Event-ID 400. Serving the app directly, its lifespan opens and closes the hub.
+    Last-Event-ID 400. Serving the app directly, its lifespan opens and closes the hub. SIGTERM or
+    SIGINT ends the open streams (cleanly: the browser reconnects, with its Last-Event-ID), so that
+    the server, which waits for open responses before it shuts down, can stop.
     """
+    shutdown = asyncio.Event()
+    signals_chained = False
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        nonlocal signals_chained
+        if not signals_chained:
+            signals_chained = True
+            _set_on_signals(shutdown)
         if scope["type"] == "lifespan":
             await _lifespan(hub, receive, send)
             return
@@ -359,9 +370,31 @@ def sse_app(
                     ],
                 }
             )
-            await _until_disconnect(_write(stream, send), receive)
+            if not await _until_disconnect(_write(stream, send), receive, shutdown):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     return app
+
+
+def _set_on_signals(shutdown: asyncio.Event) -> None:
+    """Chains a handler that sets `shutdown` in front of the server's SIGTERM and SIGINT handlers
+    (uvicorn's, which stop it): the server waits for open responses to end before it shuts down,
+    and a stream ends only with its run. Signals reach only the main thread's handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        previous = signal.getsignal(sig)
+
+        def handler(signum: int, frame: FrameType | None, previous: Any = previous) -> None:
+            loop.call_soon_threadsafe(shutdown.set)
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:  # as if this handler were not there: the default action
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+
+        signal.signal(sig, handler)
 
 
 async def _write(stream: RunStream, send: Send) -> None:
@@ -370,7 +403,6 @@ async def _write(stream: RunStream, send: Send) -> None:
             await send({"type": "http.response.body", "body": _frame(event), "more_body": True})
     except (psycopg.Error, LedgerError) as exc:  # the reads kept failing: end; the browser resumes with Last-Event-ID
         log.warning("ledger SSE stream of run %s ended by %s", stream.run_id, exc)
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _frame(event: RunEvent | None) -> bytes:
@@ -380,27 +412,31 @@ def _frame(event: RunEvent | None) -> bytes:
     return f"id: {event.event_id}\nevent: {event.event_type}\ndata: {data}\n\n".encode()
 
 
-async def _until_disconnect(writing: Awaitable[None], receive: Receive) -> None:
-    """Run the stream until it ends or the client goes away; leaving cancels it, which ends the
-    stream's interest in its channel (and the hub UNLISTENs when it was the last)."""
+async def _until_disconnect(writing: Awaitable[None], receive: Receive, shutdown: asyncio.Event) -> bool:
+    """Run the stream until it ends, the server shuts down or the client goes away (True); the
+    end cancels it, which ends the stream's interest in its channel (and the hub UNLISTENs when it
+    was the last)."""
+    left = asyncio.Event()
 
     async def disconnected() -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
+        left.set()
 
-    await _until(writing, disconnected())
+    await _until(writing, disconnected(), shutdown.wait())
+    return left.is_set()
 
 
-async def _until(main: Awaitable[None], stop: Awaitable[object]) -> None:
-    """Run `main` until it ends or `stop` does, then cancel the other; an error of `main` is
-    raised."""
-    work, stopped = asyncio.ensure_future(main), asyncio.ensure_future(stop)
+async def _until(main: Awaitable[None], *stops: Awaitable[object]) -> None:
+    """Run `main` until it ends or one of `stops` does, then cancel the others; an error of `main`
+    is raised."""
+    work, stopped = asyncio.ensure_future(main), [asyncio.ensure_future(stop) for stop in stops]
     try:
-        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work, *stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for task in (work, stopped):
+        for task in (work, *stopped):
             task.cancel()
-        await asyncio.gather(work, stopped, return_exceptions=True)
+        await asyncio.gather(work, *stopped, return_exceptions=True)
     if not work.cancelled():
         work.result()
 
