@@ -21,6 +21,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from test_worker import running, status
 
 from ledger_client import (
+    InDoubt,
     Ledger,
     ModelReply,
     NotEncodable,
@@ -237,10 +238,12 @@ def test_a_result_the_rule_cannot_encode_is_recorded_in_doubt(scoped: ScopedLedg
     assert row["status"] == "in_doubt" and "Receipt(#991)" in row["error_message"]
     assert "$.receipt" in row["error_message"]
     # never run again, whoever asks (a person resolves it)
-    with pytest.raises(ResultNotEncodable.__mro__[1]):
+    with pytest.raises(InDoubt):
         tool_call(scoped, "r-odd", "mail", "mail.send", {"to": "a@b"}, send, run_token=token, retry_failed=True)
     assert ran == ["sent"]
     # arguments outside the rule: refused before anything is written
+    with pytest.raises(NotEncodable, match=r"\$\.n"):
+        encode({"n": float("nan")})
     with pytest.raises(NotEncodable, match=r"\$\.to"):
         tool_call(scoped, "r-odd", "mail2", "mail.send", {"to": Receipt()}, send, run_token=token)
     assert len(scoped.execute("SELECT 1 FROM ledger.run_step_tool_calls")) == 1

@@ -16,7 +16,7 @@ pydantic model                ``model_dump(mode="json")`` (any object with that 
 mapping                       a dict, keys as strings
 ============================  =====================================================
 
-``str``, ``int``, ``float``, ``bool`` and ``None`` stay as they are. Anything else is not
+``str``, ``int``, ``float`` (finite: JSON has no NaN), ``bool`` and ``None`` stay as they are. Anything else is not
 encodable: arguments raise ``TypeError`` before anything is claimed; a result raises
 :class:`~ledger_client.ResultNotEncodable` after the call is recorded ``unknown`` (see there).
 """
@@ -27,6 +27,7 @@ import base64
 import dataclasses
 import datetime
 import enum
+import math
 import uuid
 from collections.abc import Mapping
 from decimal import Decimal
@@ -50,6 +51,8 @@ def _short_repr(value: Any, limit: int = 200) -> str:
 
 def encode(value: Any, path: str = "$") -> Any:
     """``value`` under the module's rule, as plain JSON values; :class:`NotEncodable` otherwise."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise NotEncodable(value, path)  # JSON has no NaN or infinity
     if value is None or isinstance(value, (str, bool, int, float)) and not isinstance(value, enum.Enum):
         return value
     if isinstance(value, enum.Enum):

@@ -261,8 +261,14 @@ class Worker:
     def _drive(self, run: ClaimedRun) -> None:
         ledger = self.ledger.scoped(run.tenant_id, run.workspace_id)
         if run.status is not RunStatus.RUNNING:
-            again(f"run {run.run_id}: running",
-                  lambda: ledger.transition_run(run.run_id, RunStatus.RUNNING, run_token=run.run_token))
+            try:
+                again(f"run {run.run_id}: running",
+                      lambda: ledger.transition_run(run.run_id, RunStatus.RUNNING, run_token=run.run_token))
+            except psycopg.OperationalError as e:
+                if not is_transient(e):
+                    raise
+                _release(ledger, run)
+                return
         lease = _Lease(self, ledger, run)
         while True:
             answer: list[str] = []
@@ -330,10 +336,15 @@ def _end(ledger: ScopedLedger, run: ClaimedRun, status: RunStatus, write: Callab
     answer's event is written once). When every try is lost the run is released (or its lease
     runs out): never failed for a connection."""
 
+    tries = 0
+
     def once() -> None:
-        current = ledger.get_run(run.run_id)
-        if current is not None and current.status == status:
-            return
+        nonlocal tries
+        tries += 1
+        if tries > 1:  # only a repeat asks: the first try costs no extra round trip
+            current = ledger.get_run(run.run_id)
+            if current is not None and current.status == status:
+                return
         with ledger.transaction() as tx:
             write(tx)
 
