@@ -18,6 +18,7 @@ import pytest
 from conftest import SCOPE, one, wait_for
 from psycopg.rows import DictRow
 from psycopg_pool import ConnectionPool, PoolTimeout
+from test_tool_calls import running_run
 from test_worker import running, status
 
 from ledger_client import (
@@ -191,34 +192,25 @@ ENCODED: list[tuple[Any, Any]] = [
 ]
 
 
-def running_run(scoped: ScopedLedger, run_id: str) -> int:
-    scoped.create_run("agent", run_id=run_id)
-    claimed = scoped.claim_run("worker-1", run_id=run_id)
-    assert claimed is not None
-    scoped.transition_run(run_id, "running", run_token=claimed.run_token)
-    return claimed.run_token
-
-
 @pytest.mark.parametrize(("value", "recorded"), ENCODED, ids=[type(v).__name__ for v, _ in ENCODED])
 def test_results_and_arguments_are_encoded_by_one_rule(value: Any, recorded: Any, scoped: ScopedLedger) -> None:
     assert encode(value) == recorded
-    token = running_run(scoped, "r-enc")
-    returned = tool_call(scoped, "r-enc", "one", "t.one", {"value": value}, lambda a: {"value": a["value"]},
-                         run_token=token)
+    running_run(scoped, "r-enc")
+    returned = tool_call(scoped, "r-enc", "one", "t.one", {"value": value}, lambda a: {"value": a["value"]})
     assert returned == {"value": value}  # the caller gets the tool's own value
     [turn] = tool_calls(scoped, "r-enc", [ToolRequest("many", "t.many", {"value": value},
-                                                      lambda a: {"value": a["value"]})], run_token=token)
+                                                      lambda a: {"value": a["value"]})])
     assert turn.get() == {"value": value}
     rows = scoped.execute("SELECT tool_call_id, arguments, result FROM ledger.run_step_tool_calls ORDER BY tool_call_id")
     assert rows == [{"tool_call_id": k, "arguments": {"value": recorded}, "result": {"value": recorded}}
                     for k in ("many", "one")]
     # on a resume the recorded (encoded) result is replayed, and the tool is not run again
-    assert tool_call(scoped, "r-enc", "one", "t.one", {"value": value}, lambda a: pytest.fail("ran again"),
-                     run_token=token) == {"value": recorded}
+    assert tool_call(scoped, "r-enc", "one", "t.one", {"value": value}, lambda a: pytest.fail("ran again")) \
+        == {"value": recorded}
 
 
 def test_a_result_the_rule_cannot_encode_is_recorded_in_doubt(scoped: ScopedLedger) -> None:
-    token = running_run(scoped, "r-odd")
+    running_run(scoped, "r-odd")
 
     class Receipt:
         def __repr__(self) -> str:
@@ -231,7 +223,7 @@ def test_a_result_the_rule_cannot_encode_is_recorded_in_doubt(scoped: ScopedLedg
         return {"receipt": Receipt()}
 
     with pytest.raises(ResultNotEncodable) as raised:
-        tool_call(scoped, "r-odd", "mail", "mail.send", {"to": "a@b"}, send, run_token=token)
+        tool_call(scoped, "r-odd", "mail", "mail.send", {"to": "a@b"}, send)
     assert "mail" in str(raised.value) and "Receipt" in str(raised.value)
     assert raised.value.tool_call is not None and raised.value.tool_call.status is ToolCallStatus.IN_DOUBT
     [row] = scoped.execute("SELECT status, error_message FROM ledger.run_step_tool_calls")
@@ -239,13 +231,13 @@ def test_a_result_the_rule_cannot_encode_is_recorded_in_doubt(scoped: ScopedLedg
     assert "$.receipt" in row["error_message"]
     # never run again, whoever asks (a person resolves it)
     with pytest.raises(InDoubt):
-        tool_call(scoped, "r-odd", "mail", "mail.send", {"to": "a@b"}, send, run_token=token, retry_failed=True)
+        tool_call(scoped, "r-odd", "mail", "mail.send", {"to": "a@b"}, send, retry_failed=True)
     assert ran == ["sent"]
     # arguments outside the rule: refused before anything is written
     with pytest.raises(NotEncodable, match=r"\$\.n"):
         encode({"n": float("nan")})
     with pytest.raises(NotEncodable, match=r"\$\.to"):
-        tool_call(scoped, "r-odd", "mail2", "mail.send", {"to": Receipt()}, send, run_token=token)
+        tool_call(scoped, "r-odd", "mail2", "mail.send", {"to": Receipt()}, send)
     assert len(scoped.execute("SELECT 1 FROM ledger.run_step_tool_calls")) == 1
 
 
