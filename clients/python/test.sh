@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")"
 py=${LEDGER_PYTHON:-/opt/ledger-venv/bin/python}
 : "${LEDGER_TEST_HOST:?}" "${LEDGER_TEST_PORT:?}"
-"$py" -m mypy --strict src tests examples
+"$py" -m mypy --strict src tests examples bench
 PYTHONPATH=src "$py" -m pytest -q -p no:cacheprovider "$@"

@@ -55,8 +55,9 @@ def ledger(dsn: str) -> Ledger:
 
 @pytest.fixture
 def pooled(dsn: str) -> Iterator[Ledger]:
-    """The client over a psycopg_pool ConnectionPool."""
-    with ConnectionPool(dsn, min_size=1, max_size=8, open=True) as pool:
+    """The client over a psycopg_pool ConnectionPool that checks a connection before handing it out
+    (as the manual says a service's pool should)."""
+    with ConnectionPool(dsn, min_size=1, max_size=8, open=True, check=ConnectionPool.check_connection) as pool:
         yield Ledger(pool)
 
 

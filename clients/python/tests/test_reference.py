@@ -43,6 +43,8 @@ REFERENCED: dict[str, list[Callable[..., Any]]] = {
     "follow, afollow, Reconnect": [ledger_client.follow, ledger_client.afollow, ledger_client.Reconnect],
     "translate, translated": [ledger_client.translate, ledger_client.translated],
     "EventHub, sse_app (ledger_client.sse)": [sse.EventHub, sse.EventHub.follow, sse.sse_app],
+    "encode, NotEncodable, is_transient": [ledger_client.encode, ledger_client.NotEncodable,
+                                           ledger_client.is_transient],
     "OpenTelemetry (ledger_client.otel)": [otel.export_trace, otel.send_trace, otel.to_protobuf,
                                            otel.traces_endpoint, OTLPExportError],
 }

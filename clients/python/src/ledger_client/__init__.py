@@ -15,6 +15,8 @@ from .errors import (
     translate,
     translated,
 )
+from ._faults import is_transient
+from .encoding import NotEncodable, encode
 from .feed import Reconnect, afollow, follow
 from .outbox import OutboxConsumer
 from .tool_calls import (
@@ -22,6 +24,7 @@ from .tool_calls import (
     InDoubt,
     Purged,
     Rejected,
+    ResultNotEncodable,
     ToolCallResult,
     ToolCallStopped,
     ToolFailed,
@@ -57,10 +60,11 @@ from .worker import ModelReply, RunContext, Worker
 __all__ = [
     "Approval", "ApprovalStatus", "Busy", "ClaimOutcome", "ClaimedRun", "ConflictError", "CorruptedError",
     "CostEntry", "EvidenceItem", "IdempotencyMismatchError", "InDoubt", "InternalError", "InvalidArgumentError",
-    "Ledger", "LedgerCalls", "LedgerError", "ModelReply", "NotFoundError", "OutboxConsumer", "OutboxEvent",
-    "OutboxStatus", "Purged", "ReadOnlyError", "Reconnect", "Rejected", "ReplayReady", "ResponseEvent", "Run", "RunContext",
+    "Ledger", "LedgerCalls", "LedgerError", "ModelReply", "NotEncodable", "NotFoundError", "OutboxConsumer", "OutboxEvent",
+    "OutboxStatus", "Purged", "ReadOnlyError", "Reconnect", "Rejected", "ReplayReady", "ResultNotEncodable", "ResponseEvent", "Run", "RunContext",
     "RunEvent", "RunStatus", "ScopeError", "ScopedLedger", "Step", "StepStatus", "ToolCall", "ToolCallClaim",
     "ToolCallResult", "ToolCallStatus", "ToolCallStopped", "ToolCallTombstone", "ToolFailed", "ToolRequest",
-    "ToolResponse", "Transaction", "WaitingApproval", "Worker", "WrongStateError", "afollow", "follow", "tool_call", "tool_calls",
+    "ToolResponse", "Transaction", "WaitingApproval", "Worker", "WrongStateError", "afollow", "encode", "follow", "is_transient", "tool_call",
+    "tool_calls",
     "translate", "translated",
 ]

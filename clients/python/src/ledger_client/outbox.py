@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 
+from ._faults import again
 from ._signals import stop_on_signals
 from .client import Ledger
 from .errors import WrongStateError
@@ -39,7 +40,7 @@ class OutboxConsumer:
         lease_owner: str,
         scope: tuple[str, str] | None = None,
         max_events: int = 50,
-        lease_seconds: int = 60,
+        lease_seconds: int = 15,
         wait_s: float = 5.0,
         stopping: threading.Event | None = None,
     ) -> None:
@@ -99,12 +100,15 @@ class OutboxConsumer:
             else:
                 delivered.append(event)
         scope_of: Callable[[OutboxEvent], tuple[str, str]] = lambda e: (e.tenant_id, e.workspace_id)  # noqa: E731
+        # Acks and nacks are written again on a fresh connection when it is lost: an ack ignores
+        # what is done already, and a repeated nack is refused (below), so a repeat changes nothing.
         for (tenant, workspace), batch in groupby(sorted(delivered, key=scope_of), key=scope_of):
-            self.ledger.scoped(tenant, workspace).ack_outbox_events(self.lease_owner, [e.id for e in batch])
+            ids = [e.id for e in batch]
+            again("outbox ack", lambda: self.ledger.scoped(tenant, workspace).ack_outbox_events(self.lease_owner, ids))
         for event, error in failed:
             try:
-                self.ledger.scoped(event.tenant_id, event.workspace_id).nack_outbox_events(
-                    self.lease_owner, [event.id], str(error) or repr(error))
+                again("outbox nack", lambda: self.ledger.scoped(event.tenant_id, event.workspace_id).nack_outbox_events(
+                    self.lease_owner, [event.id], str(error) or repr(error)))
             except WrongStateError as e:  # OUTBOX_NOT_LEASED: the lease ran out and another consumer has it
                 log.warning("outbox event %s: not nacked (%s)", event.id, e)
         return len(events)

@@ -1,17 +1,22 @@
 """The executor protocol as one call: :func:`tool_call` (one call) and :func:`tool_calls` (the
 calls of one model turn, executed in parallel threads).
 
-claim -> ``replayed``: the recorded result, nothing executed -> ``claimed``: ``begin_tool_call``
-COMMITTED before the tool runs -> heartbeats while it runs -> complete ``succeeded`` (its result)
-or ``failed`` (the tool raised) -> a timeout after sending (``in_doubt_on``) completes ``unknown``
-and raises :class:`InDoubt`. Every other outcome raises its own :class:`ToolCallStopped`
-subclass, and nothing is executed.
+claim -> ``replayed``: the recorded result, nothing executed -> ``claimed``: claimed and begun in
+one COMMITTED statement before the tool runs -> heartbeats while it runs -> complete ``succeeded``
+(its result) or ``failed`` (the tool raised) -> a timeout after sending (``in_doubt_on``)
+completes ``unknown`` and raises :class:`InDoubt`; a result outside the encoding rule
+(:mod:`ledger_client.encoding`) completes ``unknown`` and raises :class:`ResultNotEncodable`.
+Every other outcome raises its own :class:`ToolCallStopped` subclass, and nothing is executed.
+
+A connection lost at a write is the connection's, not the call's: the claim and the completion
+are written again on a fresh connection (a completion is fenced by the attempt; a repeated claim
+answers the recorded outcome, or ``busy`` when the lost one committed: that attempt, begun and
+never sent, ends in doubt when its lease runs out, as the ledger cannot tell it was not sent).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,7 +24,9 @@ from typing import Any, ClassVar
 
 import psycopg
 
+from ._faults import again
 from .client import ScopedLedger
+from .encoding import NotEncodable, encode
 from .errors import LedgerError
 from .types import Approval, ClaimOutcome, ToolCall, ToolCallClaim, ToolCallTombstone
 
@@ -57,6 +64,18 @@ class InDoubt(ToolCallStopped):
     resolves it (``resolve_tool_call``)."""
 
     outcome = ClaimOutcome.IN_DOUBT
+
+
+class ResultNotEncodable(InDoubt):
+    """The tool ran and returned ``result``, which the encoding rule cannot turn into JSON (a
+    ``type`` the rule does not know). The call is completed ``unknown`` (in doubt, the result's
+    repr in its error message): not ``succeeded``, as no result could be recorded to replay, and
+    not ``failed``, as ``retry_failed`` would then run the side effect again. A person reads the
+    message and resolves the call."""
+
+    def __init__(self, message: str, *, tool_call: ToolCall | None = None, result: Any = None) -> None:
+        super().__init__(message, tool_call=tool_call)
+        self.result = result
 
 
 class Busy(ToolCallStopped):
@@ -135,12 +154,9 @@ def _complete(ledger: ScopedLedger, record: ToolCall, outcome: str, result: Any 
               error_message: str | None = None) -> ToolCall:
     """Records how the attempt ended, again across a dropped connection (the tool has run: its
     outcome must not be lost to a reconnect); repeating a completion changes nothing."""
-    for pause in (0.2, 0.4, 0.8, 1.6, 3.2):
-        try:
-            return ledger.complete_tool_call(record.id, record.attempt, outcome, result, error_message=error_message)
-        except psycopg.OperationalError:
-            time.sleep(pause)
-    return ledger.complete_tool_call(record.id, record.attempt, outcome, result, error_message=error_message)
+    return again(f"tool call {record.id}: complete",
+                 lambda: ledger.complete_tool_call(record.id, record.attempt, outcome, result,
+                                                   error_message=error_message))
 
 
 def _settle(
@@ -150,7 +166,6 @@ def _settle(
     arguments: dict[str, Any],
     execute: Execute,
     *,
-    begun: bool,
     heartbeat_s: float | None,
     in_doubt_on: tuple[type[BaseException], ...],
 ) -> Any:
@@ -165,8 +180,6 @@ def _settle(
         raise ToolCallStopped.from_claim(claim, tool_ref)
     record = claim.tool_call
     assert record is not None
-    if not begun:
-        ledger.begin_tool_call(record.id, record.attempt)  # committed: from here the request may leave
     try:
         with _Heartbeat(ledger, record, heartbeat_s or record.lease_seconds / 3):
             result = execute(arguments)
@@ -176,7 +189,14 @@ def _settle(
     except Exception as e:
         _complete(ledger, record, "failed", error_message=str(e) or repr(e))
         raise
-    _complete(ledger, record, "succeeded", result)
+    try:
+        encoded = encode(result)
+    except NotEncodable as e:
+        done = _complete(ledger, record, "unknown", error_message=f"the result is not encodable: {e}")
+        raise ResultNotEncodable(f"tool call {record.tool_call_id or record.id} ({tool_ref}): the tool ran and"
+                                 f" its result is not encodable: {e}; recorded unknown (in doubt)",
+                                 tool_call=done, result=result) from e
+    _complete(ledger, record, "succeeded", encoded)
     return result
 
 
@@ -207,13 +227,13 @@ def tool_call(
     :class:`InDoubt` is raised; any other exception completes it ``failed`` and propagates.
     ``approval`` (``{title, policy_ref, details}``): the call waits for a person first.
     """
-    claim = ledger.claim_tool_call(
-        run_id, tool_ref, arguments, tool_call_id=tool_call_id, idempotency_key=idempotency_key,
-        lease_owner=lease_owner, timeout_seconds=timeout_seconds, retry_failed=retry_failed,
-        approval=approval, run_token=run_token,
-    )
-    return _settle(ledger, claim, tool_ref, dict(arguments), execute, begun=False,
-                   heartbeat_s=heartbeat_s, in_doubt_on=in_doubt_on)
+    request = ToolRequest(tool_call_id, tool_ref, arguments, execute, idempotency_key=idempotency_key,
+                          timeout_seconds=timeout_seconds, approval=approval, retry_failed=retry_failed)
+    spec = request.spec()  # encoded before anything is written
+    [claim] = again(f"tool call {tool_call_id}: claim", lambda: ledger.claim_tool_calls(
+        run_id, [spec], lease_owner=lease_owner, begin=True, run_token=run_token))
+    return _settle(ledger, claim, tool_ref, dict(arguments), execute, heartbeat_s=heartbeat_s,
+                   in_doubt_on=in_doubt_on)
 
 
 @dataclass(frozen=True)
@@ -231,7 +251,7 @@ class ToolRequest:
 
     def spec(self) -> dict[str, Any]:
         """The element of ``claim_tool_calls``' ``calls`` (absent keys take the SQL defaults)."""
-        spec = {"tool_call_id": self.tool_call_id, "tool_ref": self.tool_ref, "arguments": dict(self.arguments),
+        spec = {"tool_call_id": self.tool_call_id, "tool_ref": self.tool_ref, "arguments": encode(dict(self.arguments)),
                 "idempotency_key": self.idempotency_key, "timeout_seconds": self.timeout_seconds,
                 "approval": dict(self.approval) if self.approval is not None else None,
                 "retry_failed": self.retry_failed}
@@ -272,11 +292,12 @@ def tool_calls(
     raises for one call's outcome (a refused batch raises the ledger's error, nothing written)."""
     if not requests:
         return []
-    claims = ledger.claim_tool_calls(run_id, [r.spec() for r in requests], lease_owner=lease_owner,
-                                     begin=True, run_token=run_token)
+    specs = [r.spec() for r in requests]  # encoded before anything is written
+    claims = again("tool calls: claim", lambda: ledger.claim_tool_calls(run_id, specs, lease_owner=lease_owner,
+                                                                        begin=True, run_token=run_token))
     with ThreadPoolExecutor(max_workers=max_workers or len(requests), thread_name_prefix="tool-call") as pool:
         futures = [
-            pool.submit(_settle, ledger, claim, r.tool_ref, dict(r.arguments), r.execute, begun=True,
+            pool.submit(_settle, ledger, claim, r.tool_ref, dict(r.arguments), r.execute,
                         heartbeat_s=heartbeat_s, in_doubt_on=in_doubt_on)
             for r, claim in zip(requests, claims, strict=True)
         ]

@@ -12,8 +12,19 @@ again by ``step_key`` (finished ones return their recorded output) and its tool 
   then releases it (a person's decision makes it claimable again);
 - on :class:`Busy` (another attempt, such as a previous owner's, holds a call): keeps the run and
   runs the agent again after ``idle_s`` (parked ``paused`` if the worker is stopping);
+- on :class:`Rejected` (a person rejected a call's approval and the agent did not catch it):
+  moves the run to ``failed`` with ``error_code`` ``TOOL_APPROVAL_REJECTED``, the call and the
+  approver's note in the message;
+- on a lost connection (:func:`is_transient`; never the agent's failure): releases the run, to be
+  claimed again at once and resumed where its records say; if the release is lost too, the
+  lease runs out (``lease_seconds``);
 - on any other exception: moves the run to ``failed`` with the error;
 - on ``LEASE_STALE`` (another worker took the run over): writes nothing more.
+
+The run's writes (``running``, the answer, parking, releasing) and the agent's writes through
+:class:`RunContext` (steps, costs, tool calls) are written again on a fresh connection when the
+connection is lost: each is idempotent (a step by ``step_key``, a cost by its ``source_ref``, a
+transition to the status it has) and fenced by ``run_token``, so a repeat changes nothing.
 
 Shutdown: :meth:`Worker.stop` (or SIGTERM/SIGINT with ``handle_signals``) stops claiming; the
 current run may finish within ``shutdown_grace_s``, after which it is released for another worker
@@ -34,11 +45,22 @@ from typing import Any
 
 import psycopg
 
+from ._faults import again, is_transient
 from ._signals import stop_on_signals
-from .client import Ledger, ScopedLedger
+from .client import Ledger, ScopedLedger, Transaction
 from .errors import ConflictError, LedgerError
-from .tool_calls import Busy, Execute, InDoubt, ToolCallResult, ToolRequest, WaitingApproval, tool_call, tool_calls
-from .types import ClaimedRun, RunStatus, StepStatus
+from .tool_calls import (
+    Busy,
+    Execute,
+    InDoubt,
+    Rejected,
+    ToolCallResult,
+    ToolRequest,
+    WaitingApproval,
+    tool_call,
+    tool_calls,
+)
+from .types import ClaimedRun, RunStatus, Step, StepStatus
 
 log = logging.getLogger("ledger_client.worker")
 
@@ -96,35 +118,48 @@ class RunContext:
     def step(self, step_key: str, step_type: str, work: Callable[[], str]) -> str:
         """A step found again by ``step_key``: done once (``work`` returns its output summary),
         its recorded output returned on a resume."""
-        step = self.ledger.create_step(self.run_id, step_type, step_key=step_key, run_token=self.run_token)
+        step = self._begin_step(step_key, step_type)
         if step.status is StepStatus.SUCCEEDED:
             return step.output_summary or ""
-        self.ledger.transition_step(step.id, StepStatus.RUNNING, run_token=self.run_token)
         try:
             summary = work()
         except Exception as e:
-            self.ledger.transition_step(step.id, StepStatus.FAILED, error_message=str(e) or repr(e),
-                                        run_token=self.run_token)
+            self._move_step(step.id, StepStatus.FAILED, error_message=str(e) or repr(e))
             raise
-        self.ledger.transition_step(step.id, StepStatus.SUCCEEDED, output_summary=summary, run_token=self.run_token)
+        self._move_step(step.id, StepStatus.SUCCEEDED, output_summary=summary)
         return summary
+
+    def _begin_step(self, step_key: str, step_type: str) -> Step:
+        """The step of ``step_key``, moved to ``running`` unless it succeeded before."""
+        step = again(f"step {step_key}", lambda: self.ledger.create_step(
+            self.run_id, step_type, step_key=step_key, run_token=self.run_token))
+        if step.status is not StepStatus.SUCCEEDED:
+            self._move_step(step.id, StepStatus.RUNNING)
+        return step
+
+    def _move_step(self, step_id: str, status: StepStatus, **fields: Any) -> None:
+        again(f"step {step_id}: {status}", lambda: self.ledger.transition_step(
+            step_id, status, run_token=self.run_token, **fields))
 
     def llm_step(self, step_key: str, call_model: Callable[[], ModelReply]) -> str:
         """A model call as an ``llm`` step found again by ``step_key``: its cost and its success
         are recorded together (the cost idempotent on the step). On a resume the reply is read
         back from the step's ``output_summary`` (as stored: redacted, at most 8192 characters)."""
-        step = self.ledger.create_step(self.run_id, "llm", step_key=step_key, run_token=self.run_token)
+        step = self._begin_step(step_key, "llm")
         if step.status is StepStatus.SUCCEEDED:
             return step.output_summary or ""
-        self.ledger.transition_step(step.id, StepStatus.RUNNING, run_token=self.run_token)
         reply = call_model()
-        with self.ledger.transaction() as tx:
-            tx.record_cost(self.run_id, "tokens", reply.tokens, reply.amount, reply.currency, step_id=step.id,
-                           usage=reply.usage, provider=reply.provider, model_ref=reply.model_ref,
-                           source_ref=step.id)
-            tx.transition_step(step.id, StepStatus.SUCCEEDED, output_summary=reply.text,
-                               metrics={"model_ref": reply.model_ref} if reply.model_ref else None,
-                               run_token=self.run_token)
+
+        def record() -> None:
+            with self.ledger.transaction() as tx:
+                tx.record_cost(self.run_id, "tokens", reply.tokens, reply.amount, reply.currency, step_id=step.id,
+                               usage=reply.usage, provider=reply.provider, model_ref=reply.model_ref,
+                               source_ref=step.id)
+                tx.transition_step(step.id, StepStatus.SUCCEEDED, output_summary=reply.text,
+                                   metrics={"model_ref": reply.model_ref} if reply.model_ref else None,
+                                   run_token=self.run_token)
+
+        again(f"step {step_key}: the model's reply", record)  # the reply is paid for: not lost to a reconnect
         return reply.text
 
     def tool_call(
@@ -172,7 +207,7 @@ class Worker:
         lease_owner: str | None = None,
         modes: Sequence[str] | None = None,
         kinds: Sequence[str] | None = None,
-        lease_seconds: int = 60,
+        lease_seconds: int = 15,
         heartbeat_s: float | None = None,
         idle_s: float = 1.0,
         shutdown_grace_s: float = 30.0,
@@ -185,7 +220,7 @@ class Worker:
         self.modes = modes
         self.kinds = kinds
         self.lease_seconds = lease_seconds
-        self.heartbeat_s = heartbeat_s or lease_seconds / 3
+        self.heartbeat_s = heartbeat_s or lease_seconds / 3  # three beats may be lost before a takeover
         self.idle_s = idle_s
         self.shutdown_grace_s = shutdown_grace_s
         self.stopping = stopping or threading.Event()  # shared with an OutboxConsumer: one stop for both
@@ -226,7 +261,14 @@ class Worker:
     def _drive(self, run: ClaimedRun) -> None:
         ledger = self.ledger.scoped(run.tenant_id, run.workspace_id)
         if run.status is not RunStatus.RUNNING:
-            ledger.transition_run(run.run_id, RunStatus.RUNNING, run_token=run.run_token)
+            try:
+                again(f"run {run.run_id}: running",
+                      lambda: ledger.transition_run(run.run_id, RunStatus.RUNNING, run_token=run.run_token))
+            except psycopg.OperationalError as e:
+                if not is_transient(e):
+                    raise
+                _release(ledger, run)
+                return
         lease = _Lease(self, ledger, run)
         while True:
             answer: list[str] = []
@@ -251,26 +293,78 @@ class Worker:
             if not lease.hold(threading.Event(), timeout=self.idle_s):
                 return
         if answer:
-            with ledger.transaction() as tx:  # what the user is shown, and the end, at once
+            def finish(tx: Transaction) -> None:  # what the user is shown, and the end, at once
                 tx.record_response_event(run.run_id, "message", {"text": answer[0]})
                 tx.transition_run(run.run_id, RunStatus.SUCCEEDED, output_summary=answer[0], run_token=run.run_token)
+            _end(ledger, run, RunStatus.SUCCEEDED, finish)
             return
         error = failure[0]
-        if isinstance(error, (InDoubt, Busy, WaitingApproval)):
+        if is_transient(error):
+            log.warning("run %s: connection lost (%s); released to be resumed", run.run_id, error)
+            _release(ledger, run)
+        elif isinstance(error, Rejected):
+            call = error.tool_call.tool_call_id if error.tool_call is not None else None
+            note = error.approval.note if error.approval is not None else None
+            message = f"tool call {call or '?'}: approval rejected" + (f": {note}" if note else "")
+            _end(ledger, run, RunStatus.FAILED, lambda tx: tx.transition_run(
+                run.run_id, RunStatus.FAILED, error_code="TOOL_APPROVAL_REJECTED", error_message=message,
+                run_token=run.run_token))
+            log.info("run %s failed: %s", run.run_id, message)
+        elif isinstance(error, (InDoubt, Busy, WaitingApproval)):
             parked = RunStatus.WAITING_APPROVAL if isinstance(error, WaitingApproval) else RunStatus.PAUSED
-            with ledger.transaction() as tx:  # parked and let go at once
+
+            def park(tx: Transaction) -> None:  # parked and let go at once
                 tx.transition_run(run.run_id, parked, run_token=run.run_token)
                 tx.release_run(run.run_id, run.run_token)
+            _end(ledger, run, parked, park)
             log.info("run %s parked %s: %s", run.run_id, parked, error)
         elif isinstance(error, ConflictError) and error.code == "LEASE_STALE":
             raise error
         elif isinstance(error, Exception):
-            ledger.transition_run(run.run_id, RunStatus.FAILED, error_code=type(error).__name__,
-                                  error_message=str(error) or repr(error), run_token=run.run_token)
+            _end(ledger, run, RunStatus.FAILED, lambda tx: tx.transition_run(
+                run.run_id, RunStatus.FAILED, error_code=type(error).__name__,
+                error_message=str(error) or repr(error), run_token=run.run_token))
             log.info("run %s failed: %r", run.run_id, error)
         else:
-            ledger.release_run(run.run_id, run.run_token)
+            _release(ledger, run)
             raise error
+
+
+def _end(ledger: ScopedLedger, run: ClaimedRun, status: RunStatus, write: Callable[[Transaction], object]) -> None:
+    """The run's last write, again on a fresh connection when the connection is lost; a try whose
+    commit was lost with its answer left the run in ``status``, and then nothing is repeated (the
+    answer's event is written once). When every try is lost the run is released (or its lease
+    runs out): never failed for a connection."""
+
+    tries = 0
+
+    def once() -> None:
+        nonlocal tries
+        tries += 1
+        if tries > 1:  # only a repeat asks: the first try costs no extra round trip
+            current = ledger.get_run(run.run_id)
+            if current is not None and current.status == status:
+                return
+        with ledger.transaction() as tx:
+            write(tx)
+
+    try:
+        again(f"run {run.run_id}: {status}", once)
+    except psycopg.OperationalError as e:
+        if not is_transient(e):
+            raise
+        log.warning("run %s: not moved to %s (%s); released", run.run_id, status, e)
+        _release(ledger, run)
+
+
+def _release(ledger: ScopedLedger, run: ClaimedRun) -> None:
+    """Lets the run go (claimable at once); when the connection stays lost, its lease runs out."""
+    try:
+        again(f"run {run.run_id}: release", lambda: ledger.release_run(run.run_id, run.run_token))
+    except psycopg.OperationalError as e:
+        if not is_transient(e):
+            raise
+        log.warning("run %s: not released (%s); its lease runs out", run.run_id, e)
 
 
 class _Lease:
@@ -295,7 +389,7 @@ class _Lease:
             if self._deadline is None and self._worker.stopping.is_set():
                 self._deadline = now + self._worker.shutdown_grace_s
             if self._deadline is not None and now >= self._deadline:
-                self._ledger.release_run(self._run.run_id, self._run.run_token)
+                _release(self._ledger, self._run)
                 log.warning("run %s released at shutdown, its agent unfinished", self._run.run_id)
                 return False
             if now >= self._next_beat:
