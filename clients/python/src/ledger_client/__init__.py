@@ -1,6 +1,7 @@
 """A thin client for the ledger PostgreSQL extension: every rule stays in the extension's SQL."""
 
-from .client import Ledger, LedgerCalls, ScopedLedger, Transaction
+from .aio import AsyncLedger, AsyncLedgerCalls, AsyncScopedLedger, AsyncTransaction
+from .client import Calls, Ledger, LedgerCalls, ScopedLedger, Transaction
 from .errors import (
     ConflictError,
     CorruptedError,
@@ -39,6 +40,7 @@ from .types import (
     EvidenceItem,
     OutboxEvent,
     OutboxStatus,
+    PendingApproval,
     ReplayReady,
     ResponseEvent,
     Run,
@@ -48,6 +50,7 @@ from .types import (
     StepStatus,
     ToolCall,
     ToolCallClaim,
+    ToolCallInDoubt,
     ToolCallStatus,
     ToolCallTombstone,
     ToolResponse,
@@ -55,11 +58,11 @@ from .types import (
 from .worker import ModelReply, RunContext, Worker
 
 __all__ = [
-    "Approval", "ApprovalStatus", "Busy", "ClaimOutcome", "ClaimedRun", "ConflictError", "CorruptedError",
+    "Approval", "ApprovalStatus", "AsyncLedger", "AsyncLedgerCalls", "AsyncScopedLedger", "AsyncTransaction", "Busy", "Calls", "ClaimOutcome", "ClaimedRun", "ConflictError", "CorruptedError",
     "CostEntry", "EvidenceItem", "IdempotencyMismatchError", "InDoubt", "InternalError", "InvalidArgumentError",
     "Ledger", "LedgerCalls", "LedgerError", "ModelReply", "NotFoundError", "OutboxConsumer", "OutboxEvent",
-    "OutboxStatus", "Purged", "ReadOnlyError", "Reconnect", "Rejected", "ReplayReady", "ResponseEvent", "Run", "RunContext",
-    "RunEvent", "RunStatus", "ScopeError", "ScopedLedger", "Step", "StepStatus", "ToolCall", "ToolCallClaim",
+    "OutboxStatus", "PendingApproval", "Purged", "ReadOnlyError", "Reconnect", "Rejected", "ReplayReady", "ResponseEvent", "Run", "RunContext",
+    "RunEvent", "RunStatus", "ScopeError", "ScopedLedger", "Step", "StepStatus", "ToolCall", "ToolCallClaim", "ToolCallInDoubt",
     "ToolCallResult", "ToolCallStatus", "ToolCallStopped", "ToolCallTombstone", "ToolFailed", "ToolRequest",
     "ToolResponse", "Transaction", "WaitingApproval", "Worker", "WrongStateError", "afollow", "follow", "tool_call", "tool_calls",
     "translate", "translated",
