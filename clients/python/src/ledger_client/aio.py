@@ -12,9 +12,10 @@ import psycopg
 from psycopg.abc import QueryNoTemplate as Query
 from psycopg.rows import dict_row
 
-from .client import Calls, OperatorCalls
+from .client import Calls, OperatorCalls, conninfo_of
 from .errors import translated
-from .statement import AsyncRunner, Row, Statement, scoped
+from .feed import afollow
+from .statement import AsyncRunner, Row, Scope, Statement, scoped
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -69,6 +70,11 @@ class AsyncLedger(OperatorCalls, AsyncRunner):
                     await conn.rollback()
                     await conn.set_autocommit(before)
 
+    @property
+    def conninfo(self) -> str:
+        """Where the ledger is: the conninfo string, or the pool's."""
+        return conninfo_of(self._source)
+
     def scoped(self, tenant_id: str, workspace_id: str) -> AsyncScopedLedger:
         """The handle of one scope."""
         return AsyncScopedLedger(self, tenant_id, workspace_id)
@@ -88,14 +94,12 @@ class AsyncLedger(OperatorCalls, AsyncRunner):
                     return statement.decode(await _fetch(cur, statement.query, statement.params))
 
 
-class AsyncScopedLedger(AsyncLedgerCalls):
+class AsyncScopedLedger(Scope["AsyncLedger"], AsyncLedgerCalls):
     """The async handle of one scope: each call is one statement that states the scope for
     itself only, as :class:`~ledger_client.ScopedLedger`'s."""
 
-    def __init__(self, ledger: AsyncLedger, tenant_id: str, workspace_id: str) -> None:
-        self.ledger = ledger
-        self.tenant_id = tenant_id
-        self.workspace_id = workspace_id
+    feed = afollow
+    """The run's events, each once, in order, to the end of the run: :func:`~ledger_client.afollow`."""
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncTransaction]:

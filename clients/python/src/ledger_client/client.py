@@ -24,7 +24,8 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from .errors import translated
-from .statement import Row, Statement, SyncRunner, call, function, scoped, value
+from .feed import follow
+from .statement import Row, Scope, Statement, SyncRunner, call, function, scoped, value
 from .types import (
     Approval,
     ClaimedRun,
@@ -46,6 +47,17 @@ if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
 T = TypeVar("T")
+
+# psycopg's connect() arguments that are not libpq's, left out of a pool's conninfo
+_NOT_LIBPQ = frozenset({"autocommit", "prepare_threshold", "context", "row_factory", "cursor_factory"})
+
+
+def conninfo_of(source: str | Any) -> str:
+    """The conninfo string itself, or a pool's conninfo with its libpq keyword arguments."""
+    if isinstance(source, str):
+        return source
+    kwargs = {k: v for k, v in (source.kwargs or {}).items() if k not in _NOT_LIBPQ}
+    return psycopg.conninfo.make_conninfo(source.conninfo, **kwargs)
 
 
 def _run(rows: list[Row]) -> Run:
@@ -544,6 +556,11 @@ class Ledger(OperatorCalls, SyncRunner):
                     conn.rollback()
                     conn.autocommit = before
 
+    @property
+    def conninfo(self) -> str:
+        """Where the ledger is: the conninfo string, or the pool's."""
+        return conninfo_of(self._source)
+
     def scoped(self, tenant_id: str, workspace_id: str) -> ScopedLedger:
         """The handle of one scope."""
         return ScopedLedger(self, tenant_id, workspace_id)
@@ -559,14 +576,12 @@ class Ledger(OperatorCalls, SyncRunner):
             return statement.decode(_fetch(cur, statement.query, statement.params))
 
 
-class ScopedLedger(LedgerCalls):
+class ScopedLedger(Scope["Ledger"], LedgerCalls):
     """The handle of one scope: each call is one statement, its own implicit transaction, that
     states the scope for itself only."""
 
-    def __init__(self, ledger: Ledger, tenant_id: str, workspace_id: str) -> None:
-        self.ledger = ledger
-        self.tenant_id = tenant_id
-        self.workspace_id = workspace_id
+    feed = follow
+    """The run's events, each once, in order, to the end of the run: :func:`~ledger_client.follow`."""
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:

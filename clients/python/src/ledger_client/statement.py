@@ -11,7 +11,7 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from psycopg import sql
 from psycopg.abc import QueryNoTemplate as Query
@@ -20,6 +20,28 @@ from psycopg.types.json import Jsonb
 Row = dict[str, Any]
 P = ParamSpec("P")
 T = TypeVar("T")
+
+
+class Located(Protocol):
+    @property
+    def conninfo(self) -> str: ...
+
+
+L = TypeVar("L", bound=Located)
+
+
+class Scope(Generic[L]):
+    """A scoped handle's state: its ledger (sync or async) and the scope it states."""
+
+    def __init__(self, ledger: L, tenant_id: str, workspace_id: str) -> None:
+        self.ledger = ledger
+        self.tenant_id = tenant_id
+        self.workspace_id = workspace_id
+
+    @property
+    def conninfo(self) -> str:
+        """The ledger's conninfo (where the feed's follower connects)."""
+        return self.ledger.conninfo
 
 
 @dataclass(frozen=True)
