@@ -84,13 +84,15 @@ def value(rows: list[Row]) -> Any:
 
 def scoped(statement: Statement[Any], tenant_id: str, workspace_id: str) -> tuple[Query, list[Any]]:
     """The statement with the scope stated inside it, for the statement's implicit transaction
-    only: ``set_scope`` is the outer side of a lateral join that the statement's own query
-    references (``s.one``), so the planner cannot run the query first, and each function of it
-    (volatile or STABLE, and the row-level security policies) sees the scope."""
+    only. ``set_scope`` is the outer side of a lateral join whose inner side tests its result
+    (``s.done``) inside a subquery the planner may not flatten (``OFFSET 0``: the test, and so the
+    order, stays inside), so the query runs after it, and every function in it (volatile or
+    STABLE) and every row-level security policy sees the scope (EXPLAIN: a one-time filter on
+    ``set_scope`` gates the query's scan)."""
     inner = statement.query if isinstance(statement.query, sql.Composable) else sql.SQL(statement.query)  # type: ignore[arg-type]
     query = sql.SQL(
-        "SELECT r.* FROM (SELECT 1 AS one FROM ledger.set_scope(%s, %s, is_local => true) OFFSET 0) s,"
-        " LATERAL (SELECT q.* FROM ({}) q WHERE s.one = 1) r"
+        "SELECT r.* FROM (SELECT ledger.set_scope(%s, %s, is_local => true)::text AS done OFFSET 0) s,"
+        " LATERAL (SELECT q.* FROM ({}) q WHERE s.done IS NOT NULL OFFSET 0) r"
     ).format(inner)
     return query, [tenant_id, workspace_id, *statement.params]
 
