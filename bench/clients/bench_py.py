@@ -1,7 +1,9 @@
 """One durable no-op tool call (claim, begin, complete: three commits) through the Python
 helper's tool_call on a pooled scoped handle, against the same three statements in raw psycopg on
 one autocommit connection that stated its scope once. Alternating blocks, so drift hits both
-alike. Prints one line: python, then p50 ms and calls/s of the helper, then of raw."""
+alike; and the same three calls through the scoped handle's methods (no helper around them).
+Prints a line per way (python: the helper, python-handle: the methods), each with its p50 ms and
+calls/s, then raw's."""
 
 import statistics
 import sys
@@ -35,6 +37,13 @@ def main(dsn: str, calls: int, blocks: int) -> None:
         def helper() -> None:
             tool_call(scoped, helper_run, f"c-{n}", "bench.noop", {"n": n}, noop)
 
+        def handle() -> None:
+            claim = scoped.claim_tool_call(helper_run, "bench.noop", {"n": n}, tool_call_id=f"c-{n}")
+            assert claim.tool_call is not None
+            record = claim.tool_call
+            scoped.begin_tool_call(record.id, record.attempt)
+            scoped.complete_tool_call(record.id, record.attempt, "succeeded", noop({"n": n}))
+
         def plain() -> None:
             claim = raw.execute("SELECT ledger.claim_tool_call(%s, %s, %s, tool_call_id => %s)",
                                 (raw_run, "bench.noop", Jsonb({"n": n}), f"c-{n}")).fetchone()
@@ -44,9 +53,9 @@ def main(dsn: str, calls: int, blocks: int) -> None:
             raw.execute("SELECT ledger.complete_tool_call(%s, %s, 'succeeded', result => %s)",
                         (record["id"], record["attempt"], Jsonb(noop({"n": n}))))
 
-        samples: dict[str, list[float]] = {"helper": [], "raw": []}
-        elapsed = {"helper": 0.0, "raw": 0.0}
-        ways: dict[str, Callable[[], None]] = {"helper": helper, "raw": plain}
+        ways: dict[str, Callable[[], None]] = {"helper": helper, "handle": handle, "raw": plain}
+        samples: dict[str, list[float]] = {name: [] for name in ways}
+        elapsed = dict.fromkeys(ways, 0.0)
         for block in range(blocks + 1):  # block 0 warms both up and is not counted
             for name, way in ways.items():
                 for _ in range(calls):
@@ -57,10 +66,11 @@ def main(dsn: str, calls: int, blocks: int) -> None:
                     if block:
                         samples[name].append(took)
                         elapsed[name] += took
-        row = ["python"]
-        for name in ("helper", "raw"):
-            row += [f"{statistics.median(samples[name]) * 1000:.3f}", f"{len(samples[name]) / elapsed[name]:.0f}"]
-        print("\t".join(row))
+        def stats(name: str) -> list[str]:
+            return [f"{statistics.median(samples[name]) * 1000:.3f}", f"{len(samples[name]) / elapsed[name]:.0f}"]
+
+        print("\t".join(["python", *stats("helper"), *stats("raw")]))
+        print("\t".join(["python-handle", *stats("handle"), *stats("raw")]))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ url="postgresql://postgres@/$db?host=$LEDGER_TEST_HOST&port=$LEDGER_TEST_PORT"
 rows=()
 for c in $clients; do
   case $c in
-    python) rows+=("$(PYTHONPATH="$root/clients/python/src" "$py" "$here/bench_py.py" "$dsn" "$calls" "$blocks")") ;;
+    python) mapfile -t -O "${#rows[@]}" rows < <(PYTHONPATH="$root/clients/python/src" "$py" "$here/bench_py.py" "$dsn" "$calls" "$blocks") ;;
     typescript)
       (cd "$root/clients/typescript" && { [ -d node_modules ] || npm ci --no-audit --no-fund --loglevel=error; } && npx tsc -p .)
       rows+=("$(node "$here/bench_ts.mjs" "$url" "$calls" "$blocks")") ;;
@@ -36,8 +36,9 @@ for c in $clients; do
   esac
 done
 echo "1 client, $calls calls x $blocks blocks each way; one call = claim + begin + complete of a no-op tool"
-printf '%-11s %14s %14s %12s %12s %14s\n' client "helper p50 ms" "raw p50 ms" "helper /s" "raw /s" "helper/raw p50"
+echo "(python: the tool_call helper; python-handle: the three calls through the scoped handle)"
+printf '%-14s %14s %14s %12s %12s %14s\n' client "helper p50 ms" "raw p50 ms" "helper /s" "raw /s" "helper/raw p50"
 for r in "${rows[@]}"; do
   IFS=$'\t' read -r name hp hc rp rc <<<"$r"
-  printf '%-11s %14s %14s %12s %12s %14s\n' "$name" "$hp" "$rp" "$hc" "$rc" "$(awk -v a="$hp" -v b="$rp" 'BEGIN{printf "%.2f x", a/b}')"
+  printf '%-14s %14s %14s %12s %12s %14s\n' "$name" "$hp" "$rp" "$hc" "$rc" "$(awk -v a="$hp" -v b="$rp" 'BEGIN{printf "%.2f x", a/b}')"
 done
