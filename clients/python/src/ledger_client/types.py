@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 
 class RunStatus(StrEnum):
@@ -495,8 +495,16 @@ class EvidenceItem:
     missing: list[Any]
 
 
+class _FromRow:
+    """``from_row`` for a type whose fields are the row's columns as they come."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        return _build(cls, row)
+
+
 @dataclass(frozen=True)
-class ToolCallInDoubt:
+class ToolCallInDoubt(_FromRow):
     """A row of ``ledger.tool_calls_in_doubt``: a call whose request may have left without an
     answer, waiting for ``resolve_tool_call``; ``lease_owner`` held the attempt when it went in doubt."""
 
@@ -513,13 +521,9 @@ class ToolCallInDoubt:
     error_message: str | None
     updated_at: datetime
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> ToolCallInDoubt:
-        return _build(cls, row)
-
 
 @dataclass(frozen=True)
-class PendingApproval:
+class PendingApproval(_FromRow):
     """A row of ``ledger.pending_approvals`` with the call's ``arguments`` as stored (redacted), or
     None for an approval without a tool call; decide it with ``resolve_approval``."""
 
@@ -533,7 +537,3 @@ class PendingApproval:
     policy_ref: str | None
     details: dict[str, Any]
     created_at: datetime
-
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> PendingApproval:
-        return _build(cls, row)
