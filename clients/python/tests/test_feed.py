@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from ledger_client import InvalidArgumentError, NotFoundError, RunEvent
-from ledger_client.feed import Reconnect, afollow, follow
+from ledger_client import AsyncLedger, InvalidArgumentError, Ledger, NotFoundError, RunEvent
+from ledger_client.feed import Reconnect, afollow
 
 SCOPE = ("acme", "stream")
 FAST = Reconnect(initial_s=0.05, max_s=0.5)
@@ -71,18 +71,18 @@ def collect(
     page: int = 1000,
     reconnect: Reconnect = FAST,
 ) -> list[RunEvent]:
-    """Follow with `follow` or `afollow` to the end; `on_event` sees the list after each event.
+    """Follow with the scoped handle's `feed` or `afollow` to the end; `on_event` sees the list after each event.
     wait_s is far beyond a test's length: only notifications wake the follower in time."""
     seen: list[RunEvent] = []
     kw: dict[str, Any] = {"cursor": cursor, "wait_s": wait_s, "page": page, "reconnect": reconnect}
     if flavour == "sync":
-        for event in follow(conninfo, *SCOPE, run_id, **kw):
+        for event in Ledger(conninfo).scoped(*SCOPE).feed(run_id, **kw):
             seen.append(event)
             on_event(seen)
     else:
 
         async def run() -> None:
-            async for event in afollow(conninfo, *SCOPE, run_id, **kw):
+            async for event in afollow(AsyncLedger(conninfo).scoped(*SCOPE), run_id, **kw):
                 seen.append(event)
                 on_event(seen)
 

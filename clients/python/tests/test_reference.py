@@ -27,13 +27,14 @@ MANUAL = Path(__file__).resolve().parents[1] / "README.md"
 NOT_CONSTRUCTED = {
     "Approval", "ClaimedRun", "CostEntry", "EvidenceItem", "OutboxEvent", "ReplayReady", "ResponseEvent", "Run",
     "RunEvent", "Step", "ToolCall", "ToolCallClaim", "ToolCallResult", "ToolCallTombstone", "ToolResponse",
-    "LedgerCalls", "ScopedLedger", "Transaction", "RunContext", "RunStream",
+    "LedgerCalls", "ScopedLedger", "Transaction", "Calls", "AsyncLedgerCalls", "AsyncScopedLedger",
+    "AsyncTransaction", "PendingApproval", "ToolCallInDoubt", "RunContext", "RunStream",
 }
 
 # The "### " subsections of the manual's Reference, and the public callables whose parameters each
 # documents.
 REFERENCED: dict[str, list[Callable[..., Any]]] = {
-    "Ledger": [ledger_client.Ledger],
+    "Ledger": [ledger_client.Ledger, ledger_client.AsyncLedger],
     "Worker": [ledger_client.Worker, ledger_client.Worker.run],
     "RunContext": [ledger_client.RunContext.step, ledger_client.RunContext.llm_step,
                    ledger_client.RunContext.tool_calls, ledger_client.ModelReply],

@@ -1,6 +1,7 @@
 """A thin client for the ledger PostgreSQL extension: every rule stays in the extension's SQL."""
 
-from .client import Ledger, LedgerCalls, ScopedLedger, Transaction
+from .aio import AsyncLedger, AsyncLedgerCalls, AsyncScopedLedger, AsyncTransaction
+from .client import Calls, Ledger, LedgerCalls, ScopedLedger, Transaction
 from .errors import (
     ConflictError,
     CorruptedError,
@@ -42,6 +43,7 @@ from .types import (
     EvidenceItem,
     OutboxEvent,
     OutboxStatus,
+    PendingApproval,
     ReplayReady,
     ResponseEvent,
     Run,
@@ -51,6 +53,7 @@ from .types import (
     StepStatus,
     ToolCall,
     ToolCallClaim,
+    ToolCallInDoubt,
     ToolCallStatus,
     ToolCallTombstone,
     ToolResponse,
@@ -58,11 +61,12 @@ from .types import (
 from .worker import ModelReply, RunContext, Worker
 
 __all__ = [
-    "Approval", "ApprovalStatus", "Busy", "ClaimOutcome", "ClaimedRun", "ConflictError", "CorruptedError",
+    "Approval", "ApprovalStatus", "AsyncLedger", "AsyncLedgerCalls", "AsyncScopedLedger", "AsyncTransaction", "Busy", "Calls", "ClaimOutcome", "ClaimedRun", "ConflictError", "CorruptedError",
     "CostEntry", "EvidenceItem", "IdempotencyMismatchError", "InDoubt", "InternalError", "InvalidArgumentError",
     "Ledger", "LedgerCalls", "LedgerError", "ModelReply", "NotEncodable", "NotFoundError", "OutboxConsumer", "OutboxEvent",
-    "OutboxStatus", "Purged", "ReadOnlyError", "Reconnect", "Rejected", "ReplayReady", "ResultNotEncodable", "ResponseEvent", "Run", "RunContext",
-    "RunEvent", "RunStatus", "ScopeError", "ScopedLedger", "Step", "StepStatus", "ToolCall", "ToolCallClaim",
+    "OutboxStatus", "PendingApproval", "Purged", "ReadOnlyError", "Reconnect", "Rejected", "ReplayReady", "ResultNotEncodable",
+    "ResponseEvent", "Run", "RunContext",
+    "RunEvent", "RunStatus", "ScopeError", "ScopedLedger", "Step", "StepStatus", "ToolCall", "ToolCallClaim", "ToolCallInDoubt",
     "ToolCallResult", "ToolCallStatus", "ToolCallStopped", "ToolCallTombstone", "ToolFailed", "ToolRequest",
     "ToolResponse", "Transaction", "WaitingApproval", "Worker", "WrongStateError", "afollow", "encode", "follow", "is_transient", "tool_call",
     "tool_calls",

@@ -1,35 +1,38 @@
 """The handle: :class:`Ledger` over a connection pool (or a conninfo string), and
-:meth:`Ledger.scoped`, whose every call takes a connection, opens a transaction, states the scope
-with ``ledger.set_scope(..., is_local => true)`` (safe with pools and transaction pooling) and
-commits. Several calls that must commit together go through :meth:`ScopedLedger.transaction`.
+:meth:`Ledger.scoped`, whose every call is one statement on a connection in autocommit that
+states the scope for its own implicit transaction (``ledger.set_scope(..., is_local => true)``
+inside the statement: one round trip, safe with pools and transaction pooling). Several calls that
+must commit together go through :meth:`ScopedLedger.transaction`, which states the scope once.
 
 The methods are the ledger's functions with their SQL names and arguments, typed; every rule
 (status machine, fencing, redaction) stays in the extension. :meth:`LedgerCalls.execute` runs any
-other SQL in the same scoped transaction.
+other SQL in a scoped transaction. Each is declared once in :class:`Calls` as a statement builder;
+:mod:`ledger_client.aio` awaits the same declarations.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from psycopg import sql
 from psycopg.abc import QueryNoTemplate as Query
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from .errors import translated
+from .feed import follow
+from .statement import Row, Scope, Statement, SyncRunner, call, function, scoped, value
 from .types import (
     Approval,
     ClaimedRun,
     CostEntry,
     EvidenceItem,
     OutboxEvent,
+    PendingApproval,
     ReplayReady,
     ResponseEvent,
     Run,
@@ -37,52 +40,76 @@ from .types import (
     Step,
     ToolCall,
     ToolCallClaim,
+    ToolCallInDoubt,
 )
 
 if TYPE_CHECKING:
     from psycopg_pool import ConnectionPool
 
-Row = dict[str, Any]
+T = TypeVar("T")
+
+# psycopg's connect() arguments that are not libpq's, left out of a pool's conninfo
+_NOT_LIBPQ = frozenset({"autocommit", "prepare_threshold", "context", "row_factory", "cursor_factory"})
 
 
-def _json(value: Any) -> Any:
-    """Dicts as jsonb parameters (lists stay arrays: ``text[]``); anything else as it is."""
-    return Jsonb(value) if isinstance(value, dict) else value
+def conninfo_of(source: str | Any) -> str:
+    """The conninfo string itself, or a pool's conninfo with its libpq keyword arguments."""
+    if isinstance(source, str):
+        return source
+    kwargs = {k: v for k, v in (source.kwargs or {}).items() if k not in _NOT_LIBPQ}
+    return psycopg.conninfo.make_conninfo(source.conninfo, **kwargs)
 
 
-def _call(function: str, args: Sequence[Any], named: Mapping[str, Any] | None = None) -> tuple[sql.Composed, list[Any]]:
-    """``SELECT * FROM ledger.<function>(%s, ..., name => %s, ...)``; named arguments that are None
-    are left out, so the SQL default applies."""
-    given = {k: v for k, v in (named or {}).items() if v is not None}
-    parts = [sql.SQL("%s")] * len(args) + [
-        sql.SQL("{} => %s").format(sql.Identifier(name)) for name in given
-    ]
-    query = sql.SQL("SELECT * FROM ledger.{}({})").format(sql.Identifier(function), sql.SQL(", ").join(parts))
-    return query, [_json(a) for a in args] + [_json(v) for v in given.values()]
+def _run(rows: list[Row]) -> Run:
+    return Run.from_row(rows[0])
 
 
-class LedgerCalls(ABC):
-    """The ledger's functions, typed. Subclasses say where each statement runs."""
+def _step(rows: list[Row]) -> Step:
+    return Step.from_row(rows[0])
 
-    @abstractmethod
-    def _rows(self, query: Query, params: Sequence[Any] = ()) -> list[Row]:
-        """Runs one statement; its rows as dicts."""
 
-    def _fn(self, function: str, *args: Any, **named: Any) -> list[Row]:
-        query, params = _call(function, args, named)
-        return self._rows(query, params)
+def _claimed(rows: list[Row]) -> ClaimedRun | None:
+    return ClaimedRun.from_row(rows[0]) if rows else None
 
-    def _value(self, function: str, *args: Any, **named: Any) -> Any:
-        """The single value a scalar function returns."""
-        return next(iter(self._fn(function, *args, **named)[0].values()))
 
-    def execute(self, query: Query, params: Sequence[Any] = ()) -> list[Row]:
+def _nothing(rows: list[Row]) -> None:
+    return None
+
+
+def _replay_ready(rows: list[Row]) -> ReplayReady:
+    answer = value(rows)
+    return ReplayReady(status=answer["status"], missing=tuple(answer["missing"]))
+
+
+def _claim(rows: list[Row]) -> ToolCallClaim:
+    return ToolCallClaim.from_json(value(rows))
+
+
+def _claims(rows: list[Row]) -> list[ToolCallClaim]:
+    return [ToolCallClaim.from_json(r["claim"]) for r in sorted(rows, key=lambda r: int(r["index"]))]
+
+
+def _tool_call(rows: list[Row]) -> ToolCall:
+    return ToolCall.from_row(value(rows)["tool_call"])
+
+
+def _outbox_events(rows: list[Row]) -> list[OutboxEvent]:
+    return [OutboxEvent.from_row(r) for r in rows]
+
+
+class Calls:
+    """The ledger's functions, typed, each declared once as a statement builder (:class:`call`):
+    :class:`LedgerCalls` runs them, :class:`~ledger_client.aio.AsyncLedgerCalls` awaits them."""
+
+    @call
+    def execute(self, query: Query, params: Sequence[Any] = ()) -> Statement[list[Row]]:
         """Any SQL, in this handle's scoped transaction: the rows as dicts (none for a statement
         without a result). Ledger errors come back as :class:`~ledger_client.LedgerError`."""
-        return self._rows(query, params)
+        return Statement(query, params, list, relation=False)
 
     # Runs
 
+    @call
     def create_run(
         self,
         mode: str,
@@ -100,23 +127,25 @@ class LedgerCalls(ABC):
         user_id: str | None = None,
         trace_id: str | None = None,
         input_summary: str | None = None,
-    ) -> Run:
+    ) -> Statement[Run]:
         """A new ``queued`` run (or the existing one for a repeated ``request_id``/``run_id``)."""
-        return Run.from_row(self._fn(
-            "create_run", mode, inputs=dict(inputs) if inputs is not None else None, kind=kind,
+        return function(
+            _run, "create_run", mode, inputs=dict(inputs) if inputs is not None else None, kind=kind,
             subject_kind=subject_kind, subject_id=subject_id, subject_version_id=subject_version_id,
             request_id=request_id, parent_run_id=parent_run_id, source_run_id=source_run_id,
             attempt_no=attempt_no, run_id=run_id, user_id=user_id, trace_id=trace_id,
             input_summary=input_summary,
-        )[0])
+        )
 
-    def get_run(self, run_id: str) -> Run | None:
+    @call
+    def get_run(self, run_id: str) -> Statement[Run | None]:
         """The run as it is now, or None when the scope has no such run (the scope is stated in the
         query too: row-level security does not bind a superuser)."""
-        rows = self._rows("SELECT * FROM ledger.runs WHERE id = %s AND tenant_id = ledger.scope_tenant()"
-                          " AND workspace_id = ledger.scope_workspace()", (run_id,))
-        return Run.from_row(rows[0]) if rows else None
+        return Statement("SELECT * FROM ledger.runs WHERE id = %s AND tenant_id = ledger.scope_tenant()"
+                         " AND workspace_id = ledger.scope_workspace()", (run_id,),
+                         lambda rows: Run.from_row(rows[0]) if rows else None)
 
+    @call
     def transition_run(
         self,
         run_id: str,
@@ -128,22 +157,25 @@ class LedgerCalls(ABC):
         error_message: str | None = None,
         error_step_id: str | None = None,
         run_token: int | None = None,
-    ) -> Run:
-        return Run.from_row(self._fn(
-            "transition_run", run_id, str(to_status), expected_status=expected_status,
+    ) -> Statement[Run]:
+        return function(
+            _run, "transition_run", run_id, str(to_status), expected_status=expected_status,
             output_summary=output_summary, error_code=error_code, error_message=error_message,
             error_step_id=error_step_id, run_token=run_token,
-        )[0])
+        )
 
-    def retry_run(self, run_id: str, inputs: Mapping[str, Any] | None = None) -> Run:
+    @call
+    def retry_run(self, run_id: str, inputs: Mapping[str, Any] | None = None) -> Statement[Run]:
         """A new attempt of a failed (or canceled, expired) run, queued; pass its source's
         idempotency keys to reuse finished tool calls' results."""
-        return Run.from_row(self._fn("retry_run", run_id, inputs=dict(inputs) if inputs is not None else None)[0])
+        return function(_run, "retry_run", run_id, inputs=dict(inputs) if inputs is not None else None)
 
-    def replay_run(self, run_id: str, inputs: Mapping[str, Any] | None = None) -> Run:
+    @call
+    def replay_run(self, run_id: str, inputs: Mapping[str, Any] | None = None) -> Statement[Run]:
         """A new run replaying a finished one (any terminal status)."""
-        return Run.from_row(self._fn("replay_run", run_id, inputs=dict(inputs) if inputs is not None else None)[0])
+        return function(_run, "replay_run", run_id, inputs=dict(inputs) if inputs is not None else None)
 
+    @call
     def claim_run(
         self,
         lease_owner: str,
@@ -152,25 +184,26 @@ class LedgerCalls(ABC):
         modes: Sequence[str] | None = None,
         kinds: Sequence[str] | None = None,
         lease_seconds: int = 60,
-    ) -> ClaimedRun | None:
+    ) -> Statement[ClaimedRun | None]:
         """The claimed run (its ``run_token`` fences every later write), or None: nothing claimable."""
-        rows = self._fn(
-            "claim_run", lease_owner, run_id=run_id, modes=list(modes) if modes is not None else None,
+        return function(
+            _claimed, "claim_run", lease_owner, run_id=run_id, modes=list(modes) if modes is not None else None,
             kinds=list(kinds) if kinds is not None else None, lease_seconds=lease_seconds,
         )
-        return ClaimedRun.from_row(rows[0]) if rows else None
 
-    def heartbeat_run(self, run_id: str, run_token: int, extend_seconds: int | None = None) -> datetime:
+    @call
+    def heartbeat_run(self, run_id: str, run_token: int, extend_seconds: int | None = None) -> Statement[datetime]:
         """Extends the owner's lease; returns when it now ends."""
-        result: datetime = self._value("heartbeat_run", run_id, run_token, extend_seconds=extend_seconds)
-        return result
+        return function(value, "heartbeat_run", run_id, run_token, extend_seconds=extend_seconds)
 
-    def release_run(self, run_id: str, run_token: int) -> None:
+    @call
+    def release_run(self, run_id: str, run_token: int) -> Statement[None]:
         """Gives the run up: claimable at once, and ``run_token`` is over."""
-        self._fn("release_run", run_id, run_token)
+        return function(_nothing, "release_run", run_id, run_token)
 
     # Steps
 
+    @call
     def create_step(
         self,
         run_id: str,
@@ -182,13 +215,14 @@ class LedgerCalls(ABC):
         status: str | None = None,
         step_id: str | None = None,
         run_token: int | None = None,
-    ) -> Step:
+    ) -> Statement[Step]:
         """A new step, or the run's step with this ``step_key`` as it is now (a resume)."""
-        return Step.from_row(self._fn(
-            "create_step", run_id, step_type, step_key=step_key, node_id=node_id,
+        return function(
+            _step, "create_step", run_id, step_type, step_key=step_key, node_id=node_id,
             input_summary=input_summary, status=status, step_id=step_id, run_token=run_token,
-        )[0])
+        )
 
+    @call
     def transition_step(
         self,
         step_id: str,
@@ -201,16 +235,17 @@ class LedgerCalls(ABC):
         error_message: str | None = None,
         error_details: Any = None,
         run_token: int | None = None,
-    ) -> Step:
-        return Step.from_row(self._fn(
-            "transition_step", step_id, str(to_status), expected_status=expected_status,
+    ) -> Statement[Step]:
+        return function(
+            _step, "transition_step", step_id, str(to_status), expected_status=expected_status,
             output_summary=output_summary, metrics=dict(metrics) if metrics is not None else None,
             error_code=error_code, error_message=error_message,
             error_details=Jsonb(error_details) if error_details is not None else None, run_token=run_token,
-        )[0])
+        )
 
     # Evidence
 
+    @call
     def record_cost(
         self,
         run_id: str,
@@ -228,49 +263,53 @@ class LedgerCalls(ABC):
         source_port: str | None = None,
         operation: str | None = None,
         source_ref: str | None = None,
-    ) -> CostEntry:
+    ) -> Statement[CostEntry]:
         """A cost entry; pass money as a Decimal (a float is taken as its shortest decimal text)."""
-        return CostEntry.from_row(self._fn(
-            "record_cost", run_id, billing_basis, Decimal(billed_quantity), amount=amount, currency=currency,
+        return function(
+            lambda rows: CostEntry.from_row(rows[0]), "record_cost", run_id, billing_basis, Decimal(billed_quantity), amount=amount, currency=currency,
             step_id=step_id, usage=dict(usage) if usage is not None else None,
             pricing_snapshot=dict(pricing_snapshot) if pricing_snapshot is not None else None,
             provider=provider, model_ref=model_ref, tool_ref=tool_ref, source_port=source_port,
             operation=operation, source_ref=source_ref,
-        )[0])
+        )
 
+    @call
     def record_response_event(
         self, run_id: str, event_type: str, payload: Mapping[str, Any] | None = None, *, step_id: str | None = None
-    ) -> ResponseEvent:
+    ) -> Statement[ResponseEvent]:
         """Records what the run showed its user (``message``, ``delta``, ...)."""
-        return ResponseEvent.from_row(self._fn(
-            "record_response_event", run_id, event_type, payload=dict(payload) if payload is not None else None,
+        return function(
+            lambda rows: ResponseEvent.from_row(rows[0]), "record_response_event", run_id, event_type, payload=dict(payload) if payload is not None else None,
             step_id=step_id,
-        )[0])
+        )
 
-    def events_since(self, run_id: str, after_event_id: str | None = None, max_events: int = 1000) -> list[RunEvent]:
+    @call
+    def events_since(self, run_id: str, after_event_id: str | None = None, max_events: int = 1000) -> Statement[list[RunEvent]]:
         """One page of the run's feed after the cursor (from the start when None), in seq order."""
-        return [RunEvent.from_row(r) for r in self._fn(
-            "events_since", run_id, after_event_id=after_event_id, max_events=max_events)]
+        return function(lambda rows: [RunEvent.from_row(r) for r in rows],
+                        "events_since", run_id, after_event_id=after_event_id, max_events=max_events)
 
-    def replay_ready(self, run_id: str) -> ReplayReady:
-        answer = self._value("replay_ready", run_id)
-        return ReplayReady(status=answer["status"], missing=tuple(answer["missing"]))
+    @call
+    def replay_ready(self, run_id: str) -> Statement[ReplayReady]:
+        return function(_replay_ready, "replay_ready", run_id)
 
-    def run_evidence(self, run_id: str) -> list[EvidenceItem]:
-        return [EvidenceItem(**item) for item in self._value("run_evidence", run_id)]
+    @call
+    def run_evidence(self, run_id: str) -> Statement[list[EvidenceItem]]:
+        return function(lambda rows: [EvidenceItem(**item) for item in value(rows)], "run_evidence", run_id)
 
-    def replay_bundle(self, run_id: str) -> dict[str, Any]:
+    @call
+    def replay_bundle(self, run_id: str) -> Statement[dict[str, Any]]:
         """Everything about the run in one read (documented jsonb, returned as a dict)."""
-        bundle: dict[str, Any] = self._value("replay_bundle", run_id)
-        return bundle
+        return function(value, "replay_bundle", run_id)
 
-    def otel_trace(self, run_id: str, service_name: str = "ledger") -> dict[str, Any]:
+    @call
+    def otel_trace(self, run_id: str, service_name: str = "ledger") -> Statement[dict[str, Any]]:
         """The run as an OpenTelemetry trace, OTLP/JSON (send it with :mod:`ledger_client.otel`)."""
-        trace: dict[str, Any] = self._value("otel_trace", run_id, service_name=service_name)
-        return trace
+        return function(value, "otel_trace", run_id, service_name=service_name)
 
     # Tool calls
 
+    @call
     def claim_tool_call(
         self,
         run_id: str,
@@ -285,15 +324,16 @@ class LedgerCalls(ABC):
         retry_failed: bool | None = None,
         approval: Mapping[str, Any] | None = None,
         run_token: int | None = None,
-    ) -> ToolCallClaim:
+    ) -> Statement[ToolCallClaim]:
         """The claim's answer; its outcome is returned, never raised (see ``ClaimOutcome``)."""
-        return ToolCallClaim.from_json(self._value(
-            "claim_tool_call", run_id, tool_ref, Jsonb(dict(arguments or {})), tool_call_id=tool_call_id,
+        return function(
+            _claim, "claim_tool_call", run_id, tool_ref, Jsonb(dict(arguments or {})), tool_call_id=tool_call_id,
             idempotency_key=idempotency_key, step_id=step_id, lease_owner=lease_owner,
             timeout_seconds=timeout_seconds, retry_failed=retry_failed,
             approval=dict(approval) if approval is not None else None, run_token=run_token,
-        ))
+        )
 
+    @call
     def claim_tool_calls(
         self,
         run_id: str,
@@ -302,22 +342,24 @@ class LedgerCalls(ABC):
         lease_owner: str | None = None,
         begin: bool = False,
         run_token: int | None = None,
-    ) -> list[ToolCallClaim]:
+    ) -> Statement[list[ToolCallClaim]]:
         """The answers for one model turn's calls, in input order (``begin``: the claimed ones are
         begun too; commit before any request leaves)."""
-        rows = self._fn(
-            "claim_tool_calls", run_id, Jsonb([dict(c) for c in calls]), lease_owner=lease_owner,
+        return function(
+            _claims, "claim_tool_calls", run_id, Jsonb([dict(c) for c in calls]), lease_owner=lease_owner,
             begin=begin, run_token=run_token,
         )
-        return [ToolCallClaim.from_json(r["claim"]) for r in sorted(rows, key=lambda r: int(r["index"]))]
 
-    def begin_tool_call(self, tool_call_record_id: str, attempt: int) -> ToolCall:
+    @call
+    def begin_tool_call(self, tool_call_record_id: str, attempt: int) -> Statement[ToolCall]:
         """Marks the outbound boundary (status ``running``); commit before the request leaves."""
-        return self._tool_call("begin_tool_call", tool_call_record_id, attempt)
+        return function(_tool_call, "begin_tool_call", tool_call_record_id, attempt)
 
-    def heartbeat_tool_call(self, tool_call_record_id: str, attempt: int, extend_seconds: int | None = None) -> ToolCall:
-        return self._tool_call("heartbeat_tool_call", tool_call_record_id, attempt, extend_seconds=extend_seconds)
+    @call
+    def heartbeat_tool_call(self, tool_call_record_id: str, attempt: int, extend_seconds: int | None = None) -> Statement[ToolCall]:
+        return function(_tool_call, "heartbeat_tool_call", tool_call_record_id, attempt, extend_seconds=extend_seconds)
 
+    @call
     def complete_tool_call(
         self,
         tool_call_record_id: str,
@@ -327,14 +369,15 @@ class LedgerCalls(ABC):
         *,
         error_message: str | None = None,
         metadata: Mapping[str, Any] | None = None,
-    ) -> ToolCall:
+    ) -> Statement[ToolCall]:
         """Records how the attempt ended: ``succeeded``, ``failed`` or ``unknown`` (in doubt)."""
-        return self._tool_call(
-            "complete_tool_call", tool_call_record_id, attempt, outcome,
+        return function(
+            _tool_call, "complete_tool_call", tool_call_record_id, attempt, outcome,
             result=Jsonb(result) if result is not None else None, error_message=error_message,
             metadata=dict(metadata) if metadata is not None else None,
         )
 
+    @call
     def resolve_tool_call(
         self,
         tool_call_record_id: str,
@@ -343,13 +386,14 @@ class LedgerCalls(ABC):
         *,
         actor: str | None = None,
         note: str | None = None,
-    ) -> ToolCall:
+    ) -> Statement[ToolCall]:
         """A person's decision on an in-doubt call: ``succeeded``, ``failed`` or ``retry``."""
-        return self._tool_call(
-            "resolve_tool_call", tool_call_record_id, decision,
+        return function(
+            _tool_call, "resolve_tool_call", tool_call_record_id, decision,
             result=Jsonb(result) if result is not None else None, actor=actor, note=note,
         )
 
+    @call
     def request_tool_approval(
         self,
         run_id: str,
@@ -362,50 +406,90 @@ class LedgerCalls(ABC):
         policy_ref: str | None = None,
         details: Mapping[str, Any] | None = None,
         run_token: int | None = None,
-    ) -> ToolCallClaim:
-        return ToolCallClaim.from_json(self._value(
-            "request_tool_approval", run_id, tool_ref, Jsonb(dict(arguments)), tool_call_id=tool_call_id,
+    ) -> Statement[ToolCallClaim]:
+        return function(
+            _claim, "request_tool_approval", run_id, tool_ref, Jsonb(dict(arguments)), tool_call_id=tool_call_id,
             idempotency_key=idempotency_key, title=title, policy_ref=policy_ref,
             details=dict(details) if details is not None else None, run_token=run_token,
-        ))
+        )
 
+    @call
     def resolve_approval(
         self, approval_id: str, decision: str, *, actor: str | None = None, note: str | None = None
-    ) -> Approval:
+    ) -> Statement[Approval]:
         """``approved`` (the next claim gets ``claimed``) or ``rejected``."""
-        return Approval.from_row(self._value("resolve_approval", approval_id, decision, actor=actor, note=note))
+        return function(lambda rows: Approval.from_row(value(rows)), "resolve_approval", approval_id, decision,
+                        actor=actor, note=note)
 
-    def sweep_tool_calls(self) -> int:
+    @call
+    def sweep_tool_calls(self) -> Statement[int]:
         """Marks expired leases in doubt (begun) or claimable again (not begun); returns how many."""
-        count: int = self._value("sweep_tool_calls")
-        return count
-
-    def _tool_call(self, function: str, *args: Any, **named: Any) -> ToolCall:
-        record = self._value(function, *args, **named)["tool_call"]
-        return ToolCall.from_row(record)
+        return function(value, "sweep_tool_calls")
 
     # Outbox
 
-    def claim_outbox_events(self, lease_owner: str, max_events: int = 50, lease_seconds: int = 60) -> list[OutboxEvent]:
-        return [OutboxEvent.from_row(r) for r in self._fn(
-            "claim_outbox_events", lease_owner, max_events=max_events, lease_seconds=lease_seconds)]
+    @call
+    def claim_outbox_events(self, lease_owner: str, max_events: int = 50, lease_seconds: int = 60) -> Statement[list[OutboxEvent]]:
+        return function(_outbox_events, "claim_outbox_events", lease_owner, max_events=max_events,
+                        lease_seconds=lease_seconds)
 
-    def ack_outbox_events(self, lease_owner: str, event_ids: Sequence[str]) -> int:
+    @call
+    def ack_outbox_events(self, lease_owner: str, event_ids: Sequence[str]) -> Statement[int]:
         """Marks the listed events this owner holds as done; returns how many."""
-        rows = self._rows("SELECT ledger.ack_outbox_events(%s, %s::text[]) AS n", (lease_owner, list(event_ids)))
-        count: int = rows[0]["n"]
-        return count
+        return Statement("SELECT ledger.ack_outbox_events(%s, %s::text[]) AS n", (lease_owner, list(event_ids)), value)
 
-    def nack_outbox_events(self, lease_owner: str, event_ids: Sequence[str], error_message: str) -> list[OutboxEvent]:
+    @call
+    def nack_outbox_events(self, lease_owner: str, event_ids: Sequence[str], error_message: str) -> Statement[list[OutboxEvent]]:
         """Reports a failed delivery: each event is due again after the ledger's backoff."""
-        return [OutboxEvent.from_row(r) for r in self._rows(
-            "SELECT * FROM ledger.nack_outbox_events(%s, %s::text[], %s)", (lease_owner, list(event_ids), error_message))]
+        return Statement("SELECT * FROM ledger.nack_outbox_events(%s, %s::text[], %s)",
+                         (lease_owner, list(event_ids), error_message), _outbox_events)
 
-    def replay_outbox_event(self, event_id: str, *, actor: str, note: str | None = None) -> OutboxEvent:
+    @call
+    def replay_outbox_event(self, event_id: str, *, actor: str, note: str | None = None) -> Statement[OutboxEvent]:
         """Puts a ``failed`` event back to ``pending`` with another 64 attempts, and records who did
         it and why in the same transaction (audit ``outbox.replay``, outcome ``replayed``)."""
         # actor goes by position: a None left out would call the overload that audits nothing.
-        return OutboxEvent.from_row(self._fn("replay_outbox_event", event_id, actor, note=note)[0])
+        return function(lambda rows: OutboxEvent.from_row(rows[0]), "replay_outbox_event", event_id, actor, note=note)
+
+    # The people's queues (each needs the scope, as every read)
+
+    @call
+    def tool_calls_in_doubt(self) -> Statement[list[ToolCallInDoubt]]:
+        """``ledger.tool_calls_in_doubt``, oldest first: decide each with ``resolve_tool_call``."""
+        return Statement("SELECT * FROM ledger.tool_calls_in_doubt ORDER BY updated_at, id", (),
+                         lambda rows: [ToolCallInDoubt.from_row(r) for r in rows])
+
+    @call
+    def pending_approvals(self) -> Statement[list[PendingApproval]]:
+        """``ledger.pending_approvals`` with each call's arguments as stored (redacted), oldest
+        first: decide each with ``resolve_approval``."""
+        # The view has no arguments: they come from the call's row, which the scope may read.
+        return Statement(
+            "SELECT p.*, t.arguments FROM ledger.pending_approvals p"
+            " LEFT JOIN ledger.run_step_tool_calls t ON t.tenant_id = ledger.scope_tenant()"
+            " AND t.workspace_id = ledger.scope_workspace() AND t.id = p.tool_call_record_id"
+            " ORDER BY p.created_at, p.id", (),
+            lambda rows: [PendingApproval.from_row(r) for r in rows])
+
+    @call
+    def failed_outbox_events(self, max_events: int = 100) -> Statement[list[OutboxEvent]]:
+        """The scope's ``failed`` outbox events (out of attempts), oldest first: put one back with
+        ``replay_outbox_event`` once its consumer can take it."""
+        return Statement(
+            "SELECT tenant_id, workspace_id, id, event_type, run_id, task_id, subject, payload, status,"
+            " attempt_count, replay_count, available_at, lease_expires_at, error_message, occurred_at,"
+            " processed_at FROM ledger.outbox WHERE tenant_id = ledger.scope_tenant()"
+            " AND workspace_id = ledger.scope_workspace() AND status = 'failed'"
+            " ORDER BY occurred_at, id LIMIT %s", (max_events,), _outbox_events)
+
+
+class LedgerCalls(Calls, SyncRunner):
+    """The sync face of :class:`Calls`: each method runs its statement and returns the result."""
+
+
+def _fetch(cur: psycopg.Cursor[Row], query: Query, params: Sequence[Any]) -> list[Row]:
+    cur.execute(query, params)
+    return cur.fetchall() if cur.description else []
 
 
 class Transaction(LedgerCalls):
@@ -415,15 +499,42 @@ class Transaction(LedgerCalls):
     def __init__(self, connection: psycopg.Connection[Any]) -> None:
         self.connection = connection
 
-    def _rows(self, query: Query, params: Sequence[Any] = ()) -> list[Row]:
+    def _run(self, statement: Statement[T]) -> T:
         with translated(), self.connection.cursor(row_factory=dict_row) as cur:
-            cur.execute(query, params)
-            return cur.fetchall() if cur.description else []
+            return statement.decode(_fetch(cur, statement.query, statement.params))
 
 
-class Ledger:
+class OperatorCalls:
+    """What an operator calls without a scope (``any_scope``: members of ``ledger_operator``)."""
+
+    @call
+    def claim_run(
+        self,
+        lease_owner: str,
+        *,
+        modes: Sequence[str] | None = None,
+        kinds: Sequence[str] | None = None,
+        lease_seconds: int = 60,
+    ) -> Statement[ClaimedRun | None]:
+        """The oldest claimable run of any scope; the run comes back with its ``tenant_id`` and
+        ``workspace_id``."""
+        return function(
+            _claimed, "claim_run", lease_owner, modes=list(modes) if modes is not None else None,
+            kinds=list(kinds) if kinds is not None else None, lease_seconds=lease_seconds, any_scope=True,
+        )
+
+    @call
+    def claim_outbox_events(
+        self, lease_owner: str, max_events: int = 50, lease_seconds: int = 60
+    ) -> Statement[list[OutboxEvent]]:
+        """The oldest due outbox events of every scope, each with its scope."""
+        return function(_outbox_events, "claim_outbox_events", lease_owner, max_events=max_events,
+                        lease_seconds=lease_seconds, any_scope=True)
+
+
+class Ledger(OperatorCalls, SyncRunner):
     """The ledger behind a psycopg_pool ``ConnectionPool`` or a conninfo string (a new connection
-    per transaction: fine for scripts, a pool for services)."""
+    per call: fine for scripts, a pool for services)."""
 
     def __init__(self, source: str | ConnectionPool[Any]) -> None:
         self._source = source
@@ -445,49 +556,32 @@ class Ledger:
                     conn.rollback()
                     conn.autocommit = before
 
+    @property
+    def conninfo(self) -> str:
+        """Where the ledger is: the conninfo string, or the pool's."""
+        return conninfo_of(self._source)
+
     def scoped(self, tenant_id: str, workspace_id: str) -> ScopedLedger:
         """The handle of one scope."""
         return ScopedLedger(self, tenant_id, workspace_id)
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
-        """A transaction without a scope: the operator calls below, or ``set_scope`` yourself."""
+        """A transaction without a scope: the operator calls, or ``set_scope`` yourself."""
         with self.connection() as conn, translated(), conn.transaction():
             yield Transaction(conn)
 
-    def claim_run(
-        self,
-        lease_owner: str,
-        *,
-        modes: Sequence[str] | None = None,
-        kinds: Sequence[str] | None = None,
-        lease_seconds: int = 60,
-    ) -> ClaimedRun | None:
-        """The oldest claimable run of any scope (``any_scope``: members of ``ledger_operator``);
-        the run comes back with its ``tenant_id`` and ``workspace_id``."""
-        with self.transaction() as tx:
-            rows = tx._fn(
-                "claim_run", lease_owner, modes=list(modes) if modes is not None else None,
-                kinds=list(kinds) if kinds is not None else None, lease_seconds=lease_seconds, any_scope=True,
-            )
-        return ClaimedRun.from_row(rows[0]) if rows else None
-
-    def claim_outbox_events(self, lease_owner: str, max_events: int = 50, lease_seconds: int = 60) -> list[OutboxEvent]:
-        """The oldest due outbox events of every scope (``any_scope``), each with its scope."""
-        with self.transaction() as tx:
-            rows = tx._fn("claim_outbox_events", lease_owner, max_events=max_events,
-                          lease_seconds=lease_seconds, any_scope=True)
-        return [OutboxEvent.from_row(r) for r in rows]
+    def _run(self, statement: Statement[T]) -> T:
+        with self.connection(autocommit=True) as conn, translated(), conn.cursor(row_factory=dict_row) as cur:
+            return statement.decode(_fetch(cur, statement.query, statement.params))
 
 
-class ScopedLedger(LedgerCalls):
-    """The handle of one scope: each call is its own committed transaction, whose first statement
-    states the scope for that transaction only."""
+class ScopedLedger(Scope["Ledger"], LedgerCalls):
+    """The handle of one scope: each call is one statement, its own implicit transaction, that
+    states the scope for itself only."""
 
-    def __init__(self, ledger: Ledger, tenant_id: str, workspace_id: str) -> None:
-        self.ledger = ledger
-        self.tenant_id = tenant_id
-        self.workspace_id = workspace_id
+    feed = follow
+    """The run's events, each once, in order, to the end of the run: :func:`~ledger_client.follow`."""
 
     @contextmanager
     def transaction(self) -> Iterator[Transaction]:
@@ -497,6 +591,10 @@ class ScopedLedger(LedgerCalls):
             conn.execute("SELECT ledger.set_scope(%s, %s, is_local => true)", (self.tenant_id, self.workspace_id))
             yield Transaction(conn)
 
-    def _rows(self, query: Query, params: Sequence[Any] = ()) -> list[Row]:
-        with self.transaction() as tx:
-            return tx._rows(query, params)
+    def _run(self, statement: Statement[T]) -> T:
+        if not statement.relation:
+            with self.transaction() as tx:
+                return tx._run(statement)
+        query, params = scoped(statement, self.tenant_id, self.workspace_id)
+        with self.ledger.connection(autocommit=True) as conn, translated(), conn.cursor(row_factory=dict_row) as cur:
+            return statement.decode(_fetch(cur, query, params))

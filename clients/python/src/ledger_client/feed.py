@@ -16,7 +16,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from psycopg import sql
@@ -26,6 +26,16 @@ from .errors import LedgerError, raise_translated, translate
 from .types import RunEvent
 
 __all__ = ["Reconnect", "afollow", "follow"]
+
+
+class Scoped(Protocol):
+    """A scoped handle (sync or async): where the follower connects, and the scope it states."""
+
+    tenant_id: str
+    workspace_id: str
+
+    @property
+    def conninfo(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -143,9 +153,7 @@ class _Contract:
 
 
 def follow(
-    conninfo: str,
-    tenant: str,
-    workspace: str,
+    ledger: Scoped,
     run_id: str,
     *,
     cursor: str | None = None,
@@ -156,7 +164,9 @@ def follow(
     """Yield the run's events after `cursor` (from the start when None), each once, in seq order,
     and return after the event that ended the run (at once if `cursor` is that event).
 
-    The follower holds its own connection (autocommit, session scope), reconnecting per
+    `ledger` is the scoped handle (``ScopedLedger``; ``afollow`` takes either face's). The
+    follower holds a connection of its own, not the pool's, to its ``conninfo`` (autocommit,
+    session scope: LISTEN needs a session), reconnecting per
     `reconnect` after a lost connection or a restart; `wait_s` is the backstop read interval (and
     the poll interval when `ledger.notify` is off). Ledger errors (RUN_NOT_FOUND, EVENT_NOT_FOUND,
     ID_INVALID, a scope refused) are raised. To resume later, keep the last `event_id` you handled
@@ -166,8 +176,8 @@ def follow(
     while True:
         try:
             # autocommit: LISTEN takes effect at once and notifications arrive between statements
-            with psycopg.connect(conninfo, autocommit=True) as conn:
-                conn.execute(SET_SCOPE, (tenant, workspace))
+            with psycopg.connect(ledger.conninfo, autocommit=True) as conn:
+                conn.execute(SET_SCOPE, (ledger.tenant_id, ledger.workspace_id))
                 conn.execute(listen(_first(conn.execute(RUN_CHANNEL, (run_id,)).fetchone())))
                 check = contract.cursor_check()
                 if check is not None and _first(conn.execute(CURSOR_ENDS_RUN, check).fetchone()):
@@ -187,9 +197,7 @@ def follow(
 
 
 async def afollow(
-    conninfo: str,
-    tenant: str,
-    workspace: str,
+    ledger: Scoped,
     run_id: str,
     *,
     cursor: str | None = None,
@@ -204,8 +212,8 @@ async def afollow(
     contract = _Contract(run_id, cursor, page, reconnect)
     while True:
         try:
-            async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-                await conn.execute(SET_SCOPE, (tenant, workspace))
+            async with await psycopg.AsyncConnection.connect(ledger.conninfo, autocommit=True) as conn:
+                await conn.execute(SET_SCOPE, (ledger.tenant_id, ledger.workspace_id))
                 await conn.execute(listen(_first(await (await conn.execute(RUN_CHANNEL, (run_id,))).fetchone())))
                 check = contract.cursor_check()
                 if check is not None and _first(await (await conn.execute(CURSOR_ENDS_RUN, check)).fetchone()):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 
 class RunStatus(StrEnum):
@@ -493,3 +493,47 @@ class EvidenceItem:
     summary: str
     evidence_refs: list[Any]
     missing: list[Any]
+
+
+class _FromRow:
+    """``from_row`` for a type whose fields are the row's columns as they come."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        return _build(cls, row)
+
+
+@dataclass(frozen=True)
+class ToolCallInDoubt(_FromRow):
+    """A row of ``ledger.tool_calls_in_doubt``: a call whose request may have left without an
+    answer, waiting for ``resolve_tool_call``; ``lease_owner`` held the attempt when it went in doubt."""
+
+    id: str
+    run_id: str
+    step_id: str
+    tool_call_id: str
+    tool_ref: str
+    idempotency_key: str
+    attempt: int
+    lease_owner: str | None
+    outbound_started_at: datetime | None
+    error_code: str | None
+    error_message: str | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class PendingApproval(_FromRow):
+    """A row of ``ledger.pending_approvals`` with the call's ``arguments`` as stored (redacted), or
+    None for an approval without a tool call; decide it with ``resolve_approval``."""
+
+    id: str
+    run_id: str
+    step_id: str | None
+    tool_call_record_id: str | None
+    tool_ref: str | None
+    arguments: dict[str, Any] | None
+    title: str | None
+    policy_ref: str | None
+    details: dict[str, Any]
+    created_at: datetime

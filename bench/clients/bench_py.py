@@ -1,0 +1,77 @@
+"""One durable no-op tool call (claim, begin, complete: three commits) through the Python
+helper's tool_call on a pooled scoped handle, against the same three statements in raw psycopg on
+one autocommit connection that stated its scope once. Alternating blocks, so drift hits both
+alike; and the same three calls through the scoped handle's methods (no helper around them).
+Prints a line per way (python: the helper, python-handle: the methods), each with its p50 ms and
+calls/s, then raw's."""
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from ledger_client import Ledger, tool_call
+
+SCOPE = ("bench", "clients")
+
+
+def noop(arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"ok": True}
+
+
+def main(dsn: str, calls: int, blocks: int) -> None:
+    with psycopg.connect(dsn, autocommit=True) as raw, ConnectionPool(dsn, min_size=1, max_size=1, open=True) as pool:
+        raw.execute("SELECT ledger.set_scope(%s, %s)", SCOPE)
+        stamp = time.time_ns()
+        helper_run, raw_run = f"h-{stamp}", f"r-{stamp}"
+        raw.execute("SELECT ledger.create_run('agent', run_id => %s)", (helper_run,))
+        raw.execute("SELECT ledger.create_run('agent', run_id => %s)", (raw_run,))
+        scoped = Ledger(pool).scoped(*SCOPE)
+        n = 0
+
+        def helper() -> None:
+            tool_call(scoped, helper_run, f"c-{n}", "bench.noop", {"n": n}, noop)
+
+        def handle() -> None:
+            claim = scoped.claim_tool_call(helper_run, "bench.noop", {"n": n}, tool_call_id=f"c-{n}")
+            assert claim.tool_call is not None
+            record = claim.tool_call
+            scoped.begin_tool_call(record.id, record.attempt)
+            scoped.complete_tool_call(record.id, record.attempt, "succeeded", noop({"n": n}))
+
+        def plain() -> None:
+            claim = raw.execute("SELECT ledger.claim_tool_call(%s, %s, %s, tool_call_id => %s)",
+                                (raw_run, "bench.noop", Jsonb({"n": n}), f"c-{n}")).fetchone()
+            assert claim is not None
+            record = claim[0]["tool_call"]
+            raw.execute("SELECT ledger.begin_tool_call(%s, %s)", (record["id"], record["attempt"]))
+            raw.execute("SELECT ledger.complete_tool_call(%s, %s, 'succeeded', result => %s)",
+                        (record["id"], record["attempt"], Jsonb(noop({"n": n}))))
+
+        ways: dict[str, Callable[[], None]] = {"helper": helper, "handle": handle, "raw": plain}
+        samples: dict[str, list[float]] = {name: [] for name in ways}
+        elapsed = dict.fromkeys(ways, 0.0)
+        for block in range(blocks + 1):  # block 0 warms both up and is not counted
+            for name, way in ways.items():
+                for _ in range(calls):
+                    n += 1
+                    start = time.perf_counter()
+                    way()
+                    took = time.perf_counter() - start
+                    if block:
+                        samples[name].append(took)
+                        elapsed[name] += took
+        def stats(name: str) -> list[str]:
+            return [f"{statistics.median(samples[name]) * 1000:.3f}", f"{len(samples[name]) / elapsed[name]:.0f}"]
+
+        print("\t".join(["python", *stats("helper"), *stats("raw")]))
+        print("\t".join(["python-handle", *stats("handle"), *stats("raw")]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

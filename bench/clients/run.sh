@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The client benchmark: one durable no-op tool call through each client's helper against the same
+# SQL in its raw driver, 1 client, p50 latency and calls/s side by side with the helper/raw ratio.
+# Uses the running server of LEDGER_TEST_HOST / LEDGER_TEST_PORT (user postgres, as the client
+# tests) and a database of its own (ledger_bench_clients, made afresh); starts no server.
+#   bench/clients/run.sh [--smoke] [python] [typescript]    (default: both)
+# BENCH_CALLS calls per block (default 500; smoke 50), BENCH_BLOCKS alternating blocks (default 5; smoke 1).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+: "${LEDGER_TEST_HOST:?}" "${LEDGER_TEST_PORT:?}"
+calls=${BENCH_CALLS:-500} blocks=${BENCH_BLOCKS:-5}
+if [ "${1:-}" = --smoke ]; then calls=${BENCH_CALLS:-50} blocks=${BENCH_BLOCKS:-1}; shift; fi
+clients=${*:-python typescript}
+py=${LEDGER_PYTHON:-/opt/ledger-venv/bin/python}
+db=ledger_bench_clients
+admin="host=$LEDGER_TEST_HOST port=$LEDGER_TEST_PORT user=postgres dbname=postgres"
+"$py" - "$admin" "$db" <<'PY'
+import sys, psycopg
+with psycopg.connect(sys.argv[1], autocommit=True) as c:
+    c.execute(f'DROP DATABASE IF EXISTS "{sys.argv[2]}" WITH (FORCE)')
+    c.execute(f'CREATE DATABASE "{sys.argv[2]}"')
+with psycopg.connect(sys.argv[1].replace("dbname=postgres", f"dbname={sys.argv[2]}"), autocommit=True) as c:
+    c.execute("CREATE EXTENSION ledger")
+PY
+dsn="host=$LEDGER_TEST_HOST port=$LEDGER_TEST_PORT user=postgres dbname=$db"
+url="postgresql://postgres@/$db?host=$LEDGER_TEST_HOST&port=$LEDGER_TEST_PORT"
+rows=()
+for c in $clients; do
+  case $c in
+    python) mapfile -t -O "${#rows[@]}" rows < <(PYTHONPATH="$root/clients/python/src" "$py" "$here/bench_py.py" "$dsn" "$calls" "$blocks") ;;
+    typescript)
+      (cd "$root/clients/typescript" && { [ -d node_modules ] || npm ci --no-audit --no-fund --loglevel=error; } && npx tsc -p .)
+      rows+=("$(node "$here/bench_ts.mjs" "$url" "$calls" "$blocks")") ;;
+    *) echo "unknown client $c" >&2; exit 2 ;;
+  esac
+done
+echo "1 client, $calls calls x $blocks blocks each way; one call = claim + begin + complete of a no-op tool"
+echo "(python: the tool_call helper; python-handle: the three calls through the scoped handle)"
+printf '%-14s %14s %14s %12s %12s %14s\n' client "helper p50 ms" "raw p50 ms" "helper /s" "raw /s" "helper/raw p50"
+for r in "${rows[@]}"; do
+  IFS=$'\t' read -r name hp hc rp rc <<<"$r"
+  printf '%-14s %14s %14s %12s %12s %14s\n' "$name" "$hp" "$rp" "$hc" "$rc" "$(awk -v a="$hp" -v b="$rp" 'BEGIN{printf "%.2f x", a/b}')"
+done

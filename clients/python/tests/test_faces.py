@@ -1,0 +1,206 @@
+"""The sync and the async face: one test body each, run through both (`face`), against the same
+declarations; the people's queues; and the scope stated inside each call's statement, for a login
+role that row-level security binds."""
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from decimal import Decimal
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+from conftest import SCOPE, one
+from psycopg.rows import DictRow
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from ledger_client import (
+    AsyncLedger,
+    AsyncScopedLedger,
+    AsyncTransaction,
+    ClaimedRun,
+    ConflictError,
+    InvalidArgumentError,
+    Ledger,
+    NotFoundError,
+    OutboxStatus,
+    PendingApproval,
+    Run,
+    RunStatus,
+    ScopedLedger,
+    ScopeError,
+    ToolCallInDoubt,
+    ToolCallStatus,
+    Transaction,
+    WrongStateError,
+)
+
+T = TypeVar("T")
+Handle = ScopedLedger | AsyncScopedLedger
+Body = Callable[[Handle, psycopg.Connection[DictRow]], Coroutine[Any, Any, None]]
+
+
+async def got(result: T | Awaitable[T]) -> T:
+    """What a call returned: awaited on the async face, as it is on the sync one."""
+    if isinstance(result, Awaitable):
+        awaited: T = await result
+        return awaited
+    return result
+
+
+@asynccontextmanager
+async def transaction(handle: Handle) -> AsyncIterator[Transaction | AsyncTransaction]:
+    if isinstance(handle, ScopedLedger):
+        with handle.transaction() as tx:
+            yield tx
+    else:
+        async with handle.transaction() as atx:
+            yield atx
+
+
+def through(face: str, dsn: str, person: psycopg.Connection[DictRow], body: Body) -> None:
+    """Runs the body with the scoped handle of the face, each over a pool of its own kind."""
+    if face == "sync":
+        with ConnectionPool(dsn, min_size=1, max_size=4, open=True) as pool:
+            asyncio.run(body(Ledger(pool).scoped(*SCOPE), person))
+        return
+
+    async def run() -> None:
+        async with AsyncConnectionPool(dsn, min_size=1, max_size=4, open=False) as pool:
+            await body(AsyncLedger(pool).scoped(*SCOPE), person)
+
+    asyncio.run(run())
+
+
+FACES = pytest.mark.parametrize("face", ["sync", "async"])
+
+
+async def typed_results(h: Handle, person: psycopg.Connection[DictRow]) -> None:
+    run = await got(h.create_run("agent", {"order": 1042}, run_id="r-typed"))
+    assert isinstance(run, Run) and run.status is RunStatus.QUEUED and run.inputs == {"order": 1042}
+    assert await got(h.create_run("agent", {"order": 1042}, run_id="r-typed")) == run  # idempotent
+    claimed = await got(h.claim_run("worker-1", modes=["agent"], lease_seconds=30))
+    assert isinstance(claimed, ClaimedRun) and (claimed.run_id, claimed.run_token) == ("r-typed", 1)
+    assert await got(h.claim_run("worker-2")) is None
+    await got(h.transition_run("r-typed", RunStatus.RUNNING, run_token=1))
+    step = await got(h.create_step("r-typed", "tool", step_key="send", run_token=1))
+    assert (await got(h.get_run("r-typed"))) is not None
+    cost = await got(h.record_cost("r-typed", "tokens", 1200, Decimal("0.0125"), "usd", step_id=step.id))
+    assert cost.amount == Decimal("0.0125") and cost.currency == "USD"
+    assert await got(h.heartbeat_run("r-typed", 1, extend_seconds=60)) > claimed.lease_expires_at
+
+    claim = await got(h.claim_tool_call("r-typed", "email.send", {"to": "a@example.com"}, tool_call_id="c-1",
+                                        lease_owner="worker-1", run_token=1))
+    assert claim.tool_call is not None
+    call = claim.tool_call
+    begun = await got(h.begin_tool_call(call.id, call.attempt))
+    assert begun.status is ToolCallStatus.RUNNING
+    done = await got(h.complete_tool_call(call.id, call.attempt, "succeeded", {"sent": True}))
+    assert done.status is ToolCallStatus.SUCCEEDED
+    said = await got(h.record_response_event("r-typed", "message", {"text": "sent"}))
+    assert said.payload == {"text": "sent"}
+    await got(h.transition_run("r-typed", RunStatus.SUCCEEDED, run_token=1))
+    events = await got(h.events_since("r-typed"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1)) and events[-1].ends_run
+    assert (await got(h.replay_ready("r-typed"))).ready
+    assert set(await got(h.replay_bundle("r-typed"))) >= {"run", "steps", "costs"}
+    assert await got(h.execute("SELECT ledger.scope_tenant() AS t")) == [{"t": "acme"}]
+
+
+async def transactions_and_errors(h: Handle, person: psycopg.Connection[DictRow]) -> None:
+    async with transaction(h) as tx:
+        await got(tx.create_run("agent", run_id="r-tx"))
+        await got(tx.transition_run("r-tx", "running"))
+    with pytest.raises(WrongStateError):
+        async with transaction(h) as tx:
+            await got(tx.create_step("r-tx", "llm", step_key="rolled-back"))
+            await got(tx.transition_run("r-tx", "queued"))
+    assert await got(h.execute("SELECT step_key FROM ledger.run_steps")) == []
+
+    with pytest.raises(InvalidArgumentError) as bad_id:
+        await got(h.create_run("agent", run_id="has a space"))
+    assert (bad_id.value.sqlstate, bad_id.value.code) == ("22023", "ID_INVALID")
+    assert isinstance(bad_id.value.__cause__, psycopg.Error)
+    with pytest.raises(NotFoundError) as missing:
+        await got(h.transition_run("r-none", "running"))
+    assert (missing.value.code, missing.value.detail["id"]) == ("RUN_NOT_FOUND", "r-none")
+    await got(h.create_run("agent", run_id="r-stale"))
+    first = await got(h.claim_run("worker-1", run_id="r-stale"))
+    assert first is not None
+    await got(h.release_run("r-stale", first.run_token))
+    assert await got(h.claim_run("worker-2", run_id="r-stale")) is not None
+    with pytest.raises(ConflictError) as stale:
+        await got(h.heartbeat_run("r-stale", first.run_token))
+    assert (stale.value.sqlstate, stale.value.code) == ("40001", "LEASE_STALE")
+    assert one(person, "SELECT count(*) FROM ledger.runs") == 2  # nothing of the refused calls
+
+
+async def the_peoples_queues(h: Handle, person: psycopg.Connection[DictRow]) -> None:
+    assert await got(h.tool_calls_in_doubt()) == [] and await got(h.pending_approvals()) == []
+    await got(h.create_run("agent", run_id="r-q"))
+    claim = await got(h.claim_tool_call("r-q", "billing.charge", {"amount": "12.00", "api_key": "sk-live-1"},
+                                        tool_call_id="c-doubt"))
+    assert claim.tool_call is not None
+    await got(h.begin_tool_call(claim.tool_call.id, claim.tool_call.attempt))
+    await got(h.complete_tool_call(claim.tool_call.id, claim.tool_call.attempt, "unknown", error_message="timeout"))
+    [doubt] = await got(h.tool_calls_in_doubt())
+    assert isinstance(doubt, ToolCallInDoubt) and (doubt.tool_call_id, doubt.tool_ref) == ("c-doubt", "billing.charge")
+
+    asked = await got(h.request_tool_approval("r-q", "email.send", {"to": "a@example.com", "password": "hunter2"},
+                                              tool_call_id="c-ask", title="Send it?"))
+    [pending] = await got(h.pending_approvals())
+    assert isinstance(pending, PendingApproval) and pending.title == "Send it?" and pending.tool_ref == "email.send"
+    assert pending.arguments is not None and pending.arguments["to"] == "a@example.com"
+    assert pending.arguments["password"] != "hunter2"  # as stored: redacted
+    assert asked.approval is not None and pending.id == asked.approval.id
+
+    assert await got(h.failed_outbox_events()) == []
+    person.execute("UPDATE ledger.outbox SET status = 'failed', attempt_count = 64 WHERE event_type = 'run.created'")
+    [failed] = await got(h.failed_outbox_events())
+    assert failed.status is OutboxStatus.FAILED and failed.event_type == "run.created"
+    replayed = await got(h.replay_outbox_event(failed.id, actor="ops@acme", note="back up"))
+    assert replayed.status is OutboxStatus.PENDING and replayed.replay_count == 1
+    assert await got(h.failed_outbox_events()) == []
+
+
+@FACES
+@pytest.mark.parametrize("body", [typed_results, transactions_and_errors, the_peoples_queues])
+def test_both_faces(face: str, body: Body, dsn: str, person: psycopg.Connection[DictRow]) -> None:
+    through(face, dsn, person, body)
+
+
+@FACES
+def test_operator_claims_and_a_conninfo_source(face: str, dsn: str, person: psycopg.Connection[DictRow]) -> None:
+    async def body() -> None:
+        if face == "sync":
+            ledger = Ledger(dsn)
+            ledger.scoped(*SCOPE).create_run("agent", run_id="r-op")
+            claimed = ledger.claim_run("op-1")
+        else:
+            aledger = AsyncLedger(dsn)
+            await aledger.scoped(*SCOPE).create_run("agent", run_id="r-op")
+            claimed = await aledger.claim_run("op-1")
+        assert claimed is not None and (claimed.run_id, claimed.tenant_id, claimed.workspace_id) == ("r-op", *SCOPE)
+
+    asyncio.run(body())
+
+
+def test_the_scope_inside_the_statement_binds_a_login_role(dsn: str, person: psycopg.Connection[DictRow]) -> None:
+    """A login role that row-level security binds (not a superuser) sees its scope in each call's
+    single statement: in volatile functions, in STABLE ones (events_since, replay_ready) and in the
+    policies of a plain read, and never another scope's rows."""
+    person.execute("DROP ROLE IF EXISTS agent_app")  # roles outlive the test's database
+    person.execute("CREATE ROLE agent_app LOGIN")
+    person.execute("GRANT ledger_writer TO agent_app")
+    person.execute("SELECT ledger.grant_scope('agent_app', 'acme', 'tests')")
+    person.execute("SELECT ledger.set_scope('other', 'ws')")
+    person.execute("SELECT ledger.create_run('agent', run_id => 'r-other')")
+    ledger = Ledger(dsn.replace("user=postgres", "user=agent_app")).scoped(*SCOPE)
+    ledger.create_run("agent", run_id="r-app")
+    assert ledger.get_run("r-app") is not None and ledger.get_run("r-other") is None
+    assert [e.event_type for e in ledger.events_since("r-app")][:1] == ["run.created"]
+    assert ledger.replay_ready("r-app").status in ("pass", "fail")
+    assert [r["id"] for r in ledger.execute("SELECT id FROM ledger.runs")] == ["r-app"]
+    with pytest.raises(ScopeError) as refused:
+        Ledger(dsn.replace("user=postgres", "user=agent_app")).scoped("other", "ws").get_run("r-other")
+    assert refused.value.code == "SCOPE_NOT_GRANTED"
