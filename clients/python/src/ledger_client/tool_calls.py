@@ -16,7 +16,10 @@ never sent, ends in doubt when its lease runs out, as the ledger cannot tell it 
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -124,30 +127,65 @@ _STOPPED: dict[ClaimOutcome, type[ToolCallStopped]] = {
 
 class _Heartbeat:
     """Extends the attempt's lease every ``interval`` seconds while the tool runs, so that a
-    slow tool is not found expired (and in doubt) by another claim or a sweep."""
+    slow tool is not found expired (and in doubt) by another claim or a sweep. The beats of every
+    call of the process come from one thread (:data:`_BEATS`): a thread per call would cost more
+    than a quick tool."""
 
     def __init__(self, ledger: ScopedLedger, record: ToolCall, interval: float) -> None:
         self._ledger = ledger
         self._record = record
-        self._interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat {record.id}", daemon=True)
+        self.interval = interval
+        self.over = False
 
     def __enter__(self) -> None:
-        self._thread.start()
+        _BEATS.add(self)
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        self.over = True  # a beat already under way is harmless: the completion decides
 
-    def _beat(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self._ledger.heartbeat_tool_call(self._record.id, self._record.attempt)
-            except LedgerError:
-                return  # the attempt is over (released, resolved): its completion will say so
-            except psycopg.OperationalError:
-                continue  # the server is unreachable now: try again at the next beat
+    def beat(self) -> bool:
+        """One heartbeat; False once the attempt is over."""
+        if self.over:
+            return False
+        try:
+            self._ledger.heartbeat_tool_call(self._record.id, self._record.attempt)
+        except LedgerError:
+            return False  # the attempt is over (released, resolved): its completion will say so
+        except psycopg.OperationalError:
+            pass  # the server is unreachable now: try again at the next beat
+        return not self.over
+
+
+class _Beats:
+    """The process's heartbeat thread: each call's next beat in a queue ordered by time, the
+    thread started with the first call."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, _Heartbeat]] = []
+        self._order = itertools.count()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, heartbeat: _Heartbeat) -> None:
+        with self._wake:
+            heapq.heappush(self._due, (time.monotonic() + heartbeat.interval, next(self._order), heartbeat))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tool-call heartbeats", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._wake.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _, _, heartbeat = heapq.heappop(self._due)
+            if heartbeat.beat():
+                with self._wake:
+                    heapq.heappush(self._due, (time.monotonic() + heartbeat.interval, next(self._order), heartbeat))
+
+
+_BEATS = _Beats()
 
 
 def _complete(ledger: ScopedLedger, record: ToolCall, outcome: str, result: Any = None,
