@@ -1,6 +1,6 @@
 """A thin client for the ledger PostgreSQL extension: every rule stays in the extension's SQL."""
 
-from .aio import AsyncLedger, AsyncLedgerCalls, AsyncScopedLedger, AsyncTransaction
+from .aio import AsyncLedger, AsyncLedgerCalls, AsyncScopedLedger, AsyncTransaction, tool_call_async
 from .client import Calls, Ledger, LedgerCalls, ScopedLedger, Transaction
 from .errors import (
     ConflictError,
@@ -69,6 +69,6 @@ __all__ = [
     "RunEvent", "RunStatus", "ScopeError", "ScopedLedger", "Step", "StepStatus", "ToolCall", "ToolCallClaim", "ToolCallInDoubt",
     "ToolCallResult", "ToolCallStatus", "ToolCallStopped", "ToolCallTombstone", "ToolFailed", "ToolRequest",
     "ToolResponse", "Transaction", "WaitingApproval", "Worker", "WrongStateError", "afollow", "encode", "follow", "is_transient", "tool_call",
-    "tool_calls",
+    "tool_call_async", "tool_calls",
     "translate", "translated",
 ]

@@ -8,9 +8,10 @@ it committed and the answer was lost. A write is repeated only where a repeat is
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import psycopg
@@ -46,3 +47,16 @@ def again(what: str, write: Callable[[], T]) -> T:
             log.warning("%s: connection lost (%s); again in %s s", what, e, pause)
             time.sleep(pause)
     return write()
+
+
+async def again_async(what: str, write: Callable[[], Awaitable[T]]) -> T:
+    """:func:`again` for the async face."""
+    for pause in PAUSES:
+        try:
+            return await write()
+        except psycopg.OperationalError as e:
+            if not is_transient(e):
+                raise
+            log.warning("%s: connection lost (%s); again in %s s", what, e, pause)
+            await asyncio.sleep(pause)
+    return await write()

@@ -1,10 +1,12 @@
 """The async face: :class:`AsyncLedger` over psycopg_pool's ``AsyncConnectionPool`` (or a
 conninfo string) and :meth:`AsyncLedger.scoped`, with the methods, arguments and result types of
-the sync handle (the same declarations, :class:`~ledger_client.client.Calls`), each awaited."""
+the sync handle (the same declarations, :class:`~ledger_client.client.Calls`), each awaited; and
+:func:`tool_call_async`, the tool-call helper on it."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -12,10 +14,13 @@ import psycopg
 from psycopg.abc import QueryNoTemplate as Query
 from psycopg.rows import dict_row
 
+from ._faults import again_async
 from .client import Calls, OperatorCalls, conninfo_of
-from .errors import translated
+from .errors import LedgerError, translated
 from .feed import afollow
 from .statement import AsyncRunner, Row, Scope, Statement, scoped
+from .tool_calls import ToolRequest, _ending, _to_execute
+from .types import ToolCall
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -119,3 +124,67 @@ class AsyncScopedLedger(Scope["AsyncLedger"], AsyncLedgerCalls):
             with translated():
                 async with conn.cursor(row_factory=dict_row) as cur:
                     return statement.decode(await _fetch(cur, query, params))
+
+
+AsyncExecute = Callable[[dict[str, Any]], Awaitable[Any]]
+"""An async tool: awaited with the call's arguments, returns its JSON result."""
+
+
+async def _beat(ledger: AsyncScopedLedger, record: ToolCall, interval: float) -> None:
+    """The attempt's heartbeats while the tool runs (cancelled when it ends)."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await ledger.heartbeat_tool_call(record.id, record.attempt)
+        except LedgerError:
+            return  # the attempt is over (released, resolved): its completion will say so
+        except psycopg.OperationalError:
+            continue  # the server is unreachable now: try again at the next beat
+
+
+async def tool_call_async(
+    ledger: AsyncScopedLedger,
+    run_id: str,
+    tool_call_id: str,
+    tool_ref: str,
+    arguments: Mapping[str, Any],
+    execute: AsyncExecute,
+    *,
+    idempotency_key: str | None = None,
+    lease_owner: str | None = None,
+    timeout_seconds: int = 30,
+    approval: Mapping[str, Any] | None = None,
+    retry_failed: bool = False,
+    run_token: int | None = None,
+    heartbeat_s: float | None = None,
+    in_doubt_on: tuple[type[BaseException], ...] = (TimeoutError,),
+) -> Any:
+    """:func:`~ledger_client.tool_call` on the async face: the same arguments, outcomes,
+    exceptions, encoding and retries across a lost connection; ``execute`` is awaited, its
+    heartbeats are a task of the event loop."""
+    request = ToolRequest(tool_call_id, tool_ref, arguments, execute, idempotency_key=idempotency_key,
+                          timeout_seconds=timeout_seconds, approval=approval, retry_failed=retry_failed)
+    spec = request.spec()  # encoded before anything is written
+    [claim] = await again_async(f"tool call {tool_call_id}: claim", lambda: ledger.claim_tool_calls(
+        run_id, [spec], lease_owner=lease_owner, begin=True, run_token=run_token))
+    record = _to_execute(claim, tool_ref)
+    if record is None:
+        assert claim.response is not None
+        return claim.response.result
+    error: Exception | None = None
+    result = None
+    beats = asyncio.create_task(_beat(ledger, record, heartbeat_s or record.lease_seconds / 3))
+    try:
+        result = await execute(dict(arguments))
+    except Exception as e:
+        error = e
+    finally:
+        beats.cancel()
+    ending = _ending(record, tool_ref, error, result, in_doubt_on)
+    done = await again_async(f"tool call {record.id}: complete", lambda: ledger.complete_tool_call(
+        record.id, record.attempt, ending.outcome, ending.result, error_message=ending.error_message))
+    if ending.raised is not None:
+        raise ending.raised(done) from ending.cause or error
+    if error is not None:
+        raise error
+    return result

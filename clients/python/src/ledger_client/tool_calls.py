@@ -197,6 +197,51 @@ def _complete(ledger: ScopedLedger, record: ToolCall, outcome: str, result: Any 
                                                    error_message=error_message))
 
 
+def _to_execute(claim: ToolCallClaim, tool_ref: str) -> ToolCall | None:
+    """The record to execute when the claim says ``claimed``; None when the recorded result
+    answers (``replayed`` success); the outcome's exception otherwise. Shared by both faces."""
+    if claim.outcome is ClaimOutcome.REPLAYED:
+        assert claim.response is not None
+        if claim.response.success:
+            return None
+        raise ToolFailed(f"tool call {tool_ref} failed before: {claim.response.error}", claim.response.error,
+                         tool_call=claim.tool_call)
+    if claim.outcome is not ClaimOutcome.CLAIMED:
+        raise ToolCallStopped.from_claim(claim, tool_ref)
+    assert claim.tool_call is not None
+    return claim.tool_call
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """How an executed attempt is completed, and what is raised once it is (``raised(record)``;
+    None: the tool's own exception propagates, or the result is returned)."""
+
+    outcome: str
+    result: Any = None
+    error_message: str | None = None
+    raised: Callable[[ToolCall], ToolCallStopped] | None = None
+    cause: BaseException | None = None
+
+
+def _ending(record: ToolCall, tool_ref: str, error: BaseException | None, result: Any,
+            in_doubt_on: tuple[type[BaseException], ...]) -> _Ending:
+    """What the tool's end means for the record (see the module's docstring). Shared by both faces."""
+    if error is not None and isinstance(error, in_doubt_on):
+        message = f"tool call {tool_ref}: no answer after sending ({error!r})"
+        return _Ending("unknown", error_message=str(error) or repr(error),
+                       raised=lambda done: InDoubt(message, tool_call=done))
+    if error is not None:
+        return _Ending("failed", error_message=str(error) or repr(error))
+    try:
+        return _Ending("succeeded", encode(result))
+    except NotEncodable as e:
+        message = (f"tool call {record.tool_call_id or record.id} ({tool_ref}): the tool ran and its result is not"
+                   f" encodable: {e}; recorded unknown (in doubt)")
+        return _Ending("unknown", error_message=f"the result is not encodable: {e}",
+                       raised=lambda done: ResultNotEncodable(message, tool_call=done, result=result), cause=e)
+
+
 def _settle(
     ledger: ScopedLedger,
     claim: ToolCallClaim,
@@ -208,33 +253,23 @@ def _settle(
     in_doubt_on: tuple[type[BaseException], ...],
 ) -> Any:
     """What the helper does with one claim's answer (see the module's docstring)."""
-    if claim.outcome is ClaimOutcome.REPLAYED:
+    record = _to_execute(claim, tool_ref)
+    if record is None:
         assert claim.response is not None
-        if claim.response.success:
-            return claim.response.result
-        raise ToolFailed(f"tool call {tool_ref} failed before: {claim.response.error}", claim.response.error,
-                         tool_call=claim.tool_call)
-    if claim.outcome is not ClaimOutcome.CLAIMED:
-        raise ToolCallStopped.from_claim(claim, tool_ref)
-    record = claim.tool_call
-    assert record is not None
+        return claim.response.result
+    error: Exception | None = None
+    result = None
     try:
         with _Heartbeat(ledger, record, heartbeat_s or record.lease_seconds / 3):
             result = execute(arguments)
-    except in_doubt_on as e:
-        done = _complete(ledger, record, "unknown", error_message=str(e) or repr(e))
-        raise InDoubt(f"tool call {tool_ref}: no answer after sending ({e!r})", tool_call=done) from e
     except Exception as e:
-        _complete(ledger, record, "failed", error_message=str(e) or repr(e))
-        raise
-    try:
-        encoded = encode(result)
-    except NotEncodable as e:
-        done = _complete(ledger, record, "unknown", error_message=f"the result is not encodable: {e}")
-        raise ResultNotEncodable(f"tool call {record.tool_call_id or record.id} ({tool_ref}): the tool ran and"
-                                 f" its result is not encodable: {e}; recorded unknown (in doubt)",
-                                 tool_call=done, result=result) from e
-    _complete(ledger, record, "succeeded", encoded)
+        error = e
+    ending = _ending(record, tool_ref, error, result, in_doubt_on)
+    done = _complete(ledger, record, ending.outcome, ending.result, ending.error_message)
+    if ending.raised is not None:
+        raise ending.raised(done) from ending.cause or error
+    if error is not None:
+        raise error
     return result
 
 
