@@ -22,7 +22,9 @@ import {
   parseCostEntry,
   parseEvent,
   parseEvidenceItem,
+  parseInDoubtCall,
   parseOutboxEvent,
+  parsePendingApproval,
   parseRun,
   parseStep,
   type Approval,
@@ -30,7 +32,9 @@ import {
   type CompleteOutcome,
   type CostEntry,
   type EvidenceItem,
+  type InDoubtCall,
   type OutboxEvent,
+  type PendingApproval,
   type ResolveDecision,
   type Run,
   type RunEvent,
@@ -140,6 +144,27 @@ export interface TransitionStepOptions {
   errorDetails?: unknown;
   runToken?: number;
 }
+
+/** Options of the people's queues ({@link LedgerCalls.callsInDoubt} and the others). */
+export interface QueueOptions {
+  /** Only this run's entries. */
+  runId?: string;
+  /** At most this many, oldest first. */
+  limit?: number;
+}
+
+/**
+ * The row's scope is the caller's (row-level security does not hide other scopes' rows from a
+ * superuser; the views check only that a scope is set).
+ */
+const SCOPED = (alias: string): string =>
+  `${alias}.tenant_id = ledger.scope_tenant() AND ${alias}.workspace_id = ledger.scope_workspace()`;
+
+/** The columns of `ledger.outbox_event`: the outbox row without its lease holder. */
+const OUTBOX_EVENT_COLUMNS = [
+  "tenant_id", "workspace_id", "id", "event_type", "run_id", "task_id", "subject", "payload", "status",
+  "attempt_count", "replay_count", "available_at", "lease_expires_at", "error_message", "occurred_at", "processed_at",
+];
 
 /** Options of `claim_run`. */
 export interface ClaimRunOptions {
@@ -457,6 +482,67 @@ export abstract class LedgerCalls {
    */
   async replayOutboxEvent(eventId: string, options: { actor: string; note?: string }): Promise<OutboxEvent> {
     return parseOutboxEvent(one(await this.select("replay_outbox_event", [eventId, options.actor], { note: options.note })));
+  }
+
+  /**
+   * The people's queue of calls in doubt (`ledger.tool_calls_in_doubt`), oldest first, with each
+   * call's arguments as stored (redacted) from `ledger.run_step_tool_calls`, which the view does
+   * not show; `runId` narrows it to one run. A `ledger_reader` may read it.
+   */
+  async callsInDoubt(options: QueueOptions = {}): Promise<InDoubtCall[]> {
+    return (
+      await this.queue(
+        `SELECT d.*, t.arguments FROM ledger.tool_calls_in_doubt d
+           JOIN ledger.run_step_tool_calls t ON t.id = d.id AND ${SCOPED("t")}`,
+        "d",
+        "d.updated_at, d.id",
+        options,
+      )
+    ).map(parseInDoubtCall);
+  }
+
+  /**
+   * The people's queue of approvals (`ledger.pending_approvals`), oldest first, with the call's
+   * `tool_call_id` and arguments as stored (redacted) from `ledger.run_step_tool_calls`, which the
+   * view does not show (its `details` hold them as they were asked for). A `ledger_reader` may read it.
+   */
+  async pendingApprovals(options: QueueOptions = {}): Promise<PendingApproval[]> {
+    return (
+      await this.queue(
+        `SELECT p.*, t.tool_call_id, t.arguments FROM ledger.pending_approvals p
+           JOIN ledger.approval_requests a ON a.id = p.id AND ${SCOPED("a")}
+           LEFT JOIN ledger.run_step_tool_calls t ON t.id = p.tool_call_record_id AND ${SCOPED("t")}`,
+        "p",
+        "p.created_at, p.id",
+        options,
+      )
+    ).map(parsePendingApproval);
+  }
+
+  /**
+   * The outbox events that failed their attempts (status `failed`), oldest first: each waits for a
+   * person's {@link replayOutboxEvent} once its cause is fixed. A `ledger_reader` may read it.
+   */
+  async failedOutboxEvents(options: QueueOptions = {}): Promise<OutboxEvent[]> {
+    const columns = OUTBOX_EVENT_COLUMNS.map((c) => `o.${c}`).join(", ");
+    return (
+      await this.queue(`SELECT ${columns} FROM ledger.outbox o WHERE o.status = 'failed' AND ${SCOPED("o")}`, "o", "o.occurred_at, o.id", options, true)
+    ).map(parseOutboxEvent);
+  }
+
+  private async queue(select: string, alias: string, order: string, options: QueueOptions, hasWhere = false): Promise<Row[]> {
+    const values: unknown[] = [];
+    let text = select;
+    if (options.runId !== undefined) {
+      values.push(options.runId);
+      text += ` ${hasWhere ? "AND" : "WHERE"} ${alias}.run_id = $${values.length}`;
+    }
+    text += ` ORDER BY ${order}`;
+    if (options.limit !== undefined) {
+      values.push(options.limit);
+      text += ` LIMIT $${values.length}`;
+    }
+    return this.query(text, values);
   }
 
   /** `sweep_tool_calls`: expired leases to in_doubt (or claimable); returns how many moved. */
