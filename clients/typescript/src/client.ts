@@ -12,7 +12,9 @@
 import pg from "pg";
 
 import { parseConninfo } from "./conninfo.js";
+import { toJson } from "./encoding.js";
 import { toLedgerError } from "./errors.js";
+import { isConnectionError } from "./faults.js";
 import {
   parseApproval,
   parseClaim,
@@ -20,7 +22,9 @@ import {
   parseCostEntry,
   parseEvent,
   parseEvidenceItem,
+  parseInDoubtCall,
   parseOutboxEvent,
+  parsePendingApproval,
   parseRun,
   parseStep,
   type Approval,
@@ -28,7 +32,9 @@ import {
   type CompleteOutcome,
   type CostEntry,
   type EvidenceItem,
+  type InDoubtCall,
   type OutboxEvent,
+  type PendingApproval,
   type ResolveDecision,
   type Run,
   type RunEvent,
@@ -59,9 +65,12 @@ class Cast {
   ) {}
 }
 
-/** A JSON argument: serialised by us (node-postgres would send an array as a PostgreSQL array). */
+/**
+ * A JSON argument: serialised by us (node-postgres would send an array as a PostgreSQL array), by
+ * the rule of {@link toJson}; a value it cannot encode throws `NotEncodableError` and nothing is sent.
+ */
 function json(value: unknown): Cast | undefined {
-  return value === undefined ? undefined : new Cast(value === null ? null : JSON.stringify(value), "jsonb");
+  return value === undefined ? undefined : new Cast(value === null ? null : JSON.stringify(toJson(value)), "jsonb");
 }
 
 /**
@@ -135,6 +144,27 @@ export interface TransitionStepOptions {
   errorDetails?: unknown;
   runToken?: number;
 }
+
+/** Options of the people's queues ({@link LedgerCalls.toolCallsInDoubt} and the others). */
+export interface QueueOptions {
+  /** Only this run's entries. */
+  runId?: string;
+  /** At most this many, oldest first. */
+  limit?: number;
+}
+
+/**
+ * The row's scope is the caller's (row-level security does not hide other scopes' rows from a
+ * superuser; the views check only that a scope is set).
+ */
+const SCOPED = (alias: string): string =>
+  `${alias}.tenant_id = ledger.scope_tenant() AND ${alias}.workspace_id = ledger.scope_workspace()`;
+
+/** The columns of `ledger.outbox_event`: the outbox row without its lease holder. */
+const OUTBOX_EVENT_COLUMNS = [
+  "tenant_id", "workspace_id", "id", "event_type", "run_id", "task_id", "subject", "payload", "status",
+  "attempt_count", "replay_count", "available_at", "lease_expires_at", "error_message", "occurred_at", "processed_at",
+];
 
 /** Options of `claim_run`. */
 export interface ClaimRunOptions {
@@ -220,9 +250,24 @@ export abstract class LedgerCalls {
    */
   abstract query(text: string, values?: unknown[]): Promise<Row[]>;
 
+  /**
+   * One function call as one statement: `SELECT <columns> FROM ledger.fn(...)` here, in the
+   * current transaction; a {@link ScopedLedger} states the scope in the same statement.
+   */
+  protected async statement(expr: string, values: unknown[], columns: string | null): Promise<Row[]> {
+    return this.query(columns === null ? `SELECT ${expr} AS r` : `SELECT ${columns} FROM ${expr}`, values);
+  }
+
+  /** The rows of a function returning rows (a composite or a set). */
   private async select(fn: string, positional: unknown[], named: Record<string, unknown> = {}, columns = "*"): Promise<Row[]> {
     const { text, values } = call(fn, positional, named);
-    return this.query(`SELECT ${columns} FROM ${text}`, values);
+    return this.statement(text, values, columns);
+  }
+
+  /** The value of a function returning one value. */
+  private async value(fn: string, positional: unknown[], named: Record<string, unknown> = {}): Promise<unknown> {
+    const { text, values } = call(fn, positional, named);
+    return one(await this.statement(text, values, null))["r"];
   }
 
   /** `create_run`: a new run (or, with `runId`/`requestId`, the existing one). */
@@ -295,13 +340,12 @@ export abstract class LedgerCalls {
 
   /** `heartbeat_run`: extends the run's lease; returns when it now ends. */
   async heartbeatRun(runId: string, runToken: number, extendSeconds?: number): Promise<Date> {
-    const row = one(await this.select("heartbeat_run", [runId, runToken], { extend_seconds: extendSeconds }, "heartbeat_run AS r"));
-    return row["r"] as Date;
+    return (await this.value("heartbeat_run", [runId, runToken], { extend_seconds: extendSeconds })) as Date;
   }
 
   /** `release_run`: gives the run up (claimable at once); the token is over. */
   async releaseRun(runId: string, runToken: number): Promise<void> {
-    await this.select("release_run", [runId, runToken]);
+    await this.value("release_run", [runId, runToken]);
   }
 
   /** `claim_tool_call`: the executor protocol's first step; the outcome is returned, not raised. */
@@ -377,8 +421,7 @@ export abstract class LedgerCalls {
     decision: "approved" | "rejected",
     options: { actor?: string; note?: string } = {},
   ): Promise<Approval> {
-    const row = one(await this.select("resolve_approval", [approvalId, decision], snakeKeys({ ...options }), "resolve_approval AS r"));
-    return parseApproval(row["r"] as Row);
+    return parseApproval((await this.value("resolve_approval", [approvalId, decision], snakeKeys({ ...options }))) as Row);
   }
 
   /** `record_cost`. Quantities and amounts are sent as `numeric`: exact, whatever their JS type. */
@@ -414,7 +457,7 @@ export abstract class LedgerCalls {
 
   /** `run_channel`: the run's LISTEN/NOTIFY channel. */
   async runChannel(runId: string): Promise<string> {
-    return String(one(await this.select("run_channel", [runId], {}, "run_channel AS r"))["r"]);
+    return String(await this.value("run_channel", [runId]));
   }
 
   /** `claim_outbox_events`: due events of the scope under a lease. Delivery is at least once. */
@@ -424,8 +467,7 @@ export abstract class LedgerCalls {
 
   /** `ack_outbox_events`: the held events become done; returns how many. */
   async ackOutboxEvents(leaseOwner: string, eventIds: string[]): Promise<number> {
-    const row = one(await this.select("ack_outbox_events", [leaseOwner, new Cast(eventIds, "text[]")], {}, "ack_outbox_events AS r"));
-    return Number(row["r"]);
+    return Number(await this.value("ack_outbox_events", [leaseOwner, new Cast(eventIds, "text[]")]));
   }
 
   /** `nack_outbox_events`: a failed delivery; each event is due again after its backoff. */
@@ -442,35 +484,95 @@ export abstract class LedgerCalls {
     return parseOutboxEvent(one(await this.select("replay_outbox_event", [eventId, options.actor], { note: options.note })));
   }
 
+  /**
+   * The people's queue of calls in doubt (`ledger.tool_calls_in_doubt`), oldest first, with each
+   * call's arguments as stored (redacted) from `ledger.run_step_tool_calls`, which the view does
+   * not show; `runId` narrows it to one run. A `ledger_reader` may read it.
+   */
+  async toolCallsInDoubt(options: QueueOptions = {}): Promise<InDoubtCall[]> {
+    return (
+      await this.queue(
+        `SELECT d.*, t.arguments FROM ledger.tool_calls_in_doubt d
+           JOIN ledger.run_step_tool_calls t ON t.id = d.id AND ${SCOPED("t")}`,
+        "d",
+        "d.updated_at, d.id",
+        options,
+      )
+    ).map(parseInDoubtCall);
+  }
+
+  /**
+   * The people's queue of approvals (`ledger.pending_approvals`), oldest first, with the call's
+   * `tool_call_id` and arguments as stored (redacted) from `ledger.run_step_tool_calls`, which the
+   * view does not show (its `details` hold them as they were asked for). A `ledger_reader` may read it.
+   */
+  async pendingApprovals(options: QueueOptions = {}): Promise<PendingApproval[]> {
+    return (
+      await this.queue(
+        `SELECT p.*, t.tool_call_id, t.arguments FROM ledger.pending_approvals p
+           JOIN ledger.approval_requests a ON a.id = p.id AND ${SCOPED("a")}
+           LEFT JOIN ledger.run_step_tool_calls t ON t.id = p.tool_call_record_id AND ${SCOPED("t")}`,
+        "p",
+        "p.created_at, p.id",
+        options,
+      )
+    ).map(parsePendingApproval);
+  }
+
+  /**
+   * The outbox events that failed their attempts (status `failed`), oldest first: each waits for a
+   * person's {@link replayOutboxEvent} once its cause is fixed. A `ledger_reader` may read it.
+   */
+  async failedOutboxEvents(options: QueueOptions = {}): Promise<OutboxEvent[]> {
+    const columns = OUTBOX_EVENT_COLUMNS.map((c) => `o.${c}`).join(", ");
+    return (
+      await this.queue(`SELECT ${columns} FROM ledger.outbox o WHERE o.status = 'failed' AND ${SCOPED("o")}`, "o", "o.occurred_at, o.id", options, true)
+    ).map(parseOutboxEvent);
+  }
+
+  private async queue(select: string, alias: string, order: string, options: QueueOptions, hasWhere = false): Promise<Row[]> {
+    const values: unknown[] = [];
+    let text = select;
+    if (options.runId !== undefined) {
+      values.push(options.runId);
+      text += ` ${hasWhere ? "AND" : "WHERE"} ${alias}.run_id = $${values.length}`;
+    }
+    text += ` ORDER BY ${order}`;
+    if (options.limit !== undefined) {
+      values.push(options.limit);
+      text += ` LIMIT $${values.length}`;
+    }
+    return this.query(text, values);
+  }
+
   /** `sweep_tool_calls`: expired leases to in_doubt (or claimable); returns how many moved. */
   async sweepToolCalls(): Promise<number> {
-    return Number(one(await this.select("sweep_tool_calls", [], {}, "sweep_tool_calls AS r"))["r"]);
+    return Number(await this.value("sweep_tool_calls", []));
   }
 
   /** `replay_bundle`: everything about a run, as documented jsonb. */
   async replayBundle(runId: string): Promise<Json> {
-    return one(await this.select("replay_bundle", [runId], {}, "replay_bundle AS r"))["r"] as Json;
+    return (await this.value("replay_bundle", [runId])) as Json;
   }
 
   /** `run_evidence`: the run's thirteen governance items, in order. */
   async runEvidence(runId: string): Promise<EvidenceItem[]> {
-    const items = one(await this.select("run_evidence", [runId], {}, "run_evidence AS r"))["r"];
+    const items = await this.value("run_evidence", [runId]);
     return Array.isArray(items) ? items.map(parseEvidenceItem) : [];
   }
 
   /** `otel_trace`: the run as an OpenTelemetry trace, OTLP/JSON (for a collector's `/v1/traces`). */
   async otelTrace(runId: string, serviceName = "ledger"): Promise<Json> {
-    return one(await this.select("otel_trace", [runId], { service_name: serviceName }, "otel_trace AS r"))["r"] as Json;
+    return (await this.value("otel_trace", [runId], { service_name: serviceName })) as Json;
   }
 
   /** `replay_ready`: whether the run can be replayed (`status` pass, or what is missing). */
   async replayReady(runId: string): Promise<Json> {
-    return one(await this.select("replay_ready", [runId], {}, "replay_ready AS r"))["r"] as Json;
+    return (await this.value("replay_ready", [runId])) as Json;
   }
 
   private async answer(fn: string, positional: unknown[], named: Record<string, unknown> = {}): Promise<ToolCallClaim> {
-    const row = one(await this.select(fn, positional, named, `${fn} AS r`));
-    return parseClaim(row["r"]);
+    return parseClaim(await this.value(fn, positional, named));
   }
 }
 
@@ -492,7 +594,34 @@ export class Transaction extends LedgerCalls {
   }
 }
 
-/** The ledger of one (tenant, workspace): each call in its own transaction with the scope stated. */
+/**
+ * A pooled connection for `fn`, given back after it; one that broke (a lost connection, found by
+ * `isConnectionError` or by the driver's `error` event) is discarded, so a retry gets a fresh one.
+ */
+async function withClient<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  // A connection that breaks between our statements must not crash the process (pg emits
+  // 'error' on a checked-out client that has no query running); the next query fails instead.
+  let broken: Error | undefined;
+  const onError = (error: Error): void => {
+    broken = error;
+  };
+  client.on("error", onError);
+  try {
+    return await fn(client);
+  } catch (error) {
+    if (isConnectionError(error)) broken ??= error as Error;
+    throw error;
+  } finally {
+    client.removeListener("error", onError);
+    client.release(broken ?? false);
+  }
+}
+
+/**
+ * The ledger of one (tenant, workspace). Each typed method is one statement in its own (implicit)
+ * transaction that states the scope transaction-locally and calls the function: one round trip.
+ */
 export class ScopedLedger extends LedgerCalls {
   constructor(
     readonly ledger: Ledger,
@@ -508,36 +637,45 @@ export class ScopedLedger extends LedgerCalls {
    * the transaction holds a pooled connection and the rows it wrote stay locked.
    */
   async transaction<T>(fn: (tx: Transaction) => Promise<T>): Promise<T> {
-    const client = await this.ledger.pool.connect();
-    // A connection that breaks between our statements must not crash the process (pg emits
-    // 'error' on a checked-out client that has no query running); the next query fails instead.
-    let broken: Error | undefined;
-    const onError = (error: Error): void => {
-      broken = error;
-    };
-    client.on("error", onError);
-    try {
-      await client.query("BEGIN");
-      await client.query("SELECT ledger.set_scope($1, $2, is_local => true)", [this.tenant, this.workspace]);
-      const out = await fn(new Transaction(client));
-      await client.query("COMMIT");
-      return out;
-    } catch (error) {
+    return withClient(this.ledger.pool, async (client) => {
       try {
-        await client.query("ROLLBACK");
-      } catch (rollbackError) {
-        broken ??= rollbackError as Error;
+        // BEGIN and the scope in one round trip (a simple query takes no parameters: literals).
+        await client.query(
+          `BEGIN; SELECT ledger.set_scope(${client.escapeLiteral(this.tenant)}, ${client.escapeLiteral(this.workspace)}, is_local => true)`,
+        );
+        const out = await fn(new Transaction(client));
+        await client.query("COMMIT");
+        return out;
+      } catch (error) {
+        await client.query("ROLLBACK").catch(() => undefined);
+        throw toLedgerError(error);
       }
-      throw toLedgerError(error);
-    } finally {
-      client.removeListener("error", onError);
-      client.release(broken ?? false);
-    }
+    });
   }
 
-  /** One statement in its own scoped transaction. */
+  /** One statement of yours in its own scoped transaction. */
   override async query(text: string, values: unknown[] = []): Promise<Row[]> {
     return this.transaction((tx) => tx.query(text, values));
+  }
+
+  /**
+   * The call and the scope in one statement. The scope is stated in the FROM clause and the call
+   * made in the select list, so that it runs after the scope is set (an order PostgreSQL keeps for
+   * a select list, not among FROM items); `OFFSET 0` keeps a row-returning call from being run
+   * once per output column.
+   */
+  protected override async statement(expr: string, values: unknown[], columns: string | null): Promise<Row[]> {
+    const n = values.length;
+    const scope = `ledger.set_scope($${n + 1}, $${n + 2}, is_local => true)`;
+    const text =
+      columns === null
+        ? `SELECT ${expr} AS r FROM ${scope}`
+        : `SELECT ${columns} FROM (SELECT (call.c).* FROM (SELECT ${expr} AS c FROM ${scope} OFFSET 0) AS call) AS q`;
+    try {
+      return await withClient(this.ledger.pool, async (client) => (await client.query<Row>(text, [...values, this.tenant, this.workspace])).rows);
+    } catch (error) {
+      throw toLedgerError(error);
+    }
   }
 }
 

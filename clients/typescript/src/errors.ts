@@ -118,8 +118,38 @@ export class InDoubtError extends ToolCallStopped {}
 export class BusyError extends ToolCallStopped {}
 /** The call waits for a person's approval (`claim.approval` is the request). */
 export class WaitingApprovalError extends ToolCallStopped {}
-/** The approval was rejected: the call is never executed. */
-export class RejectedError extends ToolCallStopped {}
+/**
+ * The approval was rejected: the call is never executed. The message names the call, who
+ * rejected it and their note. Escaping an agent, it fails the run with `error_code`
+ * `TOOL_APPROVAL_REJECTED` ({@link REJECTED_ERROR_CODE}).
+ */
+export class RejectedError extends ToolCallStopped {
+  constructor(claim: ToolCallClaim) {
+    const approval = claim.approval;
+    const by = approval?.actor ? ` by ${approval.actor}` : "";
+    const note = approval?.note ? `: ${approval.note}` : "";
+    super(claim, `${callName(claim)}: approval ${approval?.status ?? "rejected"}${by}${note}`);
+  }
+}
+
+/** The run's `error_code` when a {@link RejectedError} escapes the agent. */
+export const REJECTED_ERROR_CODE = "TOOL_APPROVAL_REJECTED";
+
+/**
+ * The tool ran, and its result cannot be encoded as JSON (a function, a symbol, a cycle, see
+ * `toJson`): the call was completed `unknown`, so it is in doubt for a person to resolve, with
+ * this message as its `error_message`; it is never run again. `path` and `type` say what could
+ * not be encoded. A subclass of {@link InDoubtError}: a worker parks the run.
+ */
+export class ResultNotEncodable extends InDoubtError {
+  constructor(
+    claim: ToolCallClaim,
+    readonly path: string,
+    readonly type: string,
+  ) {
+    super(claim, `${callName(claim)}: the tool ran, its result cannot be recorded: cannot encode ${type} at ${path} as JSON`);
+  }
+}
 /** The run was purged; the key's tombstone answered (`claim.raw.tool_call`). */
 export class PurgedError extends ToolCallStopped {}
 /**

@@ -6,9 +6,11 @@
  */
 export * from "./client.js";
 export { parseConninfo } from "./conninfo.js";
+export { NotEncodableError, toJson } from "./encoding.js";
 export * from "./errors.js";
+export { isConnectionError, reconnecting, RECONNECT_DELAYS_MS } from "./faults.js";
 export { follow, type FollowOptions } from "./feed.js";
-export { OutboxConsumer, type OutboxConsumerOptions } from "./outbox.js";
+export { DEFAULT_OUTBOX_LEASE_SECONDS, OutboxConsumer, type OutboxConsumerOptions } from "./outbox.js";
 export * from "./tool_calls.js";
 export * from "./types.js";
 export * from "./worker.js";

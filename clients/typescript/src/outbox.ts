@@ -11,6 +11,8 @@ import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import type { ScopedLedger } from "./client.js";
+import { WrongStateError } from "./errors.js";
+import { reconnecting } from "./faults.js";
 import { Listener } from "./notifier.js";
 import type { OutboxEvent } from "./types.js";
 
@@ -20,7 +22,11 @@ export interface OutboxConsumerOptions {
   leaseOwner?: string;
   /** Events per claim (1 to 1000); default 50. */
   maxEvents?: number;
-  /** Lease of a batch: the time to deliver it; default 60. */
+  /**
+   * Lease of a batch in seconds: the time to deliver it, after which another consumer may claim
+   * its events again (there is no heartbeat: lower `maxEvents` for a slow handler); default 15. A
+   * consumer killed holding a batch costs at most this before its events are delivered again.
+   */
   leaseSeconds?: number;
   /** Longest wait for a notification when nothing is due; default 5. */
   idleSeconds?: number;
@@ -91,7 +97,7 @@ export class OutboxConsumer {
     const { maxEvents, leaseSeconds } = this.options;
     const events = await this.scoped.claimOutboxEvents(this.leaseOwner, {
       ...(maxEvents !== undefined ? { maxEvents } : {}),
-      ...(leaseSeconds !== undefined ? { leaseSeconds } : {}),
+      leaseSeconds: leaseSeconds ?? DEFAULT_OUTBOX_LEASE_SECONDS,
     });
     const delivered: string[] = [];
     const failed: [string, string][] = [];
@@ -103,11 +109,22 @@ export class OutboxConsumer {
         failed.push([event.id, error instanceof Error ? error.message : String(error)]);
       }
     }
-    if (delivered.length > 0) await this.scoped.ackOutboxEvents(this.leaseOwner, delivered);
+    // Repeated on a fresh connection after a lost one: acking again acks nothing more.
+    if (delivered.length > 0) await reconnecting(() => this.scoped.ackOutboxEvents(this.leaseOwner, delivered));
     for (const [id, message] of failed) {
-      // One at a time: each keeps its own error. A lease another consumer took since is theirs.
-      await this.scoped.nackOutboxEvents(this.leaseOwner, [id], message).catch(this.onError);
+      // One at a time: each keeps its own error. A lease another consumer took since is theirs; so
+      // is an event a repeated nack no longer holds (the first try went through).
+      await reconnecting(async (tryNo) => {
+        try {
+          await this.scoped.nackOutboxEvents(this.leaseOwner, [id], message);
+        } catch (error) {
+          if (!(tryNo > 1 && error instanceof WrongStateError && error.code === "OUTBOX_NOT_LEASED")) throw error;
+        }
+      }).catch(this.onError);
     }
     return events.length;
   }
 }
+
+/** The batch lease's default, in seconds. */
+export const DEFAULT_OUTBOX_LEASE_SECONDS = 15;

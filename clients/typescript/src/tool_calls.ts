@@ -12,9 +12,9 @@
  * Every step is a transaction of its own, so each is committed before the next begins: the rules
  * (statuses, fencing by attempt, in-doubt marking) are the extension's.
  */
-import { setTimeout as sleep } from "node:timers/promises";
-
-import { ConflictError, InDoubtError, LedgerError, stopped, ToolFailedError } from "./errors.js";
+import { NotEncodableError, toJson } from "./encoding.js";
+import { ConflictError, InDoubtError, ResultNotEncodable, stopped, ToolFailedError } from "./errors.js";
+import { reconnecting } from "./faults.js";
 import type { ClaimToolCallOptions, ScopedLedger, ToolCallSpec } from "./client.js";
 import type { CompleteOutcome, ToolCall, ToolCallClaim } from "./types.js";
 
@@ -64,7 +64,7 @@ function settled(claim: ToolCallClaim): unknown {
 
 /**
  * Records how the attempt ended, again across a dropped connection (the tool has run: its outcome
- * must not be lost to a reconnect). Repeating a completion changes nothing.
+ * must not be lost to a reconnect). Fenced by the attempt; repeating a completion changes nothing.
  */
 async function complete(
   ledger: ScopedLedger,
@@ -72,14 +72,25 @@ async function complete(
   outcome: CompleteOutcome,
   options: { result?: unknown; errorMessage?: string },
 ): Promise<ToolCallClaim> {
-  for (let attempt = 1; ; attempt += 1) {
-    try {
-      return await ledger.completeToolCall(call.id, call.attempt, outcome, options);
-    } catch (error) {
-      if (error instanceof LedgerError || attempt >= 5) throw error;
-      await sleep(200 * 2 ** attempt);
-    }
+  return reconnecting(() => ledger.completeToolCall(call.id, call.attempt, outcome, options));
+}
+
+/**
+ * Records the tool's result: `succeeded` with it encoded by the client's rule (`toJson`), or, when
+ * it cannot be encoded, `unknown` with the reason (the tool ran: a person decides what it did),
+ * then {@link ResultNotEncodable}.
+ */
+async function completeWith(ledger: ScopedLedger, call: ToolCall, result: unknown): Promise<void> {
+  let encoded: unknown;
+  try {
+    encoded = toJson(result === undefined ? null : result);
+  } catch (error) {
+    if (!(error instanceof NotEncodableError)) throw error;
+    const reason = `the tool ran, its result cannot be recorded: cannot encode ${error.type} at ${error.path} as JSON`;
+    const answer = await complete(ledger, call, "unknown", { errorMessage: reason });
+    throw new ResultNotEncodable(answer, error.path, error.type);
   }
+  await complete(ledger, call, "succeeded", { result: encoded });
 }
 
 /**
@@ -133,7 +144,7 @@ async function executeBegun<A extends Json, R>(
   }
   clearInterval(timer);
   await beating;
-  await complete(ledger, call, "succeeded", { result: result === undefined ? null : result });
+  await completeWith(ledger, call, result);
   return result;
 }
 
@@ -144,15 +155,34 @@ async function executeBegun<A extends Json, R>(
  * replayed failure, and the tool's own error after recording it as `failed`.
  */
 export async function toolCall<A extends Json, R>(ledger: ScopedLedger, request: ToolCallRequest<A, R>): Promise<R> {
-  const { runId, toolRef, arguments: args, execute, signal, heartbeatSeconds, ...claimOptions } = request;
-  const claim = await ledger.claimToolCall(runId, toolRef, args, claimOptions);
+  const { runId, toolRef, arguments: args, execute, signal, heartbeatSeconds, leaseOwner, runToken, ...spec } = request;
+  const encoded = encodeArguments(toolRef, spec.toolCallId, args);
+  // Claimed and begun in one statement, committed before the request leaves: from here a crash
+  // leaves the call in doubt, never resent. Repeated after a lost connection: a claim that did
+  // commit answers `busy` (never a second execution).
+  const [claim] = await reconnecting(() =>
+    ledger.claimToolCalls(runId, [{ toolRef, arguments: encoded, ...spec }], {
+      begin: true,
+      ...(leaseOwner !== undefined ? { leaseOwner } : {}),
+      ...(runToken !== undefined ? { runToken } : {}),
+    }),
+  );
+  if (claim === undefined) throw new Error("ledger: claim_tool_calls answered no row");
   if (claim.outcome !== "claimed" || claim.toolCall === null) return settled(claim) as R;
-  // Committed before the request leaves: from here a crash leaves the call in doubt, never resent.
-  await ledger.beginToolCall(claim.toolCall.id, claim.toolCall.attempt);
-  return executeBegun(ledger, claim, args, execute, claimOptions.timeoutSeconds ?? DEFAULT_TIMEOUT_SECONDS, {
+  return executeBegun(ledger, claim, args, execute, spec.timeoutSeconds ?? DEFAULT_TIMEOUT_SECONDS, {
     ...(signal ? { signal } : {}),
     ...(heartbeatSeconds ? { heartbeatSeconds } : {}),
   });
+}
+
+/** The call's arguments as JSON by the client's rule; one that cannot be encoded is refused before any claim. */
+function encodeArguments(toolRef: string, toolCallId: string | undefined, args: Json): Json {
+  try {
+    return toJson(args) as Json;
+  } catch (error) {
+    if (!(error instanceof NotEncodableError)) throw error;
+    throw new NotEncodableError(error.path, error.type, `${toolRef}${toolCallId ? ` (${toolCallId})` : ""}: its arguments`);
+  }
 }
 
 /** One call of a model turn for {@link toolCalls}. */
@@ -192,12 +222,14 @@ export async function toolCalls(
   options: TurnOptions = {},
 ): Promise<ToolCallResult[]> {
   const { leaseOwner, runToken, ...execute } = options;
-  const specs = calls.map(({ execute: _execute, ...spec }) => spec);
-  const claims = await ledger.claimToolCalls(runId, specs, {
-    begin: true,
-    ...(leaseOwner !== undefined ? { leaseOwner } : {}),
-    ...(runToken !== undefined ? { runToken } : {}),
-  });
+  const specs = calls.map(({ execute: _execute, ...spec }) => ({ ...spec, arguments: encodeArguments(spec.toolRef, spec.toolCallId, spec.arguments) }));
+  const claims = await reconnecting(() =>
+    ledger.claimToolCalls(runId, specs, {
+      begin: true,
+      ...(leaseOwner !== undefined ? { leaseOwner } : {}),
+      ...(runToken !== undefined ? { runToken } : {}),
+    }),
+  );
   const outcomes = await Promise.allSettled(
     claims.map(async (claim, i) => {
       const spec = calls[i];

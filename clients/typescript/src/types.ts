@@ -225,6 +225,47 @@ export interface OutboxEvent {
   processedAt: Date | null;
 }
 
+/**
+ * A call in doubt, waiting for a person's `resolveToolCall`: a row of `ledger.tool_calls_in_doubt`
+ * with the call's `arguments` (redacted as stored) from `ledger.run_step_tool_calls`.
+ */
+export interface InDoubtCall {
+  /** The tool_call_record_id `resolveToolCall` takes. */
+  id: string;
+  runId: string;
+  stepId: string | null;
+  toolCallId: string;
+  toolRef: string;
+  idempotencyKey: string;
+  arguments: Json;
+  attempt: number;
+  /** Who held the attempt when it went in doubt: the worker to look at first. */
+  leaseOwner: string | null;
+  outboundStartedAt: Date | null;
+  errorCode: string | null;
+  errorMessage: string | null;
+  updatedAt: Date;
+}
+
+/**
+ * An approval waiting for a person's `resolveApproval`: a row of `ledger.pending_approvals` with
+ * the call's `toolCallId` and `arguments` (redacted as stored) from `ledger.run_step_tool_calls`.
+ */
+export interface PendingApproval {
+  /** The approval_id `resolveApproval` takes. */
+  id: string;
+  runId: string;
+  stepId: string | null;
+  toolCallRecordId: string | null;
+  toolCallId: string | null;
+  toolRef: string | null;
+  arguments: Json | null;
+  title: string | null;
+  policyRef: string | null;
+  details: Json;
+  createdAt: Date;
+}
+
 /** A row of `ledger.run_cost_entries` as far as a worker needs it. */
 export interface CostEntry {
   id: string;
@@ -503,6 +544,42 @@ export function parseOutboxEvent(row: Row): OutboxEvent {
     errorMessage: optStr(row, "error_message"),
     occurredAt: date(row, "occurred_at"),
     processedAt: optDate(row, "processed_at"),
+  };
+}
+
+/** Parses a row of {@link LedgerCalls.toolCallsInDoubt}'s query. */
+export function parseInDoubtCall(row: Row): InDoubtCall {
+  return {
+    id: str(row, "id"),
+    runId: str(row, "run_id"),
+    stepId: optStr(row, "step_id"),
+    toolCallId: str(row, "tool_call_id"),
+    toolRef: str(row, "tool_ref"),
+    idempotencyKey: str(row, "idempotency_key"),
+    arguments: obj(row, "arguments"),
+    attempt: num(row, "attempt"),
+    leaseOwner: optStr(row, "lease_owner"),
+    outboundStartedAt: optDate(row, "outbound_started_at"),
+    errorCode: optStr(row, "error_code"),
+    errorMessage: optStr(row, "error_message"),
+    updatedAt: date(row, "updated_at"),
+  };
+}
+
+/** Parses a row of {@link LedgerCalls.pendingApprovals}'s query. */
+export function parsePendingApproval(row: Row): PendingApproval {
+  return {
+    id: str(row, "id"),
+    runId: str(row, "run_id"),
+    stepId: optStr(row, "step_id"),
+    toolCallRecordId: optStr(row, "tool_call_record_id"),
+    toolCallId: optStr(row, "tool_call_id"),
+    toolRef: optStr(row, "tool_ref"),
+    arguments: value(row, "arguments") === null ? null : obj(row, "arguments"),
+    title: optStr(row, "title"),
+    policyRef: optStr(row, "policy_ref"),
+    details: obj(row, "details"),
+    createdAt: date(row, "created_at"),
   };
 }
 

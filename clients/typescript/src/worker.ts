@@ -14,15 +14,22 @@
  *   and released; a person's decision makes it claimable again;
  * - a call is busy (another executor's live attempt): the run is released, to be claimed later;
  * - the run was taken over (40001 `LEASE_STALE`): it is dropped, the new owner has it;
+ * - a rejected approval: the run fails with `error_code` `TOOL_APPROVAL_REJECTED`;
+ * - a lost database connection: never the agent's failure; the run is released for a retry;
  * - anything else: the run fails with the error's message.
  *
- * A stop (the signal, SIGTERM, SIGINT) ends the claims; the run in hand may finish within
- * `shutdownGraceSeconds`, after which it is released for another worker.
+ * The worker's own writes and the context's (steps, tool calls) are repeated on a fresh
+ * connection after a lost one (see `reconnecting`): each is fenced by the run token or the call's
+ * attempt, or found again by key, so a repeat changes nothing.
+ *
+ * A stop (the signal, or SIGTERM/SIGINT when `stopOn` names them) ends the claims; the run in
+ * hand may finish within `shutdownGraceSeconds`, after which it is released for another worker.
  */
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { BusyError, ConflictError, InDoubtError, WaitingApprovalError } from "./errors.js";
+import { BusyError, ConflictError, InDoubtError, REJECTED_ERROR_CODE, RejectedError, WaitingApprovalError } from "./errors.js";
+import { isConnectionError, reconnecting } from "./faults.js";
 import { Ledger, type ScopedLedger } from "./client.js";
 import { toolCall, toolCalls, type ToolCallResult, type ToolFn, type TurnCall } from "./tool_calls.js";
 import type { ClaimedRun, Step } from "./types.js";
@@ -83,7 +90,7 @@ export class RunContext {
     const step = await this.openStep(key, stepType);
     if (step.status === "succeeded") return step.outputSummary ?? "";
     const output = await this.guard(step, fn);
-    await this.ledger.transitionStep(step.id, "succeeded", { outputSummary: output, runToken: this.run.runToken });
+    await reconnecting(() => this.ledger.transitionStep(step.id, "succeeded", { outputSummary: output, runToken: this.run.runToken }));
     return output;
   }
 
@@ -97,7 +104,8 @@ export class RunContext {
     const step = await this.openStep(key, "llm");
     if (step.status === "succeeded") return step.outputSummary ?? "";
     const reply = await this.guard(step, callModel);
-    await this.ledger.transaction(async (tx) => {
+    // Repeated after a lost connection: the cost is keyed on the step, the step's move fenced.
+    await reconnecting(() => this.ledger.transaction(async (tx) => {
       await tx.recordCost(this.runId, "tokens", tokens(reply.usage), {
         stepId: step.id,
         usage: reply.usage,
@@ -108,7 +116,7 @@ export class RunContext {
         ...(reply.modelRef !== undefined ? { modelRef: reply.modelRef } : {}),
       });
       await tx.transitionStep(step.id, "succeeded", { outputSummary: reply.text, runToken: this.run.runToken });
-    });
+    }));
     return reply.text;
   }
 
@@ -144,19 +152,21 @@ export class RunContext {
   }
 
   private async openStep(key: string, stepType: string): Promise<Step> {
-    return this.ledger.createStep(this.runId, stepType, { stepKey: key, runToken: this.run.runToken });
+    return reconnecting(() => this.ledger.createStep(this.runId, stepType, { stepKey: key, runToken: this.run.runToken }));
   }
 
   /** Runs `fn` as the step's work: the step is `running` meanwhile and `failed` if `fn` throws. */
   private async guard<T>(step: Step, fn: () => Promise<T>): Promise<T> {
-    if (step.status !== "running") await this.ledger.transitionStep(step.id, "running", { runToken: this.run.runToken });
+    const token = this.run.runToken;
+    if (step.status !== "running") await reconnecting(() => this.ledger.transitionStep(step.id, "running", { runToken: token }));
     try {
       return await fn();
     } catch (error) {
-      await this.ledger.transitionStep(step.id, "failed", {
-        errorMessage: error instanceof Error ? error.message : String(error),
-        runToken: this.run.runToken,
-      });
+      // A lost connection is not the step's failure: the step stays running, the run is released.
+      if (!isConnectionError(error)) {
+        const errorMessage = error instanceof Error ? error.message : String(error);
+        await reconnecting(() => this.ledger.transitionStep(step.id, "failed", { errorMessage, runToken: token }));
+      }
       throw error;
     }
   }
@@ -176,8 +186,13 @@ export type Agent = (ctx: RunContext) => Promise<string>;
 export interface WorkerOptions {
   /** Who holds the runs' leases; default `<hostname>:<pid>`. */
   leaseOwner?: string;
-  /** The run lease (heartbeats renew it every third of it); default 60. */
+  /**
+   * The run lease in seconds; default 15. A worker killed while it holds a run costs at most this
+   * (plus another worker's `idleSeconds`) before the run is taken over.
+   */
   leaseSeconds?: number;
+  /** Seconds between the run lease's heartbeats; default a third of `leaseSeconds` (5). */
+  heartbeatSeconds?: number;
   /** Seconds between claims when nothing is claimable; default 1. */
   idleSeconds?: number;
   /** Only runs of these modes / kinds. */
@@ -185,7 +200,10 @@ export interface WorkerOptions {
   kinds?: string[];
   /** Stops the loop: no new claim; the run in hand may finish within `shutdownGraceSeconds`. */
   signal?: AbortSignal;
-  /** Process signals that stop the loop the same way (a second one acts as usual); default SIGTERM and SIGINT. */
+  /**
+   * Process signals that stop the loop the same way (a second one acts as usual), e.g.
+   * `["SIGTERM", "SIGINT"]`; default none (as Python's `handle_signals=False`): opt in.
+   */
   stopOn?: NodeJS.Signals[];
   /**
    * After a stop, how long the run in hand may take to finish; then it is released for another
@@ -218,7 +236,7 @@ export type RunOutcome =
 export async function work(source: Ledger | ScopedLedger, agent: Agent, options: WorkerOptions = {}): Promise<void> {
   const leaseOwner = options.leaseOwner ?? `${hostname()}:${process.pid}`;
   const stop = new AbortController();
-  const stopOn = options.stopOn ?? ["SIGTERM", "SIGINT"];
+  const stopOn = options.stopOn ?? [];
   const onSignal = (): void => {
     for (const s of stopOn) process.removeListener(s, onSignal);
     stop.abort();
@@ -232,7 +250,7 @@ export async function work(source: Ledger | ScopedLedger, agent: Agent, options:
       let busy = false;
       try {
         const run = await source.claimRun(leaseOwner, {
-          ...(options.leaseSeconds !== undefined ? { leaseSeconds: options.leaseSeconds } : {}),
+          leaseSeconds: options.leaseSeconds ?? DEFAULT_LEASE_SECONDS,
           ...(options.modes !== undefined ? { modes: options.modes } : {}),
           ...(options.kinds !== undefined ? { kinds: options.kinds } : {}),
         });
@@ -271,7 +289,7 @@ async function drive(ledger: ScopedLedger, run: ClaimedRun, agent: Agent, option
         }
       });
     },
-    ((options.leaseSeconds ?? 60) * 1000) / 3,
+    (options.heartbeatSeconds ?? (options.leaseSeconds ?? DEFAULT_LEASE_SECONDS) / 3) * 1000,
   );
   let grace: NodeJS.Timeout | undefined;
   let arm = (): void => undefined;
@@ -286,7 +304,7 @@ async function drive(ledger: ScopedLedger, run: ClaimedRun, agent: Agent, option
     return outcome.status !== "released";
   };
   try {
-    if (run.status !== "running") await ledger.transitionRun(run.runId, "running", { runToken: token });
+    if (run.status !== "running") await reconnecting(() => ledger.transitionRun(run.runId, "running", { runToken: token }));
     const finished = agent(new RunContext(ledger, run, lost.signal)).then(
       (reply) => ({ reply }),
       (error: unknown) => ({ error }),
@@ -302,23 +320,58 @@ async function drive(ledger: ScopedLedger, run: ClaimedRun, agent: Agent, option
     await settle();
     if (ended === "deadline") {
       // The agent goes on alone: its run writes now fail LEASE_STALE, its tools see the abort.
-      await ledger.releaseRun(run.runId, token);
+      await release(ledger, run);
       lost.abort(new Error("the worker stopped"));
       return report({ status: "released", reason: "the worker stopped before the agent finished" });
     }
     if ("reply" in ended) {
-      await ledger.transaction(async (tx) => {
-        // What the user is shown, and the end, at once.
-        await tx.recordResponseEvent(run.runId, "message", { text: ended.reply });
-        await tx.transitionRun(run.runId, "succeeded", { outputSummary: ended.reply, runToken: token });
-      });
+      await reconnecting((tryNo) =>
+        ledger.transaction(async (tx) => {
+          // A repeat after a lost connection first looks whether the first try committed (the
+          // response event is not keyed: it must not be written twice).
+          if (tryNo > 1 && (await tx.getRun(run.runId))?.status === "succeeded") return;
+          // What the user is shown, and the end, at once.
+          await tx.recordResponseEvent(run.runId, "message", { text: ended.reply });
+          await tx.transitionRun(run.runId, "succeeded", { outputSummary: ended.reply, runToken: token });
+        }),
+      );
       return report({ status: "succeeded", reply: ended.reply });
     }
     return report(await conclude(ledger, run, ended.error));
   } catch (error) {
     await settle();
-    if (isLeaseStale(error)) return report({ status: "lost", reason: error instanceof Error ? error.message : String(error) });
+    const reason = error instanceof Error ? error.message : String(error);
+    if (isLeaseStale(error)) return report({ status: "lost", reason });
+    if (isConnectionError(error)) return report(await releaseLost(ledger, run, reason));
     throw error;
+  }
+}
+
+/** The run lease's default: a killed worker's run is taken over within seconds. */
+export const DEFAULT_LEASE_SECONDS = 15;
+
+/**
+ * Gives the run up, repeated after a lost connection; a repeat that finds the token already over
+ * by a release (the first try committed) is done.
+ */
+async function release(ledger: ScopedLedger, run: ClaimedRun): Promise<void> {
+  await reconnecting(async (tryNo) => {
+    try {
+      await ledger.releaseRun(run.runId, run.runToken);
+    } catch (error) {
+      const released = error instanceof ConflictError && error.detail["lease_released"] === true;
+      if (!(tryNo > 1 && released && error.detail["current_run_token"] === run.runToken)) throw error;
+    }
+  });
+}
+
+/** A lost connection: the run is released (or, if the database stays away, its lease runs out). */
+async function releaseLost(ledger: ScopedLedger, run: ClaimedRun, reason: string): Promise<RunOutcome> {
+  try {
+    await release(ledger, run);
+    return { status: "released", reason: `the database connection was lost: ${reason}` };
+  } catch {
+    return { status: "released", reason: `the database connection was lost (${reason}); the run's lease will run out` };
   }
 }
 
@@ -327,20 +380,18 @@ async function conclude(ledger: ScopedLedger, run: ClaimedRun, error: unknown): 
   const reason = error instanceof Error ? error.message : String(error);
   const token = run.runToken;
   if (isLeaseStale(error)) return { status: "lost", reason };
+  if (isConnectionError(error)) return releaseLost(ledger, run, reason);
   if (error instanceof InDoubtError || error instanceof WaitingApprovalError) {
     const parked = error instanceof InDoubtError ? "paused" : "waiting_approval";
-    await ledger.transitionRun(run.runId, parked, { runToken: token });
-    await ledger.releaseRun(run.runId, token);
+    await reconnecting(() => ledger.transitionRun(run.runId, parked, { runToken: token }));
+    await release(ledger, run);
     return { status: parked, reason };
   }
   if (error instanceof BusyError) {
-    await ledger.releaseRun(run.runId, token);
+    await release(ledger, run);
     return { status: "released", reason };
   }
-  await ledger.transitionRun(run.runId, "failed", {
-    errorCode: error instanceof Error ? error.name : "Error",
-    errorMessage: reason,
-    runToken: token,
-  });
+  const errorCode = error instanceof RejectedError ? REJECTED_ERROR_CODE : error instanceof Error ? error.name : "Error";
+  await reconnecting(() => ledger.transitionRun(run.runId, "failed", { errorCode, errorMessage: reason, runToken: token }));
   return { status: "failed", error: reason };
 }
