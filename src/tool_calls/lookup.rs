@@ -287,6 +287,13 @@ mod tests {
             )),
             3
         );
+        assert_eq!(
+            one::<i32>(&format!(
+                "SELECT jsonb_array_length(ledger.replay_bundle('{g4}')->'reused_tool_calls')"
+            )),
+            3,
+            "the evidence sees the reuse"
+        );
         // An explicit key of the old recipe still names its record.
         assert_eq!(
             one::<String>(&format!(
