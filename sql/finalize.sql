@@ -126,7 +126,7 @@ COMMENT ON FUNCTION ledger.run_evidence(text) IS
 COMMENT ON FUNCTION ledger.replay_ready(text) IS
     'Whether the ledger alone can replay the run: {"status": "pass"|"fail", "missing": [...]} over steps, response_events, costs, citations, tool_calls (its own or reused from its source), audits (each where applicable) and inputs (present and matching their sha256).';
 COMMENT ON FUNCTION ledger.retry_run(text, jsonb) IS
-    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, and the original inputs as stored unless inputs overrides them. The caller executes it; its tool calls with unchanged keys replay from the ledger.';
+    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, and the original inputs as stored unless inputs overrides them. The caller executes it; a tool call it claims with the same tool_call_id replays the result its lineage recorded (see claim_tool_call), one with the same explicit key too.';
 COMMENT ON FUNCTION ledger.replay_run(text, jsonb) IS
     'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
 COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
