@@ -126,7 +126,7 @@ COMMENT ON FUNCTION ledger.run_evidence(text) IS
 COMMENT ON FUNCTION ledger.replay_ready(text) IS
     'Whether the ledger alone can replay the run: {"status": "pass"|"fail", "missing": [...]} over steps, response_events, costs, citations, tool_calls (its own or reused from its source), audits (each where applicable) and inputs (present and matching their sha256).';
 COMMENT ON FUNCTION ledger.retry_run(text, jsonb) IS
-    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, and the original inputs as stored unless inputs overrides them. The caller executes it; its tool calls with unchanged keys replay from the ledger.';
+    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, and the original inputs as stored unless inputs overrides them. The caller executes it; a tool call it claims with the same tool_call_id replays the result its lineage recorded (see claim_tool_call), one with the same explicit key too.';
 COMMENT ON FUNCTION ledger.replay_run(text, jsonb) IS
     'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
 COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
@@ -186,7 +186,7 @@ ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispat
 ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
 GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace() TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token),
+GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token, source_run_id),
       UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;

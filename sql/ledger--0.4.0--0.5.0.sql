@@ -149,13 +149,27 @@ AS $$
        AND NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t
                         WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
                           AND t.run_id = r.id AND t.status = 'in_doubt')
+       -- A re-run parked on a call in doubt in its lineage (it takes its ancestors' records)
+       -- waits for the same person as the ancestor.
+       AND NOT (r.status = 'paused' AND r.source_run_id IS NOT NULL AND EXISTS (
+             WITH RECURSIVE up (id, source_run_id) AS (
+                 SELECT s.id, s.source_run_id FROM ledger.runs s
+                  WHERE s.tenant_id = r.tenant_id AND s.workspace_id = r.workspace_id
+                    AND s.id = r.source_run_id
+                 UNION ALL
+                 SELECT s.id, s.source_run_id FROM up
+                   JOIN ledger.runs s ON s.tenant_id = r.tenant_id
+                    AND s.workspace_id = r.workspace_id AND s.id = up.source_run_id)
+             SELECT 1 FROM up JOIN ledger.run_step_tool_calls t
+                 ON t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
+                AND t.run_id = up.id AND t.status = 'in_doubt'))
        AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
                         WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
                           AND a.run_id = r.id AND a.status = 'pending')
      ORDER BY r.queued_at, r.id LIMIT 1
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope the session''s login role may state (see ledger.claim_run) that waits for no person, locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), locked; skips runs another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
     RETURNS TABLE (tenant_id text, workspace_id text, id text)
@@ -1147,7 +1161,7 @@ COMMENT ON FUNCTION ledger.run_evidence(text) IS
 COMMENT ON FUNCTION ledger.replay_ready(text) IS
     'Whether the ledger alone can replay the run: {"status": "pass"|"fail", "missing": [...]} over steps, response_events, costs, citations, tool_calls (its own or reused from its source), audits (each where applicable) and inputs (present and matching their sha256).';
 COMMENT ON FUNCTION ledger.retry_run(text, jsonb) IS
-    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, and the original inputs as stored unless inputs overrides them. The caller executes it; its tool calls with unchanged keys replay from the ledger.';
+    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, and the original inputs as stored unless inputs overrides them. The caller executes it; a tool call it claims with the same tool_call_id replays the result its lineage recorded (see claim_tool_call), one with the same explicit key too.';
 COMMENT ON FUNCTION ledger.replay_run(text, jsonb) IS
     'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
 COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
@@ -1207,7 +1221,7 @@ ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispat
 ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
 GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace() TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token),
+GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token, source_run_id),
       UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;

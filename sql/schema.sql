@@ -556,13 +556,27 @@ AS $$
        AND NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t
                         WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
                           AND t.run_id = r.id AND t.status = 'in_doubt')
+       -- A re-run parked on a call in doubt in its lineage (it takes its ancestors' records)
+       -- waits for the same person as the ancestor.
+       AND NOT (r.status = 'paused' AND r.source_run_id IS NOT NULL AND EXISTS (
+             WITH RECURSIVE up (id, source_run_id) AS (
+                 SELECT s.id, s.source_run_id FROM ledger.runs s
+                  WHERE s.tenant_id = r.tenant_id AND s.workspace_id = r.workspace_id
+                    AND s.id = r.source_run_id
+                 UNION ALL
+                 SELECT s.id, s.source_run_id FROM up
+                   JOIN ledger.runs s ON s.tenant_id = r.tenant_id
+                    AND s.workspace_id = r.workspace_id AND s.id = up.source_run_id)
+             SELECT 1 FROM up JOIN ledger.run_step_tool_calls t
+                 ON t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
+                AND t.run_id = up.id AND t.status = 'in_doubt'))
        AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
                         WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
                           AND a.run_id = r.id AND a.status = 'pending')
      ORDER BY r.queued_at, r.id LIMIT 1
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope the session''s login role may state (see ledger.claim_run) that waits for no person, locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), locked; skips runs another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
     RETURNS TABLE (tenant_id text, workspace_id text, id text)

@@ -28,10 +28,24 @@ const CLAIMABLE: &str = "SELECT id, lease_owner FROM ledger.runs r \
 
 /// Of the claimable runs, those the oldest-first claim hands out: none of its calls waits for a
 /// person (in doubt, or for an approval). A worker parks such a run (releases it) and the
-/// decision makes it claimable again, so no worker spins on it; `run_id` still takes it.
+/// decision makes it claimable again, so no worker spins on it; `run_id` still takes it. A
+/// paused re-run may be parked on a call in doubt in its lineage (it takes its ancestors'
+/// records): it waits for that call's decision too.
 const WAITS_FOR_NOBODY: &str = "NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t \
      WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id AND t.run_id = r.id \
        AND t.status = 'in_doubt') \
+     AND NOT (r.status = 'paused' AND r.source_run_id IS NOT NULL AND EXISTS ( \
+       WITH RECURSIVE up (id, source_run_id) AS ( \
+           SELECT s.id, s.source_run_id FROM ledger.runs s \
+            WHERE s.tenant_id = r.tenant_id AND s.workspace_id = r.workspace_id \
+              AND s.id = r.source_run_id \
+           UNION ALL \
+           SELECT s.id, s.source_run_id FROM up \
+             JOIN ledger.runs s ON s.tenant_id = r.tenant_id \
+              AND s.workspace_id = r.workspace_id AND s.id = up.source_run_id) \
+       SELECT 1 FROM up JOIN ledger.run_step_tool_calls t \
+           ON t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id \
+          AND t.run_id = up.id AND t.status = 'in_doubt')) \
      AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a \
      WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id AND a.run_id = r.id \
        AND a.status = 'pending')";
@@ -333,6 +347,50 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(claim("'w3'"), "p:4:f");
+    }
+
+    #[pg_test]
+    fn a_rerun_parked_on_a_call_in_doubt_in_its_lineage_waits_for_its_decision() {
+        set_scope("t-claim-lineage", "w");
+        Spi::run("SELECT ledger.create_run('agent', run_id => 'p')").unwrap();
+        assert_eq!(claim("'w1'"), "p:1:f");
+        let call = one::<String>(
+            "SELECT ledger.claim_tool_call('p', 'payments.refund', '{\"order\": 7}', tool_call_id => 'refund', run_token => 1)->'tool_call'->>'id'",
+        );
+        Spi::run(&format!(
+            "SELECT ledger.begin_tool_call('{call}', 1); \
+             SELECT ledger.complete_tool_call('{call}', 1, 'unknown'); \
+             SELECT ledger.transition_run('p', 'failed', run_token => 1)"
+        ))
+        .unwrap();
+        let rerun = one::<String>("SELECT id FROM ledger.retry_run('p')");
+        assert_eq!(
+            claim("'w1'"),
+            format!("{rerun}:1:f"),
+            "a fresh re-run starts"
+        );
+        let out = one::<String>(&format!(
+            "SELECT ledger.claim_tool_call('{rerun}', 'payments.refund', '{{\"order\": 7}}', tool_call_id => 'refund', run_token => 1)->>'outcome'"
+        ));
+        assert_eq!(out, "in_doubt");
+        Spi::run(&format!(
+            "SELECT ledger.transition_run('{rerun}', 'running', run_token => 1); \
+             SELECT ledger.transition_run('{rerun}', 'paused', run_token => 1); \
+             SELECT ledger.release_run('{rerun}', 1)"
+        ))
+        .unwrap();
+        for any_scope in ["false", "true"] {
+            assert_eq!(
+                claim(&format!("'w2', any_scope => {any_scope}")),
+                "none",
+                "parked, any_scope {any_scope}"
+            );
+        }
+        Spi::run(&format!(
+            "SELECT ledger.resolve_tool_call('{call}', 'failed', actor => 'ops')"
+        ))
+        .unwrap();
+        assert_eq!(claim("'w2'"), format!("{rerun}:2:f"));
     }
 
     #[pg_test]

@@ -36,7 +36,7 @@ use ledger_model::ids;
 use ledger_model::json;
 use ledger_model::redaction;
 use ledger_model::status::Status;
-use ledger_model::tool_calls::{approval_ask, check_fence, Existing};
+use ledger_model::tool_calls::{approval_ask, check_fence, identity_reused, Existing};
 use serde_json::{json, Value};
 
 /// What every event and decision about a call reads of its record.
@@ -55,6 +55,15 @@ impl ToolCall {
     /// Only the current attempt, holding its lease, may write (40001 `LEASE_STALE`).
     fn fence(&self, attempt: i64) -> Result<()> {
         check_fence(self.status, self.lease_held, self.attempt, attempt)
+    }
+
+    /// 23505 `IDEMPOTENCY_MISMATCH` for a claim `who` (request hash `hash`) that names this
+    /// record with other input: the DETAIL names the call, its key and the run holding the record.
+    fn reused(&self, who: &Identity, hash: &str) -> LedgerError {
+        identity_reused_by(who)
+            .with("run_id", self.run_id.as_str())
+            .with("tool_ref_matches", self.tool_ref == who.tool_ref)
+            .with("request_hash_matches", self.request_hash == hash)
     }
 
     /// The ids every event and outbox row about the call carries.
@@ -186,6 +195,24 @@ fn identity<'a>(
         tool_call_id,
         idempotency_key,
     })
+}
+
+impl Identity<'_> {
+    /// The key is `tool:<run_id>:<tool_call_id>`, the one a claim gets when it names none.
+    fn default_key(&self) -> bool {
+        self.idempotency_key
+            .strip_prefix("tool:")
+            .and_then(|rest| rest.strip_prefix(self.run_id))
+            .and_then(|rest| rest.strip_prefix(':'))
+            == Some(self.tool_call_id.as_str())
+    }
+}
+
+/// 23505 `IDEMPOTENCY_MISMATCH` naming the call and the key a claim or request gave.
+fn identity_reused_by(who: &Identity) -> LedgerError {
+    identity_reused()
+        .with("tool_call_id", who.tool_call_id.as_str())
+        .with("idempotency_key", who.idempotency_key.as_str())
 }
 
 /// An approval request as stored: the title free text, the policy a label, the details redacted.

@@ -1218,3 +1218,54 @@ fn writers_racing_a_purge_of_their_run_get_run_not_found() {
         assert_eq!(left, 0, "{write}: the refused write left a run behind");
     }
 }
+
+/// A re-run resolves its call through its lineage while the ancestor's own executor is
+/// completing that call in an open transaction: the re-runs answer `busy` at once (they never
+/// wait for the ancestor, nor execute), and after the commit each replays the ancestor's result.
+#[test]
+#[ignore]
+fn reruns_racing_their_ancestors_call_never_wait_for_it_nor_make_it() {
+    let db = database("ledger_lineage_race");
+    let mut setup = session(&db);
+    let claim = |run: &str| {
+        format!("SELECT ledger.claim_tool_call('{run}', 'email', '{{\"to\": \"a\"}}', tool_call_id => 'c1')->>'outcome'")
+    };
+    exec(&mut setup, "SELECT ledger.create_run('agent', run_id => 'r'); SELECT ledger.transition_run('r', 'running')");
+    let outcome: String = one(&mut setup, &claim("r"));
+    assert_eq!(outcome, "claimed");
+    exec(&mut setup, "SELECT ledger.begin_tool_call(id, 1) FROM ledger.run_step_tool_calls; SELECT ledger.transition_run('r', 'failed')");
+    let g1: String = one(&mut setup, "SELECT id FROM ledger.retry_run('r')");
+    exec(&mut setup, &format!("SELECT ledger.transition_run('{g1}', 'running'); SELECT ledger.transition_run('{g1}', 'failed')"));
+    let g2: String = one(
+        &mut setup,
+        &format!("SELECT id FROM ledger.retry_run('{g1}')"),
+    );
+
+    let mut executor = session(&db);
+    exec(&mut executor, "BEGIN; SELECT ledger.complete_tool_call(id, 1, 'succeeded', '{\"sent\": true}') FROM ledger.run_step_tool_calls");
+    let reruns: Vec<_> = [g1.clone(), g2.clone()]
+        .into_iter()
+        .map(|run| {
+            let (db, sql) = (db.clone(), claim(&run));
+            thread::spawn(move || {
+                let mut c = session(&db);
+                exec(&mut c, "SET statement_timeout = '5s'");
+                let outcome: String = one(&mut c, &sql);
+                outcome
+            })
+        })
+        .collect();
+    for rerun in reruns {
+        assert_eq!(rerun.join().unwrap(), "busy");
+    }
+    exec(&mut executor, "COMMIT");
+    for run in [&g1, &g2] {
+        let outcome: String = one(&mut setup, &claim(run));
+        assert_eq!(outcome, "replayed", "{run}");
+    }
+    let records: String = one(
+        &mut setup,
+        "SELECT string_agg(run_id || ':' || status || ':' || attempt, ',') FROM ledger.run_step_tool_calls",
+    );
+    assert_eq!(records, "r:succeeded:1", "one record, executed once");
+}

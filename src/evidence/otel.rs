@@ -184,4 +184,49 @@ mod tests {
         set_scope("t-otel-other", "w");
         assert_error("SELECT ledger.otel_trace('r')", "P0002", "RUN_NOT_FOUND");
     }
+
+    #[pg_test]
+    fn a_call_completed_unknown_is_in_doubt_and_every_span_names_the_run() {
+        set_scope("t-otel-unknown", "w");
+        Spi::run(
+            "SELECT ledger.create_run('agent', run_id => 'r'), ledger.transition_run('r', 'running'); \
+             SELECT ledger.create_step('r', 'llm', step_key => 'plan')",
+        )
+        .unwrap();
+        let id = one::<String>(
+            "SELECT ledger.claim_tool_call('r', 'email.send', '{}', tool_call_id => 'c1')->'tool_call'->>'id'",
+        );
+        Spi::run(&format!(
+            "SELECT ledger.begin_tool_call('{id}', 1); \
+             SELECT ledger.complete_tool_call('{id}', 1, 'unknown', error_message => 'timeout after send')"
+        ))
+        .unwrap();
+        let t = trace("r");
+        let spans = t["resourceSpans"][0]["scopeSpans"][0]["spans"]
+            .as_array()
+            .unwrap();
+        assert_eq!(spans.len(), 3);
+        for span in spans {
+            assert_eq!(
+                attr(span, "ledger.run_id")["stringValue"],
+                "r",
+                "{}",
+                span["name"]
+            );
+        }
+        let tool = spans
+            .iter()
+            .find(|s| s["name"] == "execute_tool email.send")
+            .unwrap();
+        assert_eq!(tool["status"]["code"], 2);
+        assert_eq!(attr(tool, "error.type")["stringValue"], "in_doubt");
+        assert_eq!(
+            attr(tool, "ledger.tool_call.status")["stringValue"],
+            "in_doubt"
+        );
+        assert_eq!(
+            attr(tool, "ledger.error_code")["stringValue"],
+            "OUTCOME_UNKNOWN"
+        );
+    }
 }

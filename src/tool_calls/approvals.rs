@@ -53,7 +53,7 @@ fn request_tool_approval(
                     .with("idempotency_key", who.idempotency_key.as_str()),
             );
         }
-        if let Some(found) = find_locked(&scope, &run, &who)? {
+        if let Some(found) = find_locked(&scope, &run, &who, &args)? {
             return Ok(apply(&scope, &run, &who, found, &args, None)?.json(&scope)?);
         }
         run.ensure_live("tool calls")?;

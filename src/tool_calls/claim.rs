@@ -131,7 +131,7 @@ pub(super) fn claim(scope: &Scope, run: &LockedRun, call: &Claim, owner: &str) -
     let (who, args, step_id) = (&call.who, &call.args, call.step_id);
     // Twice at most: an insert that lost a race to a concurrent claim finds its record next time.
     for _ in 0..2 {
-        if let Some(found) = find_locked(scope, run, who)? {
+        if let Some(found) = find_locked(scope, run, who, args)? {
             return apply(
                 scope,
                 run,
@@ -196,7 +196,8 @@ pub(super) fn apply(
         Found::Purging(rec) => return Ok(Answer::of(&rec, "busy")),
     };
     let retry_failed = terms.is_some_and(|(_, _, retry)| retry);
-    let decision = decide(&rec.existing(), who.tool_ref, &args.hash, retry_failed)?;
+    let decision = decide(&rec.existing(), who.tool_ref, &args.hash, retry_failed)
+        .map_err(|_| rec.reused(who, &args.hash))?;
     Ok(match (decision, run, terms) {
         (Decision::Replay, _, _) => {
             let response = replay_response(scope, &rec)?;

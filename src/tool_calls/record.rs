@@ -1,7 +1,7 @@
 //! Writing a tool call's record: a new call (claimed, or waiting for an approval), a new
 //! attempt, in doubt, its result; and reading a finished call's result back for a replay.
 
-use super::{audit, event, step_to, ApprovalRequest, Arguments, Identity};
+use super::{audit, event, identity_reused_by, step_to, ApprovalRequest, Arguments, Identity};
 use crate::artifacts;
 use crate::db;
 use crate::error::{Code, LedgerError, Result};
@@ -15,7 +15,7 @@ use ledger_model::events::{
     AuditKind, Event, ToolCallApproval, ToolCallClaimed, ToolCallCompleted, ToolCallReplayed,
 };
 use ledger_model::status::Status;
-use ledger_model::tool_calls::{identity_reused, CallStatus};
+use ledger_model::tool_calls::CallStatus;
 use ledger_model::{ids, json};
 use serde_json::{json, Value};
 
@@ -410,7 +410,7 @@ pub(super) fn create_waiting(
         lease,
         Some(&approval_id),
     )?
-    .ok_or_else(identity_reused)?;
+    .ok_or_else(|| identity_reused_by(who))?;
     db::execute(
         "UPDATE ledger.approval_requests SET step_id = $4, tool_call_record_id = $5 \
       WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",

@@ -316,7 +316,7 @@ export abstract class LedgerCalls {
   /**
    * `retry_run`: a new queued attempt of a failed or canceled run (`sourceRunId`, `attemptNo` + 1,
    * `controlAction` `retry`), with the source's inputs unless `inputs` overrides them. Its tool
-   * calls with the source's idempotency keys replay their recorded results.
+   * calls with the same `toolCallId` replay the results its lineage recorded.
    */
   async retryRun(runId: string, inputs?: Json): Promise<Run> {
     return parseRun(one(await this.select("retry_run", [runId], { inputs: json(inputs) })));

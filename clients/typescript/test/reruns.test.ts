@@ -2,7 +2,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { LedgerError, NotFoundError, WrongStateError, type JsonObject } from "../src/index.js";
+import { LedgerError, NotFoundError, WrongStateError, work, type JsonObject, type RunContext } from "../src/index.js";
 import { freshDb } from "./helpers.js";
 
 test("retryRun and replayRun: new runs in the source's lineage, with its inputs or new ones", async (t) => {
@@ -153,4 +153,42 @@ test("otelTrace: the run's spans as OTLP/JSON, the same every time", async (t) =
   const byDefault = (await acme.otelTrace("r-otel"))["resourceSpans"] as JsonObject[];
   assert.equal(attributes(byDefault[0]?.["resource"] as JsonObject).get("service.name"), "ledger");
   await assert.rejects(acme.otelTrace("missing"), (e: unknown) => e instanceof NotFoundError && e.code === "RUN_NOT_FOUND");
+});
+
+test("three retryRuns and a replayRun make each side effect once: the same toolCallId, no key", async (t) => {
+  const db = await freshDb(t, "reruns_lineage");
+  const acme = db.ledger.scoped("acme", "ts");
+  const sent = { lookup: 0, refund: 0 };
+  const agent = async (ctx: RunContext): Promise<string> => {
+    const found = await ctx.toolCall("lookup", "crm.lookupOrder", { order: 7 }, async () => {
+      sent.lookup += 1;
+      return { paid: "12.50" };
+    });
+    if (ctx.run.attemptNo >= 2) {
+      await ctx.toolCall("refund", "payments.refund", { amount: found.paid }, async () => {
+        sent.refund += 1;
+        return { refunded: found.paid };
+      });
+    }
+    if (ctx.run.attemptNo < 4) throw new Error("the model timed out");
+    return `refunded ${found.paid}`;
+  };
+  const workOne = async (): Promise<void> => {
+    const stop = new AbortController();
+    await work(acme, agent, { idleSeconds: 0.05, signal: stop.signal, stopOn: [], onRun: () => stop.abort() });
+  };
+  await acme.createRun("agent", { runId: "r-first" });
+  await workOne();
+  const runs = ["r-first"];
+  for (let i = 0; i < 3; i += 1) {
+    runs.push((await acme.retryRun(runs[runs.length - 1]!)).id);
+    await workOne();
+  }
+  const replay = await acme.replayRun(runs[runs.length - 1]!);
+  await workOne();
+  const statuses = await Promise.all([...runs, replay.id].map(async (id) => (await acme.getRun(id))?.status));
+  assert.deepEqual(statuses, ["failed", "failed", "failed", "succeeded", "succeeded"]);
+  assert.deepEqual(sent, { lookup: 1, refund: 1 }, "once across five runs");
+  const reused = (await acme.replayBundle(replay.id))["reused_tool_calls"] as JsonObject[];
+  assert.deepEqual(reused.map((r) => r["source_run_id"]).sort(), ["r-first", runs[1]!].sort());
 });

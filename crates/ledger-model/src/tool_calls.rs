@@ -75,6 +75,22 @@ pub fn decide(
     })
 }
 
+/// Whether a re-run's call takes the answer of the record its nearest ancestor holds for the
+/// same tool_call_id: a result (`succeeded`), or a request that may have left or may still leave
+/// (`in_doubt`, begun, or leased). A call the ancestor never made or that had no effect to keep
+/// (`failed`, `rejected`, waiting for an approval, or claimed and never begun past its lease) is
+/// the re-run's own to make, under its own record: an ancestor's record never hands out an
+/// execution to a descendant.
+pub fn answers_descendant(existing: &Existing) -> bool {
+    match existing.status {
+        CallStatus::Succeeded | CallStatus::InDoubt => true,
+        CallStatus::Claimed | CallStatus::Running => {
+            existing.lease_live || existing.outbound_started
+        }
+        CallStatus::Failed | CallStatus::Rejected | CallStatus::WaitingApproval => false,
+    }
+}
+
 pub fn identity_reused() -> LedgerError {
     LedgerError::new(
         Code::IdempotencyMismatch,
@@ -320,6 +336,31 @@ mod tests {
             decide(&existing(CallStatus::InDoubt), "search", "h", true).unwrap(),
             Decision::InDoubt { mark: false }
         );
+    }
+
+    #[test]
+    fn a_descendant_takes_an_ancestors_result_or_doubt_and_makes_anything_else_itself() {
+        let answers = |status, lease_live, outbound_started| {
+            answers_descendant(&Existing {
+                lease_live,
+                outbound_started,
+                ..existing(status)
+            })
+        };
+        assert!(answers(CallStatus::Succeeded, false, true));
+        assert!(answers(CallStatus::InDoubt, false, true));
+        for status in [CallStatus::Claimed, CallStatus::Running] {
+            assert!(answers(status, true, false), "busy while leased");
+            assert!(answers(status, false, true), "begun: in doubt");
+            assert!(!answers(status, false, false), "never begun");
+        }
+        for status in [
+            CallStatus::Failed,
+            CallStatus::Rejected,
+            CallStatus::WaitingApproval,
+        ] {
+            assert!(!answers(status, false, false));
+        }
     }
 
     #[test]

@@ -166,8 +166,8 @@ class Calls:
 
     @call
     def retry_run(self, run_id: str, inputs: Mapping[str, Any] | None = None) -> Statement[Run]:
-        """A new attempt of a failed (or canceled, expired) run, queued; pass its source's
-        idempotency keys to reuse finished tool calls' results."""
+        """A new attempt of a failed (or canceled, expired) run, queued; its tool calls with the
+        same ``tool_call_id`` reuse the results its lineage recorded (nothing sent twice)."""
         return function(_run, "retry_run", run_id, inputs=dict(inputs) if inputs is not None else None)
 
     @call

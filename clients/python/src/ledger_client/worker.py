@@ -176,8 +176,9 @@ class RunContext:
         heartbeat_s: float | None = None,
         in_doubt_on: tuple[type[BaseException], ...] = (TimeoutError,),
     ) -> Any:
-        """:func:`~ledger_client.tool_call` for this run (a re-run passes its source run's
-        ``idempotency_key``, ``tool:<source_run_id>:<tool_call_id>``, to reuse its results)."""
+        """:func:`~ledger_client.tool_call` for this run. A re-run calls its tools with the same
+        ``tool_call_id``: the ledger answers from the record its lineage holds (``replayed``,
+        ``in_doubt``), so nothing its source runs sent is sent again."""
         return tool_call(self.ledger, self.run_id, tool_call_id, tool_ref, arguments, execute,
                          idempotency_key=idempotency_key, lease_owner=self.lease_owner,
                          timeout_seconds=timeout_seconds, approval=approval,

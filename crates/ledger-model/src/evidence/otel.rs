@@ -163,10 +163,13 @@ pub fn trace(facts: &Facts, service_name: &str, version: &str) -> Value {
     let mut spans = vec![run_span_of(facts, &ids, &trace_id, remote_parent)];
     for step in &facts.steps {
         let call = facts.tool_calls.iter().find(|c| c.step_id == step.step_id);
-        let span = match call {
+        let mut span = match call {
             Some(call) => tool_span(facts, call, step),
             None => step_span(facts, step),
         };
+        // On every span, not only the run's: a trace backend finds any span by its run.
+        span.attributes =
+            std::mem::take(&mut span.attributes).str("ledger.run_id", Some(&run.run_id));
         spans.push(span.finish(&trace_id, Some(&run_span)));
     }
     json!({
@@ -383,7 +386,15 @@ fn tool_span(facts: &Facts, call: &ToolCallFact, step: &StepFact) -> Span {
             .str("ledger.tool_call.status", Some(&call.status))
             .int("ledger.tool_call.attempt", Some(call.attempt))
             .step(step)
-            .error_type(&call.status, call.error_code.as_deref())
+            .str("ledger.error_code", call.error_code.as_deref())
+            // In doubt, however it got there (a sweep, or completed `unknown` with its
+            // OUTCOME_UNKNOWN code): the state a person acts on, as the call's status says.
+            .error_type(
+                &call.status,
+                call.error_code
+                    .as_deref()
+                    .filter(|_| call.status != "in_doubt"),
+            )
             .money(
                 facts
                     .money
@@ -727,6 +738,15 @@ mod tests {
             assert_eq!(child["traceId"], run["traceId"]);
             assert_eq!(child["parentSpanId"], run["spanId"]);
         }
+        // Every span names its run, so a backend finds any of them by run id.
+        for span in s {
+            assert_eq!(
+                attr(span, "ledger.run_id").map(|v| &v["stringValue"]),
+                Some(&json!(facts().run.run_id)),
+                "{}",
+                span["name"]
+            );
+        }
         // The source run is linked, in its own (derived) trace.
         assert_eq!(
             run["links"][0]["spanId"],
@@ -778,6 +798,20 @@ mod tests {
         );
         assert_eq!(tool["status"]["code"], STATUS_ERROR);
         assert_eq!(attr(tool, "error.type").unwrap()["stringValue"], "in_doubt");
+        // Completed `unknown`: the recorded code beside it, the span still says in_doubt.
+        let mut unknown = facts();
+        unknown.tool_calls[0].error_code = Some("OUTCOME_UNKNOWN".into());
+        let t2 = trace(&unknown, "ledger", "0.5.0");
+        let tool2 = &spans(&t2)[2];
+        assert_eq!(
+            attr(tool2, "error.type").unwrap()["stringValue"],
+            "in_doubt"
+        );
+        assert_eq!(
+            attr(tool2, "ledger.error_code").unwrap()["stringValue"],
+            "OUTCOME_UNKNOWN"
+        );
+        assert_eq!(tool2["status"]["code"], STATUS_ERROR);
         // Not completed, its run ended: the span ends with the run.
         assert_eq!(tool["endTimeUnixNano"], "9000000000");
         let names: Vec<&str> = tool["events"]
