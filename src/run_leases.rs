@@ -330,15 +330,8 @@ mod tests {
         .unwrap();
         assert_eq!(claim("'w2'"), "p:2:f");
         // In doubt: parked the same way until a person resolves the call.
-        let call = one::<String>(
-            "SELECT ledger.claim_tool_call('p', 'payments.refund', '{\"order\": 7}', tool_call_id => 'refund', run_token => 2)->'tool_call'->>'id'",
-        );
-        Spi::run(&format!(
-            "SELECT ledger.begin_tool_call('{call}', 1); \
-             SELECT ledger.complete_tool_call('{call}', 1, 'unknown'); \
-             SELECT ledger.release_run('p', 2)"
-        ))
-        .unwrap();
+        let call = refund_in_doubt(2);
+        Spi::run("SELECT ledger.release_run('p', 2)").unwrap();
         assert_eq!(claim("'w3'"), "none");
         assert_eq!(claim("'w3', 'p'"), "p:3:f");
         Spi::run(&format!(
@@ -349,20 +342,26 @@ mod tests {
         assert_eq!(claim("'w3'"), "p:4:f");
     }
 
+    /// Run `p`'s refund call, begun and completed `unknown` under `run_token`: its record id.
+    fn refund_in_doubt(run_token: i64) -> String {
+        let call = one::<String>(&format!(
+            "SELECT ledger.claim_tool_call('p', 'payments.refund', '{{\"order\": 7}}', tool_call_id => 'refund', run_token => {run_token})->'tool_call'->>'id'"
+        ));
+        Spi::run(&format!(
+            "SELECT ledger.begin_tool_call('{call}', 1); \
+             SELECT ledger.complete_tool_call('{call}', 1, 'unknown')"
+        ))
+        .unwrap();
+        call
+    }
+
     #[pg_test]
     fn a_rerun_parked_on_a_call_in_doubt_in_its_lineage_waits_for_its_decision() {
         set_scope("t-claim-lineage", "w");
         Spi::run("SELECT ledger.create_run('agent', run_id => 'p')").unwrap();
         assert_eq!(claim("'w1'"), "p:1:f");
-        let call = one::<String>(
-            "SELECT ledger.claim_tool_call('p', 'payments.refund', '{\"order\": 7}', tool_call_id => 'refund', run_token => 1)->'tool_call'->>'id'",
-        );
-        Spi::run(&format!(
-            "SELECT ledger.begin_tool_call('{call}', 1); \
-             SELECT ledger.complete_tool_call('{call}', 1, 'unknown'); \
-             SELECT ledger.transition_run('p', 'failed', run_token => 1)"
-        ))
-        .unwrap();
+        let call = refund_in_doubt(1);
+        Spi::run("SELECT ledger.transition_run('p', 'failed', run_token => 1)").unwrap();
         let rerun = one::<String>("SELECT id FROM ledger.retry_run('p')");
         assert_eq!(
             claim("'w1'"),

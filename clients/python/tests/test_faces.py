@@ -145,11 +145,16 @@ async def the_peoples_queues(h: Handle, person: psycopg.Connection[DictRow]) -> 
     await got(h.complete_tool_call(claim.tool_call.id, claim.tool_call.attempt, "unknown", error_message="timeout"))
     [doubt] = await got(h.tool_calls_in_doubt())
     assert isinstance(doubt, ToolCallInDoubt) and (doubt.tool_call_id, doubt.tool_ref) == ("c-doubt", "billing.charge")
+    assert doubt.arguments["amount"] == "12.00" and doubt.arguments["api_key"] != "sk-live-1"  # as stored: redacted
+    assert await got(h.tool_calls_in_doubt("r-q", limit=1)) == [doubt]
+    assert await got(h.tool_calls_in_doubt("r-other")) == [] and await got(h.tool_calls_in_doubt(limit=0)) == []
 
     asked = await got(h.request_tool_approval("r-q", "email.send", {"to": "a@example.com", "password": "hunter2"},
                                               tool_call_id="c-ask", title="Send it?"))
     [pending] = await got(h.pending_approvals())
     assert isinstance(pending, PendingApproval) and pending.title == "Send it?" and pending.tool_ref == "email.send"
+    assert pending.tool_call_id == "c-ask"
+    assert await got(h.pending_approvals("r-q")) == [pending] and await got(h.pending_approvals("r-other")) == []
     assert pending.arguments is not None and pending.arguments["to"] == "a@example.com"
     assert pending.arguments["password"] != "hunter2"  # as stored: redacted
     assert asked.approval is not None and pending.id == asked.approval.id
@@ -158,6 +163,8 @@ async def the_peoples_queues(h: Handle, person: psycopg.Connection[DictRow]) -> 
     person.execute("UPDATE ledger.outbox SET status = 'failed', attempt_count = 64 WHERE event_type = 'run.created'")
     [failed] = await got(h.failed_outbox_events())
     assert failed.status is OutboxStatus.FAILED and failed.event_type == "run.created"
+    assert await got(h.failed_outbox_events("r-q", limit=5)) == [failed]
+    assert await got(h.failed_outbox_events("r-other")) == [] and await got(h.failed_outbox_events(limit=0)) == []
     replayed = await got(h.replay_outbox_event(failed.id, actor="ops@acme", note="back up"))
     assert replayed.status is OutboxStatus.PENDING and replayed.replay_count == 1
     assert await got(h.failed_outbox_events()) == []

@@ -207,7 +207,9 @@ def test_a_run_reaches_an_otlp_receiver_as_genai_spans(dsn: str, receiver: Recei
     assert lookup.status.code == Status.STATUS_CODE_OK
     # The in-doubt call is an error with its reason; the refund carries the person's decision.
     assert email.status.code == Status.STATUS_CODE_ERROR
-    assert attributes(email)["error.type"] == "OUTCOME_UNKNOWN"  # the error code the ledger recorded
+    # In doubt however it got there; the code the ledger recorded beside it.
+    assert (attributes(email)["error.type"], attributes(email)["ledger.error_code"]) == ("in_doubt", "OUTCOME_UNKNOWN")
+    assert all(attributes(s)["ledger.run_id"] == "run-otel" for s in spans)
     assert attributes(email)["ledger.tool_call.status"] == "in_doubt"
     assert [e.name for e in refund.events] == ["ledger.approval.requested", "ledger.approval.approved"]
     assert {kv.key: kv.value.string_value for kv in refund.events[1].attributes}["ledger.actor"] == "ops@acme"

@@ -40,24 +40,34 @@ def test_the_example_runs_and_leaves_its_runs_in_the_ledger(dsn: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "person: approved 'Refund order 1042'" in done.stdout
+    assert "person: rejected 'Refund order 1043'" in done.stdout
     with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
         conn.execute("SELECT ledger.set_scope('acme', 'examples-py')")
         runs = conn.execute("SELECT id, status, output_summary FROM ledger.runs ORDER BY queued_at, id").fetchall()
         assert [(r["status"], r["output_summary"]) for r in runs] == [
-            ("succeeded", "Order 1042 is delivered."), ("succeeded", "Order 1042 was refunded: 12.50.")]
+            ("succeeded", "Order 1042 is delivered."), ("succeeded", "Order 1042 was refunded: 12.50."),
+            ("succeeded", "A colleague will call you about a return.")]
         for run in runs:
             assert f"{run['id']}: succeeded" in done.stdout
             ready = conn.execute("SELECT ledger.replay_ready(%s) AS r", (run["id"],)).fetchone()
             assert ready is not None and ready["r"] == {"status": "pass", "missing": []}
-        calls = conn.execute("SELECT tool_ref, status, attempt FROM ledger.run_step_tool_calls"
-                             " ORDER BY tool_ref").fetchall()
-        assert [(c["tool_ref"], c["status"], c["attempt"]) for c in calls] == [
-            ("crm.lookup_order", "succeeded", 1), ("crm.lookup_order", "succeeded", 1),
-            ("payments.refund", "succeeded", 1), ("shipping.track", "succeeded", 1), ("shipping.track", "succeeded", 1)]
-        approval = conn.execute("SELECT status, actor FROM ledger.approval_requests").fetchall()
-        assert approval == [{"status": "approved", "actor": "lead@acme"}]
+        calls = conn.execute("SELECT tool_ref, status, attempt, result FROM ledger.run_step_tool_calls"
+                             " ORDER BY tool_ref, status, arguments->>'order'").fetchall()
+        assert [(c["tool_ref"], c["status"], c["attempt"], c["result"]) for c in calls] == [
+            ("crm.lookup_order", "succeeded", 1, {"order": 1042, "paid": "12.50"}),
+            ("crm.lookup_order", "succeeded", 1, {"order": 1042, "paid": "12.50"}),
+            ("crm.lookup_order", "succeeded", 1, {"order": 1043, "paid": "480.00"}),
+            # The rejected refund was never executed: no result.
+            ("payments.refund", "rejected", 0, None),
+            ("payments.refund", "succeeded", 1, {"refund_id": "rf-1042", "amount": "12.50"}),
+            ("shipping.track", "succeeded", 1, {"order": 1042, "status": "delivered"}),
+            ("shipping.track", "succeeded", 1, {"order": 1042, "status": "delivered"}),
+            ("shipping.track", "succeeded", 1, {"order": 1043, "status": "delivered"})]
+        approvals = conn.execute("SELECT status, actor, note FROM ledger.approval_requests ORDER BY status").fetchall()
+        assert approvals == [{"status": "approved", "actor": "lead@acme", "note": "broken on arrival"},
+                             {"status": "rejected", "actor": "lead@acme", "note": "over 50.00: needs a return"}]
         costs = conn.execute("SELECT count(*) AS n, sum(amount) AS usd FROM ledger.run_cost_entries").fetchone()
-        assert costs is not None and (costs["n"], str(costs["usd"])) == (3, "0.0018")
+        assert costs is not None and (costs["n"], str(costs["usd"])) == (5, "0.0030")
 
 
 def test_the_top_readme_worker_works_its_run_to_the_end(dsn: str) -> None:

@@ -1,7 +1,8 @@
-// A support agent worked to the end: a model step with its cost, a lookup tool, a refund that
-// needs a person's approval (given here, as a person would), followed event by event.
+// A support agent worked to the end on two orders: a model step with its cost, a lookup tool, a
+// refund that needs a person's approval (given for one order, rejected for the other, as a person
+// would), followed event by event.
 // Run it against `make demo`: LEDGER_DSN='host=... port=28915 user=postgres dbname=ledger_demo'.
-import { follow, Ledger, work, type RunContext } from "ledger-client";
+import { follow, Ledger, RejectedError, work, type RunContext } from "ledger-client";
 
 const dsn = process.env["LEDGER_DSN"];
 if (!dsn) throw new Error("set LEDGER_DSN (make demo prints it)");
@@ -15,7 +16,7 @@ async function callModel(prompt: string, reply: string) {
 }
 async function lookupOrder(args: { order: number }, signal: AbortSignal) {
   await fetchLike(signal);
-  return { order: args.order, status: "delivered damaged", paid: "12.50" };
+  return { order: args.order, status: "delivered damaged", paid: args.order === 1042 ? "12.50" : "480.00" };
 }
 async function refund(args: { order: number; amount: string }, signal: AbortSignal) {
   await fetchLike(signal);
@@ -32,16 +33,24 @@ async function supportAgent(ctx: RunContext): Promise<string> {
   const order = Number(ctx.inputs["order"]);
   await ctx.llmStep("plan", () => callModel(`plan: ${String(ctx.inputs["question"])}`, "Look the order up, refund it."));
   const found = await ctx.toolCall("lookup", "crm.lookup_order", { order }, lookupOrder, { timeoutSeconds: 10 });
-  const done = await ctx.toolCall("refund", "payments.refund", { order, amount: found.paid }, refund, {
-    approval: { title: `Refund ${found.paid} for order ${order}`, policyRef: "refunds/v1" },
-  });
+  let done;
+  try {
+    done = await ctx.toolCall("refund", "payments.refund", { order, amount: found.paid }, refund, {
+      approval: { title: `Refund ${found.paid} for order ${order}`, policyRef: "refunds/v1" },
+    });
+  } catch (error) {
+    // Uncaught, a rejection ends the run failed with error_code TOOL_APPROVAL_REJECTED.
+    if (!(error instanceof RejectedError)) throw error;
+    return ctx.llmStep("apology", () => callModel(`answer: ${error.message}`, "A colleague will call you about a return."));
+  }
   return ctx.llmStep("answer", () =>
     callModel(`answer: refund ${done.reference}`, `Sorry about the parcel: ${done.refunded} is refunded (${done.reference}).`),
   );
 }
 
-const run = await support.createRun("agent", { inputs: { order: 1042, question: "My parcel arrived damaged" }, userId: "customer-7" });
-console.log(`created ${run.id}`);
+const question = "My parcel arrived damaged";
+const runs = [];
+for (const order of [1042, 1043]) runs.push(await support.createRun("agent", { inputs: { order, question }, userId: "customer-7" }));
 
 const stop = new AbortController();
 const worker = work(support, supportAgent, {
@@ -51,28 +60,37 @@ const worker = work(support, supportAgent, {
   onRun: (claimed, outcome) => console.log(`  worker: ${claimed.runId} -> ${outcome.status}`),
 });
 
-// Follow the run to its end; approve the refund when the run waits for it, as a person would.
-for await (const event of follow(support, run.id)) {
-  const to = event.payload["to"];
-  console.log(`  #${event.seq} ${event.eventType}${typeof to === "string" ? ` -> ${to}` : ""}`);
-  if (event.eventType === "run.status" && to === "waiting_approval") {
-    const [pending] = await support.query("SELECT id, title FROM ledger.pending_approvals WHERE run_id = $1", [run.id]);
-    const approval = await support.resolveApproval(String(pending?.["id"]), "approved", {
-      actor: "lead@acme",
-      note: "damage photo checked",
-    });
-    console.log(`  person: approved "${String(pending?.["title"])}" (${approval.id})`);
+// Follow each run to its end; decide its refund when it waits, as a person would (the queue shows
+// the call's arguments): up to 50.00 without a return.
+for (const run of runs) {
+  console.log(`following ${run.id}`);
+  for await (const event of follow(support, run.id)) {
+    const to = event.payload["to"];
+    console.log(`  #${event.seq} ${event.eventType}${typeof to === "string" ? ` -> ${to}` : ""}`);
+    if (event.eventType === "run.status" && to === "waiting_approval") {
+      const [pending] = await support.pendingApprovals({ runId: run.id });
+      if (!pending) continue;
+      const amount = Number((pending.arguments as { amount: string }).amount);
+      const decision = amount <= 50 ? "approved" : "rejected";
+      const note = amount <= 50 ? "damage photo checked" : "over 50.00: needs a return";
+      await support.resolveApproval(pending.id, decision, { actor: "lead@acme", note });
+      console.log(`  person: ${decision} "${String(pending.title)}"`);
+    }
   }
 }
 stop.abort();
 await worker;
 
-const final = await support.getRun(run.id);
-const [overview] = await support.query("SELECT steps, tool_calls, cost FROM ledger.run_overview WHERE id = $1", [run.id]);
-const ready = await support.replayReady(run.id);
-console.log(`${run.id}: ${final?.status}: ${final?.outputSummary}`);
-const [steps, calls, cost] = [overview?.["steps"], overview?.["tool_calls"], overview?.["cost"]];
-console.log(`  steps ${String(steps)}, tool calls ${String(calls)}, cost ${JSON.stringify(cost)}`);
-console.log(`  replay_ready ${String(ready["status"])}`);
+let failed = 0;
+for (const run of runs) {
+  const final = await support.getRun(run.id);
+  const [overview] = await support.query("SELECT steps, tool_calls, cost FROM ledger.run_overview WHERE id = $1", [run.id]);
+  const ready = await support.replayReady(run.id);
+  console.log(`${run.id}: ${final?.status}: ${final?.outputSummary}`);
+  const [steps, calls, cost] = [overview?.["steps"], overview?.["tool_calls"], overview?.["cost"]];
+  console.log(`  steps ${String(steps)}, tool calls ${String(calls)}, cost ${JSON.stringify(cost)}`);
+  console.log(`  replay_ready ${String(ready["status"])}`);
+  if (final?.status !== "succeeded") failed++;
+}
 await ledger.close();
-process.exitCode = final?.status === "succeeded" ? 0 : 1;
+process.exitCode = failed ? 1 : 0;

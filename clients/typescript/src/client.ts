@@ -22,7 +22,7 @@ import {
   parseCostEntry,
   parseEvent,
   parseEvidenceItem,
-  parseInDoubtCall,
+  parseToolCallInDoubt,
   parseOutboxEvent,
   parsePendingApproval,
   parseRun,
@@ -32,7 +32,7 @@ import {
   type CompleteOutcome,
   type CostEntry,
   type EvidenceItem,
-  type InDoubtCall,
+  type ToolCallInDoubt,
   type OutboxEvent,
   type PendingApproval,
   type ResolveDecision,
@@ -489,7 +489,7 @@ export abstract class LedgerCalls {
    * call's arguments as stored (redacted) from `ledger.run_step_tool_calls`, which the view does
    * not show; `runId` narrows it to one run. A `ledger_reader` may read it.
    */
-  async toolCallsInDoubt(options: QueueOptions = {}): Promise<InDoubtCall[]> {
+  async toolCallsInDoubt(options: QueueOptions = {}): Promise<ToolCallInDoubt[]> {
     return (
       await this.queue(
         `SELECT d.*, t.arguments FROM ledger.tool_calls_in_doubt d
@@ -498,7 +498,7 @@ export abstract class LedgerCalls {
         "d.updated_at, d.id",
         options,
       )
-    ).map(parseInDoubtCall);
+    ).map(parseToolCallInDoubt);
   }
 
   /**

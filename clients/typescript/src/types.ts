@@ -229,7 +229,7 @@ export interface OutboxEvent {
  * A call in doubt, waiting for a person's `resolveToolCall`: a row of `ledger.tool_calls_in_doubt`
  * with the call's `arguments` (redacted as stored) from `ledger.run_step_tool_calls`.
  */
-export interface InDoubtCall {
+export interface ToolCallInDoubt {
   /** The tool_call_record_id `resolveToolCall` takes. */
   id: string;
   runId: string;
@@ -548,7 +548,7 @@ export function parseOutboxEvent(row: Row): OutboxEvent {
 }
 
 /** Parses a row of {@link LedgerCalls.toolCallsInDoubt}'s query. */
-export function parseInDoubtCall(row: Row): InDoubtCall {
+export function parseToolCallInDoubt(row: Row): ToolCallInDoubt {
   return {
     id: str(row, "id"),
     runId: str(row, "run_id"),

@@ -12,7 +12,7 @@ other SQL in a scoped transaction. Each is declared once in :class:`Calls` as a 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from decimal import Decimal
@@ -454,33 +454,56 @@ class Calls:
     # The people's queues (each needs the scope, as every read)
 
     @call
-    def tool_calls_in_doubt(self) -> Statement[list[ToolCallInDoubt]]:
-        """``ledger.tool_calls_in_doubt``, oldest first: decide each with ``resolve_tool_call``."""
-        return Statement("SELECT * FROM ledger.tool_calls_in_doubt ORDER BY updated_at, id", (),
-                         lambda rows: [ToolCallInDoubt.from_row(r) for r in rows])
-
-    @call
-    def pending_approvals(self) -> Statement[list[PendingApproval]]:
-        """``ledger.pending_approvals`` with each call's arguments as stored (redacted), oldest
-        first: decide each with ``resolve_approval``."""
+    def tool_calls_in_doubt(self, run_id: str | None = None, *, limit: int | None = None) -> Statement[list[ToolCallInDoubt]]:
+        """``ledger.tool_calls_in_doubt`` with each call's arguments as stored (redacted), oldest
+        first (``run_id``: that run's only; ``limit``: at most so many): decide each with
+        ``resolve_tool_call``."""
         # The view has no arguments: they come from the call's row, which the scope may read.
-        return Statement(
-            "SELECT p.*, t.arguments FROM ledger.pending_approvals p"
-            " LEFT JOIN ledger.run_step_tool_calls t ON t.tenant_id = ledger.scope_tenant()"
-            " AND t.workspace_id = ledger.scope_workspace() AND t.id = p.tool_call_record_id"
-            " ORDER BY p.created_at, p.id", (),
-            lambda rows: [PendingApproval.from_row(r) for r in rows])
+        return _queue(
+            "SELECT d.*, t.arguments FROM ledger.tool_calls_in_doubt d JOIN ledger.run_step_tool_calls t"
+            f" ON {_SCOPED} AND t.id = d.id", "d", "d.updated_at, d.id", run_id, limit,
+            lambda rows: [ToolCallInDoubt.from_row(r) for r in rows])
 
     @call
-    def failed_outbox_events(self, max_events: int = 100) -> Statement[list[OutboxEvent]]:
-        """The scope's ``failed`` outbox events (out of attempts), oldest first: put one back with
-        ``replay_outbox_event`` once its consumer can take it."""
-        return Statement(
-            "SELECT tenant_id, workspace_id, id, event_type, run_id, task_id, subject, payload, status,"
-            " attempt_count, replay_count, available_at, lease_expires_at, error_message, occurred_at,"
-            " processed_at FROM ledger.outbox WHERE tenant_id = ledger.scope_tenant()"
-            " AND workspace_id = ledger.scope_workspace() AND status = 'failed'"
-            " ORDER BY occurred_at, id LIMIT %s", (max_events,), _outbox_events)
+    def pending_approvals(self, run_id: str | None = None, *, limit: int | None = None) -> Statement[list[PendingApproval]]:
+        """``ledger.pending_approvals`` with each call's ``tool_call_id`` and arguments as stored
+        (redacted), oldest first (``run_id``, ``limit`` as in :meth:`tool_calls_in_doubt`): decide
+        each with ``resolve_approval``."""
+        return _queue(
+            "SELECT p.*, t.tool_call_id, t.arguments FROM ledger.pending_approvals p"
+            f" LEFT JOIN ledger.run_step_tool_calls t ON {_SCOPED} AND t.id = p.tool_call_record_id",
+            "p", "p.created_at, p.id", run_id, limit, lambda rows: [PendingApproval.from_row(r) for r in rows])
+
+    @call
+    def failed_outbox_events(self, run_id: str | None = None, *, limit: int | None = None) -> Statement[list[OutboxEvent]]:
+        """The scope's ``failed`` outbox events (out of attempts), oldest first (``run_id``,
+        ``limit`` as in :meth:`tool_calls_in_doubt`): put one back with ``replay_outbox_event``
+        once its consumer can take it."""
+        return _queue(
+            "SELECT o.tenant_id, o.workspace_id, o.id, o.event_type, o.run_id, o.task_id, o.subject, o.payload,"
+            " o.status, o.attempt_count, o.replay_count, o.available_at, o.lease_expires_at, o.error_message,"
+            " o.occurred_at, o.processed_at FROM ledger.outbox o WHERE o.tenant_id = ledger.scope_tenant()"
+            " AND o.workspace_id = ledger.scope_workspace() AND o.status = 'failed'",
+            "o", "o.occurred_at, o.id", run_id, limit, _outbox_events)
+
+
+# The joined call row in the caller's scope (row-level security does not bind a superuser).
+_SCOPED = "t.tenant_id = ledger.scope_tenant() AND t.workspace_id = ledger.scope_workspace()"
+
+
+def _queue(select: str, alias: str, order: str, run_id: str | None, limit: int | None,
+           decode: Callable[[list[Row]], T]) -> Statement[T]:
+    """A people's queue: ``select`` narrowed to one run, ordered, limited."""
+    where = " AND " if " WHERE " in select else " WHERE "
+    params: list[Any] = []
+    if run_id is not None:
+        select += f"{where}{alias}.run_id = %s"
+        params.append(run_id)
+    select += f" ORDER BY {order}"
+    if limit is not None:
+        select += " LIMIT %s"
+        params.append(limit)
+    return Statement(select, params, decode)
 
 
 class LedgerCalls(Calls, SyncRunner):

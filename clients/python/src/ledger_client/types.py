@@ -505,8 +505,9 @@ class _FromRow:
 
 @dataclass(frozen=True)
 class ToolCallInDoubt(_FromRow):
-    """A row of ``ledger.tool_calls_in_doubt``: a call whose request may have left without an
-    answer, waiting for ``resolve_tool_call``; ``lease_owner`` held the attempt when it went in doubt."""
+    """A row of ``ledger.tool_calls_in_doubt`` with the call's ``arguments`` as stored (redacted): a
+    call whose request may have left without an answer, waiting for ``resolve_tool_call``;
+    ``lease_owner`` held the attempt when it went in doubt."""
 
     id: str
     run_id: str
@@ -514,6 +515,7 @@ class ToolCallInDoubt(_FromRow):
     tool_call_id: str
     tool_ref: str
     idempotency_key: str
+    arguments: Any
     attempt: int
     lease_owner: str | None
     outbound_started_at: datetime | None
@@ -524,13 +526,15 @@ class ToolCallInDoubt(_FromRow):
 
 @dataclass(frozen=True)
 class PendingApproval(_FromRow):
-    """A row of ``ledger.pending_approvals`` with the call's ``arguments`` as stored (redacted), or
-    None for an approval without a tool call; decide it with ``resolve_approval``."""
+    """A row of ``ledger.pending_approvals`` with the call's ``tool_call_id`` and ``arguments`` as
+    stored (redacted), or None for an approval without a tool call; decide it with
+    ``resolve_approval``."""
 
     id: str
     run_id: str
     step_id: str | None
     tool_call_record_id: str | None
+    tool_call_id: str | None
     tool_ref: str | None
     arguments: dict[str, Any] | None
     title: str | None
