@@ -44,14 +44,14 @@ EFFECTS = {effects!r}
 def effect(name):
     with open(os.path.join(EFFECTS, name), "a") as f:
         f.write("x\\n")
-def lookup_order(order):
+def lookup_order(arguments):
     effect("lookup")
     time.sleep(float(os.environ.get("LOOKUP_SECONDS", "0")))
-    return {{"order": order, "paid": "12.50"}}
-def refund(order, amount):
+    return {{"order": arguments["order"], "paid": "12.50"}}
+def refund(arguments):
     effect("refund")
     time.sleep(float(os.environ.get("REFUND_SECONDS", "0")))
-    return {{"refunded": amount}}
+    return {{"refunded": arguments["amount"]}}
 _llm_step = llm_step
 def llm_step(conn, run, key, call_model):
     def counted():
