@@ -36,9 +36,11 @@ for c in $clients; do
   esac
 done
 echo "1 client, $calls calls x $blocks blocks each way; one call = claim + begin + complete of a no-op tool"
-echo "(python: the tool_call helper; python-handle: the three calls through the scoped handle)"
-printf '%-14s %14s %14s %12s %12s %14s\n' client "helper p50 ms" "raw p50 ms" "helper /s" "raw /s" "helper/raw p50"
+echo "(python: the tool_call helper; python-handle: the three calls through the scoped handle;"
+echo " raw-3: claim, begin, complete in the raw driver; raw-2: the helper's two statements in it)"
+printf '%-14s %9s %9s %9s %9s %9s %9s %12s %12s\n' client "p50 ms" "raw-3" "raw-2" "calls/s" "raw-3" "raw-2" "/ raw-3 p50" "/ raw-2 p50"
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f x", a/b}'; }
 for r in "${rows[@]}"; do
-  IFS=$'\t' read -r name hp hc rp rc <<<"$r"
-  printf '%-14s %14s %14s %12s %12s %14s\n' "$name" "$hp" "$rp" "$hc" "$rc" "$(awk -v a="$hp" -v b="$rp" 'BEGIN{printf "%.2f x", a/b}')"
+  IFS=$'\t' read -r name hp hc rp rc p2 c2 <<<"$r"
+  printf '%-14s %9s %9s %9s %9s %9s %9s %12s %12s\n' "$name" "$hp" "$rp" "$p2" "$hc" "$rc" "$c2" "$(ratio "$hp" "$rp")" "$(ratio "$hp" "$p2")"
 done
