@@ -26,6 +26,7 @@ from ledger_client import (
     ToolFailed,
     ToolRequest,
     WaitingApproval,
+    Worker,
     tool_call,
     tool_calls,
 )
@@ -251,3 +252,19 @@ def test_a_refused_turn_executes_and_writes_nothing(scoped: ScopedLedger, person
     assert (refused.value.detail["index"], refused.value.detail["same_as"]) == (1, 0)
     assert tool.total == 0 and one(person, "SELECT count(*) FROM ledger.run_events") == events
     assert one(person, "SELECT count(*) FROM ledger.run_step_tool_calls") == 0
+
+
+@pytest.mark.parametrize("heartbeat_s", [0, -1.0, float("nan"), float("inf")])
+def test_a_heartbeat_that_is_not_a_positive_number_is_refused_before_anything_is_claimed(
+    heartbeat_s: float, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    run = running_run(scoped, "r-beat")
+    tool = Tool("never")
+    for attempt in (
+        lambda: tool_call(scoped, run, "call-1", "weather.now", {}, tool, heartbeat_s=heartbeat_s),
+        lambda: tool_calls(scoped, run, [ToolRequest("call-1", "weather.now", {}, tool)], heartbeat_s=heartbeat_s),
+        lambda: Worker(scoped.ledger, lambda ctx: "", heartbeat_s=heartbeat_s),
+    ):
+        with pytest.raises(ValueError, match=r"ledger: heartbeat_s must be a positive number of seconds"):
+            attempt()
+    assert tool.total == 0 and one(person, "SELECT count(*) FROM ledger.run_step_tool_calls") == 0

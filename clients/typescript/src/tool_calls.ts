@@ -15,6 +15,7 @@
 import { NotEncodableError, toJson } from "./encoding.js";
 import { ConflictError, InDoubtError, ResultNotEncodable, stopped, ToolFailedError } from "./errors.js";
 import { reconnecting } from "./faults.js";
+import { positiveSeconds } from "./options.js";
 import type { ClaimToolCallOptions, ScopedLedger, ToolCallSpec } from "./client.js";
 import type { CompleteOutcome, ToolCall, ToolCallClaim } from "./types.js";
 
@@ -38,6 +39,8 @@ export interface ExecuteOptions {
 
 /** One tool call through the helper. */
 export interface ToolCallRequest<A extends Json = Json, R = unknown> extends ClaimToolCallOptions, ExecuteOptions {
+  /** The call's id in the run (the model's): asking again with it answers the recorded result. */
+  toolCallId: string;
   runId: string;
   toolRef: string;
   arguments: A;
@@ -156,6 +159,7 @@ async function executeBegun<A extends Json, R>(
  */
 export async function toolCall<A extends Json, R>(ledger: ScopedLedger, request: ToolCallRequest<A, R>): Promise<R> {
   const { runId, toolRef, arguments: args, execute, signal, heartbeatSeconds, leaseOwner, runToken, ...spec } = request;
+  positiveSeconds("heartbeatSeconds", heartbeatSeconds);
   const encoded = encodeArguments(toolRef, spec.toolCallId, args);
   // Claimed and begun in one statement, committed before the request leaves: from here a crash
   // leaves the call in doubt, never resent. Repeated after a lost connection: a claim that did
@@ -171,7 +175,7 @@ export async function toolCall<A extends Json, R>(ledger: ScopedLedger, request:
   if (claim.outcome !== "claimed" || claim.toolCall === null) return settled(claim) as R;
   return executeBegun(ledger, claim, args, execute, spec.timeoutSeconds ?? DEFAULT_TIMEOUT_SECONDS, {
     ...(signal ? { signal } : {}),
-    ...(heartbeatSeconds ? { heartbeatSeconds } : {}),
+    ...(heartbeatSeconds !== undefined ? { heartbeatSeconds } : {}),
   });
 }
 
@@ -187,6 +191,8 @@ function encodeArguments(toolRef: string, toolCallId: string | undefined, args: 
 
 /** One call of a model turn for {@link toolCalls}. */
 export interface TurnCall<A extends Json = Json, R = unknown> extends ToolCallSpec {
+  /** The call's id in the run (the model's): asking again with it answers the recorded result. */
+  toolCallId: string;
   arguments: A;
   execute: ToolFn<A, R>;
 }
@@ -222,6 +228,7 @@ export async function toolCalls(
   options: TurnOptions = {},
 ): Promise<ToolCallResult[]> {
   const { leaseOwner, runToken, ...execute } = options;
+  positiveSeconds("heartbeatSeconds", execute.heartbeatSeconds);
   const specs = calls.map(({ execute: _execute, ...spec }) => ({ ...spec, arguments: encodeArguments(spec.toolRef, spec.toolCallId, spec.arguments) }));
   const claims = await reconnecting(() =>
     ledger.claimToolCalls(runId, specs, {

@@ -31,6 +31,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { BusyError, ConflictError, InDoubtError, REJECTED_ERROR_CODE, RejectedError, WaitingApprovalError } from "./errors.js";
 import { isConnectionError, reconnecting } from "./faults.js";
 import { Ledger, type ScopedLedger } from "./client.js";
+import { positiveSeconds } from "./options.js";
 import { toolCall, toolCalls, type ToolCallResult, type ToolFn, type TurnCall } from "./tool_calls.js";
 import type { ClaimedRun, Step } from "./types.js";
 
@@ -234,6 +235,7 @@ export type RunOutcome =
  * Resolves once the loop has stopped.
  */
 export async function work(source: Ledger | ScopedLedger, agent: Agent, options: WorkerOptions = {}): Promise<void> {
+  positiveSeconds("heartbeatSeconds", options.heartbeatSeconds);
   const leaseOwner = options.leaseOwner ?? `${hostname()}:${process.pid}`;
   const stop = new AbortController();
   const stopOn = options.stopOn ?? [];

@@ -13,6 +13,7 @@ import {
   toolCall,
   toolCalls,
   WaitingApprovalError,
+  work,
   type ScopedLedger,
 } from "../src/index.js";
 import { freshDb } from "./helpers.js";
@@ -114,6 +115,7 @@ test("every claim outcome: claimed, replayed, busy, in_doubt, waiting_approval, 
     runId: "r",
     toolRef: "t",
     arguments: {},
+    toolCallId: "k",
     idempotencyKey: "tool:old:k",
     execute: old.execute,
   }).catch((e: unknown) => e);
@@ -185,6 +187,23 @@ test("heartbeats keep a slow tool's lease alive", async (t) => {
   assert.equal(rival, "busy", "the lease was still alive: not in doubt, not claimable");
   const [row] = await db.sql("SELECT status, attempt FROM ledger.run_step_tool_calls");
   assert.deepEqual(row, { status: "succeeded", attempt: "1" });
+});
+
+test("a heartbeat that is not a positive number is refused before anything is claimed", async (t) => {
+  const db = await freshDb(t, "heartbeat_refused");
+  const acme = db.ledger.scoped("acme", "ts");
+  await runningRun(acme, "r");
+  const never = counted("never");
+  for (const heartbeatSeconds of [0, -1, Number.NaN, Number.POSITIVE_INFINITY]) {
+    const refused = /^ledger: heartbeatSeconds must be a positive number of seconds, got /;
+    const call = { runId: "r", toolRef: "t", arguments: {}, toolCallId: "c", execute: never.execute, heartbeatSeconds };
+    await assert.rejects(toolCall(acme, call), (e: unknown) => e instanceof RangeError && refused.test(e.message));
+    const turn = [{ toolRef: "t", arguments: {}, toolCallId: "c", execute: never.execute }];
+    await assert.rejects(toolCalls(acme, "r", turn, { heartbeatSeconds }), RangeError);
+    await assert.rejects(work(acme, async () => "", { heartbeatSeconds }), RangeError);
+  }
+  assert.equal(never.runs, 0);
+  assert.deepEqual(await db.sql("SELECT count(*)::int AS n FROM ledger.run_step_tool_calls"), [{ n: 0 }]);
 });
 
 test("the batch helper: two overlapping workers execute each call of a turn once", async (t) => {

@@ -19,7 +19,7 @@ from .client import Calls, OperatorCalls, conninfo_of
 from .errors import LedgerError, translated
 from .feed import afollow
 from .statement import AsyncRunner, Row, Scope, Statement, scoped
-from .tool_calls import ToolRequest, _ending, _to_execute
+from .tool_calls import ToolRequest, _ending, _to_execute, positive_seconds
 from .types import ToolCall
 
 if TYPE_CHECKING:
@@ -162,6 +162,7 @@ async def tool_call_async(
     """:func:`~ledger_client.tool_call` on the async face: the same arguments, outcomes,
     exceptions, encoding and retries across a lost connection; ``execute`` is awaited, its
     heartbeats are a task of the event loop."""
+    positive_seconds("heartbeat_s", heartbeat_s)
     request = ToolRequest(tool_call_id, tool_ref, arguments, execute, idempotency_key=idempotency_key,
                           timeout_seconds=timeout_seconds, approval=approval, retry_failed=retry_failed)
     spec = request.spec()  # encoded before anything is written
@@ -173,7 +174,7 @@ async def tool_call_async(
         return claim.response.result
     error: Exception | None = None
     result = None
-    beats = asyncio.create_task(_beat(ledger, record, heartbeat_s or record.lease_seconds / 3))
+    beats = asyncio.create_task(_beat(ledger, record, heartbeat_s if heartbeat_s is not None else record.lease_seconds / 3))
     try:
         result = await execute(dict(arguments))
     except Exception as e:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -188,6 +189,14 @@ class _Beats:
 _BEATS = _Beats()
 
 
+def positive_seconds(name: str, seconds: float | None) -> float | None:
+    """``seconds`` when it is None (the default) or a positive finite number; ValueError before
+    anything is claimed otherwise (a heartbeat of 0 would beat without pause)."""
+    if seconds is not None and not (isinstance(seconds, (int, float)) and math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"ledger: {name} must be a positive number of seconds, got {seconds!r}")
+    return seconds
+
+
 def _complete(ledger: ScopedLedger, record: ToolCall, outcome: str, result: Any = None,
               error_message: str | None = None) -> ToolCall:
     """Records how the attempt ended, again across a dropped connection (the tool has run: its
@@ -260,7 +269,7 @@ def _settle(
     error: Exception | None = None
     result = None
     try:
-        with _Heartbeat(ledger, record, heartbeat_s or record.lease_seconds / 3):
+        with _Heartbeat(ledger, record, heartbeat_s if heartbeat_s is not None else record.lease_seconds / 3):
             result = execute(arguments)
     except Exception as e:
         error = e
@@ -293,13 +302,15 @@ def tool_call(
     """Executes the call at most once, whoever asks again, and returns its result.
 
     ``tool_call_id`` is the call's key within the run (the model's id): asking again with it
-    returns the recorded result. ``timeout_seconds`` sets the lease (a tenth more, at least 10 s);
-    the helper heartbeats every ``heartbeat_s`` (a third of the lease) while ``execute`` runs, so a
-    slower tool keeps its lease. ``execute`` raising one of ``in_doubt_on`` (your HTTP client's
-    timeout) means the request left and no answer came: the call is completed ``unknown`` and
-    :class:`InDoubt` is raised; any other exception completes it ``failed`` and propagates.
+    returns the recorded result. ``timeout_seconds`` sets the lease (that plus a tenth of it, at
+    least 5 s; never under 10 s); the helper heartbeats every ``heartbeat_s`` (a third of the
+    lease) while ``execute`` runs, so a slower tool keeps its lease. ``execute`` raising one of
+    ``in_doubt_on`` (your HTTP client's timeout) means the request left and no answer came: the
+    call is completed ``unknown`` and :class:`InDoubt` is raised; any other exception completes it
+    ``failed`` and propagates.
     ``approval`` (``{title, policy_ref, details}``): the call waits for a person first.
     """
+    positive_seconds("heartbeat_s", heartbeat_s)
     request = ToolRequest(tool_call_id, tool_ref, arguments, execute, idempotency_key=idempotency_key,
                           timeout_seconds=timeout_seconds, approval=approval, retry_failed=retry_failed)
     spec = request.spec()  # encoded before anything is written
@@ -363,6 +374,7 @@ def tool_calls(
     (``claim_tool_calls(..., begin => true)``), then each claimed call executed in its own thread
     and completed as :func:`tool_call` does. Returns one result per request, in order; it never
     raises for one call's outcome (a refused batch raises the ledger's error, nothing written)."""
+    positive_seconds("heartbeat_s", heartbeat_s)
     if not requests:
         return []
     specs = [r.spec() for r in requests]  # encoded before anything is written

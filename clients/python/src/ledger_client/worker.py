@@ -57,6 +57,7 @@ from .tool_calls import (
     ToolCallResult,
     ToolRequest,
     WaitingApproval,
+    positive_seconds,
     tool_call,
     tool_calls,
 )
@@ -221,7 +222,8 @@ class Worker:
         self.modes = modes
         self.kinds = kinds
         self.lease_seconds = lease_seconds
-        self.heartbeat_s = heartbeat_s or lease_seconds / 3  # three beats may be lost before a takeover
+        # Three beats may be lost before a takeover.
+        self.heartbeat_s = positive_seconds("heartbeat_s", heartbeat_s) or lease_seconds / 3
         self.idle_s = idle_s
         self.shutdown_grace_s = shutdown_grace_s
         self.stopping = stopping or threading.Event()  # shared with an OutboxConsumer: one stop for both
