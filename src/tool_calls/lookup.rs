@@ -40,15 +40,17 @@ pub(super) fn find_locked(
     who: &Identity,
     args: &Arguments,
 ) -> Result<Option<Found>> {
-    let (found, inherited) = match rows::find_tool_call(scope, By::Key(&who.idempotency_key))? {
-        Some(r) => (r, false),
-        None => match rows::find_tool_call(scope, By::RunCall(who.run_id, &who.tool_call_id))? {
-            Some(r) => (r, false),
-            None => match ancestor_record(scope, run, who)? {
-                Some(r) => (r, true),
-                None => return Ok(None),
-            },
-        },
+    let (found, inherited) = if let Some(r) =
+        rows::find_tool_call(scope, By::Key(&who.idempotency_key))?
+    {
+        (r, false)
+    } else if let Some(r) = rows::find_tool_call(scope, By::RunCall(who.run_id, &who.tool_call_id))?
+    {
+        (r, false)
+    } else if let Some(r) = ancestor_record(scope, run, who)? {
+        (r, true)
+    } else {
+        return Ok(None);
     };
     let record_run = if found.run_id == run.id {
         Some(run.clone())
