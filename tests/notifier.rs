@@ -421,7 +421,13 @@ fn a_full_table_sends_writers_to_notify_by_themselves_and_nothing_is_lost() {
             "{r} was not told: {all:?}"
         );
     }
-    assert!(all.iter().filter(|n| n.pid == worker).count() <= 2);
+    // Only the six runs count: the probe's run `r` may still hear from the worker while it was
+    // being found.
+    let by_worker = all
+        .iter()
+        .filter(|n| n.pid == worker && channels.contains(&n.channel))
+        .count();
+    assert!(by_worker <= 2, "{all:?}");
 }
 
 #[test]
