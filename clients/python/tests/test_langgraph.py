@@ -2,10 +2,12 @@
 executed once and replayed (both faces), an approval round trip through interrupt and
 Command(resume=...) (approved, and rejected through LangChain's create_agent middleware), a call
 in doubt after a timeout resolved failed, and a process SIGKILLed while its tool ran, resumed by
-another from PostgreSQL checkpoints; each run passes replay_ready."""
+another from PostgreSQL checkpoints; each run passes replay_ready. The manual
+(docs/langgraph.md) shows examples/langgraph_agent.py verbatim, and the example runs."""
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,7 +29,10 @@ from ledger_client import AsyncLedger, Busy, ScopedLedger
 from ledger_client.integrations.langgraph import LedgerToolGuard, finish_run, start_run
 
 REFUND = ("refund", "call-refund-1042", {"order": 1042, "amount": "12.50"})
+CLIENT = Path(__file__).resolve().parents[1]
 SUPPORT = Path(__file__).with_name("langgraph_support.py")
+EXAMPLE = CLIENT / "examples" / "langgraph_agent.py"
+MANUAL = CLIENT / "docs" / "langgraph.md"
 
 
 @pytest.fixture
@@ -167,7 +172,7 @@ def test_a_call_in_doubt_interrupts_and_a_persons_failed_resolution_reaches_the_
 
 def test_a_killed_process_resumed_by_another_runs_the_side_effect_once(
         dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], saver: PostgresSaver, tmp_path: Path) -> None:
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(CLIENT / "src")
     first = subprocess.Popen([sys.executable, str(SUPPORT), dsn, str(tmp_path), "t-kill", "req-kill", "1042"],
                              env={**os.environ, "BLOCK": "1", "PYTHONPATH": src})
     try:
@@ -194,3 +199,32 @@ def test_a_killed_process_resumed_by_another_runs_the_side_effect_once(
     assert answer(state) == "Done: Refund rf-1042 sent (the bank confirmed)"
     assert count(tmp_path, "refund") == 1
     finished(scoped, config, state)
+
+
+def test_the_manual_shows_the_example_verbatim() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", MANUAL.read_text(encoding="utf-8"), re.S)
+    examples = [b for b in blocks if 'if __name__ == "__main__":' in b]
+    assert examples == [EXAMPLE.read_text(encoding="utf-8")], "docs/langgraph.md must show examples/langgraph_agent.py once"
+    for n, block in enumerate(blocks):
+        compile(block, f"clients/python/docs/langgraph.md python block {n}", "exec")
+
+
+def test_the_example_runs_and_leaves_its_run_in_the_ledger(dsn: str) -> None:
+    done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "LEDGER_DSN": dsn, "PYTHONPATH": str(CLIENT / "src")})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[:2] == ["paused: waiting_approval 'Refund order 1042': {'order': 1042, 'amount': '12.50'}",
+                         "person: approved 'Refund order 1042'"]
+    assert lines[2].endswith(": Your refund is on its way: refund rf-1042 of 12.50.") and lines[3] == "replay_ready: pass"
+    with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute("SELECT ledger.set_scope('acme', 'examples-langgraph')")
+        [run] = conn.execute("SELECT id, status, request_id, user_id FROM ledger.runs").fetchall()
+        assert (run["status"], run["request_id"], run["user_id"]) == ("succeeded", "support-req-1042", "customer-7")
+        calls = conn.execute("SELECT tool_call_id, status, attempt, result FROM ledger.run_step_tool_calls").fetchall()
+        assert calls == [{"tool_call_id": "call-refund-1042", "status": "succeeded", "attempt": 1,
+                          "result": "refund rf-1042 of 12.50"}]
+        approval = conn.execute("SELECT status, actor, note FROM ledger.approval_requests").fetchall()
+        assert approval == [{"status": "approved", "actor": "lead@acme", "note": "broken on arrival"}]
+        costs = conn.execute("SELECT count(*) AS n, sum(amount) AS usd FROM ledger.run_cost_entries").fetchone()
+        assert costs is not None and (costs["n"], str(costs["usd"])) == (2, "0.001200")
