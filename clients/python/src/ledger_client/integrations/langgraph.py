@@ -143,14 +143,12 @@ class LedgerToolGuard:
             try:
                 result = tool_call(ledger, run_id, call["id"] or "", call["name"], call["args"], execute,
                                    **self._options(call))
-            except _ErrorMessage as e:
-                return e.message
-            except ToolCallStopped as stopped:
-                answer = _answer(call, stopped)
-                if answer is not None:
-                    return answer
-                _park(ledger, run_id, stopped)
-                interrupt(_payload(run_id, call, stopped))
+            except (_ErrorMessage, ToolCallStopped) as stopped:
+                waiting = _answer(call, stopped)
+                if isinstance(waiting, ToolMessage):
+                    return waiting
+                _park(ledger, run_id, waiting)
+                interrupt(_payload(run_id, call, waiting))
                 continue  # resumed: the ledger's answer now decides
             return executed[0] if executed else _message(call, result)
 
@@ -171,14 +169,12 @@ class LedgerToolGuard:
             try:
                 result = await tool_call_async(ledger, run_id, call["id"] or "", call["name"], call["args"], execute,
                                                **self._options(call))
-            except _ErrorMessage as e:
-                return e.message
-            except ToolCallStopped as stopped:
-                answer = _answer(call, stopped)
-                if answer is not None:
-                    return answer
-                await _apark(ledger, run_id, stopped)
-                interrupt(_payload(run_id, call, stopped))
+            except (_ErrorMessage, ToolCallStopped) as stopped:
+                waiting = _answer(call, stopped)
+                if isinstance(waiting, ToolMessage):
+                    return waiting
+                await _apark(ledger, run_id, waiting)
+                interrupt(_payload(run_id, call, waiting))
                 continue
             return executed[0] if executed else _message(call, result)
 
@@ -207,9 +203,12 @@ def _configured_run_id(request: ToolCallRequest) -> str:
     return str(run_id)
 
 
-def _answer(call: ModelToolCall, stopped: ToolCallStopped) -> ToolMessage | None:
-    """The message the model gets for a call that will not run; None when a person must act
-    first (interrupt). ``Busy`` and ``Purged`` are raised: nothing to tell the model yet."""
+def _answer(call: ModelToolCall, stopped: _ErrorMessage | ToolCallStopped) -> ToolMessage | ToolCallStopped:
+    """The message the model gets for a call that ran with an error or will not run, or the stop
+    that a person must decide first (in doubt, waiting for approval: interrupt). ``Busy`` and
+    ``Purged`` are raised: nothing to tell the model yet."""
+    if isinstance(stopped, _ErrorMessage):
+        return stopped.message
     if isinstance(stopped, Rejected):
         approval = stopped.approval
         who = f" by {approval.actor}" if approval is not None and approval.actor else ""
@@ -218,7 +217,7 @@ def _answer(call: ModelToolCall, stopped: ToolCallStopped) -> ToolMessage | None
     if isinstance(stopped, ToolFailed):
         return _message(call, f"The call failed: {stopped.error}", "error")
     if isinstance(stopped, (InDoubt, WaitingApproval)):
-        return None
+        return stopped
     raise stopped
 
 
