@@ -228,3 +228,16 @@ def test_the_example_runs_and_leaves_its_run_in_the_ledger(dsn: str) -> None:
         assert approval == [{"status": "approved", "actor": "lead@acme", "note": "broken on arrival"}]
         costs = conn.execute("SELECT count(*) AS n, sum(amount) AS usd FROM ledger.run_cost_entries").fetchone()
         assert costs is not None and (costs["n"], str(costs["usd"])) == (2, "0.001200")
+
+
+def test_tools_left_out_run_unguarded_and_a_config_without_the_run_is_refused(
+        scoped: ScopedLedger, person: psycopg.Connection[DictRow], tmp_path: Path) -> None:
+    graph = build(LedgerToolGuard(scoped, tools={"refund"}), make_tools(tmp_path), InMemorySaver())
+    config = start_run(scoped, "t-some", "req-some")
+    for thread in ("t-some", "t-some-again"):
+        graph.invoke(ask(REFUND, ("lookup", "call-lookup", {"order": 1042})),
+                     {**config, "configurable": {**config["configurable"], "thread_id": thread}})
+    assert (count(tmp_path, "refund"), count(tmp_path, "lookup")) == (1, 2)
+    assert one(person, "SELECT array_agg(tool_call_id) FROM ledger.run_step_tool_calls") == ["call-refund-1042"]
+    with pytest.raises(LookupError, match="no configurable\\['ledger_run_id'\\]"):
+        graph.invoke(ask(REFUND), {"configurable": {"thread_id": "t-none"}})

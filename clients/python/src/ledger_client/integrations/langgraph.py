@@ -1,4 +1,4 @@
-"""The ledger under LangGraph and LangChain: an exactly-once guard of a ``ToolNode``'s (or a
+"""The ledger under LangGraph and LangChain: an at-most-once guard of a ``ToolNode``'s (or a
 ``create_agent``'s) tool calls, model calls recorded as ``llm`` steps with their costs, and the
 answer as a response event (manual: clients/python/docs/langgraph.md).
 
@@ -68,11 +68,11 @@ def _recorded(outcome: Outcome) -> Any:
     return outcome
 
 
-def _message(call: ModelToolCall, content: Any, status: str = "success") -> ToolMessage:
+def _message(call: ModelToolCall, content: Any, *, error: bool = False) -> ToolMessage:
     """A message for the model in place of an execution (a replayed result, a refusal)."""
     text = content if isinstance(content, (str, list)) else json.dumps(content, ensure_ascii=False)
-    return ToolMessage(content=text, tool_call_id=call["id"] or "", name=call["name"],
-                       status="error" if status == "error" else "success")
+    return ToolMessage(content=text, tool_call_id=_call_id(call), name=call["name"],
+                       status="error" if error else "success")
 
 
 class LedgerToolGuard:
@@ -141,7 +141,7 @@ class LedgerToolGuard:
                 return _recorded(executed[0])
 
             try:
-                result = tool_call(ledger, run_id, call["id"] or "", call["name"], call["args"], execute,
+                result = tool_call(ledger, run_id, _call_id(call), call["name"], call["args"], execute,
                                    **self._options(call))
             except (_ErrorMessage, ToolCallStopped) as stopped:
                 waiting = _answer(call, stopped)
@@ -167,7 +167,7 @@ class LedgerToolGuard:
                 return _recorded(executed[0])
 
             try:
-                result = await tool_call_async(ledger, run_id, call["id"] or "", call["name"], call["args"], execute,
+                result = await tool_call_async(ledger, run_id, _call_id(call), call["name"], call["args"], execute,
                                                **self._options(call))
             except (_ErrorMessage, ToolCallStopped) as stopped:
                 waiting = _answer(call, stopped)
@@ -195,6 +195,12 @@ class LedgerToolGuard:
         return LedgerToolMiddleware()
 
 
+def _call_id(call: ModelToolCall) -> str:
+    if not call["id"]:
+        raise ValueError(f"LedgerToolGuard: the model's call of {call['name']} has no id (the ledger keys a call by it)")
+    return call["id"]
+
+
 def _configured_run_id(request: ToolCallRequest) -> str:
     run_id = (request.runtime.config.get("configurable") or {}).get(RUN_ID_KEY)
     if not run_id:
@@ -213,9 +219,9 @@ def _answer(call: ModelToolCall, stopped: _ErrorMessage | ToolCallStopped) -> To
         approval = stopped.approval
         who = f" by {approval.actor}" if approval is not None and approval.actor else ""
         note = f": {approval.note}" if approval is not None and approval.note else ""
-        return _message(call, f"The call was rejected{who}{note}. It was not executed.", "error")
+        return _message(call, f"The call was rejected{who}{note}. It was not executed.", error=True)
     if isinstance(stopped, ToolFailed):
-        return _message(call, f"The call failed: {stopped.error}", "error")
+        return _message(call, f"The call failed: {stopped.error}", error=True)
     if isinstance(stopped, (InDoubt, WaitingApproval)):
         return stopped
     raise stopped
