@@ -1,0 +1,1 @@
+"""Adapters that put the ledger under agent frameworks; each module imports its framework, this package none."""
