@@ -116,6 +116,8 @@ class LedgerCapability(AbstractCapability[Any]):
         """The response as an ``llm`` step (found again by the agent run and its step) with its
         token usage as a cost, priced by pydantic-ai's price list when it knows the model."""
         run = await self.ledger_run(ctx)
+        if run.status.terminal:
+            return response  # a finished turn run again from its history: its run takes no more
         step = await self.ledger.create_step(run.id, "llm", step_key=f"llm:{ctx.run_id}:{ctx.run_step}")
         if step.status is StepStatus.SUCCEEDED:
             return response
