@@ -21,7 +21,16 @@ import psycopg
 import pytest
 from conftest import SCOPE, one, wait_for
 from psycopg.rows import DictRow
-from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests
 
 from ledger_client import AsyncLedger, InDoubt
@@ -209,3 +218,37 @@ def test_the_example_runs_and_leaves_its_turn_in_the_ledger(dsn: str, tmp_path: 
                          ("call-refund", "succeeded", "refunded 120")]
         costs = conn.execute("SELECT count(*), sum(billed_quantity) > 0 FROM ledger.run_cost_entries").fetchone()
         assert costs == (3, True), "three model responses, each with its tokens"
+
+
+def test_the_calls_of_one_response_resume_together(dsn: str, person: psycopg.Connection[DictRow]) -> None:
+    """Two approved calls of one model response, resumed: they run concurrently and both are the
+    first use of the ledger run in the resumed agent run (no model request before them)."""
+    noted: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if isinstance(messages[-1].parts[-1], ToolReturnPart):
+            return ModelResponse(parts=[TextPart("noted")])
+        return ModelResponse(parts=[ToolCallPart("note", {"text": t}, tool_call_id=f"call-{t}") for t in ("a", "b")])
+
+    async def body() -> None:
+        ledger = LedgerCapability(AsyncLedger(dsn).scoped(*SCOPE), run_id=lambda ctx: "r-notes",
+                                  approval=lambda call: {"title": "note"})
+        agent = Agent(FunctionModel(model), output_type=[str, DeferredToolRequests], capabilities=[ledger])
+
+        @agent.tool_plain
+        async def note(text: str) -> str:
+            await asyncio.sleep(0.05)
+            noted.append(text)
+            return text
+
+        first = await agent.run("Note a and b")
+        assert isinstance(first.output, DeferredToolRequests) and len(first.output.approvals) == 2
+        person.execute("SELECT ledger.resolve_approval(id, 'approved', 'lead@acme') FROM ledger.approval_requests")
+        results = await ledger.deferred_results(first.output)
+        done = await agent.run(message_history=first.all_messages(), deferred_tool_results=results)
+        assert done.output == "noted"
+
+    asyncio.run(body())
+    assert sorted(noted) == ["a", "b"]
+    assert ledger_run(person)["status"] == "succeeded"
+    assert replay_ready(person, "r-notes") == {"status": "pass", "missing": []}

@@ -24,6 +24,7 @@ model response is an ``llm`` step with its token usage as a cost; the final outp
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 from collections.abc import Callable, Mapping
@@ -92,23 +93,29 @@ class LedgerCapability(AbstractCapability[Any]):
     heartbeat_s: float | None = None
     in_doubt_on: tuple[type[BaseException], ...] = (TimeoutError,)
     _run: Run | None = dataclasses.field(default=None, repr=False, compare=False)
+    _first_use: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock, repr=False, compare=False)
 
     async def for_run(self, ctx: RunContext[Any]) -> LedgerCapability:
-        return dataclasses.replace(self, _run=None)  # the ledger run is the agent run's own
+        return dataclasses.replace(self, _run=None, _first_use=asyncio.Lock())  # the agent run's own ledger run
 
     async def ledger_run(self, ctx: RunContext[Any]) -> Run:
         """This agent run's ledger run: created (or found again) on first use and moved to
-        ``running`` (a resume finds it parked)."""
-        if self._run is None:
-            inputs = {"prompt": _turn(ctx)[1], "conversation_id": ctx.conversation_id}
-            if self.run_id is not None:
-                run = await self.ledger.create_run("agent", inputs, run_id=self.run_id(ctx))
-            else:
-                run = await self.ledger.create_run("agent", inputs, request_id=turn_request_id(ctx))
-            if run.status in _RESUMABLE:
-                run = await self.ledger.transition_run(run.id, RunStatus.RUNNING)
-            self._run = run
+        ``running`` (a resume finds it parked). The calls of one model response run concurrently:
+        the first of them finds the run (one ``create_run``), the others wait for it."""
+        async with self._first_use:
+            if self._run is None:
+                self._run = await self._find_run(ctx)
         return self._run
+
+    async def _find_run(self, ctx: RunContext[Any]) -> Run:
+        inputs = {"prompt": _turn(ctx)[1], "conversation_id": ctx.conversation_id}
+        if self.run_id is not None:
+            run = await self.ledger.create_run("agent", inputs, run_id=self.run_id(ctx))
+        else:
+            run = await self.ledger.create_run("agent", inputs, request_id=turn_request_id(ctx))
+        if run.status in _RESUMABLE:
+            run = await self.ledger.transition_run(run.id, RunStatus.RUNNING)
+        return run
 
     async def after_model_request(
         self, ctx: RunContext[Any], *, request_context: ModelRequestContext, response: ModelResponse
