@@ -3,7 +3,8 @@ driven by pydantic-ai's own FunctionModel through the example agent (examples/py
 whose scripted model calls its tools with fixed ids): a call executed once and replayed on a
 repeat, the approval round trip (approved and rejected) through ApprovalRequired and
 DeferredToolRequests, a process killed while its tool runs and the turn resumed by another
-process through CallDeferred and a person's resolve_tool_call, the runs replay-ready; the manual
+process through CallDeferred (busy while the lease lasts, then in doubt) and a person's
+resolve_tool_call, the calls of one response resumed together, the runs replay-ready; the manual
 shows the example verbatim and the example runs."""
 
 import asyncio
@@ -170,6 +171,12 @@ def test_a_turn_killed_after_begin_is_resumed_by_another_process(dsn: str, tmp_p
         os.kill(a.pid, signal.SIGKILL)
         a.communicate()
     assert one(person, "SELECT status FROM ledger.run_step_tool_calls WHERE tool_call_id = 'call-refund'") == "running"
+    early = tmp_path / "early" / "state.json"
+    early.parent.mkdir()
+    early.write_text(state.read_text())
+    busy = turn(dsn, early)  # while A's lease lasts, the call is A's: deferred busy, not sent
+    assert isinstance(busy, DeferredToolRequests) and busy.metadata["call-refund"]["ledger"]["outcome"] == "busy"
+    assert refunds(early) == []
     # A's lease is 33 s; the person ends it now rather than wait.
     person.execute("UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() WHERE tool_call_id = 'call-refund'")
 
