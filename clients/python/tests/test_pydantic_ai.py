@@ -22,15 +22,8 @@ import psycopg
 import pytest
 from conftest import SCOPE, one, wait_for
 from psycopg.rows import DictRow
-from pydantic_ai import Agent
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelMessagesTypeAdapter,
-    ModelResponse,
-    TextPart,
-    ToolCallPart,
-    ToolReturnPart,
-)
+from pydantic_ai import Agent, messages
+from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests
 
@@ -85,8 +78,8 @@ def test_a_call_runs_once_and_a_repeat_is_replayed(dsn: str, tmp_path: Path,
     # The process that ran the refund died before it saved the history past the model's call:
     # the turn is resumed from the history that ends with the call, and the ledger answers it.
     stored = json.loads(state.read_text())
-    messages = ModelMessagesTypeAdapter.validate_python(stored["messages"])
-    assert [m.kind for m in messages] == ["request", "response", "request", "response", "request", "response"]
+    history = ModelMessagesTypeAdapter.validate_python(stored["messages"])
+    assert [m.kind for m in history] == ["request", "response", "request", "response", "request", "response"]
     stored["messages"] = stored["messages"][:4]
     state.write_text(json.dumps(stored))
     assert turn(dsn, state) == "Order 1042: refunded 120"
@@ -129,8 +122,8 @@ def test_a_rejected_approval_is_denied_to_the_model(dsn: str, tmp_path: Path,
                    (waiting.metadata["call-refund"]["ledger"]["approval_id"],))
     answer = turn(dsn, state, approval=example.large_refunds)
     assert answer == "Order 1042: A person rejected the call: needs a return"
-    messages = ModelMessagesTypeAdapter.validate_python(json.loads(state.read_text())["messages"])
-    [denied] = [p for m in messages for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == "refund"]
+    history = ModelMessagesTypeAdapter.validate_python(json.loads(state.read_text())["messages"])
+    [denied] = [p for m in history for p in m.parts if isinstance(p, ToolReturnPart) and p.tool_name == "refund"]
     assert denied.outcome == "denied", "pydantic-ai's own denial (ToolDenied)"
     assert refunds(state) == []
     assert one(person, "SELECT status FROM ledger.run_step_tool_calls WHERE tool_call_id = 'call-refund'") == "rejected"
@@ -232,10 +225,11 @@ def test_the_calls_of_one_response_resume_together(dsn: str, person: psycopg.Con
     first use of the ledger run in the resumed agent run (no model request before them)."""
     noted: list[str] = []
 
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        if isinstance(messages[-1].parts[-1], ToolReturnPart):
-            return ModelResponse(parts=[TextPart("noted")])
-        return ModelResponse(parts=[ToolCallPart("note", {"text": t}, tool_call_id=f"call-{t}") for t in ("a", "b")])
+    def model(history: list[messages.ModelMessage], info: AgentInfo) -> messages.ModelResponse:
+        if isinstance(history[-1].parts[-1], ToolReturnPart):
+            return messages.ModelResponse(parts=[messages.TextPart("noted")])
+        calls = [messages.ToolCallPart("note", {"text": t}, tool_call_id=f"call-{t}") for t in ("a", "b")]
+        return messages.ModelResponse(parts=calls)
 
     async def body() -> None:
         ledger = LedgerCapability(AsyncLedger(dsn).scoped(*SCOPE), run_id=lambda ctx: "r-notes",
