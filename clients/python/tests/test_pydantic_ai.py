@@ -15,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from pydantic_ai import Agent, messages
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.tools import DeferredToolRequests
+from pydantic_ai.usage import RequestUsage
 
 from ledger_client import AsyncLedger, InDoubt
 from ledger_client.integrations.pydantic_ai import LedgerCapability
@@ -134,6 +136,7 @@ def test_a_rejected_approval_is_denied_to_the_model(dsn: str, tmp_path: Path,
 # until the test kills the process.
 STUCK = """
 import asyncio, sys, time
+from decimal import Decimal
 from pathlib import Path
 from ledger_client import AsyncLedger
 from ledger_client.integrations.pydantic_ai import LedgerCapability
@@ -253,3 +256,20 @@ def test_the_calls_of_one_response_resume_together(dsn: str, person: psycopg.Con
     assert sorted(noted) == ["a", "b"]
     assert ledger_run(person)["status"] == "succeeded"
     assert replay_ready(person, "r-notes") == {"status": "pass", "missing": []}
+
+
+def test_each_model_response_is_an_llm_step_with_its_cost(dsn: str, person: psycopg.Connection[DictRow]) -> None:
+    def model(history: list[messages.ModelMessage], info: AgentInfo) -> messages.ModelResponse:
+        usage = RequestUsage(input_tokens=1000, output_tokens=100)
+        return messages.ModelResponse(parts=[messages.TextPart("Shipped.")], usage=usage, provider_name="openai")
+
+    agent = Agent(FunctionModel(model, model_name="gpt-4o"), capabilities=[capability(dsn, run_id=lambda ctx: "r-cost")])
+    assert agent.run_sync("Where is order 1042?").output == "Shipped."
+    cost = person.execute("SELECT billed_quantity, amount, currency, usage, provider, model_ref FROM ledger.run_cost_entries"
+                          ).fetchall()
+    assert [tuple(c.values()) for c in cost] == [(1100, Decimal("0.0035"), "USD",
+                                                 {"prompt_tokens": 1000, "completion_tokens": 100}, "openai", "gpt-4o")]
+    step = person.execute("SELECT step_type, status, output_summary FROM ledger.run_steps").fetchall()
+    assert step == [{"step_type": "llm", "status": "succeeded", "output_summary": "Shipped."}]
+    assert one(person, "SELECT ledger.run_inputs('r-cost')->>'prompt'") == "Where is order 1042?"
+    assert replay_ready(person, "r-cost") == {"status": "pass", "missing": []}

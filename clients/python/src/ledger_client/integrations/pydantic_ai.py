@@ -28,7 +28,6 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import Callable, Mapping
-from decimal import Decimal
 from typing import Any
 
 from pydantic_ai import RunContext
@@ -121,7 +120,7 @@ class LedgerCapability(AbstractCapability[Any]):
         self, ctx: RunContext[Any], *, request_context: ModelRequestContext, response: ModelResponse
     ) -> ModelResponse:
         """The response as an ``llm`` step (found again by the agent run and its step) with its
-        token usage as a cost, priced by pydantic-ai's price list when it knows the model."""
+        token usage as a cost, with pydantic-ai's price of it when it has one."""
         run = await self.ledger_run(ctx)
         if run.status.terminal:
             return response  # a finished turn run again from its history: its run takes no more
@@ -130,11 +129,7 @@ class LedgerCapability(AbstractCapability[Any]):
             return response
         await self.ledger.transition_step(step.id, StepStatus.RUNNING)
         usage = response.usage
-        amount: Decimal | None = None
-        try:
-            amount = response.cost().total_price
-        except (LookupError, ValueError, AssertionError):
-            pass  # a model the price list does not know (or no usage): tokens only
+        amount = usage.cost  # pydantic-ai's price in USD (or its gateway's), None for a model it cannot price
         summary = response.text or ", ".join(f"{c.tool_name}({c.tool_call_id})" for c in response.tool_calls)
         async with self.ledger.transaction() as tx:
             await tx.record_cost(run.id, "tokens", usage.total_tokens, amount, "USD" if amount is not None else None,
