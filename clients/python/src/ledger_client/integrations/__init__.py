@@ -1,1 +1,2 @@
-"""Adapters that put the ledger under agent frameworks; each module imports its framework, this package none."""
+"""Adapters of the ledger to agent frameworks, one module per framework (each imports its framework;
+ledger_client itself imports none)."""
