@@ -1,0 +1,192 @@
+"""The OpenAI Agents SDK adapter against the real extension, offline with the SDK's own scripted
+model (agents.testing.ScriptedModel; tests/openai_agents_support.py is the agent): a guarded call
+executed once and replayed, an approval decided in SQL between two processes, a process killed
+while its tool runs and the run finished by others after a person's decision, the tracing
+processor's steps and costs, and replay_ready."""
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from agents import Runner, handoff_span, set_trace_processors, trace
+from conftest import SCOPE, one, wait_for
+from openai_agents_support import agent, drive
+from psycopg.rows import DictRow
+
+from ledger_client import AsyncLedger, Ledger, ScopedLedger
+from ledger_client.integrations.openai_agents import LedgerRun, LedgerTracingProcessor, flush_processors
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture
+def effects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("EFFECTS_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def processor(ledger: Ledger) -> Iterator[LedgerTracingProcessor]:
+    """The ledger's processor as the only one: no trace leaves the machine."""
+    processor = LedgerTracingProcessor(ledger)
+    set_trace_processors([processor])
+    yield processor
+    set_trace_processors([])
+
+
+def executions(effects: Path) -> list[str]:
+    path = effects / "refund"
+    return path.read_text().split() if path.exists() else []
+
+
+def spawn(dsn: str, run_id: str, input: str, approval: bool, effects: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "openai_agents_support.py"), dsn, SCOPE[1], run_id, input, "1" if approval else "0"],
+        env={**os.environ, "EFFECTS_DIR": str(effects), "PYTHONPATH": f"{HERE.parent / 'src'}:{HERE}"},
+        stdout=subprocess.PIPE, text=True)
+
+
+def drive_elsewhere(dsn: str, run_id: str, input: str, approval: bool, effects: Path) -> dict[str, Any]:
+    """run_agent in another process, to its end."""
+    process = spawn(dsn, run_id, input, approval, effects)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, out
+    outcome: dict[str, Any] = json.loads(out)
+    return outcome
+
+
+def tool_call(person: psycopg.Connection[DictRow], call_id: str) -> dict[str, Any]:
+    row = person.execute("SELECT id, status, attempt, approval_id, result FROM ledger.run_step_tool_calls"
+                         " WHERE tool_call_id = %s", (call_id,)).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def test_a_guarded_call_is_executed_once_then_replayed_and_the_run_is_replay_ready(
+    dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path,
+    processor: LedgerTracingProcessor,
+) -> None:
+    scoped.create_run("agent", {"ask": "refund:7,track:7"}, run_id="r-once")
+    outcome = asyncio.run(drive(dsn, SCOPE[1], "r-once", "refund:7,track:7", False))
+    assert outcome == {"status": "succeeded", "final_output": "done: {'refund_id': 'rf-7'} | order 7: delivered",
+                       "waiting": []}
+    assert executions(effects) == ["7"]
+    assert tool_call(person, "call-refund-7")["result"] == {"refund_id": "rf-7"}
+
+    async def again() -> Any:  # the same turn again, the same call ids: nothing is executed
+        run = LedgerRun(AsyncLedger(dsn).scoped(*SCOPE), "r-once")
+        result = await Runner.run(agent(approval=False), "refund:7", context=run)
+        await flush_processors()
+        return result.final_output
+    assert asyncio.run(again()) == "done: {'refund_id': 'rf-7'}"
+    assert executions(effects) == ["7"]
+    assert tool_call(person, "call-refund-7")["attempt"] == 1
+
+    # The processor: each model call an llm step with its cost; the guardrail; the unguarded
+    # `track` as a function step; the guarded `refund` only as its tool call's step.
+    steps = person.execute("SELECT step_type, status, input_summary, output_summary FROM ledger.run_steps"
+                           " WHERE run_id = 'r-once' ORDER BY step_no").fetchall()
+    assert sorted((s["step_type"], s["input_summary"], s["output_summary"]) for s in steps) == [
+        ("function", "tool=track", "order 7: delivered"), ("guardrail", "polite", "passed"),
+        ("llm", "scripted-1", None), ("llm", "scripted-1", None), ("tool", "tool=refund", '{"refund_id":"rf-7"}')]
+    assert all(s["status"] == "succeeded" for s in steps)
+    costs = person.execute("SELECT billed_quantity, usage, model_ref, provider, step_id IS NOT NULL AS of_step"
+                           " FROM ledger.run_cost_entries WHERE run_id = 'r-once'").fetchall()
+    assert [(int(c["billed_quantity"]), c["usage"], c["model_ref"], c["provider"], c["of_step"]) for c in costs] == 2 * [
+        (150, {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150, "request_count": 1},
+         "scripted-1", "openai", True)]
+    shown = person.execute("SELECT payload FROM ledger.response_events WHERE run_id = 'r-once'").fetchall()
+    assert [s["payload"] for s in shown] == [{"text": "done: {'refund_id': 'rf-7'} | order 7: delivered"}]
+    assert one(person, "SELECT ledger.replay_ready('r-once')") == {"status": "pass", "missing": []}
+
+
+def test_the_processor_records_handoffs_and_guardrails_of_a_ledger_trace_only(
+    scoped: ScopedLedger, person: psycopg.Connection[DictRow], processor: LedgerTracingProcessor
+) -> None:
+    scoped.create_run("agent", run_id="r-spans")
+    run = LedgerRun(AsyncLedger(scoped.ledger.conninfo).scoped(*SCOPE), "r-spans")
+    with trace("triage", metadata=run.trace_metadata()):
+        with handoff_span(from_agent="triage", to_agent="refunds"):
+            pass
+    with trace("no ledger run"):
+        with handoff_span(from_agent="a", to_agent="b"):
+            pass
+    processor.force_flush()
+    steps = person.execute("SELECT run_id, step_type, input_summary, output_summary FROM ledger.run_steps").fetchall()
+    assert [tuple(s.values()) for s in steps] == [("r-spans", "handoff", "triage -> refunds", "refunds")]
+
+
+@pytest.mark.parametrize("decision", ["approved", "rejected"])
+def test_an_approval_is_asked_in_the_ledger_decided_in_sql_and_applied_by_another_process(
+    dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path, decision: str
+) -> None:
+    scoped.create_run("agent", run_id="r-approve")
+    first = drive_elsewhere(dsn, "r-approve", "refund:8", True, effects)
+    record = tool_call(person, "call-refund-8")
+    assert first == {"status": "waiting_approval", "final_output": None,
+                     "waiting": [["call-refund-8", "waiting_approval", record["id"]]]}
+    assert one(person, "SELECT status FROM ledger.runs WHERE id = 'r-approve'") == "waiting_approval"
+    assert one(person, "SELECT count(*) FROM ledger.run_artifacts WHERE meta->>'kind' = 'openai_agents.run_state'") == 1
+    assert executions(effects) == []
+    # Nothing decided yet: a resume finds the call still waiting and executes nothing.
+    assert drive_elsewhere(dsn, "r-approve", "refund:8", True, effects)["status"] == "waiting_approval"
+
+    person.execute("SELECT ledger.resolve_approval(id, %s, actor => 'ops@acme', note => 'checked')"
+                   " FROM ledger.pending_approvals", (decision,))
+    last = drive_elsewhere(dsn, "r-approve", "refund:8", True, effects)
+    assert last["status"] == "succeeded"
+    if decision == "approved":
+        assert last["final_output"] == "done: {'refund_id': 'rf-8'}"
+        assert executions(effects) == ["8"]
+    else:  # the SDK's rejection path: the model is told, the tool never ran
+        assert last["final_output"] == (f"done: ledger: a person rejected tool call call-refund-8 ({record['id']}):"
+                                        " checked; it was not executed")
+        assert executions(effects) == []
+    assert one(person, "SELECT ledger.replay_ready('r-approve')") == {"status": "pass", "missing": []}
+
+
+@pytest.mark.parametrize("approval", [False, True])
+def test_a_process_killed_while_its_tool_runs_leaves_the_call_in_doubt_for_a_person_then_the_run_finishes(
+    dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path, approval: bool
+) -> None:
+    scoped.create_run("agent", run_id="r-killed")
+    if approval:  # the run pauses before the tool: its RunState is saved, the approval asked
+        assert drive_elsewhere(dsn, "r-killed", "refund:9", True, effects)["status"] == "waiting_approval"
+        person.execute("SELECT ledger.resolve_approval(id, 'approved') FROM ledger.pending_approvals")
+    (effects / "block").touch()
+    killed = spawn(dsn, "r-killed", "refund:9", approval, effects)
+    wait_for("the refund to start", lambda: executions(effects) == ["9"])
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(30)
+    (effects / "block").unlink()
+    record = tool_call(person, "call-refund-9")
+    assert record["status"] == "running"
+
+    # Another process resumes the run (from its saved RunState, or the same turn again with the
+    # same call ids): the call is still held, then in doubt; either way the run parks on the
+    # SDK's interruption naming the record, and nothing is executed.
+    held = drive_elsewhere(dsn, "r-killed", "refund:9", approval, effects)
+    assert held == {"status": "paused", "final_output": None, "waiting": [["call-refund-9", "running", record["id"]]]}
+    person.execute("UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() - interval '1 hour'")
+    assert one(person, "SELECT ledger.sweep_tool_calls()") == 1
+    in_doubt = drive_elsewhere(dsn, "r-killed", "refund:9", approval, effects)
+    assert in_doubt == {"status": "paused", "final_output": None,
+                        "waiting": [["call-refund-9", "in_doubt", record["id"]]]}
+    assert executions(effects) == ["9"]
+
+    # A person finds the refund at the payment provider and says so; the run finishes on it.
+    person.execute("SELECT ledger.resolve_tool_call(%s, 'succeeded', '{\"refund_id\": \"rf-9\"}', actor => 'ops@acme')",
+                   (record["id"],))
+    done = drive_elsewhere(dsn, "r-killed", "refund:9", approval, effects)
+    assert done == {"status": "succeeded", "final_output": "done: {'refund_id': 'rf-9'}", "waiting": []}
+    assert executions(effects) == ["9"]
+    assert one(person, "SELECT status FROM ledger.runs WHERE id = 'r-killed'") == "succeeded"
+    assert one(person, "SELECT ledger.replay_ready('r-killed')") == {"status": "pass", "missing": []}
