@@ -150,7 +150,12 @@ def test_an_approval_is_asked_in_the_ledger_decided_in_sql_and_applied_by_anothe
         assert last["final_output"] == (f"done: ledger: a person rejected tool call call-refund-8 ({record['id']}):"
                                         " checked; it was not executed")
         assert executions(effects) == []
+    # The pause and the run are the guarded call's only trace: no function step besides its tool step.
+    assert one(person, "SELECT count(*) FROM ledger.run_steps WHERE step_type = 'function'") == 0
     assert one(person, "SELECT ledger.replay_ready('r-approve')") == {"status": "pass", "missing": []}
+    # The run is over: driving it again runs nothing and answers what it answered.
+    assert drive_elsewhere(dsn, "r-approve", "refund:8", True, effects) == {**last, "waiting": []}
+    assert len(executions(effects)) == (1 if decision == "approved" else 0)
 
 
 @pytest.mark.parametrize("approval", [False, True])

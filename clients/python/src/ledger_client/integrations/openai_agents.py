@@ -137,8 +137,12 @@ _CLAIMED_SPANS: dict[str, None] = {}
 _CLAIMED_SPANS_KEPT = 10_000
 
 
-def _claimed_in(span_id: str) -> None:
-    _CLAIMED_SPANS[span_id] = None
+def _claimed_here() -> None:
+    """Marks the current function span as the guard's (its call, or its pause for a person)."""
+    span = get_current_span()
+    if span is None or not isinstance(span.span_data, FunctionSpanData):
+        return
+    _CLAIMED_SPANS[span.span_id] = None
     while len(_CLAIMED_SPANS) > _CLAIMED_SPANS_KEPT:
         del _CLAIMED_SPANS[next(iter(_CLAIMED_SPANS))]
 
@@ -194,6 +198,7 @@ def guard(
 
     async def needs_approval(ctx: RunContextWrapper[Any], arguments: dict[str, Any], call_id: str) -> bool:
         run = ledger_run_of(ctx)
+        _claimed_here()
         record = await _record(run, call_id)
         if record is not None:
             return _decision(record) != "run"
@@ -213,9 +218,7 @@ def guard(
         if not isinstance(arguments, dict):
             return await invoke(ctx, input)  # the SDK refuses the input: the tool's body never runs
         run = ledger_run_of(ctx)
-        span = get_current_span()
-        if span is not None:
-            _claimed_in(span.span_id)
+        _claimed_here()
         try:
             return await tool_call_async(run.ledger, run.run_id, ctx.tool_call_id, ref, arguments,
                                          lambda _: invoke(ctx, input), lease_owner=run.lease_owner,
@@ -312,7 +315,11 @@ async def run_agent(
     ``RunState`` (the ledger's decisions applied) or started on ``input``; a pause saves the
     state and parks the run (``waiting_approval``, or ``paused`` for a call in doubt or held);
     the final output is recorded as a ``message`` response event and ends the run ``succeeded``.
-    Call it again, in any process, once a person decided."""
+    Call it again, in any process, once a person decided; on a run that succeeded it runs nothing
+    and returns the recorded answer (``output_summary``)."""
+    current = await run.ledger.get_run(run.run_id)
+    if current is not None and current.status is RunStatus.SUCCEEDED:
+        return AgentOutcome(RunStatus.SUCCEEDED, current.output_summary)
     state = await load_state(agent, run)
     unsaved = False
     config = dataclasses.replace(run_config or RunConfig(),
