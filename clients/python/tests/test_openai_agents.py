@@ -7,6 +7,7 @@ processor's steps and costs, and replay_ready."""
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -195,3 +196,54 @@ def test_a_process_killed_while_its_tool_runs_leaves_the_call_in_doubt_for_a_per
     assert executions(effects) == ["9"]
     assert one(person, "SELECT status FROM ledger.runs WHERE id = 'r-killed'") == "succeeded"
     assert one(person, "SELECT ledger.replay_ready('r-killed')") == {"status": "pass", "missing": []}
+
+
+def test_an_approval_given_in_the_sdk_alone_runs_nothing_the_ledger_holds_waiting(
+    dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path,
+    processor: LedgerTracingProcessor,
+) -> None:
+    scoped.create_run("agent", run_id="r-bypass")
+
+    async def body() -> Any:
+        run = LedgerRun(AsyncLedger(dsn).scoped(*SCOPE), "r-bypass")
+        support = agent(approval=True)
+        paused = await Runner.run(support, "refund:5", context=run)
+        [item] = paused.interruptions
+        state = paused.to_state()
+        state.approve(item)  # nobody asked the ledger
+        return (await Runner.run(support, state)).final_output
+    output = json.loads(asyncio.run(body()).removeprefix("done: "))
+    assert output == {"error": "ledger: the call waits for a person's approval (ledger.resolve_approval)",
+                      "outcome": "waiting_approval", "tool_call_id": "call-refund-5",
+                      "tool_call_record_id": tool_call(person, "call-refund-5")["id"]}
+    assert executions(effects) == []
+
+
+EXAMPLE = HERE.parent / "examples" / "openai_agents_agent.py"
+MANUAL = HERE.parent / "docs" / "openai-agents.md"
+
+
+def test_the_manual_shows_the_example_verbatim() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", MANUAL.read_text(encoding="utf-8"), re.S)
+    examples = [b for b in blocks if 'if __name__ == "__main__":' in b]
+    assert examples == [EXAMPLE.read_text(encoding="utf-8")], "docs/openai-agents.md and the example differ"
+    for n, block in enumerate(blocks):
+        compile(block, f"docs/openai-agents.md python block {n}", "exec")
+
+
+def test_the_example_runs_and_leaves_its_run_in_the_ledger(dsn: str, person: psycopg.Connection[DictRow]) -> None:
+    done = subprocess.run([sys.executable, str(EXAMPLE)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "LEDGER_DSN": dsn, "PYTHONPATH": str(HERE.parent / "src")})
+    assert done.returncode == 0, done.stderr
+    assert "person: approved 'Refund order 1042'" in done.stdout
+    assert "replay_ready pass" in done.stdout
+    person.execute("SELECT ledger.set_scope('acme', 'examples-openai-agents')")
+    [run] = person.execute("SELECT id, status, output_summary FROM ledger.runs").fetchall()
+    assert (run["status"], run["output_summary"]) == (
+        "succeeded", "Order 1042 was refunded: {'refund_id': 'rf-1042', 'amount': '12.50'}")
+    calls = person.execute("SELECT tool_call_id, status, attempt, result FROM ledger.run_step_tool_calls").fetchall()
+    assert [tuple(c.values()) for c in calls] == [("call-refund", "succeeded", 1, {"refund_id": "rf-1042", "amount": "12.50"})]
+    steps = person.execute("SELECT step_type FROM ledger.run_steps ORDER BY step_no").fetchall()
+    assert sorted(s["step_type"] for s in steps) == ["function", "llm", "llm", "llm", "tool"]
+    assert one(person, "SELECT sum(billed_quantity)::int FROM ledger.run_cost_entries") == 450
+    assert one(person, "SELECT count(*) FROM ledger.run_artifacts WHERE meta->>'kind' = 'openai_agents.run_state'") == 1
