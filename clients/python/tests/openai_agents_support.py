@@ -1,8 +1,8 @@
 """An agent of the OpenAI Agents SDK on the ledger, for tests/test_openai_agents.py: a scripted
 model (the SDK's agents.testing.ScriptedModel) that asks for the tools the user names
 ("refund:7,track:7") in one turn and then answers with what they returned; a guarded `refund`
-(a side effect, counted in EFFECTS_DIR/refund; it blocks when EFFECTS_DIR/block exists) and an
-unguarded `track`.
+(a side effect, counted in EFFECTS_DIR/refund; it blocks when EFFECTS_DIR/block exists, fails
+for order 0 and times out for a negative one) and an unguarded `track`.
 
 Run as a script, it drives one ledger run with run_agent and prints the outcome as JSON:
     openai_agents_support.py DSN WORKSPACE RUN_ID INPUT APPROVAL(0|1)
@@ -62,6 +62,10 @@ def refund(order: int) -> dict[str, Any]:
     """Refunds an order (the side effect)."""
     with (effects_dir() / "refund").open("a") as f:
         f.write(f"{order}\n")
+    if order == 0:
+        raise ValueError("the payment provider refused")
+    if order < 0:
+        raise TimeoutError("no answer from the payment provider in 5 s")
     while (effects_dir() / "block").exists():
         time.sleep(0.05)  # the payment provider hangs: the test kills the process here
     return {"refund_id": f"rf-{order}"}

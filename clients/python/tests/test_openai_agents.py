@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from agents import Runner, handoff_span, set_trace_processors, trace
+from agents import Runner, UserError, handoff_span, set_trace_processors, trace
 from conftest import SCOPE, one, wait_for
 from openai_agents_support import agent, drive
 from psycopg.rows import DictRow
@@ -247,3 +247,25 @@ def test_the_example_runs_and_leaves_its_run_in_the_ledger(dsn: str, person: psy
     assert sorted(s["step_type"] for s in steps) == ["function", "llm", "llm", "llm", "tool"]
     assert one(person, "SELECT sum(billed_quantity)::int FROM ledger.run_cost_entries") == 450
     assert one(person, "SELECT count(*) FROM ledger.run_artifacts WHERE meta->>'kind' = 'openai_agents.run_state'") == 1
+
+
+def test_a_tool_that_fails_fails_the_run_and_one_that_times_out_leaves_its_call_in_doubt(
+    dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path,
+    processor: LedgerTracingProcessor,
+) -> None:
+    scoped.create_run("agent", run_id="r-fails")
+    with pytest.raises(UserError, match="the payment provider refused"):  # the SDK's wrapping of it
+        asyncio.run(drive(dsn, SCOPE[1], "r-fails", "refund:0", False))
+    run = person.execute("SELECT status, error_code, error_message FROM ledger.runs WHERE id = 'r-fails'").fetchone()
+    assert run is not None and tuple(run.values()) == (
+        "failed", "UserError", "Error running tool refund: the payment provider refused")
+    assert tool_call(person, "call-refund-0")["status"] == "failed"
+
+    # A timeout after sending: the call is in doubt, and the model is told so with the record's id.
+    scoped.create_run("agent", run_id="r-timeout")
+    outcome = asyncio.run(drive(dsn, SCOPE[1], "r-timeout", "refund:-1", False))
+    record = tool_call(person, "call-refund--1")
+    assert record["status"] == "in_doubt"
+    told = json.loads(outcome["final_output"].removeprefix("done: "))
+    assert (told["outcome"], told["tool_call_record_id"]) == ("in_doubt", record["id"])
+    assert executions(effects) == ["0", "-1"]

@@ -51,10 +51,11 @@ from agents.tracing.span_data import (
 )
 from psycopg.types.json import Jsonb
 
-from .._faults import again
+from .._faults import again, is_transient
 from ..aio import AsyncScopedLedger, tool_call_async
 from ..client import Ledger
 from ..encoding import encode
+from ..errors import LedgerError
 from ..tool_calls import Busy, InDoubt, Purged, Rejected, ToolCallStopped, ToolFailed, WaitingApproval
 from ..types import RunStatus, StepStatus
 from ..worker import ModelReply
@@ -314,8 +315,9 @@ async def run_agent(
     """Drives the ledger run ``run`` with ``agent``: resumed from the run's last saved
     ``RunState`` (the ledger's decisions applied) or started on ``input``; a pause saves the
     state and parks the run (``waiting_approval``, or ``paused`` for a call in doubt or held);
-    the final output is recorded as a ``message`` response event and ends the run ``succeeded``.
-    Call it again, in any process, once a person decided; on a run that succeeded it runs nothing
+    the final output is recorded as a ``message`` response event and ends the run ``succeeded``;
+    an exception out of ``Runner.run`` ends it ``failed`` (a lost connection leaves it as it is)
+    and propagates. Call it again, in any process, once a person decided; on a run that succeeded it runs nothing
     and returns the recorded answer (``output_summary``)."""
     current = await run.ledger.get_run(run.run_id)
     if current is not None and current.status is RunStatus.SUCCEEDED:
@@ -333,9 +335,15 @@ async def run_agent(
                 if unsaved:
                     await save_state(state, run)
                 return await _park(run, waiting)
-        result = await Runner.run(agent, state if state is not None else input,
-                                  context=None if state is not None else run,
-                                  max_turns=max_turns, run_config=config, hooks=hooks)
+        try:
+            result = await Runner.run(agent, state if state is not None else input,
+                                      context=None if state is not None else run,
+                                      max_turns=max_turns, run_config=config, hooks=hooks)
+        except Exception as e:
+            await flush_processors()  # the ledger takes no step for an ended run
+            if not is_transient(e):  # a lost connection is not the agent's failure: resumed later
+                await _fail(run, e)
+            raise
         await flush_processors()
         if not result.interruptions:
             break
@@ -345,6 +353,14 @@ async def run_agent(
         await tx.record_response_event(run.run_id, "message", {"text": text})
         await tx.transition_run(run.run_id, RunStatus.SUCCEEDED, output_summary=text, run_token=run.run_token)
     return AgentOutcome(RunStatus.SUCCEEDED, result.final_output)
+
+
+async def _fail(run: LedgerRun, error: Exception) -> None:
+    try:
+        await run.ledger.transition_run(run.run_id, RunStatus.FAILED, error_code=type(error).__name__,
+                                        error_message=str(error) or repr(error), run_token=run.run_token)
+    except LedgerError as e:  # taken over (LEASE_STALE) or moved by someone: the ledger keeps its status
+        log.warning("run %s: not moved to failed (%s) after %r", run.run_id, e, error)
 
 
 async def _park(run: LedgerRun, waiting: Sequence[Waiting]) -> AgentOutcome:
@@ -459,15 +475,15 @@ class LedgerTracingProcessor(TracingProcessor):
 
     def _write_of(self, span: Span[Any]) -> _Write | None:
         meta = span.trace_metadata or {}
-        run_id = meta.get("ledger_run_id")
+        run_id, tenant_id, workspace_id = (meta.get(k) for k in ("ledger_run_id", "ledger_tenant_id", "ledger_workspace_id"))
         data = span.span_data
-        if not run_id:
+        if not (run_id and tenant_id and workspace_id):
             return None
         if isinstance(data, FunctionSpanData) and span.span_id in _CLAIMED_SPANS:
             return None
         error = span.error["message"] if span.error else None
         key = f"openai-agents:{span.span_id}"
-        scope = (str(meta["ledger_tenant_id"]), str(meta["ledger_workspace_id"]))
+        scope = (str(tenant_id), str(workspace_id))
         if isinstance(data, (GenerationSpanData, ResponseSpanData)):
             output: Any
             if isinstance(data, GenerationSpanData):
