@@ -127,10 +127,11 @@ def test_the_processor_records_handoffs_and_guardrails_of_a_ledger_trace_only(
 
 @pytest.mark.parametrize("decision", ["approved", "rejected"])
 def test_an_approval_is_asked_in_the_ledger_decided_in_sql_and_applied_by_another_process(
-    dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path, decision: str
+    dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path,
+    processor: LedgerTracingProcessor, decision: str,
 ) -> None:
     scoped.create_run("agent", run_id="r-approve")
-    first = drive_elsewhere(dsn, "r-approve", "refund:8", True, effects)
+    first = asyncio.run(drive(dsn, SCOPE[1], "r-approve", "refund:8", True))
     record = tool_call(person, "call-refund-8")
     assert first == {"status": "waiting_approval", "final_output": None,
                      "waiting": [["call-refund-8", "waiting_approval", record["id"]]]}
@@ -138,7 +139,7 @@ def test_an_approval_is_asked_in_the_ledger_decided_in_sql_and_applied_by_anothe
     assert one(person, "SELECT count(*) FROM ledger.run_artifacts WHERE meta->>'kind' = 'openai_agents.run_state'") == 1
     assert executions(effects) == []
     # Nothing decided yet: a resume finds the call still waiting and executes nothing.
-    assert drive_elsewhere(dsn, "r-approve", "refund:8", True, effects)["status"] == "waiting_approval"
+    assert asyncio.run(drive(dsn, SCOPE[1], "r-approve", "refund:8", True))["status"] == "waiting_approval"
 
     person.execute("SELECT ledger.resolve_approval(id, %s, actor => 'ops@acme', note => 'checked')"
                    " FROM ledger.pending_approvals", (decision,))
@@ -155,17 +156,21 @@ def test_an_approval_is_asked_in_the_ledger_decided_in_sql_and_applied_by_anothe
     assert one(person, "SELECT count(*) FROM ledger.run_steps WHERE step_type = 'function'") == 0
     assert one(person, "SELECT ledger.replay_ready('r-approve')") == {"status": "pass", "missing": []}
     # The run is over: driving it again runs nothing and answers what it answered.
-    assert drive_elsewhere(dsn, "r-approve", "refund:8", True, effects) == {**last, "waiting": []}
+    assert asyncio.run(drive(dsn, SCOPE[1], "r-approve", "refund:8", True)) == {**last, "waiting": []}
     assert len(executions(effects)) == (1 if decision == "approved" else 0)
 
 
 @pytest.mark.parametrize("approval", [False, True])
 def test_a_process_killed_while_its_tool_runs_leaves_the_call_in_doubt_for_a_person_then_the_run_finishes(
-    dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path, approval: bool
+    dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path,
+    processor: LedgerTracingProcessor, approval: bool,
 ) -> None:
+    def resume() -> dict[str, Any]:  # this process, not the killed one
+        return asyncio.run(drive(dsn, SCOPE[1], "r-killed", "refund:9", approval))
+
     scoped.create_run("agent", run_id="r-killed")
     if approval:  # the run pauses before the tool: its RunState is saved, the approval asked
-        assert drive_elsewhere(dsn, "r-killed", "refund:9", True, effects)["status"] == "waiting_approval"
+        assert resume()["status"] == "waiting_approval"
         person.execute("SELECT ledger.resolve_approval(id, 'approved') FROM ledger.pending_approvals")
     (effects / "block").touch()
     killed = spawn(dsn, "r-killed", "refund:9", approval, effects)
@@ -176,14 +181,14 @@ def test_a_process_killed_while_its_tool_runs_leaves_the_call_in_doubt_for_a_per
     record = tool_call(person, "call-refund-9")
     assert record["status"] == "running"
 
-    # Another process resumes the run (from its saved RunState, or the same turn again with the
+    # This process resumes the run (from its saved RunState, or the same turn again with the
     # same call ids): the call is still held, then in doubt; either way the run parks on the
     # SDK's interruption naming the record, and nothing is executed.
-    held = drive_elsewhere(dsn, "r-killed", "refund:9", approval, effects)
+    held = resume()
     assert held == {"status": "paused", "final_output": None, "waiting": [["call-refund-9", "running", record["id"]]]}
     person.execute("UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() - interval '1 hour'")
     assert one(person, "SELECT ledger.sweep_tool_calls()") == 1
-    in_doubt = drive_elsewhere(dsn, "r-killed", "refund:9", approval, effects)
+    in_doubt = resume()
     assert in_doubt == {"status": "paused", "final_output": None,
                         "waiting": [["call-refund-9", "in_doubt", record["id"]]]}
     assert executions(effects) == ["9"]
@@ -191,7 +196,7 @@ def test_a_process_killed_while_its_tool_runs_leaves_the_call_in_doubt_for_a_per
     # A person finds the refund at the payment provider and says so; the run finishes on it.
     person.execute("SELECT ledger.resolve_tool_call(%s, 'succeeded', '{\"refund_id\": \"rf-9\"}', actor => 'ops@acme')",
                    (record["id"],))
-    done = drive_elsewhere(dsn, "r-killed", "refund:9", approval, effects)
+    done = resume()
     assert done == {"status": "succeeded", "final_output": "done: {'refund_id': 'rf-9'}", "waiting": []}
     assert executions(effects) == ["9"]
     assert one(person, "SELECT status FROM ledger.runs WHERE id = 'r-killed'") == "succeeded"
