@@ -41,6 +41,7 @@ def processor(ledger: Ledger) -> Iterator[LedgerTracingProcessor]:
     set_trace_processors([processor])
     yield processor
     set_trace_processors([])
+    processor.shutdown()
 
 
 def executions(effects: Path) -> list[str]:

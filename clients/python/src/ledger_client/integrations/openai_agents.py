@@ -136,6 +136,7 @@ def _approval_for(approval: Approval | None, arguments: dict[str, Any]) -> Mappi
 # them twice.
 _CLAIMED_SPANS: dict[str, None] = {}
 _CLAIMED_SPANS_KEPT = 10_000
+_CLAIMED_SPANS_LOCK = threading.Lock()  # agents may run on several event loops, in threads
 
 
 def _claimed_here() -> None:
@@ -143,9 +144,10 @@ def _claimed_here() -> None:
     span = get_current_span()
     if span is None or not isinstance(span.span_data, FunctionSpanData):
         return
-    _CLAIMED_SPANS[span.span_id] = None
-    while len(_CLAIMED_SPANS) > _CLAIMED_SPANS_KEPT:
-        del _CLAIMED_SPANS[next(iter(_CLAIMED_SPANS))]
+    with _CLAIMED_SPANS_LOCK:
+        _CLAIMED_SPANS[span.span_id] = None
+        while len(_CLAIMED_SPANS) > _CLAIMED_SPANS_KEPT:
+            del _CLAIMED_SPANS[next(iter(_CLAIMED_SPANS))]
 
 _STOPPED_TEXT: dict[type[ToolCallStopped], str] = {
     InDoubt: "the call may have been sent and no answer was recorded: it is not executed again;"
