@@ -5,6 +5,7 @@ while its tool runs and the run finished by others after a person's decision, th
 processor's steps and costs, and replay_ready."""
 
 import asyncio
+import inspect
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from openai_agents_support import agent, drive
 from psycopg.rows import DictRow
 
 from ledger_client import AsyncLedger, Ledger, ScopedLedger
+from ledger_client.integrations import openai_agents
 from ledger_client.integrations.openai_agents import LedgerRun, LedgerTracingProcessor, flush_processors
 
 HERE = Path(__file__).parent
@@ -235,6 +237,19 @@ def test_the_manual_shows_the_example_verbatim() -> None:
     assert examples == [EXAMPLE.read_text(encoding="utf-8")], "docs/openai-agents.md and the example differ"
     for n, block in enumerate(blocks):
         compile(block, f"docs/openai-agents.md python block {n}", "exec")
+
+
+def test_the_manual_documents_every_public_parameter() -> None:
+    text = MANUAL.read_text(encoding="utf-8")
+    section = re.search(r"^## Parameters\n(.*?)(?=^## )", text, re.S | re.M)
+    assert section, "docs/openai-agents.md has no section \"Parameters\""
+    for name in openai_agents.__all__:
+        value = getattr(openai_agents, name)
+        assert f"`{name}" in text, f"{name} is public and not in docs/openai-agents.md"
+        if not callable(value) or name in ("AgentOutcome", "Waiting", "Approval"):  # results, a type
+            continue
+        missing = [p for p in inspect.signature(value).parameters if f"`{p}`" not in section.group(1)]
+        assert not missing, f"{name}: parameters {missing} are not in docs/openai-agents.md's \"Parameters\""
 
 
 def test_the_example_runs_and_leaves_its_run_in_the_ledger(dsn: str, person: psycopg.Connection[DictRow]) -> None:

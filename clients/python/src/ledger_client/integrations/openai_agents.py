@@ -60,6 +60,11 @@ from ..tool_calls import Busy, InDoubt, Purged, Rejected, ToolCallStopped, ToolF
 from ..types import RunStatus, StepStatus
 from ..worker import ModelReply
 
+__all__ = [
+    "STATE_KIND", "AgentOutcome", "Approval", "LedgerRun", "LedgerTracingProcessor", "Waiting", "apply_decisions",
+    "flush_processors", "guard", "ledger_run_of", "load_state", "run_agent", "save_state", "stopped_output",
+]
+
 log = logging.getLogger("ledger_client.integrations.openai_agents")
 
 STATE_KIND = "openai_agents.run_state"
