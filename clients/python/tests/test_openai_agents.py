@@ -282,6 +282,13 @@ def test_a_tool_that_fails_fails_the_run_and_one_that_times_out_leaves_its_call_
         "failed", "UserError", "Error running tool refund: the payment provider refused")
     assert tool_call(person, "call-refund-0")["status"] == "failed"
 
+    async def again() -> Any:  # the same turn again: the recorded failure, told to the model
+        run = LedgerRun(AsyncLedger(dsn).scoped(*SCOPE), "r-fails")
+        return (await Runner.run(agent(approval=False), "refund:0", context=run)).final_output
+    told = json.loads(asyncio.run(again()).removeprefix("done: "))
+    assert (told["outcome"], told["recorded_error"]) == ("replayed", "the payment provider refused")
+    assert executions(effects) == ["0"]
+
     # A timeout after sending: the call is in doubt, and the model is told so with the record's id.
     scoped.create_run("agent", run_id="r-timeout")
     outcome = asyncio.run(drive(dsn, SCOPE[1], "r-timeout", "refund:-1", False))
