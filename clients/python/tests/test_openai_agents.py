@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from agents import Runner, UserError, handoff_span, set_trace_processors, trace
+from agents import RunConfig, Runner, UserError, handoff_span, set_trace_processors, trace
 from conftest import SCOPE, one, wait_for
 from openai_agents_support import agent, drive
 from psycopg.rows import DictRow
@@ -297,3 +297,28 @@ def test_a_tool_that_fails_fails_the_run_and_one_that_times_out_leaves_its_call_
     told = json.loads(outcome["final_output"].removeprefix("done: "))
     assert (told["outcome"], told["tool_call_record_id"]) == ("in_doubt", record["id"])
     assert executions(effects) == ["0", "-1"]
+
+
+def test_a_streamed_run_is_guarded_and_traced_alike(
+    dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path,
+    processor: LedgerTracingProcessor,
+) -> None:
+    scoped.create_run("agent", run_id="r-stream")
+
+    async def body() -> Any:
+        run = LedgerRun(AsyncLedger(dsn).scoped(*SCOPE), "r-stream")
+        outputs = []
+        for _ in range(2):  # the second time, the same call id: replayed
+            streamed = Runner.run_streamed(agent(approval=False), "refund:3", context=run,
+                                           run_config=RunConfig(trace_metadata=run.trace_metadata()))
+            async for _event in streamed.stream_events():
+                pass
+            outputs.append(streamed.final_output)
+        await flush_processors()
+        return outputs
+    assert asyncio.run(body()) == 2 * ["done: {'refund_id': 'rf-3'}"]
+    assert executions(effects) == ["3"]
+    steps = person.execute("SELECT step_type, count(*) AS n FROM ledger.run_steps WHERE run_id = 'r-stream'"
+                           " GROUP BY step_type ORDER BY step_type").fetchall()
+    assert [(s["step_type"], s["n"]) for s in steps] == [("guardrail", 2), ("llm", 4), ("tool", 1)]
+    assert one(person, "SELECT count(*) FROM ledger.run_cost_entries WHERE run_id = 'r-stream'") == 4
