@@ -46,6 +46,10 @@ def processor(ledger: Ledger) -> Iterator[LedgerTracingProcessor]:
     processor.shutdown()
 
 
+def ledger_run(dsn: str, run_id: str) -> LedgerRun:
+    return LedgerRun(AsyncLedger(dsn).scoped(*SCOPE), run_id)
+
+
 def executions(effects: Path) -> list[str]:
     path = effects / "refund"
     return path.read_text().split() if path.exists() else []
@@ -86,7 +90,7 @@ def test_a_guarded_call_is_executed_once_then_replayed_and_the_run_is_replay_rea
     assert tool_call(person, "call-refund-7")["result"] == {"refund_id": "rf-7"}
 
     async def again() -> Any:  # the same turn again, the same call ids: nothing is executed
-        run = LedgerRun(AsyncLedger(dsn).scoped(*SCOPE), "r-once")
+        run = ledger_run(dsn, "r-once")
         result = await Runner.run(agent(approval=False), "refund:7", context=run)
         await flush_processors()
         return result.final_output
@@ -113,10 +117,9 @@ def test_a_guarded_call_is_executed_once_then_replayed_and_the_run_is_replay_rea
 
 
 def test_the_processor_records_handoffs_and_guardrails_of_a_ledger_trace_only(
-    scoped: ScopedLedger, person: psycopg.Connection[DictRow], processor: LedgerTracingProcessor
+    dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], processor: LedgerTracingProcessor
 ) -> None:
-    scoped.create_run("agent", run_id="r-spans")
-    run = LedgerRun(AsyncLedger(scoped.ledger.conninfo).scoped(*SCOPE), "r-spans")
+    run = ledger_run(dsn, scoped.create_run("agent", run_id="r-spans").id)
     with trace("triage", metadata=run.trace_metadata()):
         with handoff_span(from_agent="triage", to_agent="refunds"):
             pass
@@ -213,7 +216,7 @@ def test_an_approval_given_in_the_sdk_alone_runs_nothing_the_ledger_holds_waitin
     scoped.create_run("agent", run_id="r-bypass")
 
     async def body() -> Any:
-        run = LedgerRun(AsyncLedger(dsn).scoped(*SCOPE), "r-bypass")
+        run = ledger_run(dsn, "r-bypass")
         support = agent(approval=True)
         paused = await Runner.run(support, "refund:5", context=run)
         [item] = paused.interruptions
@@ -283,7 +286,7 @@ def test_a_tool_that_fails_fails_the_run_and_one_that_times_out_leaves_its_call_
     assert tool_call(person, "call-refund-0")["status"] == "failed"
 
     async def again() -> Any:  # the same turn again: the recorded failure, told to the model
-        run = LedgerRun(AsyncLedger(dsn).scoped(*SCOPE), "r-fails")
+        run = ledger_run(dsn, "r-fails")
         return (await Runner.run(agent(approval=False), "refund:0", context=run)).final_output
     told = json.loads(asyncio.run(again()).removeprefix("done: "))
     assert (told["outcome"], told["recorded_error"]) == ("replayed", "the payment provider refused")
@@ -303,10 +306,9 @@ def test_a_streamed_run_is_guarded_and_traced_alike(
     dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path,
     processor: LedgerTracingProcessor,
 ) -> None:
-    scoped.create_run("agent", run_id="r-stream")
+    run = ledger_run(dsn, scoped.create_run("agent", run_id="r-stream").id)
 
     async def body() -> Any:
-        run = LedgerRun(AsyncLedger(dsn).scoped(*SCOPE), "r-stream")
         outputs = []
         for _ in range(2):  # the second time, the same call id: replayed
             streamed = Runner.run_streamed(agent(approval=False), "refund:3", context=run,
