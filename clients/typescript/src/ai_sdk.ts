@@ -14,10 +14,10 @@
  * - {@link LedgerAi.finish}: the final text as the run's response event and its end, or the run
  *   parked when a call waits for a person.
  */
-import type { GenericToolApprovalFunction, LanguageModelUsage, StopCondition, Telemetry, ToolApprovalResponse, ToolSet } from "ai";
+import type { LanguageModelUsage, StopCondition, Telemetry, ToolApprovalResponse, ToolApprovalStatus, ToolSet } from "ai";
 
 import type { ApprovalRequest, CreateRunOptions, ScopedLedger } from "./client.js";
-import { InDoubtError, RejectedError, ToolCallStopped, WaitingApprovalError } from "./errors.js";
+import { InDoubtError, ToolCallStopped, WaitingApprovalError } from "./errors.js";
 import { reconnecting } from "./faults.js";
 import { toolCall } from "./tool_calls.js";
 import type { Run, ToolCallClaim } from "./types.js";
@@ -61,12 +61,14 @@ export interface GenerationResult {
   steps: ReadonlyArray<{ content: ReadonlyArray<{ type: string; error?: unknown; isAutomatic?: boolean }> }>;
 }
 
-/** The message part of `result.responseMessages` {@link LedgerAi.approvalResponses} reads. */
-interface ApprovalRequestPart {
+/** The parts of `result.responseMessages` that {@link LedgerAi.approvalResponses} reads. */
+interface MessagePart {
   type: string;
   approvalId?: string;
   isAutomatic?: boolean;
-  toolCall?: { toolCallId: string; toolName: string; input: unknown };
+  toolCallId?: string;
+  toolName?: string;
+  input?: unknown;
 }
 
 /** The tool's input as the call's JSON arguments: an object as it is, anything else as `{input}`. */
@@ -90,12 +92,12 @@ function explain(error: ToolCallStopped): ToolCallStopped {
   const approval = error.claim.approval;
   const todo =
     error instanceof InDoubtError
-      ? `: in doubt, a person decides what it did (ledger.resolve_tool_call('${call?.id ?? ""}', ...))`
+      ? `: the request may have left; a person decides what it did: ledger.resolve_tool_call('${call?.id ?? ""}', ...)`
       : error instanceof WaitingApprovalError
         ? `: waits for approval ${approval?.id ?? ""} (ledger.resolve_approval)`
-        : error instanceof RejectedError
-          ? ""
-          : `: ${error.outcome}`;
+        : error.outcome === "busy"
+          ? ": another executor holds its lease; try again later"
+          : "";
   error.message = `${error.message} (${record})${todo}`;
   return error;
 }
@@ -215,7 +217,7 @@ export class LedgerAi {
    * `'approved'` / `'denied'` once a person decided (`ledger.resolve_approval`), with the
    * decision's actor and note as the reason. Any other call: `'not-applicable'`.
    */
-  readonly toolApproval: GenericToolApprovalFunction<ToolSet, never, never> = async ({ toolCall: call }) => {
+  readonly toolApproval = async ({ toolCall: call }: { toolCall: { toolName: string; toolCallId: string; input: unknown } }): Promise<ToolApprovalStatus> => {
     const approval = this.approvalFor(call.toolName, call.input);
     if (approval === undefined) return "not-applicable";
     const answer = await this.requestApproval(call.toolName, call.toolCallId, call.input, approval);
@@ -231,21 +233,20 @@ export class LedgerAi {
    */
   async approvalResponses(responseMessages: ReadonlyArray<{ role: string; content: unknown }>): Promise<ToolApprovalResponse[]> {
     const responses: ToolApprovalResponse[] = [];
-    for (const message of responseMessages) {
-      if (!Array.isArray(message.content)) continue;
-      for (const part of message.content as ApprovalRequestPart[]) {
-        if (part.type !== "tool-approval-request" || part.isAutomatic || part.approvalId === undefined || part.toolCall === undefined) continue;
-        const { toolName, toolCallId, input } = part.toolCall;
-        const answer = await this.requestApproval(toolName, toolCallId, input, this.approvalFor(toolName, input) ?? {});
-        const status = approvalStatus(answer);
-        if (typeof status !== "object" || status.type === "user-approval") continue;
-        responses.push({
-          type: "tool-approval-response",
-          approvalId: part.approvalId,
-          approved: status.type === "approved",
-          ...(status.reason !== undefined ? { reason: status.reason } : {}),
-        });
-      }
+    const parts = responseMessages.flatMap((m) => (Array.isArray(m.content) ? (m.content as MessagePart[]) : []));
+    for (const part of parts) {
+      if (part.type !== "tool-approval-request" || part.isAutomatic || part.approvalId === undefined) continue;
+      const call = parts.find((p) => p.type === "tool-call" && p.toolCallId === part.toolCallId);
+      if (call?.toolName === undefined || call.toolCallId === undefined) continue;
+      const answer = await this.requestApproval(call.toolName, call.toolCallId, call.input, this.approvalFor(call.toolName, call.input) ?? {});
+      const status = approvalStatus(answer);
+      if (typeof status !== "object" || status.type === "user-approval") continue;
+      responses.push({
+        type: "tool-approval-response",
+        approvalId: part.approvalId,
+        approved: status.type === "approved",
+        ...(status.reason !== undefined ? { reason: status.reason } : {}),
+      });
     }
     return responses;
   }
@@ -344,7 +345,7 @@ function interruption(content: ReadonlyArray<{ type: string; error?: unknown }>)
 }
 
 /** The SDK's approval status for the ledger's answer to an approval request. */
-function approvalStatus(answer: ToolCallClaim): Exclude<Awaited<ReturnType<GenericToolApprovalFunction<ToolSet, never, never>>>, undefined> {
+function approvalStatus(answer: ToolCallClaim): Exclude<ToolApprovalStatus, undefined> {
   const approval = answer.approval;
   const by = approval?.actor ? ` by ${approval.actor}` : "";
   const note = approval?.note ? `: ${approval.note}` : "";
