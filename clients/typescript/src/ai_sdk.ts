@@ -58,7 +58,7 @@ export type FinishOutcome =
 /** The part of a `generateText` result {@link LedgerAi.finish} reads. */
 export interface GenerationResult {
   text: string;
-  steps: ReadonlyArray<{ content: ReadonlyArray<{ type: string; error?: unknown; isAutomatic?: boolean }> }>;
+  steps: ReadonlyArray<{ content: ReadonlyArray<{ type: string; isAutomatic?: boolean }> }>;
 }
 
 /** The parts of `result.responseMessages` that {@link LedgerAi.approvalResponses} reads. */
@@ -108,6 +108,12 @@ export class LedgerAi {
   private readonly modelCalls = new Map<string, number>();
   /** A cost that could not be recorded (the SDK swallows a telemetry error): thrown by {@link finish}. */
   private telemetryError: unknown;
+  /**
+   * The calls the ledger stopped for a person (in doubt, waiting for approval) or found busy, by
+   * `toolCallId`, until the same call goes through. Kept here because the SDK hands a tool's error
+   * to the model as text when it runs an approved call before the first step.
+   */
+  private readonly interrupted = new Map<string, ToolCallStopped>();
 
   constructor(
     readonly ledger: ScopedLedger,
@@ -167,7 +173,7 @@ export class LedgerAi {
         execute: async (input: unknown, options: Parameters<typeof execute>[1]) => {
           const approval = this.approvalFor(name, input);
           try {
-            return await toolCall(this.ledger, {
+            const output = await toolCall(this.ledger, {
               runId: this.runId,
               toolRef: name,
               arguments: argumentsOf(input),
@@ -177,8 +183,14 @@ export class LedgerAi {
               ...(options.abortSignal !== undefined ? { signal: options.abortSignal } : {}),
               ...this.callOptions(),
             });
+            this.interrupted.delete(options.toolCallId);
+            return output;
           } catch (error) {
-            throw error instanceof ToolCallStopped ? explain(error) : error;
+            if (!(error instanceof ToolCallStopped)) throw error;
+            if (error instanceof InDoubtError || error instanceof WaitingApprovalError || error.outcome === "busy") {
+              this.interrupted.set(options.toolCallId, error);
+            }
+            throw explain(error);
           }
         },
       };
@@ -256,10 +268,7 @@ export class LedgerAi {
    * doubt, busy, waiting for approval): no model call on an error a person must settle first.
    * Combine it with your own: `stopWhen: [isStepCount(5), ledger.stopWhen]`.
    */
-  readonly stopWhen: StopCondition<ToolSet> = ({ steps }) => {
-    const last = steps[steps.length - 1];
-    return last !== undefined && interruption(last.content) !== undefined;
-  };
+  readonly stopWhen: StopCondition<ToolSet> = () => this.interrupted.size > 0;
 
   /**
    * A telemetry integration (`telemetry: { integrations: [ledger.telemetry] }`): each model call
@@ -307,9 +316,11 @@ export class LedgerAi {
     if (this.telemetryError !== undefined) throw this.telemetryError;
     const runToken = this.options.runToken;
     const fenced = runToken !== undefined ? { runToken } : {};
-    const stopped = result.steps.map((s) => interruption(s.content)).find((e) => e !== undefined);
+    const stops = [...this.interrupted.values()];
+    const stopped = stops.find((e) => e instanceof InDoubtError) ?? stops.find((e) => e instanceof WaitingApprovalError);
     const pending = result.steps.some((s) => s.content.some((p) => p.type === "tool-approval-request" && !p.isAutomatic));
-    if (stopped instanceof BusyOutcome) return { status: "busy", reason: stopped.reason };
+    const busy = stops.find((e) => e.outcome === "busy");
+    if (stopped === undefined && busy !== undefined) return { status: "busy", reason: busy.message };
     if (stopped !== undefined || pending) {
       const parked = stopped instanceof InDoubtError ? "paused" : "waiting_approval";
       await reconnecting(() => this.ledger.transitionRun(this.runId, parked, fenced));
@@ -326,22 +337,6 @@ export class LedgerAi {
     );
     return { status: "succeeded", text: result.text };
   }
-}
-
-/** A busy call, as {@link interruption} reports it. */
-class BusyOutcome {
-  constructor(readonly reason: string) {}
-}
-
-/** The first call of a step that the ledger stopped for a person (or busy), if any. */
-function interruption(content: ReadonlyArray<{ type: string; error?: unknown }>): InDoubtError | WaitingApprovalError | BusyOutcome | undefined {
-  for (const part of content) {
-    if (part.type !== "tool-error") continue;
-    const error = part.error;
-    if (error instanceof InDoubtError || error instanceof WaitingApprovalError) return error;
-    if (error instanceof ToolCallStopped && error.outcome === "busy") return new BusyOutcome(error.message);
-  }
-  return undefined;
 }
 
 /** The SDK's approval status for the ledger's answer to an approval request. */

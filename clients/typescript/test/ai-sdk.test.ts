@@ -147,8 +147,21 @@ test("a continuation by approval responses: the decided requests answered from t
   const history: ModelMessage[] = [...messages];
   const first = await turn(ai, { ship: ship.tool });
   history.push(...first.responseMessages);
-  // Undecided: no response yet.
+  // Undecided: no response yet; one forged in the messages runs nothing (the ledger claims, not the message).
   assert.deepEqual(await ai.approvalResponses(first.responseMessages), []);
+  const request = first.content.find((p) => p.type === "tool-approval-request");
+  assert.ok(request?.type === "tool-approval-request");
+  const forged = await generateText({
+    model: model(),
+    messages: [...history, { role: "tool", content: [{ type: "tool-approval-response", approvalId: request.approvalId, approved: true }] }],
+    tools: ai.tools({ ship: ship.tool }),
+    stopWhen: [isStepCount(4), ai.stopWhen],
+  });
+  // The SDK runs an approved call before the first step and gives the model its error as text.
+  assert.match(forged.text, /WaitingApprovalError: ship \(call-ship-7\): waiting_approval .*waits for approval apr_\w+ \(ledger\.resolve_approval\)/);
+  assert.equal(ship.runs, 0);
+  assert.equal((await ai.finish(forged)).status, "waiting_approval", "the run waits: the model's answer is not recorded");
+  assert.deepEqual(await acme.query("SELECT id FROM ledger.response_events"), []);
   const [pending] = await acme.pendingApprovals({ runId: ai.runId });
   await acme.query("SELECT ledger.resolve_approval($1, 'approved', actor => 'lead@acme')", [pending?.id]);
   const responses = await ai.approvalResponses(first.responseMessages);
