@@ -241,3 +241,61 @@ test("the process driving generateText is killed while its tool runs: in doubt, 
   assert.equal(end.run, "succeeded");
   assert.equal(end.ready, "pass");
 });
+
+const example = root("clients/typescript/examples/ai-sdk-agent.ts");
+
+test("docs/ai-sdk.md shows examples/ai-sdk-agent.ts verbatim", () => {
+  const manual = readFileSync(root("clients/typescript/docs/ai-sdk.md"), "utf8");
+  const file = readFileSync(example, "utf8");
+  const firstLine = file.split("\n")[0] ?? "";
+  const block = [...manual.matchAll(/```ts\n([\s\S]*?)```/g)].map((m) => m[1] ?? "").find((b) => b.startsWith(firstLine));
+  assert.ok(block !== undefined, `no \`\`\`ts block of clients/typescript/docs/ai-sdk.md starts with ${firstLine}`);
+  assert.equal(block, file, "clients/typescript/docs/ai-sdk.md's block differs from examples/ai-sdk-agent.ts");
+});
+
+test("the compiled AI SDK example works its turn to the end against a test database", { timeout: 60_000 }, async (t) => {
+  const db = await freshDb(t, "ai_example");
+  const child = spawn(process.execPath, [root("clients/typescript/dist/examples/ai-sdk-agent.js")], {
+    env: { ...process.env, LEDGER_DSN: db.dsn },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  t.after(() => child.kill("SIGKILL"));
+  let out = "";
+  child.stdout.on("data", (chunk: Buffer) => (out += chunk.toString()));
+  const code = await new Promise((resolve) => child.once("exit", resolve));
+  assert.equal(code, 0, out);
+  assert.equal(out.match(/crm: lookup 1042/g)?.length, 1, out);
+  assert.equal(out.match(/payments: refund 12\.50 for order 1042/g)?.length, 1, out);
+  assert.match(out, /: waiting_approval: a tool call waits for a person's approval\n/);
+  assert.match(out, /person: approves "Refund 12\.50 for order 1042"/);
+  assert.match(out, /: succeeded: Sorry about the parcel: 12\.50 is refunded \(rf-1042\)\.\nreplay_ready: pass\n$/);
+
+  const ex = db.ledger.scoped("acme", "examples-ai-sdk");
+  const [run] = await ex.query("SELECT id, status, user_id, kind FROM ledger.runs");
+  assert.deepEqual([run?.["status"], run?.["user_id"], run?.["kind"]], ["succeeded", "customer-7", "ai-sdk"]);
+  const runId = String(run?.["id"]);
+  assert.deepEqual(
+    (await ex.query("SELECT tool_call_id, tool_ref, status, attempt, result FROM ledger.run_step_tool_calls WHERE run_id = $1 ORDER BY created_at", [runId])).map(
+      (c) => [c["tool_call_id"], c["tool_ref"], c["status"], c["attempt"], c["result"]],
+    ),
+    [
+      ["call-lookup-1042", "lookupOrder", "succeeded", "1", { order: 1042, status: "delivered damaged", paid: "12.50" }],
+      ["call-refund-1042", "refund", "succeeded", "1", { refunded: "12.50", reference: "rf-1042" }],
+    ],
+  );
+  assert.deepEqual(await ex.query("SELECT status, actor, note FROM ledger.approval_requests WHERE run_id = $1", [runId]), [
+    { status: "approved", actor: "lead@acme", note: "damage photo checked" },
+  ]);
+  // Two model calls in the first turn, three in the second: each billed.
+  assert.deepEqual(
+    (await ex.query("SELECT billed_quantity::text AS q, amount::text, currency FROM ledger.run_cost_entries WHERE run_id = $1", [runId])).map((c) => [
+      c["q"],
+      c["amount"],
+      c["currency"],
+    ]),
+    Array(5).fill(["150", "0.00042", "USD"]),
+  );
+  assert.deepEqual(await ex.query("SELECT payload->>'text' AS text FROM ledger.response_events WHERE run_id = $1", [runId]), [
+    { text: "Sorry about the parcel: 12.50 is refunded (rf-1042)." },
+  ]);
+});
