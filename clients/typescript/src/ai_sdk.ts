@@ -35,6 +35,13 @@ export type ApprovalPolicy = boolean | ApprovalRequest | ((input: unknown) => bo
 export interface LedgerAiOptions {
   /** The tools whose calls need a person's approval, by tool name. */
   approvals?: Record<string, ApprovalPolicy>;
+  /**
+   * The key a call is found again by, instead of the run and its `toolCallId`: for a real model,
+   * which names its calls anew when a turn is generated again (after a crash before the tool
+   * call reached the messages), derive it from the tool and its input, e.g.
+   * `({ toolName, input }) => \`${toolName}:${JSON.stringify(input)}\``. Undefined: the default key.
+   */
+  idempotencyKey?: (call: { toolName: string; toolCallId: string; input: unknown }) => string | undefined;
   /** A tool's time in seconds, after which its signal aborts and the call is in doubt; default 30. */
   timeoutSeconds?: number;
   /** Seconds between a running call's lease heartbeats; default a third of its lease. */
@@ -131,13 +138,14 @@ export class LedgerAi {
     requestId: string,
     options: CreateRunOptions & { mode?: string } & LedgerAiOptions = {},
   ): Promise<LedgerAi> {
-    const { approvals, timeoutSeconds, heartbeatSeconds, leaseOwner, runToken, price, mode, ...create } = options;
+    const { approvals, idempotencyKey, timeoutSeconds, heartbeatSeconds, leaseOwner, runToken, price, mode, ...create } = options;
     const run: Run = await reconnecting(() => ledger.createRun(mode ?? "agent", { kind: "ai-sdk", ...create, requestId }));
     if (run.status === "queued" || run.status === "paused" || run.status === "waiting_approval") {
       await reconnecting(() => ledger.transitionRun(run.id, "running", { expectedStatus: run.status }));
     }
     const own: LedgerAiOptions = {
       ...(approvals !== undefined ? { approvals } : {}),
+      ...(idempotencyKey !== undefined ? { idempotencyKey } : {}),
       ...(timeoutSeconds !== undefined ? { timeoutSeconds } : {}),
       ...(heartbeatSeconds !== undefined ? { heartbeatSeconds } : {}),
       ...(leaseOwner !== undefined ? { leaseOwner } : {}),
@@ -178,6 +186,7 @@ export class LedgerAi {
               toolRef: name,
               arguments: argumentsOf(input),
               toolCallId: options.toolCallId,
+              ...this.keyOf(name, options.toolCallId, input),
               execute: (_args, signal) => finalOutput(execute(input, { ...options, abortSignal: signal })),
               ...(approval !== undefined ? { approval } : {}),
               ...(options.abortSignal !== undefined ? { signal: options.abortSignal } : {}),
@@ -198,6 +207,12 @@ export class LedgerAi {
     return wrapped as T;
   }
 
+  /** The call's `idempotencyKey` option, when {@link LedgerAiOptions.idempotencyKey} names one. */
+  private keyOf(toolName: string, toolCallId: string, input: unknown): { idempotencyKey?: string } {
+    const key = this.options.idempotencyKey?.({ toolName, toolCallId, input });
+    return key !== undefined ? { idempotencyKey: key } : {};
+  }
+
   private callOptions(): { timeoutSeconds?: number; heartbeatSeconds?: number; leaseOwner?: string; runToken?: number } {
     const { timeoutSeconds, heartbeatSeconds, leaseOwner, runToken } = this.options;
     return {
@@ -215,6 +230,7 @@ export class LedgerAi {
     return reconnecting(() =>
       this.ledger.requestToolApproval(this.runId, toolName, argumentsOf(input), {
         toolCallId,
+        ...this.keyOf(toolName, toolCallId, input),
         ...(title !== undefined ? { title } : {}),
         ...(policyRef !== undefined ? { policyRef } : {}),
         ...(details !== undefined ? { details } : {}),

@@ -98,6 +98,27 @@ test("a tool call is executed once; the same messages again replay it; costs and
   });
 });
 
+test("a real model names its calls anew on a repeat: idempotencyKey from the input finds the call again", async (t) => {
+  const db = await freshDb(t, "ai_key");
+  const acme = db.ledger.scoped("acme", "ts");
+  const ship = shipTool();
+  const ai = await LedgerAi.start(acme, "conv-2:turn-1", { idempotencyKey: ({ toolName, input }) => `${toolName}:${JSON.stringify(input)}` });
+  const generation = (toolCallId: string) =>
+    generateText({
+      model: scriptedModel({ toolCallId, toolName: "ship", input: { order: 7 } }, (out) => `Shipped: ${JSON.stringify(out.value)}`),
+      messages,
+      tools: ai.tools({ ship: ship.tool }),
+      stopWhen: [isStepCount(4), ai.stopWhen],
+    });
+  assert.equal((await generation("call-a")).text, 'Shipped: {"shipped":7}');
+  assert.equal((await generation("call-b")).text, 'Shipped: {"shipped":7}');
+  assert.equal(ship.runs, 1);
+  assert.deepEqual(
+    await acme.query("SELECT tool_call_id, idempotency_key FROM ledger.run_step_tool_calls WHERE run_id = $1", [ai.runId]),
+    [{ tool_call_id: "call-a", idempotency_key: 'ship:{"order":7}' }],
+  );
+});
+
 test("approval round trip: pending is user-approval, a person's decision in SQL lets the next call go on", async (t) => {
   const db = await freshDb(t, "ai_approval");
   const acme = db.ledger.scoped("acme", "ts");
