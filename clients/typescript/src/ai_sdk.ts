@@ -19,6 +19,7 @@ import type { LanguageModelUsage, StopCondition, Telemetry, ToolApprovalResponse
 import type { ApprovalRequest, CreateRunOptions, ScopedLedger } from "./client.js";
 import { InDoubtError, ToolCallStopped, WaitingApprovalError } from "./errors.js";
 import { reconnecting } from "./faults.js";
+import { succeedWith } from "./reply.js";
 import { toolCall } from "./tool_calls.js";
 import type { Run, ToolCallClaim } from "./types.js";
 
@@ -342,15 +343,7 @@ export class LedgerAi {
       await reconnecting(() => this.ledger.transitionRun(this.runId, parked, fenced));
       return { status: parked, reason: stopped?.message ?? "a tool call waits for a person's approval" };
     }
-    await reconnecting((tryNo) =>
-      this.ledger.transaction(async (tx) => {
-        // A repeat after a lost connection first looks whether the first try committed (the
-        // response event is not keyed: it must not be written twice).
-        if (tryNo > 1 && (await tx.getRun(this.runId))?.status === "succeeded") return;
-        await tx.recordResponseEvent(this.runId, "message", { text: result.text });
-        await tx.transitionRun(this.runId, "succeeded", { outputSummary: result.text, ...fenced });
-      }),
-    );
+    await succeedWith(this.ledger, this.runId, result.text, runToken);
     return { status: "succeeded", text: result.text };
   }
 }
