@@ -11,7 +11,7 @@ import { join } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { generateText, isStepCount, jsonSchema, tool, type ModelMessage, type ToolSet } from "ai";
+import { generateText, isStepCount, jsonSchema, streamText, tool, type ModelMessage, type ToolSet } from "ai";
 
 import { LedgerAi } from "../src/ai_sdk.js";
 import { InDoubtError, type ScopedLedger } from "../src/index.js";
@@ -96,6 +96,31 @@ test("a tool call is executed once; the same messages again replay it; costs and
     shown: ['Shipped: {"shipped":7}'],
     ready: "pass",
   });
+});
+
+test("streamText takes the same parts: executed once, replayed, finished from the stream's text and steps", async (t) => {
+  const db = await freshDb(t, "ai_stream");
+  const acme = db.ledger.scoped("acme", "ts");
+  const ship = shipTool();
+  const ai = await LedgerAi.start(acme, "conv-3:turn-1");
+  const stream = async () => {
+    const result = streamText({
+      model: model(),
+      messages,
+      tools: ai.tools({ ship: ship.tool }),
+      toolApproval: ai.toolApproval,
+      stopWhen: [isStepCount(4), ai.stopWhen],
+      telemetry: { integrations: [ai.telemetry] },
+    });
+    return { text: await result.text, steps: await result.steps };
+  };
+  await stream();
+  const again = await stream();
+  assert.equal(again.text, 'Shipped: {"shipped":7}');
+  assert.equal(ship.runs, 1);
+  assert.equal((await ai.finish(again)).status, "succeeded");
+  const end = await story(acme, ai.runId);
+  assert.deepEqual([end.llmSteps, end.shown, end.ready], [4, ['Shipped: {"shipped":7}'], "pass"]);
 });
 
 test("a real model names its calls anew on a repeat: idempotencyKey from the input finds the call again", async (t) => {
