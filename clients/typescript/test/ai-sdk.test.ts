@@ -9,14 +9,13 @@ import { appendFileSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
-import { fileURLToPath } from "node:url";
 
 import { generateText, isStepCount, jsonSchema, streamText, tool, type ModelMessage, type ToolSet } from "ai";
 
 import { LedgerAi } from "../src/ai_sdk.js";
 import { InDoubtError, type ScopedLedger } from "../src/index.js";
 import { scriptedModel } from "./fixtures/ai-model.js";
-import { expireLeases, freshDb, waitFor } from "./helpers.js";
+import { assertShowsVerbatim, expireLeases, freshDb, root, runExample, waitFor } from "./helpers.js";
 
 const shipInput = jsonSchema<{ order: number }>({ type: "object", properties: { order: { type: "number" } }, required: ["order"] });
 
@@ -226,8 +225,6 @@ test("a continuation by approval responses: the decided requests answered from t
   assert.equal(ship.runs, 1);
 });
 
-const root = (path: string): string => fileURLToPath(new URL(`../../../../${path}`, import.meta.url));
-
 test("the process driving generateText is killed while its tool runs: in doubt, a person resolves it, the run finishes, the side effect ran once", { timeout: 60_000 }, async (t) => {
   const db = await freshDb(t, "ai_kill");
   const acme = db.ledger.scoped("acme", "ts");
@@ -288,28 +285,13 @@ test("the process driving generateText is killed while its tool runs: in doubt, 
   assert.equal(end.ready, "pass");
 });
 
-const example = root("clients/typescript/examples/ai-sdk-agent.ts");
-
 test("docs/ai-sdk.md shows examples/ai-sdk-agent.ts verbatim", () => {
-  const manual = readFileSync(root("clients/typescript/docs/ai-sdk.md"), "utf8");
-  const file = readFileSync(example, "utf8");
-  const firstLine = file.split("\n")[0] ?? "";
-  const block = [...manual.matchAll(/```ts\n([\s\S]*?)```/g)].map((m) => m[1] ?? "").find((b) => b.startsWith(firstLine));
-  assert.ok(block !== undefined, `no \`\`\`ts block of clients/typescript/docs/ai-sdk.md starts with ${firstLine}`);
-  assert.equal(block, file, "clients/typescript/docs/ai-sdk.md's block differs from examples/ai-sdk-agent.ts");
+  assertShowsVerbatim("clients/typescript/docs/ai-sdk.md", "clients/typescript/examples/ai-sdk-agent.ts");
 });
 
 test("the compiled AI SDK example works its turn to the end against a test database", { timeout: 60_000 }, async (t) => {
   const db = await freshDb(t, "ai_example");
-  const child = spawn(process.execPath, [root("clients/typescript/dist/examples/ai-sdk-agent.js")], {
-    env: { ...process.env, LEDGER_DSN: db.dsn },
-    stdio: ["ignore", "pipe", "inherit"],
-  });
-  t.after(() => child.kill("SIGKILL"));
-  let out = "";
-  child.stdout.on("data", (chunk: Buffer) => (out += chunk.toString()));
-  const code = await new Promise((resolve) => child.once("exit", resolve));
-  assert.equal(code, 0, out);
+  const out = await runExample(t, db, "clients/typescript/dist/examples/ai-sdk-agent.js");
   assert.equal(out.match(/crm: lookup 1042/g)?.length, 1, out);
   assert.equal(out.match(/payments: refund 12\.50 for order 1042/g)?.length, 1, out);
   assert.match(out, /: waiting_approval: a tool call waits for a person's approval\n/);
