@@ -25,7 +25,10 @@ const tools = {
   }),
   refund: tool({
     description: "Refund an order",
-    inputSchema: jsonSchema<{ order: number; amount: string }>({ type: "object", properties: { order: { type: "number" }, amount: { type: "string" } } }),
+    inputSchema: jsonSchema<{ order: number; amount: string }>({
+      type: "object",
+      properties: { order: { type: "number" }, amount: { type: "string" } },
+    }),
     execute: async ({ order, amount }: { order: number; amount: string }) => {
       console.log(`  payments: refund ${amount} for order ${order}`);
       return { refunded: amount, reference: `rf-${order}` };
@@ -34,7 +37,10 @@ const tools = {
 };
 
 // The model: a stand-in for your provider's (the AI SDK's mock, scripted on what the prompt holds).
-const usage = { inputTokens: { total: 120, noCache: 120, cacheRead: undefined, cacheWrite: undefined }, outputTokens: { total: 30, text: 30, reasoning: undefined } };
+const usage = {
+  inputTokens: { total: 120, noCache: 120, cacheRead: undefined, cacheWrite: undefined },
+  outputTokens: { total: 30, text: 30, reasoning: undefined },
+};
 const model = new MockLanguageModelV4({
   doGenerate: async ({ prompt }) => {
     const results = prompt.flatMap((m) => (m.role === "tool" ? m.content : [])).flatMap((p) => (p.type === "tool-result" ? [p] : []));

@@ -52,7 +52,10 @@ export interface LedgerAiOptions {
   /** The run owner's fencing token, when the run was claimed (`claim_run`). */
   runToken?: number;
   /** What a model call cost, from its usage: `amount` (a decimal string) and `currency`; default none (tokens only). */
-  price?: (usage: LanguageModelUsage, model: { provider: string; modelId: string }) => { amount: string | number; currency: string } | undefined;
+  price?: (
+    usage: LanguageModelUsage,
+    model: { provider: string; modelId: string },
+  ) => { amount: string | number; currency: string } | undefined;
 }
 
 /** What {@link LedgerAi.finish} did with the run. */
@@ -246,7 +249,11 @@ export class LedgerAi {
    * `'approved'` / `'denied'` once a person decided (`ledger.resolve_approval`), with the
    * decision's actor and note as the reason. Any other call: `'not-applicable'`.
    */
-  readonly toolApproval = async ({ toolCall: call }: { toolCall: { toolName: string; toolCallId: string; input: unknown } }): Promise<ToolApprovalStatus> => {
+  readonly toolApproval = async ({
+    toolCall: call,
+  }: {
+    toolCall: { toolName: string; toolCallId: string; input: unknown };
+  }): Promise<ToolApprovalStatus> => {
     const approval = this.approvalFor(call.toolName, call.input);
     if (approval === undefined) return "not-applicable";
     const answer = await this.requestApproval(call.toolName, call.toolCallId, call.input, approval);
@@ -267,7 +274,8 @@ export class LedgerAi {
       if (part.type !== "tool-approval-request" || part.isAutomatic || part.approvalId === undefined) continue;
       const call = parts.find((p) => p.type === "tool-call" && p.toolCallId === part.toolCallId);
       if (call?.toolName === undefined || call.toolCallId === undefined) continue;
-      const answer = await this.requestApproval(call.toolName, call.toolCallId, call.input, this.approvalFor(call.toolName, call.input) ?? {});
+      const approval = this.approvalFor(call.toolName, call.input) ?? {};
+      const answer = await this.requestApproval(call.toolName, call.toolCallId, call.input, approval);
       const status = approvalStatus(answer);
       if (typeof status !== "object" || status.type === "user-approval") continue;
       responses.push({

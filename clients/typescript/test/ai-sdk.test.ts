@@ -225,7 +225,7 @@ test("a continuation by approval responses: the decided requests answered from t
   assert.equal(ship.runs, 1);
 });
 
-test("the process driving generateText is killed while its tool runs: in doubt, a person resolves it, the run finishes, the side effect ran once", { timeout: 60_000 }, async (t) => {
+test("a process killed while its tool runs: in doubt, a person resolves it, the run finishes, the side effect ran once", { timeout: 60_000 }, async (t) => {
   const db = await freshDb(t, "ai_kill");
   const acme = db.ledger.scoped("acme", "ts");
   const dir = mkdtempSync(join(tmpdir(), "ledger-ai-kill-"));
@@ -266,7 +266,8 @@ test("the process driving generateText is killed while its tool runs: in doubt, 
   const error = result.content.find((p) => p.type === "tool-error");
   assert.ok(error?.type === "tool-error" && error.error instanceof InDoubtError);
   const record = error.error.claim.toolCall?.id ?? "";
-  assert.match(error.error.message, new RegExp(`^ship \\(call-ship-7\\): in_doubt \\(ledger tool call ${record} of run ${run.id}\\): the request may have left; a person decides`));
+  const named = `^ship \\(call-ship-7\\): in_doubt \\(ledger tool call ${record} of run ${run.id}\\): the request may have left; a person decides`;
+  assert.match(error.error.message, new RegExp(named));
   assert.equal(result.steps.length, 1, "the loop stops at the call in doubt");
   const parked = await ai.finish(result);
   assert.equal(parked.status, "paused");
