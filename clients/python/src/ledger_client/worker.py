@@ -92,6 +92,21 @@ class ModelReply:
         return sum(int(self.usage.get(name) or 0) for name in names)
 
 
+def record_reply(ledger: ScopedLedger, run_id: str, step: Step, reply: ModelReply, *,
+                 run_token: int | None = None) -> None:
+    """A model call's cost (idempotent on the ``llm`` step) and the step's success, together, again
+    on a fresh connection when the connection is lost: the reply is paid for."""
+
+    def record() -> None:
+        with ledger.transaction() as tx:
+            tx.record_cost(run_id, "tokens", reply.tokens, reply.amount, reply.currency, step_id=step.id,
+                           usage=reply.usage, provider=reply.provider, model_ref=reply.model_ref, source_ref=step.id)
+            tx.transition_step(step.id, StepStatus.SUCCEEDED, output_summary=reply.text,
+                               metrics={"model_ref": reply.model_ref} if reply.model_ref else None, run_token=run_token)
+
+    again(f"step {step.step_key or step.id}: the model's reply", record)
+
+
 class RunContext:
     """What the agent gets: the claimed run, its scoped handle, and helpers that carry the run's
     ``run_token`` and the worker's ``lease_owner`` for it."""
@@ -150,17 +165,7 @@ class RunContext:
         if step.status is StepStatus.SUCCEEDED:
             return step.output_summary or ""
         reply = call_model()
-
-        def record() -> None:
-            with self.ledger.transaction() as tx:
-                tx.record_cost(self.run_id, "tokens", reply.tokens, reply.amount, reply.currency, step_id=step.id,
-                               usage=reply.usage, provider=reply.provider, model_ref=reply.model_ref,
-                               source_ref=step.id)
-                tx.transition_step(step.id, StepStatus.SUCCEEDED, output_summary=reply.text,
-                                   metrics={"model_ref": reply.model_ref} if reply.model_ref else None,
-                                   run_token=self.run_token)
-
-        again(f"step {step_key}: the model's reply", record)  # the reply is paid for: not lost to a reconnect
+        record_reply(self.ledger, self.run_id, step, reply, run_token=self.run_token)
         return reply.text
 
     def tool_call(
