@@ -4,6 +4,7 @@ LEDGER_TEST_HOST / LEDGER_TEST_PORT (a socket directory and port; user postgres)
 import os
 import re
 import time
+from pathlib import Path
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, LiteralString
 
@@ -80,3 +81,13 @@ def one(conn: psycopg.Connection[DictRow], query: LiteralString, params: Sequenc
     row = conn.execute(query, params).fetchone()
     assert row is not None
     return next(iter(row.values()))
+
+
+def assert_shows_verbatim(manual: Path, example: Path) -> None:
+    """The manual shows the example program once, as it is in the file, and every Python block of
+    the manual compiles."""
+    blocks = re.findall(r"```python\n(.*?)```", manual.read_text(encoding="utf-8"), re.S)
+    programs = [b for b in blocks if 'if __name__ == "__main__":' in b]
+    assert programs == [example.read_text(encoding="utf-8")], f"{manual.name} must show {example.name} once, verbatim"
+    for n, block in enumerate(blocks):
+        compile(block, f"{manual.name} python block {n}", "exec")

@@ -7,7 +7,6 @@ another from PostgreSQL checkpoints; each run passes replay_ready. The manual
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import SCOPE, one, wait_for
+from conftest import assert_shows_verbatim, SCOPE, one, wait_for
 from langchain_core.messages import ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres import PostgresSaver
@@ -202,11 +201,7 @@ def test_a_killed_process_resumed_by_another_runs_the_side_effect_once(
 
 
 def test_the_manual_shows_the_example_verbatim() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", MANUAL.read_text(encoding="utf-8"), re.S)
-    examples = [b for b in blocks if 'if __name__ == "__main__":' in b]
-    assert examples == [EXAMPLE.read_text(encoding="utf-8")], "docs/langgraph.md must show examples/langgraph_agent.py once"
-    for n, block in enumerate(blocks):
-        compile(block, f"clients/python/docs/langgraph.md python block {n}", "exec")
+    assert_shows_verbatim(MANUAL, EXAMPLE)
 
 
 def test_the_example_runs_and_leaves_its_run_in_the_ledger(dsn: str) -> None:

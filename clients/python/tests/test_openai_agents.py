@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from agents import RunConfig, Runner, UserError, handoff_span, set_trace_processors, trace
-from conftest import SCOPE, one, wait_for
+from conftest import assert_shows_verbatim, SCOPE, one, wait_for
 from openai_agents_support import agent, drive
 from psycopg.rows import DictRow
 
@@ -235,11 +235,7 @@ MANUAL = HERE.parent / "docs" / "openai-agents.md"
 
 
 def test_the_manual_shows_the_example_verbatim() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", MANUAL.read_text(encoding="utf-8"), re.S)
-    examples = [b for b in blocks if 'if __name__ == "__main__":' in b]
-    assert examples == [EXAMPLE.read_text(encoding="utf-8")], "docs/openai-agents.md and the example differ"
-    for n, block in enumerate(blocks):
-        compile(block, f"docs/openai-agents.md python block {n}", "exec")
+    assert_shows_verbatim(MANUAL, EXAMPLE)
 
 
 def test_the_manual_documents_every_public_parameter() -> None:

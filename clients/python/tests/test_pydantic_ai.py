@@ -11,7 +11,6 @@ import asyncio
 import importlib.util
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import SCOPE, one, wait_for
+from conftest import assert_shows_verbatim, SCOPE, one, wait_for
 from psycopg.rows import DictRow
 from pydantic_ai import Agent, messages
 from pydantic_ai.messages import ModelMessagesTypeAdapter, ToolReturnPart
@@ -192,10 +191,7 @@ def test_a_turn_killed_after_begin_is_resumed_by_another_process(dsn: str, tmp_p
 
 
 def test_the_manual_shows_the_example_verbatim() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", MANUAL.read_text(encoding="utf-8"), re.S)
-    assert EXAMPLE.read_text(encoding="utf-8") in blocks, "docs/pydantic-ai.md and examples/pydantic_ai_agent.py differ"
-    for n, block in enumerate(blocks):
-        compile(block, f"docs/pydantic-ai.md python block {n}", "exec")
+    assert_shows_verbatim(MANUAL, EXAMPLE)
 
 
 def test_the_example_runs_and_leaves_its_turn_in_the_ledger(dsn: str, tmp_path: Path) -> None:

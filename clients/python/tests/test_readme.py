@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import dict_row
 
-from conftest import wait_for
+from conftest import assert_shows_verbatim, wait_for
 
 CLIENT = Path(__file__).resolve().parents[1]
 MANUAL = CLIENT / "README.md"
@@ -20,17 +20,8 @@ TOP_README = CLIENT.parents[1] / "README.md"
 EXAMPLE = CLIENT / "examples" / "worker.py"
 
 
-def manual_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", MANUAL.read_text(encoding="utf-8"), re.S)
-
-
 def test_the_readme_shows_the_example_verbatim() -> None:
-    blocks = manual_blocks()
-    examples = [b for b in blocks if 'if __name__ == "__main__":' in b]
-    assert len(examples) == 1, "the manual must show examples/worker.py once, in a ```python block"
-    assert examples[0] == EXAMPLE.read_text(encoding="utf-8"), "clients/python/README.md and examples/worker.py differ"
-    for n, block in enumerate(blocks):
-        compile(block, f"clients/python/README.md python block {n}", "exec")
+    assert_shows_verbatim(MANUAL, EXAMPLE)
 
 
 def test_the_example_runs_and_leaves_its_runs_in_the_ledger(dsn: str) -> None:
