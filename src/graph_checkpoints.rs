@@ -1,0 +1,456 @@
+//! Graph checkpoints: a graph framework's saved state (LangGraph's `BaseCheckpointSaver`) in the
+//! ledger, per thread and namespace, each checkpoint tied to the ledger run of the invocation
+//! that wrote it. Channel values and pending writes are the framework serializer's opaque bytes,
+//! stored and returned as given; the metadata is redacted like every JSON argument.
+
+use crate::db;
+use crate::error::{raise, Code, LedgerError, Result, SqlError};
+use crate::jsonb::Jsonb;
+use crate::redaction::redacted_object;
+use crate::rows;
+use crate::scope::{self, Scope};
+use ledger_model::args::required_id;
+use ledger_model::graph_checkpoints::{check_name, check_namespace, check_parallel, Strategy};
+use pgrx::datum::{Array, DatumWithOid};
+use pgrx::prelude::*;
+
+type Names = Option<Vec<Option<String>>>;
+/// bytea[] arguments as PostgreSQL holds them (pgrx has no owned form of a bytea array).
+type Blobs<'a> = Option<Array<'a, &'a [u8]>>;
+
+/// A bytea[] argument passed on to a statement (NULL was refused before, as an empty list).
+fn blobs_arg(blobs: Blobs<'_>) -> DatumWithOid<'_> {
+    match blobs {
+        Some(b) => b.into(),
+        None => Vec::<Option<Vec<u8>>>::new().into(),
+    }
+}
+
+/// A bytea[] column, copied out of the row.
+fn owned_blobs(row: &db::Row, ordinal: usize) -> Result<Vec<Option<Vec<u8>>>> {
+    Ok(db::req::<Array<&[u8]>>(row, ordinal)?
+        .iter()
+        .map(|b| b.map(<[u8]>::to_vec))
+        .collect())
+}
+
+/// The names of a list argument, checked for NULLs by `check_parallel` first.
+fn names(list: Names) -> Vec<String> {
+    list.unwrap_or_default().into_iter().flatten().collect()
+}
+
+/// Removes the channel values of `threads` that no checkpoint of their thread and namespace
+/// names any more (after checkpoints went).
+fn sweep_blobs(scope: &Scope, threads: Vec<String>) -> Result<()> {
+    db::execute(
+        "DELETE FROM ledger.graph_checkpoint_blobs b \
+          WHERE b.tenant_id = $1 AND b.workspace_id = $2 AND b.thread_id = ANY($3) \
+            AND NOT EXISTS (SELECT 1 FROM ledger.graph_checkpoints c \
+                             WHERE c.tenant_id = b.tenant_id AND c.workspace_id = b.workspace_id \
+                               AND c.thread_id = b.thread_id AND c.checkpoint_ns = b.checkpoint_ns \
+                               AND c.checkpoint->'channel_versions'->>b.channel = b.version)",
+        &scope.args([threads.into()]),
+    )
+}
+
+/// Deletes the checkpoints a statement selects (`$3` its argument), their writes with them, then
+/// the values no remaining checkpoint names; returns how many checkpoints went.
+fn delete_where(
+    scope: &Scope,
+    condition: &str,
+    argument: pgrx::datum::DatumWithOid,
+) -> Result<i32> {
+    let (count, threads) = db::write_one(
+        &format!(
+            "WITH gone AS (DELETE FROM ledger.graph_checkpoints c \
+                            WHERE c.tenant_id = $1 AND c.workspace_id = $2 AND ({condition}) \
+                           RETURNING c.thread_id) \
+             SELECT count(*)::int, coalesce(array_agg(DISTINCT thread_id), '{{}}') FROM gone"
+        ),
+        &scope.args([argument]),
+        |r| Ok((db::req::<i32>(r, 1)?, db::req::<Vec<String>>(r, 2)?)),
+    )?
+    .unwrap_or_default();
+    if count > 0 {
+        sweep_blobs(scope, threads)?;
+    }
+    Ok(count)
+}
+
+/// The checkpoints of the runs `run_ids` (ledger run ids), for `purge_runs`.
+pub fn delete_for_purged_runs(scope: &Scope, run_ids: &[String]) -> Result<i32> {
+    delete_where(scope, "c.run_id = ANY($3)", run_ids.to_vec().into())
+}
+
+/// Stores a checkpoint of thread `thread_id` written by the run `run_id`, with the channel values
+/// it introduces (one entry per channel: its version, the serializer's type and bytes). A
+/// checkpoint stored again (same thread, namespace and id) gets the new checkpoint and metadata.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema", "ledger_graph_checkpoints"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn put_graph_checkpoint<'a>(
+    run_id: Option<&str>,
+    thread_id: Option<&str>,
+    checkpoint_ns: Option<&str>,
+    checkpoint_id: Option<&str>,
+    checkpoint: Option<Jsonb>,
+    metadata: default!(Option<Jsonb>, "NULL"),
+    parent_checkpoint_id: default!(Option<&str>, "NULL"),
+    channels: default!(Names, "'{}'"),
+    versions: default!(Names, "'{}'"),
+    blob_types: default!(Names, "'{}'"),
+    blobs: default!(Blobs<'a>, "'{}'"),
+) -> std::result::Result<(), SqlError> {
+    let scope = scope::current()?;
+    let run_id = required_id("run_id", run_id)?;
+    let thread_id = check_name("thread_id", thread_id)?;
+    let checkpoint_ns = check_namespace(checkpoint_ns)?;
+    let checkpoint_id = check_name("checkpoint_id", checkpoint_id)?;
+    let parent = parent_checkpoint_id
+        .map(|p| check_name("parent_checkpoint_id", Some(p)))
+        .transpose()?;
+    let checkpoint = checkpoint.ok_or_else(|| LedgerError::required("checkpoint"))?;
+    if !checkpoint.is_object() {
+        raise(
+            LedgerError::new(Code::ArgumentNotObject, "checkpoint must be a JSON object")
+                .with("argument", "checkpoint"),
+        );
+    }
+    let metadata = Jsonb::from(&redacted_object("metadata", metadata)?);
+    check_parallel(
+        &[
+            ("channels", channels.as_ref().map(Vec::len)),
+            ("versions", versions.as_ref().map(Vec::len)),
+            ("blob_types", blob_types.as_ref().map(Vec::len)),
+            ("blobs", blobs.as_ref().map(Array::len)),
+        ],
+        &[
+            channels.as_deref().unwrap_or_default(),
+            versions.as_deref().unwrap_or_default(),
+            blob_types.as_deref().unwrap_or_default(),
+        ],
+    )?;
+    // Kept from a purge until this transaction ends (a purge racing it ends in RUN_NOT_FOUND).
+    rows::referenced_run(&scope, "run_id", run_id)?;
+    let place = || [thread_id.as_str().into(), checkpoint_ns.as_str().into()];
+    db::execute(
+        "INSERT INTO ledger.graph_checkpoint_blobs \
+                (tenant_id, workspace_id, thread_id, checkpoint_ns, channel, version, blob_type, blob) \
+         SELECT $1, $2, $3, $4, u.channel, u.version, u.blob_type, u.blob \
+           FROM unnest($5::text[], $6::text[], $7::text[], $8::bytea[]) AS u (channel, version, blob_type, blob) \
+         ON CONFLICT DO NOTHING",
+        &scope.args(place().into_iter().chain([
+            names(channels).into(),
+            names(versions).into(),
+            names(blob_types).into(),
+            blobs_arg(blobs),
+        ])),
+    )?;
+    db::execute(
+        "INSERT INTO ledger.graph_checkpoints AS c \
+                (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
+                 run_id, checkpoint, metadata) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+         ON CONFLICT (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id) \
+         DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata",
+        &scope.args(place().into_iter().chain([
+            checkpoint_id.as_str().into(),
+            parent.into(),
+            run_id.into(),
+            checkpoint.into(),
+            metadata.into(),
+        ])),
+    )?;
+    Ok(())
+}
+
+/// Stores pending writes of task `task_id` against a stored checkpoint: entry i is write number
+/// `idxs[i]` to `channels[i]` (the serializer's type and bytes). A write already stored is kept,
+/// or replaced with `upsert` (LangGraph's special channels: errors, interrupts). Returns how many
+/// writes were stored.
+#[allow(clippy::too_many_arguments)]
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema", "ledger_graph_checkpoints"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn put_graph_checkpoint_writes<'a>(
+    thread_id: Option<&str>,
+    checkpoint_ns: Option<&str>,
+    checkpoint_id: Option<&str>,
+    task_id: Option<&str>,
+    idxs: Option<Vec<Option<i32>>>,
+    channels: Names,
+    blob_types: Names,
+    blobs: Blobs<'a>,
+    task_path: default!(Option<&str>, "''"),
+    upsert: default!(Option<bool>, false),
+) -> std::result::Result<i32, SqlError> {
+    let scope = scope::current()?;
+    let thread_id = check_name("thread_id", thread_id)?;
+    let checkpoint_ns = check_namespace(checkpoint_ns)?;
+    let checkpoint_id = check_name("checkpoint_id", checkpoint_id)?;
+    let task_id = check_name("task_id", task_id)?;
+    let task_path = check_namespace(task_path)?;
+    let upsert = upsert.ok_or_else(|| LedgerError::required("upsert"))?;
+    let idx_names: Vec<Option<String>> = idxs
+        .iter()
+        .flatten()
+        .map(|i| i.map(|i| i.to_string()))
+        .collect();
+    check_parallel(
+        &[
+            ("idxs", idxs.as_ref().map(Vec::len)),
+            ("channels", channels.as_ref().map(Vec::len)),
+            ("blob_types", blob_types.as_ref().map(Vec::len)),
+            ("blobs", blobs.as_ref().map(Array::len)),
+        ],
+        &[
+            &idx_names,
+            channels.as_deref().unwrap_or_default(),
+            blob_types.as_deref().unwrap_or_default(),
+        ],
+    )?;
+    let place = || {
+        [
+            thread_id.as_str().into(),
+            checkpoint_ns.as_str().into(),
+            checkpoint_id.as_str().into(),
+        ]
+    };
+    // Kept until this transaction ends, so its writes never outlive it.
+    db::write_one(
+        "SELECT 1 FROM ledger.graph_checkpoints \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND thread_id = $3 AND checkpoint_ns = $4 \
+            AND checkpoint_id = $5 FOR KEY SHARE",
+        &scope.args(place()),
+        |_| Ok(()),
+    )?
+    .ok_or_else(|| {
+        LedgerError::not_found(
+            Code::GraphCheckpointNotFound,
+            "graph checkpoint",
+            &checkpoint_id,
+        )
+        .with("thread_id", thread_id.as_str())
+        .with("checkpoint_ns", checkpoint_ns.as_str())
+    })?;
+    let on_conflict = if upsert {
+        "DO UPDATE SET channel = EXCLUDED.channel, blob_type = EXCLUDED.blob_type, \
+                       blob = EXCLUDED.blob, task_path = EXCLUDED.task_path"
+    } else {
+        "DO NOTHING"
+    };
+    let idxs: Vec<i32> = idxs.unwrap_or_default().into_iter().flatten().collect();
+    let stored = db::write_one(
+        &format!(
+            "WITH stored AS ( \
+               INSERT INTO ledger.graph_checkpoint_writes \
+                      (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx, \
+                       channel, blob_type, blob, task_path) \
+               SELECT $1, $2, $3, $4, $5, $6, u.idx, u.channel, u.blob_type, u.blob, $7 \
+                 FROM unnest($8::int[], $9::text[], $10::text[], $11::bytea[]) AS u (idx, channel, blob_type, blob) \
+               ON CONFLICT (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx) \
+               {on_conflict} RETURNING 1) \
+             SELECT count(*)::int FROM stored"
+        ),
+        &scope.args(place().into_iter().chain([
+            task_id.as_str().into(),
+            task_path.as_str().into(),
+            idxs.into(),
+            names(channels).into(),
+            names(blob_types).into(),
+            blobs_arg(blobs),
+        ])),
+        |r| db::req::<i32>(r, 1),
+    )?;
+    Ok(stored.unwrap_or(0))
+}
+
+/// The checkpoints of the scope, newest first (by checkpoint id), each with the channel values
+/// its `channel_versions` name and its pending writes: those of one thread, namespace or
+/// checkpoint when given, whose metadata contains `filter`, older than `before`, at most
+/// `max_checkpoints`.
+#[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema", "ledger_graph_checkpoints"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+#[allow(clippy::type_complexity)]
+fn graph_checkpoint_tuples(
+    thread_id: default!(Option<&str>, "NULL"),
+    checkpoint_ns: default!(Option<&str>, "NULL"),
+    checkpoint_id: default!(Option<&str>, "NULL"),
+    filter: default!(Option<Jsonb>, "NULL"),
+    before: default!(Option<&str>, "NULL"),
+    max_checkpoints: default!(Option<i32>, "NULL"),
+) -> std::result::Result<
+    TableIterator<
+        'static,
+        (
+            name!(thread_id, String),
+            name!(checkpoint_ns, String),
+            name!(checkpoint_id, String),
+            name!(parent_checkpoint_id, Option<String>),
+            name!(run_id, String),
+            name!(checkpoint, Jsonb),
+            name!(metadata, Jsonb),
+            name!(channels, Vec<String>),
+            name!(blob_types, Vec<String>),
+            name!(blobs, Vec<Option<Vec<u8>>>),
+            name!(write_task_ids, Vec<String>),
+            name!(write_channels, Vec<String>),
+            name!(write_blob_types, Vec<String>),
+            name!(write_blobs, Vec<Option<Vec<u8>>>),
+            name!(write_task_paths, Vec<String>),
+        ),
+    >,
+    SqlError,
+> {
+    let scope = scope::current()?;
+    if let Some(f) = &filter {
+        if !f.is_object() {
+            raise(
+                LedgerError::new(Code::ArgumentNotObject, "filter must be a JSON object")
+                    .with("argument", "filter"),
+            );
+        }
+    }
+    if max_checkpoints.is_some_and(|n| n < 1) {
+        raise(
+            LedgerError::new(Code::LimitInvalid, "max_checkpoints must be at least 1")
+                .with("max_checkpoints", max_checkpoints),
+        );
+    }
+    let rows = db::select(
+        include_str!("../sql/queries/graph_checkpoint_tuples.sql"),
+        &scope.args([
+            thread_id.into(),
+            checkpoint_ns.into(),
+            checkpoint_id.into(),
+            filter.into(),
+            before.into(),
+            max_checkpoints.into(),
+        ]),
+        |r| {
+            Ok((
+                db::req(r, 1)?,
+                db::req(r, 2)?,
+                db::req(r, 3)?,
+                db::opt(r, 4)?,
+                db::req(r, 5)?,
+                db::req(r, 6)?,
+                db::req(r, 7)?,
+                db::req(r, 8)?,
+                db::req(r, 9)?,
+                owned_blobs(r, 10)?,
+                db::req(r, 11)?,
+                db::req(r, 12)?,
+                db::req(r, 13)?,
+                owned_blobs(r, 14)?,
+                db::req(r, 15)?,
+            ))
+        },
+    )?;
+    Ok(TableIterator::new(rows))
+}
+
+/// Deletes every checkpoint, pending write and channel value of the thread, in every namespace;
+/// returns how many checkpoints went.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema", "ledger_graph_checkpoints"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn delete_graph_thread(thread_id: Option<&str>) -> std::result::Result<i32, SqlError> {
+    let scope = scope::current()?;
+    let thread_id = check_name("thread_id", thread_id)?;
+    Ok(delete_where(&scope, "c.thread_id = $3", thread_id.into())?)
+}
+
+/// Copies every checkpoint of `source_thread_id` (every namespace, with its pending writes and
+/// channel values, each still tied to the run that wrote it) to `target_thread_id`; checkpoints
+/// the target already has are kept. Returns how many checkpoints were copied.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema", "ledger_graph_checkpoints"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn copy_graph_thread(
+    source_thread_id: Option<&str>,
+    target_thread_id: Option<&str>,
+) -> std::result::Result<i32, SqlError> {
+    let scope = scope::current()?;
+    let source = check_name("source_thread_id", source_thread_id)?;
+    let target = check_name("target_thread_id", target_thread_id)?;
+    let args = || scope.args([source.as_str().into(), target.as_str().into()]);
+    let copied = db::write_one(
+        "WITH copied AS ( \
+           INSERT INTO ledger.graph_checkpoints \
+                  (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
+                   run_id, checkpoint, metadata) \
+           SELECT tenant_id, workspace_id, $4, checkpoint_ns, checkpoint_id, parent_checkpoint_id, \
+                  run_id, checkpoint, metadata \
+             FROM ledger.graph_checkpoints WHERE tenant_id = $1 AND workspace_id = $2 AND thread_id = $3 \
+           ON CONFLICT DO NOTHING RETURNING 1) \
+         SELECT count(*)::int FROM copied",
+        &args(),
+        |r| db::req::<i32>(r, 1),
+    )?
+    .unwrap_or(0);
+    db::execute(
+        "INSERT INTO ledger.graph_checkpoint_blobs \
+                (tenant_id, workspace_id, thread_id, checkpoint_ns, channel, version, blob_type, blob) \
+         SELECT tenant_id, workspace_id, $4, checkpoint_ns, channel, version, blob_type, blob \
+           FROM ledger.graph_checkpoint_blobs WHERE tenant_id = $1 AND workspace_id = $2 AND thread_id = $3 \
+         ON CONFLICT DO NOTHING",
+        &args(),
+    )?;
+    db::execute(
+        "INSERT INTO ledger.graph_checkpoint_writes \
+                (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx, \
+                 channel, blob_type, blob, task_path) \
+         SELECT tenant_id, workspace_id, $4, checkpoint_ns, checkpoint_id, task_id, idx, \
+                channel, blob_type, blob, task_path \
+           FROM ledger.graph_checkpoint_writes WHERE tenant_id = $1 AND workspace_id = $2 AND thread_id = $3 \
+         ON CONFLICT DO NOTHING",
+        &args(),
+    )?;
+    Ok(copied)
+}
+
+/// Prunes the threads `thread_ids`: `keep_latest` keeps the newest checkpoint of each namespace
+/// (with its writes and the values it names), `delete` removes everything. Returns how many
+/// checkpoints went.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema", "ledger_graph_checkpoints"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn prune_graph_threads(
+    thread_ids: Names,
+    strategy: default!(Option<&str>, "'keep_latest'"),
+) -> std::result::Result<i32, SqlError> {
+    let scope = scope::current()?;
+    let strategy = Strategy::parse(strategy)?;
+    let thread_ids = thread_ids.ok_or_else(|| LedgerError::required("thread_ids"))?;
+    let thread_ids = thread_ids
+        .into_iter()
+        .map(|t| check_name("thread_ids", t.as_deref()))
+        .collect::<Result<Vec<_>>>()?;
+    let condition = match strategy {
+        Strategy::Delete => "c.thread_id = ANY($3)",
+        Strategy::KeepLatest => {
+            "c.thread_id = ANY($3) AND c.checkpoint_id < ( \
+               SELECT max(k.checkpoint_id) FROM ledger.graph_checkpoints k \
+                WHERE k.tenant_id = c.tenant_id AND k.workspace_id = c.workspace_id \
+                  AND k.thread_id = c.thread_id AND k.checkpoint_ns = c.checkpoint_ns)"
+        }
+    };
+    Ok(delete_where(&scope, condition, thread_ids.into())?)
+}
+
+/// Deletes the checkpoints (with their pending writes, and the values no remaining checkpoint
+/// names) written by the runs `run_ids`: ledger run ids, or the framework's own run ids as its
+/// metadata holds them (`metadata->>'run_id'`). The runs themselves stay. Returns how many
+/// checkpoints went.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema", "ledger_graph_checkpoints"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn delete_graph_checkpoints_for_runs(run_ids: Names) -> std::result::Result<i32, SqlError> {
+    let scope = scope::current()?;
+    let run_ids = run_ids.ok_or_else(|| LedgerError::required("run_ids"))?;
+    let run_ids = run_ids
+        .into_iter()
+        .map(|r| check_name("run_ids", r.as_deref()))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(delete_where(
+        &scope,
+        "c.run_id = ANY($3) OR c.metadata->>'run_id' = ANY($3)",
+        run_ids.into(),
+    )?)
+}
