@@ -15,7 +15,8 @@ use pgrx::datum::{Array, DatumWithOid};
 use pgrx::prelude::*;
 
 type Names = Option<Vec<Option<String>>>;
-/// bytea[] arguments as PostgreSQL holds them (pgrx has no owned form of a bytea array).
+/// bytea[] arguments as PostgreSQL holds them (pgrx has no owned form of a bytea array). The
+/// functions spell both types out: pgrx sees through no alias to find an `Option` (not STRICT).
 type Blobs<'a> = Option<Array<'a, &'a [u8]>>;
 
 /// A bytea[] argument passed on to a statement (NULL was refused before, as an empty list).
@@ -96,10 +97,10 @@ fn put_graph_checkpoint<'a>(
     checkpoint: Option<Jsonb>,
     metadata: default!(Option<Jsonb>, "NULL"),
     parent_checkpoint_id: default!(Option<&str>, "NULL"),
-    channels: default!(Names, "'{}'"),
-    versions: default!(Names, "'{}'"),
-    blob_types: default!(Names, "'{}'"),
-    blobs: default!(Blobs<'a>, "'{}'"),
+    channels: default!(Option<Vec<Option<String>>>, "'{}'"),
+    versions: default!(Option<Vec<Option<String>>>, "'{}'"),
+    blob_types: default!(Option<Vec<Option<String>>>, "'{}'"),
+    blobs: default!(Option<Array<'a, &'a [u8]>>, "'{}'"),
 ) -> std::result::Result<(), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
@@ -177,9 +178,9 @@ fn put_graph_checkpoint_writes<'a>(
     checkpoint_id: Option<&str>,
     task_id: Option<&str>,
     idxs: Option<Vec<Option<i32>>>,
-    channels: Names,
-    blob_types: Names,
-    blobs: Blobs<'a>,
+    channels: Option<Vec<Option<String>>>,
+    blob_types: Option<Vec<Option<String>>>,
+    blobs: Option<Array<'a, &'a [u8]>>,
     task_path: default!(Option<&str>, "''"),
     upsert: default!(Option<bool>, false),
 ) -> std::result::Result<i32, SqlError> {
@@ -413,7 +414,7 @@ fn copy_graph_thread(
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema", "ledger_graph_checkpoints"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn prune_graph_threads(
-    thread_ids: Names,
+    thread_ids: Option<Vec<Option<String>>>,
     strategy: default!(Option<&str>, "'keep_latest'"),
 ) -> std::result::Result<i32, SqlError> {
     let scope = scope::current()?;
@@ -441,7 +442,9 @@ fn prune_graph_threads(
 /// checkpoints went.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema", "ledger_graph_checkpoints"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
-fn delete_graph_checkpoints_for_runs(run_ids: Names) -> std::result::Result<i32, SqlError> {
+fn delete_graph_checkpoints_for_runs(
+    run_ids: Option<Vec<Option<String>>>,
+) -> std::result::Result<i32, SqlError> {
     let scope = scope::current()?;
     let run_ids = run_ids.ok_or_else(|| LedgerError::required("run_ids"))?;
     let run_ids = run_ids
@@ -453,4 +456,141 @@ fn delete_graph_checkpoints_for_runs(run_ids: Names) -> std::result::Result<i32,
         "c.run_id = ANY($3) OR c.metadata->>'run_id' = ANY($3)",
         run_ids.into(),
     )?)
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pg_schema]
+mod tests {
+    use crate::testing::{assert_error, one, set_scope};
+    use pgrx::prelude::*;
+
+    fn run_sql(sql: &str) {
+        Spi::run(sql).unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Checkpoint `id` of thread `thread` by run `run`, naming channel `a` at `version` (stored
+    /// with it when `new`).
+    fn put(run: &str, thread: &str, id: &str, version: &str, new: bool) {
+        let values = if new {
+            format!(", channels => '{{a}}', versions => '{{{version}}}', blob_types => '{{bytes}}', blobs => ARRAY['\\x{version}0'::bytea]")
+        } else {
+            String::new()
+        };
+        run_sql(&format!(
+            "SELECT ledger.put_graph_checkpoint('{run}', '{thread}', '', '{id}', \
+             '{{\"channel_versions\": {{\"a\": \"{version}\"}}}}', '{{\"password\": \"p\"}}'{values})"
+        ));
+    }
+
+    fn count(table: &str) -> i64 {
+        one::<i64>(&format!("SELECT count(*) FROM ledger.{table}"))
+    }
+
+    #[pg_test]
+    fn a_purged_run_takes_its_checkpoints_writes_and_unnamed_values() {
+        set_scope("t-graph-purge", "w");
+        for run in ["old", "new"] {
+            run_sql(&format!(
+                "SELECT ledger.create_run('agent', run_id => '{run}')"
+            ));
+        }
+        put("old", "th", "c1", "1", true);
+        put("old", "th", "c2", "2", true);
+        run_sql("SELECT ledger.put_graph_checkpoint_writes('th', '', 'c2', 'task', '{0}', '{a}', '{bytes}', ARRAY['\\x01'::bytea])");
+        // The new run's checkpoint still names version 2, stored with the old run's c2.
+        put("new", "th", "c3", "2", false);
+        assert_eq!(
+            one::<String>("SELECT metadata->>'password' FROM ledger.graph_checkpoints WHERE checkpoint_id = 'c1'"),
+            "[REDACTED]"
+        );
+        for run in ["old", "new"] {
+            run_sql(&format!(
+                "SELECT ledger.transition_run('{run}', 'canceled')"
+            ));
+        }
+        run_sql("UPDATE ledger.runs SET ended_at = now() - interval '40 days' WHERE id = 'old'");
+        assert_eq!(one::<i32>("SELECT ledger.purge_runs('30 days')"), 1);
+        assert_eq!(
+            one::<String>("SELECT string_agg(checkpoint_id, ',') FROM ledger.graph_checkpoints"),
+            "c3"
+        );
+        assert_eq!(count("graph_checkpoint_writes"), 0);
+        // Version 1 went with c1; version 2 stays, c3 names it.
+        assert_eq!(
+            one::<String>("SELECT string_agg(version, ',') FROM ledger.graph_checkpoint_blobs"),
+            "2"
+        );
+        assert_eq!(
+            one::<Vec<u8>>("SELECT blobs[1] FROM ledger.graph_checkpoint_tuples('th')"),
+            vec![0x20]
+        );
+    }
+
+    #[pg_test]
+    fn bad_arguments_are_refused_and_nothing_is_written() {
+        set_scope("t-graph-args", "w");
+        run_sql("SELECT ledger.create_run('agent', run_id => 'r')");
+        let put = "SELECT ledger.put_graph_checkpoint";
+        for (sql, state, code) in [
+            (format!("{put}('nope', 't', '', 'c', '{{}}')"), "P0002", "RUN_NOT_FOUND"),
+            (format!("{put}(NULL, 't', '', 'c', '{{}}')"), "22023", "ARGUMENT_REQUIRED"),
+            (format!("{put}('r', NULL, '', 'c', '{{}}')"), "22023", "ARGUMENT_REQUIRED"),
+            (format!("{put}('r', 't', '', NULL, '{{}}')"), "22023", "ARGUMENT_REQUIRED"),
+            (format!("{put}('r', 't', E'a\\nb', 'c', '{{}}')"), "22023", "LABEL_INVALID"),
+            (format!("{put}('r', 't', '', 'c', NULL)"), "22023", "ARGUMENT_REQUIRED"),
+            (format!("{put}('r', 't', '', 'c', '[]')"), "22023", "ARGUMENT_NOT_OBJECT"),
+            (format!("{put}('r', 't', '', 'c', '{{}}', '1')"), "22023", "ARGUMENT_NOT_OBJECT"),
+            (format!("{put}('r', 't', '', 'c', '{{}}', channels => '{{a}}')"), "22023", "GRAPH_BLOBS_INVALID"),
+            (format!("{put}('r', 't', '', 'c', '{{}}', channels => ARRAY[NULL], versions => '{{1}}', blob_types => '{{b}}', blobs => ARRAY[NULL::bytea])"), "22023", "GRAPH_BLOBS_INVALID"),
+            (format!("{put}('r', 't', '', 'c', '{{}}', blobs => NULL)"), "22023", "ARGUMENT_REQUIRED"),
+            ("SELECT ledger.put_graph_checkpoint_writes('t', '', 'c', 'k', '{0}', '{a}', '{b}', ARRAY[NULL::bytea])".to_owned(), "P0002", "GRAPH_CHECKPOINT_NOT_FOUND"),
+            ("SELECT ledger.put_graph_checkpoint_writes('t', '', 'c', 'k', '{0,1}', '{a}', '{b}', ARRAY[NULL::bytea])".to_owned(), "22023", "GRAPH_BLOBS_INVALID"),
+            ("SELECT ledger.put_graph_checkpoint_writes('t', '', 'c', 'k', NULL, '{a}', '{b}', ARRAY[NULL::bytea])".to_owned(), "22023", "ARGUMENT_REQUIRED"),
+            ("SELECT ledger.prune_graph_threads('{t}', 'all')".to_owned(), "22023", "STRATEGY_UNKNOWN"),
+            ("SELECT ledger.prune_graph_threads(NULL)".to_owned(), "22023", "ARGUMENT_REQUIRED"),
+            ("SELECT ledger.delete_graph_checkpoints_for_runs(NULL)".to_owned(), "22023", "ARGUMENT_REQUIRED"),
+            ("SELECT ledger.delete_graph_checkpoints_for_runs(ARRAY[NULL])".to_owned(), "22023", "ARGUMENT_REQUIRED"),
+            ("SELECT ledger.delete_graph_thread(NULL)".to_owned(), "22023", "ARGUMENT_REQUIRED"),
+            ("SELECT ledger.copy_graph_thread('a', NULL)".to_owned(), "22023", "ARGUMENT_REQUIRED"),
+            ("SELECT * FROM ledger.graph_checkpoint_tuples(filter => '[1]')".to_owned(), "22023", "ARGUMENT_NOT_OBJECT"),
+            ("SELECT * FROM ledger.graph_checkpoint_tuples(max_checkpoints => 0)".to_owned(), "22023", "LIMIT_INVALID"),
+        ] {
+            assert_error(&sql, state, code);
+        }
+        assert_eq!(
+            count("graph_checkpoints") + count("graph_checkpoint_blobs"),
+            0
+        );
+        Spi::run("SELECT set_config('ledger.tenant_id', '', true)").unwrap();
+        assert_error(
+            "SELECT * FROM ledger.graph_checkpoint_tuples()",
+            "42501",
+            "SCOPE_MISSING",
+        );
+    }
+
+    #[pg_test]
+    fn another_scope_sees_nothing_and_a_reader_cannot_write() {
+        set_scope("t-graph-a", "w");
+        run_sql("SELECT ledger.create_run('agent', run_id => 'r')");
+        put("r", "th", "c1", "1", true);
+        Spi::run("SET LOCAL ROLE ledger_reader").unwrap();
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.graph_checkpoint_tuples('th')"),
+            1
+        );
+        assert_eq!(
+            crate::testing::error_of("SELECT ledger.delete_graph_thread('th')").sqlstate,
+            "42501"
+        );
+        Spi::run("RESET ROLE").unwrap();
+        set_scope("t-graph-b", "w");
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.graph_checkpoint_tuples('th')"),
+            0
+        );
+        assert_eq!(one::<i32>("SELECT ledger.delete_graph_thread('th')"), 0);
+        set_scope("t-graph-a", "w");
+        assert_eq!(count("graph_checkpoint_blobs"), 1);
+    }
 }
