@@ -4,8 +4,8 @@
 -- The state (channel values, writes) is the framework serializer's opaque bytes, stored and
 -- returned byte for byte, never redacted; only the metadata is. A channel's value is stored once
 -- per (thread, namespace, channel, version), so a long thread does not store its whole state at
--- every step. Foreign keys: checkpoints -> runs (the invocation that wrote it, so purge_runs
--- takes them), writes -> checkpoints.
+-- every step. Foreign key: checkpoints -> runs (the invocation that wrote it, so purge_runs
+-- takes them); writes may arrive before their checkpoint and go with it.
 
 CREATE TABLE ledger.graph_checkpoints (
     tenant_id            text NOT NULL,
@@ -50,12 +50,9 @@ CREATE TABLE ledger.graph_checkpoint_writes (
     blob_type     text NOT NULL,
     blob          bytea,
     task_path     text NOT NULL DEFAULT '',
-    PRIMARY KEY (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx),
-    FOREIGN KEY (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id)
-        REFERENCES ledger.graph_checkpoints (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id)
-        ON DELETE CASCADE
+    PRIMARY KEY (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
 );
-COMMENT ON TABLE ledger.graph_checkpoint_writes IS 'Pending writes of a graph checkpoint''s tasks: the serializer''s type and opaque bytes, never redacted. Written only through ledger.put_graph_checkpoint_writes; they go with their checkpoint.';
+COMMENT ON TABLE ledger.graph_checkpoint_writes IS 'Pending writes of a graph checkpoint''s tasks: the serializer''s type and opaque bytes, never redacted. Written only through ledger.put_graph_checkpoint_writes, possibly before their checkpoint (the framework stores both concurrently, hence no foreign key); they go with their checkpoint.';
 
 DO $rls$
 DECLARE t text;

@@ -1077,12 +1077,9 @@ CREATE TABLE ledger.graph_checkpoint_writes (
     blob_type     text NOT NULL,
     blob          bytea,
     task_path     text NOT NULL DEFAULT '',
-    PRIMARY KEY (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx),
-    FOREIGN KEY (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id)
-        REFERENCES ledger.graph_checkpoints (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id)
-        ON DELETE CASCADE
+    PRIMARY KEY (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
 );
-COMMENT ON TABLE ledger.graph_checkpoint_writes IS 'Pending writes of a graph checkpoint''s tasks: the serializer''s type and opaque bytes, never redacted. Written only through ledger.put_graph_checkpoint_writes; they go with their checkpoint.';
+COMMENT ON TABLE ledger.graph_checkpoint_writes IS 'Pending writes of a graph checkpoint''s tasks: the serializer''s type and opaque bytes, never redacted. Written only through ledger.put_graph_checkpoint_writes, possibly before their checkpoint (the framework stores both concurrently, hence no foreign key); they go with their checkpoint.';
 
 DO $rls$
 DECLARE t text;
@@ -1334,7 +1331,7 @@ COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
 COMMENT ON FUNCTION ledger.put_graph_checkpoint(text, text, text, text, jsonb, jsonb, text, text[], text[], text[], bytea[]) IS
     'Stores a graph framework''s checkpoint (LangGraph) of thread_id and checkpoint_ns, written by the run run_id, with the channel values it introduces: entry i of channels, versions, blob_types and blobs is one channel''s new version, the serializer''s type and opaque bytes, stored as given and never redacted; checkpoint (without channel values) is stored as given, metadata redacted. A checkpoint stored again gets the new checkpoint and metadata.';
 COMMENT ON FUNCTION ledger.put_graph_checkpoint_writes(text, text, text, text, integer[], text[], text[], bytea[], text, boolean) IS
-    'Stores pending writes of task task_id against a stored graph checkpoint (P0002 GRAPH_CHECKPOINT_NOT_FOUND otherwise): entry i is write idxs[i] to channels[i], the serializer''s type and opaque bytes, never redacted. A write already stored is kept, or replaced with upsert. Returns how many writes were stored.';
+    'Stores pending writes of task task_id against a graph checkpoint (stored before or after it: the framework stores both concurrently): entry i is write idxs[i] to channels[i], the serializer''s type and opaque bytes, never redacted. A write already stored is kept, or replaced with upsert. Returns how many writes were stored.';
 COMMENT ON FUNCTION ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer) IS
     'The graph checkpoints of the scope, newest first (by checkpoint id): of one thread, namespace or checkpoint when given, whose metadata contains filter, older than the checkpoint id before, at most max_checkpoints; each with the run that wrote it, the channel values its channel_versions name and its pending writes (parallel arrays of the serializer''s types and bytes, as stored).';
 COMMENT ON FUNCTION ledger.delete_graph_thread(text) IS

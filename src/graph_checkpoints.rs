@@ -10,7 +10,9 @@ use crate::redaction::redacted_object;
 use crate::rows;
 use crate::scope::{self, Scope};
 use ledger_model::args::required_id;
-use ledger_model::graph_checkpoints::{check_name, check_namespace, check_parallel, Strategy};
+use ledger_model::graph_checkpoints::{
+    check_name, check_namespace, check_optional_name, check_parallel, Strategy,
+};
 use pgrx::datum::{Array, DatumWithOid};
 use pgrx::prelude::*;
 
@@ -54,18 +56,17 @@ fn sweep_blobs(scope: &Scope, threads: Vec<String>) -> Result<()> {
     )
 }
 
-/// Deletes the checkpoints a statement selects (`$3` its argument), their writes with them, then
-/// the values no remaining checkpoint names; returns how many checkpoints went.
-fn delete_where(
-    scope: &Scope,
-    condition: &str,
-    argument: pgrx::datum::DatumWithOid,
-) -> Result<i32> {
+/// Deletes the checkpoints a statement selects (`$3` its argument) with their writes, then the
+/// values no remaining checkpoint names; returns how many checkpoints went.
+fn delete_where(scope: &Scope, condition: &str, argument: DatumWithOid) -> Result<i32> {
     let (count, threads) = db::write_one(
         &format!(
             "WITH gone AS (DELETE FROM ledger.graph_checkpoints c \
                             WHERE c.tenant_id = $1 AND c.workspace_id = $2 AND ({condition}) \
-                           RETURNING c.thread_id) \
+                           RETURNING c.thread_id, c.checkpoint_ns, c.checkpoint_id), \
+                  writes AS (DELETE FROM ledger.graph_checkpoint_writes w USING gone g \
+                              WHERE w.tenant_id = $1 AND w.workspace_id = $2 AND w.thread_id = g.thread_id \
+                                AND w.checkpoint_ns = g.checkpoint_ns AND w.checkpoint_id = g.checkpoint_id) \
              SELECT count(*)::int, coalesce(array_agg(DISTINCT thread_id), '{{}}') FROM gone"
         ),
         &scope.args([argument]),
@@ -105,7 +106,7 @@ fn put_graph_checkpoint<'a>(
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
     let thread_id = check_name("thread_id", thread_id)?;
-    let checkpoint_ns = check_namespace(checkpoint_ns)?;
+    let checkpoint_ns = check_namespace("checkpoint_ns", checkpoint_ns)?;
     let checkpoint_id = check_name("checkpoint_id", checkpoint_id)?;
     let parent = parent_checkpoint_id
         .map(|p| check_name("parent_checkpoint_id", Some(p)))
@@ -126,9 +127,9 @@ fn put_graph_checkpoint<'a>(
             ("blobs", blobs.as_ref().map(Array::len)),
         ],
         &[
-            channels.as_deref().unwrap_or_default(),
-            versions.as_deref().unwrap_or_default(),
-            blob_types.as_deref().unwrap_or_default(),
+            ("channels", channels.as_deref().unwrap_or_default()),
+            ("versions", versions.as_deref().unwrap_or_default()),
+            ("blob_types", blob_types.as_deref().unwrap_or_default()),
         ],
     )?;
     // Kept from a purge until this transaction ends (a purge racing it ends in RUN_NOT_FOUND).
@@ -165,7 +166,8 @@ fn put_graph_checkpoint<'a>(
     Ok(())
 }
 
-/// Stores pending writes of task `task_id` against a stored checkpoint: entry i is write number
+/// Stores pending writes of task `task_id` against a checkpoint (LangGraph may store them before
+/// the checkpoint itself, concurrently): entry i is write number
 /// `idxs[i]` to `channels[i]` (the serializer's type and bytes). A write already stored is kept,
 /// or replaced with `upsert` (LangGraph's special channels: errors, interrupts). Returns how many
 /// writes were stored.
@@ -186,10 +188,10 @@ fn put_graph_checkpoint_writes<'a>(
 ) -> std::result::Result<i32, SqlError> {
     let scope = scope::current()?;
     let thread_id = check_name("thread_id", thread_id)?;
-    let checkpoint_ns = check_namespace(checkpoint_ns)?;
+    let checkpoint_ns = check_namespace("checkpoint_ns", checkpoint_ns)?;
     let checkpoint_id = check_name("checkpoint_id", checkpoint_id)?;
     let task_id = check_name("task_id", task_id)?;
-    let task_path = check_namespace(task_path)?;
+    let task_path = check_namespace("task_path", task_path)?;
     let upsert = upsert.ok_or_else(|| LedgerError::required("upsert"))?;
     let idx_names: Vec<Option<String>> = idxs
         .iter()
@@ -204,9 +206,9 @@ fn put_graph_checkpoint_writes<'a>(
             ("blobs", blobs.as_ref().map(Array::len)),
         ],
         &[
-            &idx_names,
-            channels.as_deref().unwrap_or_default(),
-            blob_types.as_deref().unwrap_or_default(),
+            ("idxs", &idx_names),
+            ("channels", channels.as_deref().unwrap_or_default()),
+            ("blob_types", blob_types.as_deref().unwrap_or_default()),
         ],
     )?;
     let place = || {
@@ -216,23 +218,6 @@ fn put_graph_checkpoint_writes<'a>(
             checkpoint_id.as_str().into(),
         ]
     };
-    // Kept until this transaction ends, so its writes never outlive it.
-    db::write_one(
-        "SELECT 1 FROM ledger.graph_checkpoints \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND thread_id = $3 AND checkpoint_ns = $4 \
-            AND checkpoint_id = $5 FOR KEY SHARE",
-        &scope.args(place()),
-        |_| Ok(()),
-    )?
-    .ok_or_else(|| {
-        LedgerError::not_found(
-            Code::GraphCheckpointNotFound,
-            "graph checkpoint",
-            &checkpoint_id,
-        )
-        .with("thread_id", thread_id.as_str())
-        .with("checkpoint_ns", checkpoint_ns.as_str())
-    })?;
     let on_conflict = if upsert {
         "DO UPDATE SET channel = EXCLUDED.channel, blob_type = EXCLUDED.blob_type, \
                        blob = EXCLUDED.blob, task_path = EXCLUDED.task_path"
@@ -303,6 +288,10 @@ fn graph_checkpoint_tuples(
     SqlError,
 > {
     let scope = scope::current()?;
+    check_optional_name("thread_id", thread_id)?;
+    check_namespace("checkpoint_ns", checkpoint_ns)?;
+    check_optional_name("checkpoint_id", checkpoint_id)?;
+    check_optional_name("before", before)?;
     if let Some(f) = &filter {
         if !f.is_object() {
             raise(
@@ -357,7 +346,14 @@ fn graph_checkpoint_tuples(
 fn delete_graph_thread(thread_id: Option<&str>) -> std::result::Result<i32, SqlError> {
     let scope = scope::current()?;
     let thread_id = check_name("thread_id", thread_id)?;
-    Ok(delete_where(&scope, "c.thread_id = $3", thread_id.into())?)
+    let deleted = delete_where(&scope, "c.thread_id = $3", thread_id.as_str().into())?;
+    // Writes whose checkpoint never came (their process died first) go with the thread.
+    db::execute(
+        "DELETE FROM ledger.graph_checkpoint_writes \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND thread_id = $3",
+        &scope.args([thread_id.as_str().into()]),
+    )?;
+    Ok(deleted)
 }
 
 /// Copies every checkpoint of `source_thread_id` (every namespace, with its pending writes and
@@ -543,7 +539,6 @@ mod tests {
             (format!("{put}('r', 't', '', 'c', '{{}}', channels => '{{a}}')"), "22023", "GRAPH_BLOBS_INVALID"),
             (format!("{put}('r', 't', '', 'c', '{{}}', channels => ARRAY[NULL], versions => '{{1}}', blob_types => '{{b}}', blobs => ARRAY[NULL::bytea])"), "22023", "GRAPH_BLOBS_INVALID"),
             (format!("{put}('r', 't', '', 'c', '{{}}', blobs => NULL)"), "22023", "ARGUMENT_REQUIRED"),
-            ("SELECT ledger.put_graph_checkpoint_writes('t', '', 'c', 'k', '{0}', '{a}', '{b}', ARRAY[NULL::bytea])".to_owned(), "P0002", "GRAPH_CHECKPOINT_NOT_FOUND"),
             ("SELECT ledger.put_graph_checkpoint_writes('t', '', 'c', 'k', '{0,1}', '{a}', '{b}', ARRAY[NULL::bytea])".to_owned(), "22023", "GRAPH_BLOBS_INVALID"),
             ("SELECT ledger.put_graph_checkpoint_writes('t', '', 'c', 'k', NULL, '{a}', '{b}', ARRAY[NULL::bytea])".to_owned(), "22023", "ARGUMENT_REQUIRED"),
             ("SELECT ledger.prune_graph_threads('{t}', 'all')".to_owned(), "22023", "STRATEGY_UNKNOWN"),

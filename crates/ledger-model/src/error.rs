@@ -95,7 +95,6 @@ codes! {
         CostNotFound = "COST_NOT_FOUND",
         EventNotFound = "EVENT_NOT_FOUND",
         FeedbackNotFound = "FEEDBACK_NOT_FOUND",
-        GraphCheckpointNotFound = "GRAPH_CHECKPOINT_NOT_FOUND",
         OutboxEventNotFound = "OUTBOX_EVENT_NOT_FOUND",
         ResponseEventNotFound = "RESPONSE_EVENT_NOT_FOUND",
         RoleNotFound = "ROLE_NOT_FOUND",

@@ -17,53 +17,58 @@ pub fn check_name(argument: &str, value: Option<&str>) -> Result<String> {
     Ok(value.to_owned())
 }
 
-/// A checkpoint namespace: NULL or empty is the root namespace (''); otherwise printable text of
-/// at most 1024 bytes (22023 `LABEL_INVALID`).
-pub fn check_namespace(value: Option<&str>) -> Result<String> {
+/// A name the framework may leave out (a read's thread, checkpoint or cursor): a label when given.
+pub fn check_optional_name(argument: &str, value: Option<&str>) -> Result<()> {
+    value.map_or(Ok(()), |v| ids::validate_label(argument, v))
+}
+
+/// A checkpoint namespace (or a task path, its kind): NULL or empty is the root (''); otherwise
+/// printable text of at most 1024 bytes (22023 `LABEL_INVALID`).
+pub fn check_namespace(argument: &str, value: Option<&str>) -> Result<String> {
     let value = value.unwrap_or("");
     if value.len() > MAX_NAMESPACE_BYTES
         || value.chars().any(|c| c.is_control() || ids::is_format(c))
     {
         return Err(LedgerError::new(
             Code::LabelInvalid,
-            "checkpoint_ns must be printable text of at most 1024 bytes",
+            format!("{argument} must be printable text of at most {MAX_NAMESPACE_BYTES} bytes"),
         )
-        .with("argument", "checkpoint_ns"));
+        .with("argument", argument)
+        .with("bytes", value.len()));
     }
     Ok(value.to_owned())
 }
 
 /// Parallel arrays that describe one list of values (channels, versions, types, bytes): all given
-/// and of one length, without NULL names (22023 `GRAPH_BLOBS_INVALID`). Returns the length.
+/// and of one length (22023 `GRAPH_BLOBS_INVALID`), the names among them without NULL
+/// (`GRAPH_BLOBS_INVALID`) and each a label (`LABEL_INVALID`). Returns the length.
 pub fn check_parallel(
-    arrays: &[(&str, Option<usize>)],
-    names: &[&[Option<String>]],
+    lengths: &[(&str, Option<usize>)],
+    names: &[(&str, &[Option<String>])],
 ) -> Result<usize> {
-    let invalid = |message: String| LedgerError::new(Code::GraphBlobsInvalid, message);
+    let arguments = || lengths.iter().map(|a| a.0).collect::<Vec<_>>().join(", ");
     let mut len = None;
-    for (argument, n) in arrays {
+    for (argument, n) in lengths {
         let n = n.ok_or_else(|| LedgerError::required(argument))?;
-        match len {
-            None => len = Some(n),
-            Some(l) if l != n => {
-                return Err(invalid(format!(
-                    "{} must all have the same length",
-                    arrays.iter().map(|a| a.0).collect::<Vec<_>>().join(", ")
-                )))
-            }
-            Some(_) => {}
+        if len.is_some_and(|l| l != n) {
+            return Err(LedgerError::new(
+                Code::GraphBlobsInvalid,
+                format!("{} must all have the same length", arguments()),
+            ));
         }
+        len = Some(n);
     }
-    if names.iter().any(|a| a.iter().any(Option::is_none)) {
-        return Err(invalid(format!(
-            "{} must hold no NULL",
-            arrays
-                .iter()
-                .take(names.len())
-                .map(|a| a.0)
-                .collect::<Vec<_>>()
-                .join(", ")
-        )));
+    for (argument, list) in names {
+        for name in *list {
+            let name = name.as_deref().ok_or_else(|| {
+                LedgerError::new(
+                    Code::GraphBlobsInvalid,
+                    format!("{argument} must hold no NULL"),
+                )
+                .with("argument", *argument)
+            })?;
+            ids::validate_label(argument, name)?;
+        }
     }
     Ok(len.unwrap_or(0))
 }
@@ -84,11 +89,11 @@ impl Strategy {
             None => Err(LedgerError::required("strategy")),
             Some("keep_latest") => Ok(Strategy::KeepLatest),
             Some("delete") => Ok(Strategy::Delete),
-            Some(other) => Err(LedgerError::new(
+            Some(_) => Err(LedgerError::new(
                 Code::StrategyUnknown,
                 "strategy must be keep_latest or delete",
             )
-            .with("strategy", other)),
+            .with("argument", "strategy")),
         }
     }
 }
@@ -100,49 +105,58 @@ mod tests {
     #[test]
     fn names_and_namespaces() {
         assert_eq!(check_name("thread_id", Some("t 1")).unwrap(), "t 1");
-        assert_eq!(
-            check_name("thread_id", None).unwrap_err().code,
-            Code::ArgumentRequired
-        );
-        assert_eq!(
-            check_name("thread_id", Some("")).unwrap_err().code,
-            Code::ArgumentRequired
-        );
+        for v in [None, Some("")] {
+            assert_eq!(
+                check_name("thread_id", v).unwrap_err().code,
+                Code::ArgumentRequired
+            );
+        }
         assert_eq!(
             check_name("thread_id", Some("a\u{0}")).unwrap_err().code,
             Code::LabelInvalid
         );
-        assert_eq!(check_namespace(None).unwrap(), "");
-        assert_eq!(check_namespace(Some("a:1|b:2")).unwrap(), "a:1|b:2");
+        assert_eq!(check_namespace("checkpoint_ns", None).unwrap(), "");
         assert_eq!(
-            check_namespace(Some("a\nb")).unwrap_err().code,
-            Code::LabelInvalid
+            check_namespace("checkpoint_ns", Some("a:1|b:2")).unwrap(),
+            "a:1|b:2"
+        );
+        let e = check_namespace("task_path", Some("a\nb")).unwrap_err();
+        assert_eq!(
+            (e.code, &e.detail["argument"]),
+            (Code::LabelInvalid, &"task_path".into())
         );
         let long = "n".repeat(MAX_NAMESPACE_BYTES + 1);
+        let e = check_namespace("checkpoint_ns", Some(&long)).unwrap_err();
         assert_eq!(
-            check_namespace(Some(&long)).unwrap_err().code,
+            (e.code, &e.detail["bytes"]),
+            (Code::LabelInvalid, &1025.into())
+        );
+        assert!(check_optional_name("before", None).is_ok());
+        assert_eq!(
+            check_optional_name("before", Some(&long)).unwrap_err().code,
             Code::LabelInvalid
         );
     }
 
     #[test]
-    fn parallel_arrays_have_one_length() {
+    fn parallel_arrays_have_one_length_and_named_entries() {
         let names = [Some("a".to_owned()), Some("b".to_owned())];
-        assert_eq!(
-            check_parallel(&[("channels", Some(2)), ("blobs", Some(2))], &[&names]).unwrap(),
-            2
-        );
-        let e =
-            check_parallel(&[("channels", Some(2)), ("blobs", Some(1))], &[&names]).unwrap_err();
+        let two = [("channels", Some(2)), ("blobs", Some(2))];
+        assert_eq!(check_parallel(&two, &[("channels", &names)]).unwrap(), 2);
+        let uneven = [("channels", Some(2)), ("blobs", Some(1))];
+        let e = check_parallel(&uneven, &[("channels", &names)]).unwrap_err();
         assert_eq!(e.code, Code::GraphBlobsInvalid);
-        assert_eq!(
-            check_parallel(&[("channels", None)], &[]).unwrap_err().code,
-            Code::ArgumentRequired
-        );
+        let e = check_parallel(&[("channels", None)], &[]).unwrap_err();
+        assert_eq!(e.code, Code::ArgumentRequired);
         let holed = [Some("a".to_owned()), None];
-        let e =
-            check_parallel(&[("channels", Some(2)), ("blobs", Some(2))], &[&holed]).unwrap_err();
+        let e = check_parallel(&two, &[("channels", &holed)]).unwrap_err();
         assert_eq!(e.code, Code::GraphBlobsInvalid);
+        let long = [Some("x".repeat(300)), Some("b".to_owned())];
+        let e = check_parallel(&two, &[("channels", &long)]).unwrap_err();
+        assert_eq!(
+            (e.code, &e.detail["argument"]),
+            (Code::LabelInvalid, &"channels".into())
+        );
     }
 
     #[test]
@@ -152,9 +166,10 @@ mod tests {
             Strategy::KeepLatest
         );
         assert_eq!(Strategy::parse(Some("delete")).unwrap(), Strategy::Delete);
+        let e = Strategy::parse(Some("all")).unwrap_err();
         assert_eq!(
-            Strategy::parse(Some("all")).unwrap_err().code,
-            Code::StrategyUnknown
+            (e.code, e.detail.values().any(|v| v == "all")),
+            (Code::StrategyUnknown, false)
         );
         assert_eq!(
             Strategy::parse(None).unwrap_err().code,
