@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from conftest import SCOPE, one, wait_for
-from langchain_core.messages import ToolMessage
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.types import Command
@@ -141,7 +141,7 @@ def test_another_scope_sees_none_of_the_thread_and_a_reader_cannot_write(
     graph = build(LedgerToolGuard(scoped), make_tools(tmp_path), LedgerSaver(scoped))
     config = start_run(scoped, "t-rls", "req-rls")
     graph.invoke(ask(("lookup", "call-lookup-2", {"order": 8})), config)
-    thread = {"configurable": {"thread_id": "t-rls"}}
+    thread: RunnableConfig = {"configurable": {"thread_id": "t-rls"}}
 
     other = LedgerSaver(Ledger(dsn).scoped("other-tenant", "tests"))
     assert other.get_tuple(thread) is None and list(other.list(thread)) == [] and list(other.list(None)) == []
