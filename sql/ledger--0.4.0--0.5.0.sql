@@ -1106,9 +1106,9 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'copy_graph_thread_wrapper';
 
 CREATE  FUNCTION "delete_graph_checkpoints_for_runs"(
-	"run_ids" TEXT[] /* Names */
+	"run_ids" TEXT[] /* :: std :: option :: Option < Vec < Option < String > > > */
 ) RETURNS INT /* std :: result :: Result < i32, SqlError > */
-STRICT VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
 SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'delete_graph_checkpoints_for_runs_wrapper';
@@ -1151,7 +1151,7 @@ LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'graph_checkpoint_tuples_wrapper';
 
 CREATE  FUNCTION "prune_graph_threads"(
-	"thread_ids" TEXT[], /* Names */
+	"thread_ids" TEXT[], /* :: std :: option :: Option < Vec < Option < String > > > */
 	"strategy" TEXT DEFAULT 'keep_latest' /* Option < & str > */
 ) RETURNS INT /* std :: result :: Result < i32, SqlError > */
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
@@ -1167,10 +1167,10 @@ CREATE  FUNCTION "put_graph_checkpoint"(
 	"checkpoint" jsonb, /* Option < Jsonb > */
 	"metadata" jsonb DEFAULT NULL, /* Option < Jsonb > */
 	"parent_checkpoint_id" TEXT DEFAULT NULL, /* Option < & str > */
-	"channels" TEXT[] DEFAULT '{}', /* Names */
-	"versions" TEXT[] DEFAULT '{}', /* Names */
-	"blob_types" TEXT[] DEFAULT '{}', /* Names */
-	"blobs" bytea[] DEFAULT '{}' /* Blobs < '_ > */
+	"channels" TEXT[] DEFAULT '{}', /* :: std :: option :: Option < Vec < Option < String > > > */
+	"versions" TEXT[] DEFAULT '{}', /* :: std :: option :: Option < Vec < Option < String > > > */
+	"blob_types" TEXT[] DEFAULT '{}', /* :: std :: option :: Option < Vec < Option < String > > > */
+	"blobs" bytea[] DEFAULT '{}' /* :: std :: option :: Option < Array < '_, & '_ [u8] > > */
 ) RETURNS VOID /* std :: result :: Result < (), SqlError > */
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
 SET search_path TO pg_catalog, ledger, pg_temp
@@ -1183,9 +1183,9 @@ CREATE  FUNCTION "put_graph_checkpoint_writes"(
 	"checkpoint_id" TEXT, /* Option < & str > */
 	"task_id" TEXT, /* Option < & str > */
 	"idxs" INT[], /* :: std :: option :: Option < Vec < Option < i32 > > > */
-	"channels" TEXT[], /* Names */
-	"blob_types" TEXT[], /* Names */
-	"blobs" bytea[], /* Blobs < '_ > */
+	"channels" TEXT[], /* :: std :: option :: Option < Vec < Option < String > > > */
+	"blob_types" TEXT[], /* :: std :: option :: Option < Vec < Option < String > > > */
+	"blobs" bytea[], /* :: std :: option :: Option < Array < '_, & '_ [u8] > > */
 	"task_path" TEXT DEFAULT '', /* Option < & str > */
 	"upsert" bool DEFAULT false /* Option < bool > */
 ) RETURNS INT /* std :: result :: Result < i32, SqlError > */
