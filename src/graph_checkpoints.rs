@@ -9,10 +9,8 @@ use crate::jsonb::Jsonb;
 use crate::redaction::redacted_object;
 use crate::rows;
 use crate::scope::{self, Scope};
-use ledger_model::args::required_id;
-use ledger_model::graph_checkpoints::{
-    check_name, check_namespace, check_optional_name, check_parallel, Strategy,
-};
+use ledger_model::args::{optional_label, required_id, required_label};
+use ledger_model::graph_checkpoints::{check_namespace, check_parallel, Strategy};
 use pgrx::datum::{Array, DatumWithOid};
 use pgrx::prelude::*;
 
@@ -105,11 +103,11 @@ fn put_graph_checkpoint<'a>(
 ) -> std::result::Result<(), SqlError> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    let thread_id = check_name("thread_id", thread_id)?;
+    let thread_id = required_label("thread_id", thread_id)?;
     let checkpoint_ns = check_namespace("checkpoint_ns", checkpoint_ns)?;
-    let checkpoint_id = check_name("checkpoint_id", checkpoint_id)?;
+    let checkpoint_id = required_label("checkpoint_id", checkpoint_id)?;
     let parent = parent_checkpoint_id
-        .map(|p| check_name("parent_checkpoint_id", Some(p)))
+        .map(|p| required_label("parent_checkpoint_id", Some(p)))
         .transpose()?;
     let checkpoint = checkpoint.ok_or_else(|| LedgerError::required("checkpoint"))?;
     if !checkpoint.is_object() {
@@ -134,7 +132,7 @@ fn put_graph_checkpoint<'a>(
     )?;
     // Kept from a purge until this transaction ends (a purge racing it ends in RUN_NOT_FOUND).
     rows::referenced_run(&scope, "run_id", run_id)?;
-    let place = || [thread_id.as_str().into(), checkpoint_ns.as_str().into()];
+    let place = || [thread_id.into(), checkpoint_ns.as_str().into()];
     db::execute(
         "INSERT INTO ledger.graph_checkpoint_blobs \
                 (tenant_id, workspace_id, thread_id, checkpoint_ns, channel, version, blob_type, blob) \
@@ -156,7 +154,7 @@ fn put_graph_checkpoint<'a>(
          ON CONFLICT (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id) \
          DO UPDATE SET checkpoint = EXCLUDED.checkpoint, metadata = EXCLUDED.metadata",
         &scope.args(place().into_iter().chain([
-            checkpoint_id.as_str().into(),
+            checkpoint_id.into(),
             parent.into(),
             run_id.into(),
             checkpoint.into(),
@@ -187,10 +185,10 @@ fn put_graph_checkpoint_writes<'a>(
     upsert: default!(Option<bool>, false),
 ) -> std::result::Result<i32, SqlError> {
     let scope = scope::current()?;
-    let thread_id = check_name("thread_id", thread_id)?;
+    let thread_id = required_label("thread_id", thread_id)?;
     let checkpoint_ns = check_namespace("checkpoint_ns", checkpoint_ns)?;
-    let checkpoint_id = check_name("checkpoint_id", checkpoint_id)?;
-    let task_id = check_name("task_id", task_id)?;
+    let checkpoint_id = required_label("checkpoint_id", checkpoint_id)?;
+    let task_id = required_label("task_id", task_id)?;
     let task_path = check_namespace("task_path", task_path)?;
     let upsert = upsert.ok_or_else(|| LedgerError::required("upsert"))?;
     let idx_names: Vec<Option<String>> = idxs
@@ -213,9 +211,9 @@ fn put_graph_checkpoint_writes<'a>(
     )?;
     let place = || {
         [
-            thread_id.as_str().into(),
+            thread_id.into(),
             checkpoint_ns.as_str().into(),
-            checkpoint_id.as_str().into(),
+            checkpoint_id.into(),
         ]
     };
     let on_conflict = if upsert {
@@ -238,7 +236,7 @@ fn put_graph_checkpoint_writes<'a>(
              SELECT count(*)::int FROM stored"
         ),
         &scope.args(place().into_iter().chain([
-            task_id.as_str().into(),
+            task_id.into(),
             task_path.as_str().into(),
             idxs.into(),
             names(channels).into(),
@@ -288,10 +286,10 @@ fn graph_checkpoint_tuples(
     SqlError,
 > {
     let scope = scope::current()?;
-    check_optional_name("thread_id", thread_id)?;
+    optional_label("thread_id", thread_id)?;
     check_namespace("checkpoint_ns", checkpoint_ns)?;
-    check_optional_name("checkpoint_id", checkpoint_id)?;
-    check_optional_name("before", before)?;
+    optional_label("checkpoint_id", checkpoint_id)?;
+    optional_label("before", before)?;
     if let Some(f) = &filter {
         if !f.is_object() {
             raise(
@@ -345,13 +343,13 @@ fn graph_checkpoint_tuples(
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn delete_graph_thread(thread_id: Option<&str>) -> std::result::Result<i32, SqlError> {
     let scope = scope::current()?;
-    let thread_id = check_name("thread_id", thread_id)?;
-    let deleted = delete_where(&scope, "c.thread_id = $3", thread_id.as_str().into())?;
+    let thread_id = required_label("thread_id", thread_id)?;
+    let deleted = delete_where(&scope, "c.thread_id = $3", thread_id.into())?;
     // Writes whose checkpoint never came (their process died first) go with the thread.
     db::execute(
         "DELETE FROM ledger.graph_checkpoint_writes \
           WHERE tenant_id = $1 AND workspace_id = $2 AND thread_id = $3",
-        &scope.args([thread_id.as_str().into()]),
+        &scope.args([thread_id.into()]),
     )?;
     Ok(deleted)
 }
@@ -366,9 +364,9 @@ fn copy_graph_thread(
     target_thread_id: Option<&str>,
 ) -> std::result::Result<i32, SqlError> {
     let scope = scope::current()?;
-    let source = check_name("source_thread_id", source_thread_id)?;
-    let target = check_name("target_thread_id", target_thread_id)?;
-    let args = || scope.args([source.as_str().into(), target.as_str().into()]);
+    let source = required_label("source_thread_id", source_thread_id)?;
+    let target = required_label("target_thread_id", target_thread_id)?;
+    let args = || scope.args([source.into(), target.into()]);
     let copied = db::write_one(
         "WITH copied AS ( \
            INSERT INTO ledger.graph_checkpoints \
@@ -418,7 +416,7 @@ fn prune_graph_threads(
     let thread_ids = thread_ids.ok_or_else(|| LedgerError::required("thread_ids"))?;
     let thread_ids = thread_ids
         .into_iter()
-        .map(|t| check_name("thread_ids", t.as_deref()))
+        .map(|t| required_label("thread_ids", t.as_deref()).map(str::to_owned))
         .collect::<Result<Vec<_>>>()?;
     let condition = match strategy {
         Strategy::Delete => "c.thread_id = ANY($3)",
@@ -445,7 +443,7 @@ fn delete_graph_checkpoints_for_runs(
     let run_ids = run_ids.ok_or_else(|| LedgerError::required("run_ids"))?;
     let run_ids = run_ids
         .into_iter()
-        .map(|r| check_name("run_ids", r.as_deref()))
+        .map(|r| required_label("run_ids", r.as_deref()).map(str::to_owned))
         .collect::<Result<Vec<_>>>()?;
     Ok(delete_where(
         &scope,

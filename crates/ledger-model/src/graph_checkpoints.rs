@@ -8,20 +8,6 @@ use crate::ids;
 /// (`parent:<id>|child:<id>`), so it is longer than a label; it is indexed, like a label.
 pub const MAX_NAMESPACE_BYTES: usize = 1024;
 
-/// A thread, checkpoint or task id of the framework: a label (free text up to 256 bytes).
-pub fn check_name(argument: &str, value: Option<&str>) -> Result<String> {
-    let value = value
-        .filter(|v| !v.is_empty())
-        .ok_or_else(|| LedgerError::required(argument))?;
-    ids::validate_label(argument, value)?;
-    Ok(value.to_owned())
-}
-
-/// A name the framework may leave out (a read's thread, checkpoint or cursor): a label when given.
-pub fn check_optional_name(argument: &str, value: Option<&str>) -> Result<()> {
-    value.map_or(Ok(()), |v| ids::validate_label(argument, v))
-}
-
 /// A checkpoint namespace (or a task path, its kind): NULL or empty is the root (''); otherwise
 /// printable text of at most 1024 bytes (22023 `LABEL_INVALID`).
 pub fn check_namespace(argument: &str, value: Option<&str>) -> Result<String> {
@@ -103,18 +89,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_and_namespaces() {
-        assert_eq!(check_name("thread_id", Some("t 1")).unwrap(), "t 1");
-        for v in [None, Some("")] {
-            assert_eq!(
-                check_name("thread_id", v).unwrap_err().code,
-                Code::ArgumentRequired
-            );
-        }
-        assert_eq!(
-            check_name("thread_id", Some("a\u{0}")).unwrap_err().code,
-            Code::LabelInvalid
-        );
+    fn namespaces() {
         assert_eq!(check_namespace("checkpoint_ns", None).unwrap(), "");
         assert_eq!(
             check_namespace("checkpoint_ns", Some("a:1|b:2")).unwrap(),
@@ -130,11 +105,6 @@ mod tests {
         assert_eq!(
             (e.code, &e.detail["bytes"]),
             (Code::LabelInvalid, &1025.into())
-        );
-        assert!(check_optional_name("before", None).is_ok());
-        assert_eq!(
-            check_optional_name("before", Some(&long)).unwrap_err().code,
-            Code::LabelInvalid
         );
     }
 
