@@ -8,7 +8,9 @@ type and bytes) and come back byte for byte; the metadata is redacted like every
 stores. Each checkpoint is tied to the ledger run of the invocation that wrote it: the run in
 ``config["configurable"]["ledger_run_id"]`` (what :func:`~ledger_client.integrations.langgraph.start_run`
 returns, so the tool guard's calls and the checkpoints share one run), else a run the saver
-creates once per LangGraph run id (``metadata["run_id"]``) or, without one, per thread.
+creates once per LangGraph run id (``metadata["run_id"]``) or, without one, per thread. Every
+write is idempotent (a checkpoint stored again replaces itself, a write stored again is kept), so
+it is tried again across a lost connection, as the client's other idempotent writes are.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from langgraph.checkpoint.base import (
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from psycopg.types.json import Jsonb
 
+from .._faults import again, again_async
 from ..aio import AsyncScopedLedger
 from ..client import ScopedLedger
 from ..statement import Row
@@ -187,11 +190,13 @@ class LedgerSaver(_Saver):
         if configured is not None:
             return configured
         if request not in self._runs:
-            with self._sync().transaction() as tx:
-                run = tx.create_run(RUN_MODE, request_id=request)
-                if run.status is RunStatus.QUEUED:  # running without a lease: no worker claims it
-                    tx.transition_run(run.id, RunStatus.RUNNING)
-            self._runs[request] = run.id
+            def create() -> str:
+                with self._sync().transaction() as tx:
+                    run = tx.create_run(RUN_MODE, request_id=request)
+                    if run.status is RunStatus.QUEUED:  # running without a lease: no worker claims it
+                        tx.transition_run(run.id, RunStatus.RUNNING)
+                    return run.id
+            self._runs[request] = again(f"run of {request}", create)
         return self._runs[request]
 
     async def _arun_id(self, config: RunnableConfig, metadata: Mapping[str, Any]) -> str:
@@ -199,11 +204,13 @@ class LedgerSaver(_Saver):
         if configured is not None:
             return configured
         if request not in self._runs:
-            async with self._async().transaction() as tx:
-                run = await tx.create_run(RUN_MODE, request_id=request)
-                if run.status is RunStatus.QUEUED:
-                    await tx.transition_run(run.id, RunStatus.RUNNING)
-            self._runs[request] = run.id
+            async def create() -> str:
+                async with self._async().transaction() as tx:
+                    run = await tx.create_run(RUN_MODE, request_id=request)
+                    if run.status is RunStatus.QUEUED:
+                        await tx.transition_run(run.id, RunStatus.RUNNING)
+                    return run.id
+            self._runs[request] = await again_async(f"run of {request}", create)
         return self._runs[request]
 
     # Sync
@@ -219,13 +226,14 @@ class LedgerSaver(_Saver):
 
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
-        run_id = self._run_id(config, metadata)
-        self._sync().execute(*self._put_params(run_id, config, checkpoint, metadata, new_versions))
+        query, params = self._put_params(self._run_id(config, metadata), config, checkpoint, metadata, new_versions)
+        again(f"checkpoint {checkpoint['id']}", lambda: self._sync().execute(query, params))
         return self._put_config(config, checkpoint)
 
     def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                    task_path: str = "") -> None:
-        self._sync().execute(*self._writes_params(config, writes, task_id, task_path))
+        query, params = self._writes_params(config, writes, task_id, task_path)
+        again(f"writes of task {task_id}", lambda: self._sync().execute(query, params))
 
     def delete_thread(self, thread_id: str) -> None:
         self._sync().execute("SELECT ledger.delete_graph_thread(%s)", [thread_id])
@@ -252,13 +260,15 @@ class LedgerSaver(_Saver):
 
     async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
                    new_versions: ChannelVersions) -> RunnableConfig:
-        run_id = await self._arun_id(config, metadata)
-        await self._async().execute(*self._put_params(run_id, config, checkpoint, metadata, new_versions))
+        query, params = self._put_params(await self._arun_id(config, metadata), config, checkpoint, metadata,
+                                         new_versions)
+        await again_async(f"checkpoint {checkpoint['id']}", lambda: self._async().execute(query, params))
         return self._put_config(config, checkpoint)
 
     async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
                           task_path: str = "") -> None:
-        await self._async().execute(*self._writes_params(config, writes, task_id, task_path))
+        query, params = self._writes_params(config, writes, task_id, task_path)
+        await again_async(f"writes of task {task_id}", lambda: self._async().execute(query, params))
 
     async def adelete_thread(self, thread_id: str) -> None:
         await self._async().execute("SELECT ledger.delete_graph_thread(%s)", [thread_id])
