@@ -3,7 +3,8 @@ process SIGKILLed while its tool ran is resumed by another from the ledger's che
 side effect ran once; the tool calls and the checkpoints are one run), the async face, the
 state byte for byte while a secret in the metadata is redacted (and an EncryptedSerializer's
 state is ciphertext in the tables), another scope sees nothing, the reader role reads but
-cannot write, and purge_runs takes a purged run's checkpoints. The manual shows
+cannot write, purge_runs takes a purged run's checkpoints, and a write that meets a terminated
+connection is stored on a fresh one. The manual shows
 examples/langgraph_checkpointer.py verbatim, and the example runs. (The upstream conformance
 suite: test_langgraph_conformance.py.)"""
 
@@ -25,6 +26,7 @@ from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.types import Command
 from langgraph_support import ask, build, count, make_tools
 from psycopg.rows import DictRow
+from psycopg_pool import ConnectionPool
 
 from ledger_client import AsyncLedger, Busy, Ledger, LedgerError, ScopedLedger
 from ledger_client.integrations.langgraph import LedgerToolGuard, finish_run, start_run
@@ -211,3 +213,17 @@ def test_the_example_runs_and_leaves_its_run_and_checkpoints_in_the_ledger(dsn: 
         row = conn.execute("SELECT r.status, count(c.*) FROM ledger.runs r JOIN ledger.graph_checkpoints c"
                            " ON c.run_id = r.id GROUP BY r.status").fetchall()
         assert len(row) == 1 and row[0][0] == "succeeded" and row[0][1] >= 3
+
+
+def test_a_checkpoint_meeting_a_terminated_connection_is_stored_on_a_fresh_one(
+        dsn: str, person: psycopg.Connection[DictRow]) -> None:
+    with ConnectionPool(dsn, min_size=1, max_size=2, open=True, kwargs={"application_name": "ckpt-saver"}) as pool:
+        saver = LedgerSaver(Ledger(pool).scoped(*SCOPE))
+        config = saver.put({"configurable": {"thread_id": "t-cut", "checkpoint_ns": ""}}, empty_checkpoint(),
+                           {"source": "input", "step": -1}, {})
+        # The pool hands out its (unchecked) connection, which the server has terminated meanwhile.
+        assert one(person, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                           " WHERE datname = current_database() AND application_name = 'ckpt-saver'") >= 1
+        saver.put_writes(config, [("messages", "kept")], "task-1")
+        got = saver.get_tuple(config)
+        assert got is not None and [w[1:] for w in got.pending_writes or []] == [("messages", "kept")]
