@@ -106,9 +106,7 @@ fn put_graph_checkpoint<'a>(
     let thread_id = required_label("thread_id", thread_id)?;
     let checkpoint_ns = check_namespace("checkpoint_ns", checkpoint_ns)?;
     let checkpoint_id = required_label("checkpoint_id", checkpoint_id)?;
-    let parent = parent_checkpoint_id
-        .map(|p| required_label("parent_checkpoint_id", Some(p)))
-        .transpose()?;
+    let parent = optional_label("parent_checkpoint_id", parent_checkpoint_id)?;
     let checkpoint = checkpoint.ok_or_else(|| LedgerError::required("checkpoint"))?;
     if !checkpoint.is_object() {
         raise(

@@ -63,7 +63,7 @@ def _configurable(config: RunnableConfig | None) -> Mapping[str, Any]:
 
 
 class _Saver(BaseCheckpointSaver[str]):
-    """What the sync and the async saver share: encoding and decoding, no I/O."""
+    """LedgerSaver's encoding and decoding (the statements and their rows), apart from its I/O."""
 
     def __init__(self, *, serde: SerializerProtocol | None = None) -> None:
         super().__init__(serde=serde)
