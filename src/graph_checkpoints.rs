@@ -561,7 +561,7 @@ mod tests {
     }
 
     #[pg_test]
-    fn another_scope_sees_nothing_and_a_reader_cannot_write() {
+    fn another_scope_sees_nothing_and_a_reader_cannot_write_under_any_role() {
         set_scope("t-graph-a", "w");
         run_sql("SELECT ledger.create_run('agent', run_id => 'r')");
         put("r", "th", "c1", "1", true);
@@ -575,12 +575,37 @@ mod tests {
             "42501"
         );
         Spi::run("RESET ROLE").unwrap();
+        // Another scope, as a writer and as an operator, through the functions and plain SQL.
         set_scope("t-graph-b", "w");
-        assert_eq!(
-            one::<i64>("SELECT count(*) FROM ledger.graph_checkpoint_tuples('th')"),
-            0
-        );
-        assert_eq!(one::<i32>("SELECT ledger.delete_graph_thread('th')"), 0);
+        for role in ["ledger_writer", "ledger_operator"] {
+            Spi::run(&format!("SET LOCAL ROLE {role}")).unwrap();
+            assert_eq!(
+                one::<i64>("SELECT count(*) FROM ledger.graph_checkpoint_tuples('th')"),
+                0
+            );
+            assert_eq!(one::<i32>("SELECT ledger.delete_graph_thread('th')"), 0);
+            assert_eq!(
+                one::<i32>("SELECT ledger.prune_graph_threads('{th}', 'delete')"),
+                0
+            );
+            for table in [
+                "graph_checkpoints",
+                "graph_checkpoint_blobs",
+                "graph_checkpoint_writes",
+            ] {
+                assert_eq!(count(table), 0, "{role}: {table}");
+            }
+            Spi::run("RESET ROLE").unwrap();
+        }
+        // A role without a ledger grant reads nothing at all.
+        Spi::run("CREATE ROLE ledger_graph_nobody; SET LOCAL ROLE ledger_graph_nobody").unwrap();
+        for sql in [
+            "SELECT count(*) FROM ledger.graph_checkpoints",
+            "SELECT count(*) FROM ledger.graph_checkpoint_tuples('th')",
+        ] {
+            assert_eq!(crate::testing::error_of(sql).sqlstate, "42501", "{sql}");
+        }
+        Spi::run("RESET ROLE").unwrap();
         set_scope("t-graph-a", "w");
         assert_eq!(count("graph_checkpoint_blobs"), 1);
     }
