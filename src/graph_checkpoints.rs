@@ -41,15 +41,21 @@ fn names(list: Names) -> Vec<String> {
 }
 
 /// Removes the channel values of `threads` that no checkpoint of their thread and namespace
-/// names any more (after checkpoints went).
+/// names any more (after checkpoints went). The names are gathered once and anti-joined: a
+/// lookup per value would read every checkpoint of the thread again for each value.
 fn sweep_blobs(scope: &Scope, threads: Vec<String>) -> Result<()> {
     db::execute(
-        "DELETE FROM ledger.graph_checkpoint_blobs b \
+        "WITH named AS MATERIALIZED ( \
+           SELECT c.thread_id, c.checkpoint_ns, v.channel, v.version FROM ledger.graph_checkpoints c \
+            CROSS JOIN LATERAL jsonb_each_text(CASE jsonb_typeof(c.checkpoint->'channel_versions') \
+                                 WHEN 'object' THEN c.checkpoint->'channel_versions' ELSE '{}' END) \
+                  AS v (channel, version) \
+            WHERE c.tenant_id = $1 AND c.workspace_id = $2 AND c.thread_id = ANY($3)) \
+         DELETE FROM ledger.graph_checkpoint_blobs b \
           WHERE b.tenant_id = $1 AND b.workspace_id = $2 AND b.thread_id = ANY($3) \
-            AND NOT EXISTS (SELECT 1 FROM ledger.graph_checkpoints c \
-                             WHERE c.tenant_id = b.tenant_id AND c.workspace_id = b.workspace_id \
-                               AND c.thread_id = b.thread_id AND c.checkpoint_ns = b.checkpoint_ns \
-                               AND c.checkpoint->'channel_versions'->>b.channel = b.version)",
+            AND NOT EXISTS (SELECT 1 FROM named n \
+                             WHERE n.thread_id = b.thread_id AND n.checkpoint_ns = b.checkpoint_ns \
+                               AND n.channel = b.channel AND n.version = b.version)",
         &scope.args([threads.into()]),
     )
 }
