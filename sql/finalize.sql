@@ -40,7 +40,8 @@ GRANT EXECUTE ON FUNCTION
     ledger.replay_bundle(text),
     ledger.run_evidence(text),
     ledger.replay_ready(text),
-    ledger.otel_trace(text, text)
+    ledger.otel_trace(text, text),
+    ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer)
     TO ledger_reader;
 
 GRANT SELECT ON ledger.tool_calls_in_doubt, ledger.pending_approvals, ledger.run_overview,
@@ -131,6 +132,20 @@ COMMENT ON FUNCTION ledger.replay_run(text, jsonb) IS
     'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
 COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
     'Deletes up to batch terminal runs of the scope that ended more than older_than ago, with all their rows and the blobs nothing else refers to, keeping each tool call''s idempotency key as a tombstone. Skips runs with open tool calls or that other runs or tasks refer to (leaf first). Returns how many runs went.';
+COMMENT ON FUNCTION ledger.put_graph_checkpoint(text, text, text, text, jsonb, jsonb, text, text[], text[], text[], bytea[]) IS
+    'Stores a graph framework''s checkpoint (LangGraph) of thread_id and checkpoint_ns, written by the run run_id, with the channel values it introduces: entry i of channels, versions, blob_types and blobs is one channel''s new version, the serializer''s type and opaque bytes, stored as given and never redacted; checkpoint (without channel values) is stored as given, metadata redacted. A checkpoint stored again gets the new checkpoint and metadata.';
+COMMENT ON FUNCTION ledger.put_graph_checkpoint_writes(text, text, text, text, integer[], text[], text[], bytea[], text, boolean) IS
+    'Stores pending writes of task task_id against a graph checkpoint (stored before or after it: the framework stores both concurrently): entry i is write idxs[i] to channels[i], the serializer''s type and opaque bytes, never redacted. A write already stored is kept, or replaced with upsert. Returns how many writes were stored.';
+COMMENT ON FUNCTION ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer) IS
+    'The graph checkpoints of the scope, newest first (by checkpoint id): of one thread, namespace or checkpoint when given, whose metadata contains filter, older than the checkpoint id before, at most max_checkpoints; each with the run that wrote it, the channel values its channel_versions name and its pending writes (parallel arrays of the serializer''s types and bytes, as stored).';
+COMMENT ON FUNCTION ledger.delete_graph_thread(text) IS
+    'Deletes every checkpoint, pending write and channel value of the graph thread, in every namespace. Returns how many checkpoints went.';
+COMMENT ON FUNCTION ledger.copy_graph_thread(text, text) IS
+    'Copies every checkpoint of source_thread_id (every namespace, with its pending writes and channel values, each still tied to the run that wrote it) to target_thread_id, keeping checkpoints the target already has. Returns how many were copied.';
+COMMENT ON FUNCTION ledger.prune_graph_threads(text[], text) IS
+    'Prunes graph threads: strategy keep_latest keeps the newest checkpoint of each namespace (with its writes and the values it names), delete removes everything (22023 STRATEGY_UNKNOWN otherwise). Returns how many checkpoints went.';
+COMMENT ON FUNCTION ledger.delete_graph_checkpoints_for_runs(text[]) IS
+    'Deletes the graph checkpoints (with their pending writes, and the channel values no remaining checkpoint names) written by the runs run_ids: ledger run ids, or the framework''s run ids as its metadata holds them (run_id). The runs stay. Returns how many checkpoints went.';
 COMMENT ON FUNCTION ledger.claim_outbox_events(text, integer, integer, boolean) IS
     'Claims up to max_events (1 to 1000) due outbox events of the scope for lease_owner, oldest first: pending ones whose available_at has come and processing ones whose lease expired. Each becomes processing under a lease of lease_seconds (1 to 86400) and counts an attempt. FOR UPDATE SKIP LOCKED: never waits for another claimer. An expired lease on an event''s 64th attempt since its last replay fails it instead. Delivery is at least once: deduplicate on id. With any_scope => true (members of ledger_operator only), the oldest due events of every scope, each with its tenant_id and workspace_id.';
 COMMENT ON FUNCTION ledger.ack_outbox_events(text, text[]) IS

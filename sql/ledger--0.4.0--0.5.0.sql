@@ -1033,6 +1033,167 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'transition_task_wrapper';
 
+-- Graph checkpoints (LangGraph's checkpointer): as sql/graph_checkpoints.sql.
+CREATE TABLE ledger.graph_checkpoints (
+    tenant_id            text NOT NULL,
+    workspace_id         text NOT NULL,
+    thread_id            text NOT NULL CHECK (thread_id <> ''),
+    checkpoint_ns        text NOT NULL DEFAULT '',
+    checkpoint_id        text NOT NULL CHECK (checkpoint_id <> ''),
+    parent_checkpoint_id text,
+    run_id               text NOT NULL,
+    checkpoint           jsonb NOT NULL CHECK (jsonb_typeof(checkpoint) = 'object'),
+    metadata             jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(metadata) = 'object'),
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id)
+);
+CREATE INDEX graph_checkpoints_run_idx ON ledger.graph_checkpoints (tenant_id, workspace_id, run_id);
+COMMENT ON TABLE ledger.graph_checkpoints IS 'A graph framework''s checkpoints (LangGraph), per thread and namespace, each tied to the ledger run of the invocation that wrote it. checkpoint is the framework''s checkpoint without its channel values (ids, versions; stored as given); metadata is redacted. Written only through ledger.put_graph_checkpoint, copy_graph_thread; removed by delete_graph_thread, prune_graph_threads, delete_graph_checkpoints_for_runs and purge_runs.';
+COMMENT ON COLUMN ledger.graph_checkpoints.checkpoint IS 'The checkpoint without channel_values: its channel_versions name the graph_checkpoint_blobs rows that hold the values.';
+
+CREATE TABLE ledger.graph_checkpoint_blobs (
+    tenant_id     text NOT NULL,
+    workspace_id  text NOT NULL,
+    thread_id     text NOT NULL,
+    checkpoint_ns text NOT NULL DEFAULT '',
+    channel       text NOT NULL,
+    version       text NOT NULL,
+    blob_type     text NOT NULL,
+    blob          bytea,
+    PRIMARY KEY (tenant_id, workspace_id, thread_id, checkpoint_ns, channel, version)
+);
+COMMENT ON TABLE ledger.graph_checkpoint_blobs IS 'The channel values of graph checkpoints: the serializer''s type and opaque bytes, once per (thread, namespace, channel, version), never redacted. Removed with the last checkpoint of the thread that names the version.';
+
+CREATE TABLE ledger.graph_checkpoint_writes (
+    tenant_id     text NOT NULL,
+    workspace_id  text NOT NULL,
+    thread_id     text NOT NULL,
+    checkpoint_ns text NOT NULL DEFAULT '',
+    checkpoint_id text NOT NULL,
+    task_id       text NOT NULL,
+    idx           integer NOT NULL,
+    channel       text NOT NULL,
+    blob_type     text NOT NULL,
+    blob          bytea,
+    task_path     text NOT NULL DEFAULT '',
+    PRIMARY KEY (tenant_id, workspace_id, thread_id, checkpoint_ns, checkpoint_id, task_id, idx)
+);
+COMMENT ON TABLE ledger.graph_checkpoint_writes IS 'Pending writes of a graph checkpoint''s tasks: the serializer''s type and opaque bytes, never redacted. Written only through ledger.put_graph_checkpoint_writes, possibly before their checkpoint (the framework stores both concurrently, hence no foreign key); they go with their checkpoint.';
+
+DO $rls$
+DECLARE t text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['graph_checkpoints', 'graph_checkpoint_blobs', 'graph_checkpoint_writes'] LOOP
+        EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
+        EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
+        EXECUTE format(
+            'CREATE POLICY scope ON ledger.%I USING (tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace())'
+            ' WITH CHECK (tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace())', t);
+        EXECUTE format('ALTER TABLE ledger.%I OWNER TO ledger_owner', t);
+        PERFORM pg_catalog.pg_extension_config_dump(format('ledger.%I', t)::regclass, '');
+    END LOOP;
+END
+$rls$;
+
+CREATE  FUNCTION "copy_graph_thread"(
+	"source_thread_id" TEXT, /* Option < & str > */
+	"target_thread_id" TEXT /* Option < & str > */
+) RETURNS INT /* std :: result :: Result < i32, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'copy_graph_thread_wrapper';
+
+CREATE  FUNCTION "delete_graph_checkpoints_for_runs"(
+	"run_ids" TEXT[] /* :: std :: option :: Option < Vec < Option < String > > > */
+) RETURNS INT /* std :: result :: Result < i32, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delete_graph_checkpoints_for_runs_wrapper';
+
+CREATE  FUNCTION "delete_graph_thread"(
+	"thread_id" TEXT /* Option < & str > */
+) RETURNS INT /* std :: result :: Result < i32, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delete_graph_thread_wrapper';
+
+CREATE  FUNCTION "graph_checkpoint_tuples"(
+	"thread_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"checkpoint_ns" TEXT DEFAULT NULL, /* Option < & str > */
+	"checkpoint_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"filter" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"before" TEXT DEFAULT NULL, /* Option < & str > */
+	"max_checkpoints" INT DEFAULT NULL /* Option < i32 > */
+) RETURNS TABLE (
+	"thread_id" TEXT,  /* String */
+	"checkpoint_ns" TEXT,  /* String */
+	"checkpoint_id" TEXT,  /* String */
+	"parent_checkpoint_id" TEXT,  /* Option < String > */
+	"run_id" TEXT,  /* String */
+	"checkpoint" jsonb,  /* Jsonb */
+	"metadata" jsonb,  /* Jsonb */
+	"channels" TEXT[],  /* Vec < String > */
+	"blob_types" TEXT[],  /* Vec < String > */
+	"blobs" bytea[],  /* Vec < :: std :: option :: Option < Vec < u8 > > > */
+	"write_task_ids" TEXT[],  /* Vec < String > */
+	"write_channels" TEXT[],  /* Vec < String > */
+	"write_blob_types" TEXT[],  /* Vec < String > */
+	"write_blobs" bytea[],  /* Vec < :: std :: option :: Option < Vec < u8 > > > */
+	"write_task_paths" TEXT[]  /* Vec < String > */
+)
+STABLE SECURITY DEFINER PARALLEL SAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'graph_checkpoint_tuples_wrapper';
+
+CREATE  FUNCTION "prune_graph_threads"(
+	"thread_ids" TEXT[], /* :: std :: option :: Option < Vec < Option < String > > > */
+	"strategy" TEXT DEFAULT 'keep_latest' /* Option < & str > */
+) RETURNS INT /* std :: result :: Result < i32, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'prune_graph_threads_wrapper';
+
+CREATE  FUNCTION "put_graph_checkpoint"(
+	"run_id" TEXT, /* Option < & str > */
+	"thread_id" TEXT, /* Option < & str > */
+	"checkpoint_ns" TEXT, /* Option < & str > */
+	"checkpoint_id" TEXT, /* Option < & str > */
+	"checkpoint" jsonb, /* Option < Jsonb > */
+	"metadata" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"parent_checkpoint_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"channels" TEXT[] DEFAULT '{}', /* :: std :: option :: Option < Vec < Option < String > > > */
+	"versions" TEXT[] DEFAULT '{}', /* :: std :: option :: Option < Vec < Option < String > > > */
+	"blob_types" TEXT[] DEFAULT '{}', /* :: std :: option :: Option < Vec < Option < String > > > */
+	"blobs" bytea[] DEFAULT '{}' /* :: std :: option :: Option < Array < '_, & '_ [u8] > > */
+) RETURNS VOID /* std :: result :: Result < (), SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'put_graph_checkpoint_wrapper';
+
+CREATE  FUNCTION "put_graph_checkpoint_writes"(
+	"thread_id" TEXT, /* Option < & str > */
+	"checkpoint_ns" TEXT, /* Option < & str > */
+	"checkpoint_id" TEXT, /* Option < & str > */
+	"task_id" TEXT, /* Option < & str > */
+	"idxs" INT[], /* :: std :: option :: Option < Vec < Option < i32 > > > */
+	"channels" TEXT[], /* :: std :: option :: Option < Vec < Option < String > > > */
+	"blob_types" TEXT[], /* :: std :: option :: Option < Vec < Option < String > > > */
+	"blobs" bytea[], /* :: std :: option :: Option < Array < '_, & '_ [u8] > > */
+	"task_path" TEXT DEFAULT '', /* Option < & str > */
+	"upsert" bool DEFAULT false /* Option < bool > */
+) RETURNS INT /* std :: result :: Result < i32, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'put_graph_checkpoint_writes_wrapper';
+
 -- Ownership, privileges and comments, as sql/finalize.sql gives a fresh install.
 
 -- Every function belongs to ledger_owner, so SECURITY DEFINER functions run as a role that is
@@ -1075,7 +1236,8 @@ GRANT EXECUTE ON FUNCTION
     ledger.replay_bundle(text),
     ledger.run_evidence(text),
     ledger.replay_ready(text),
-    ledger.otel_trace(text, text)
+    ledger.otel_trace(text, text),
+    ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer)
     TO ledger_reader;
 
 GRANT SELECT ON ledger.tool_calls_in_doubt, ledger.pending_approvals, ledger.run_overview,
@@ -1166,6 +1328,20 @@ COMMENT ON FUNCTION ledger.replay_run(text, jsonb) IS
     'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
 COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
     'Deletes up to batch terminal runs of the scope that ended more than older_than ago, with all their rows and the blobs nothing else refers to, keeping each tool call''s idempotency key as a tombstone. Skips runs with open tool calls or that other runs or tasks refer to (leaf first). Returns how many runs went.';
+COMMENT ON FUNCTION ledger.put_graph_checkpoint(text, text, text, text, jsonb, jsonb, text, text[], text[], text[], bytea[]) IS
+    'Stores a graph framework''s checkpoint (LangGraph) of thread_id and checkpoint_ns, written by the run run_id, with the channel values it introduces: entry i of channels, versions, blob_types and blobs is one channel''s new version, the serializer''s type and opaque bytes, stored as given and never redacted; checkpoint (without channel values) is stored as given, metadata redacted. A checkpoint stored again gets the new checkpoint and metadata.';
+COMMENT ON FUNCTION ledger.put_graph_checkpoint_writes(text, text, text, text, integer[], text[], text[], bytea[], text, boolean) IS
+    'Stores pending writes of task task_id against a graph checkpoint (stored before or after it: the framework stores both concurrently): entry i is write idxs[i] to channels[i], the serializer''s type and opaque bytes, never redacted. A write already stored is kept, or replaced with upsert. Returns how many writes were stored.';
+COMMENT ON FUNCTION ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer) IS
+    'The graph checkpoints of the scope, newest first (by checkpoint id): of one thread, namespace or checkpoint when given, whose metadata contains filter, older than the checkpoint id before, at most max_checkpoints; each with the run that wrote it, the channel values its channel_versions name and its pending writes (parallel arrays of the serializer''s types and bytes, as stored).';
+COMMENT ON FUNCTION ledger.delete_graph_thread(text) IS
+    'Deletes every checkpoint, pending write and channel value of the graph thread, in every namespace. Returns how many checkpoints went.';
+COMMENT ON FUNCTION ledger.copy_graph_thread(text, text) IS
+    'Copies every checkpoint of source_thread_id (every namespace, with its pending writes and channel values, each still tied to the run that wrote it) to target_thread_id, keeping checkpoints the target already has. Returns how many were copied.';
+COMMENT ON FUNCTION ledger.prune_graph_threads(text[], text) IS
+    'Prunes graph threads: strategy keep_latest keeps the newest checkpoint of each namespace (with its writes and the values it names), delete removes everything (22023 STRATEGY_UNKNOWN otherwise). Returns how many checkpoints went.';
+COMMENT ON FUNCTION ledger.delete_graph_checkpoints_for_runs(text[]) IS
+    'Deletes the graph checkpoints (with their pending writes, and the channel values no remaining checkpoint names) written by the runs run_ids: ledger run ids, or the framework''s run ids as its metadata holds them (run_id). The runs stay. Returns how many checkpoints went.';
 COMMENT ON FUNCTION ledger.claim_outbox_events(text, integer, integer, boolean) IS
     'Claims up to max_events (1 to 1000) due outbox events of the scope for lease_owner, oldest first: pending ones whose available_at has come and processing ones whose lease expired. Each becomes processing under a lease of lease_seconds (1 to 86400) and counts an attempt. FOR UPDATE SKIP LOCKED: never waits for another claimer. An expired lease on an event''s 64th attempt since its last replay fails it instead. Delivery is at least once: deduplicate on id. With any_scope => true (members of ledger_operator only), the oldest due events of every scope, each with its tenant_id and workspace_id.';
 COMMENT ON FUNCTION ledger.ack_outbox_events(text, text[]) IS

@@ -12,6 +12,7 @@ mod db;
 mod error;
 mod evidence;
 mod feed;
+mod graph_checkpoints;
 mod guc;
 mod jsonb;
 mod notifier;
@@ -33,6 +34,11 @@ extension_sql_file!("../sql/schema.sql", name = "ledger_schema", bootstrap);
 extension_sql_file!(
     "../sql/tasks.sql",
     name = "ledger_tasks",
+    requires = ["ledger_schema"]
+);
+extension_sql_file!(
+    "../sql/graph_checkpoints.sql",
+    name = "ledger_graph_checkpoints",
     requires = ["ledger_schema"]
 );
 extension_sql_file!(

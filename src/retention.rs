@@ -5,6 +5,7 @@
 use crate::artifacts::blobs;
 use crate::db;
 use crate::error::{raise, Code, LedgerError, Result, SqlError};
+use crate::graph_checkpoints;
 use crate::scope::{self, Scope};
 use ledger_model::retention::check_older_than;
 use pgrx::datum::Interval;
@@ -42,6 +43,7 @@ const RUN_ROWS: [&str; 10] = [
 fn purge(scope: &Scope, ids: Vec<String>) -> Result<()> {
     let run = |sql: &str| db::execute(sql, &scope.args([ids.clone().into()]));
     run(include_str!("../sql/queries/keep_tool_call_tombstones.sql"))?;
+    graph_checkpoints::delete_for_purged_runs(scope, &ids)?;
     for table in RUN_ROWS {
         run(&format!(
             "DELETE FROM ledger.{table} \

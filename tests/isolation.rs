@@ -141,6 +141,8 @@ fn populate(app: &mut Client, s: Scope) {
         format!("SELECT ledger.set_task_snapshot('{p}-t1', '{{\"payload\": {{\"thread\": 7}}}}')"),
         format!("SELECT ledger.add_task_checkpoint('{p}-t1', '{{\"cursor\": 1}}')"),
         format!("SELECT ledger.record_task_event('{p}-t1', 'note', '{{\"n\": 1}}')"),
+        format!("SELECT ledger.put_graph_checkpoint('{p}-r1', '{p}-th', '', 'c1', '{{\"channel_versions\": {{\"a\": \"1\"}}}}', '{{\"step\": 1}}', channels => '{{a}}', versions => '{{1}}', blob_types => '{{bytes}}', blobs => ARRAY['\\x01'::bytea])"),
+        format!("SELECT ledger.put_graph_checkpoint_writes('{p}-th', '', 'c1', 'task', '{{0}}', '{{a}}', '{{bytes}}', ARRAY['\\x02'::bytea])"),
         format!("SELECT ledger.transition_task('{p}-t1', 'running')"),
         format!("SELECT ledger.transition_task('{p}-t1', 'failed')"),
         format!("SELECT ledger.create_run('agent', run_id => '{p}-gone')"),
@@ -229,6 +231,7 @@ fn refusals(v: &Victim) -> Vec<(String, &'static str)> {
         (format!("SELECT ledger.transition_run({r1}, 'succeeded')"), "RUN_NOT_FOUND"),
         (format!("SELECT ledger.transition_run('a-r1', 'failed', error_step_id => {s1})"), "STEP_NOT_FOUND"),
         (format!("SELECT ledger.create_step({r1}, 'llm')"), "RUN_NOT_FOUND"),
+        (format!("SELECT ledger.put_graph_checkpoint({r1}, 'a-th', '', 'c2', '{{}}')"), "RUN_NOT_FOUND"),
         (format!("SELECT ledger.transition_step({s1}, 'failed')"), "STEP_NOT_FOUND"),
         (format!("SELECT ledger.transition_step({step}, 'failed')"), "STEP_NOT_FOUND"),
         (format!("SELECT ledger.run_inputs({r1})"), "RUN_NOT_FOUND"),
@@ -343,6 +346,18 @@ fn another_scopes_objects_are_not_found_through_any_function() {
             .unwrap()
             .get(0);
         assert_eq!(acked, 0, "another scope's events are not ours to ack");
+        // Another scope's graph thread and run name nothing here: nothing read, copied or deleted.
+        let p = v.scope.prefix;
+        for sql in [
+            format!("SELECT count(*)::int FROM ledger.graph_checkpoint_tuples('{p}-th')"),
+            format!("SELECT ledger.copy_graph_thread('{p}-th', 'a-copy')"),
+            format!("SELECT ledger.prune_graph_threads(ARRAY['{p}-th'], 'delete')"),
+            format!("SELECT ledger.delete_graph_thread('{p}-th')"),
+            format!("SELECT ledger.delete_graph_checkpoints_for_runs(ARRAY['{p}-r1'])"),
+        ] {
+            let n: i32 = one(&mut app, &sql);
+            assert_eq!(n, 0, "{sql}");
+        }
     }
 
     // The same consumer name claims only A's due events, though B and G have pending ones too.

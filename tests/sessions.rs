@@ -352,6 +352,13 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
         &mut c,
         &format!("SELECT ledger.complete_tool_call('{tc}', 1, 'succeeded', jsonb_build_object('html', repeat('h', 30000)))"),
     );
+    // A graph checkpoint of the run, with a channel value and a pending write (opaque bytes).
+    exec(
+        &mut c,
+        "SELECT ledger.put_graph_checkpoint('r2', 'th', '', 'c1', '{\"channel_versions\": {\"a\": \"1\"}}', \
+             channels => '{a}', versions => '{1}', blob_types => '{bytes}', blobs => ARRAY['\\x00ff'::bytea]); \
+         SELECT ledger.put_graph_checkpoint_writes('th', '', 'c1', 'task', '{0}', '{a}', '{bytes}', ARRAY['\\x01'::bytea])",
+    );
     let cursor: String = one(
         &mut c,
         "SELECT event_id FROM ledger.events_since('r2') WHERE seq = 2",

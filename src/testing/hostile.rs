@@ -484,6 +484,10 @@ mod tests {
             ),
             ("step_id", "SELECT ledger.transition_step($MB, 'running')"),
             ("task_id", "SELECT ledger.transition_task($MB, 'running')"),
+            (
+                "run_id",
+                "SELECT ledger.put_graph_checkpoint($MB, 't', '', 'c', '{}')",
+            ),
         ] {
             let before = rows();
             let e = assert_error(&sql(call), "22023", "ID_INVALID");
@@ -612,6 +616,98 @@ mod tests {
                 "error_code",
                 "SELECT ledger.transition_task('t', 'running', error_code => $MB)",
             ),
+            (
+                "thread_id",
+                "SELECT ledger.put_graph_checkpoint('r', $MB, '', 'c', '{}')",
+            ),
+            (
+                "checkpoint_ns",
+                "SELECT ledger.put_graph_checkpoint('r', 't', $MB, 'c', '{}')",
+            ),
+            (
+                "checkpoint_id",
+                "SELECT ledger.put_graph_checkpoint('r', 't', '', $MB, '{}')",
+            ),
+            (
+                "parent_checkpoint_id",
+                "SELECT ledger.put_graph_checkpoint('r', 't', '', 'c', '{}', parent_checkpoint_id => $MB)",
+            ),
+            (
+                "channels",
+                "SELECT ledger.put_graph_checkpoint('r', 't', '', 'c', '{}', channels => ARRAY[$MB], versions => '{1}', blob_types => '{b}', blobs => ARRAY[NULL::bytea])",
+            ),
+            (
+                "versions",
+                "SELECT ledger.put_graph_checkpoint('r', 't', '', 'c', '{}', channels => '{a}', versions => ARRAY[$MB], blob_types => '{b}', blobs => ARRAY[NULL::bytea])",
+            ),
+            (
+                "blob_types",
+                "SELECT ledger.put_graph_checkpoint('r', 't', '', 'c', '{}', channels => '{a}', versions => '{1}', blob_types => ARRAY[$MB], blobs => ARRAY[NULL::bytea])",
+            ),
+            (
+                "thread_id",
+                "SELECT ledger.put_graph_checkpoint_writes($MB, '', 'c', 'k', '{0}', '{a}', '{b}', ARRAY[NULL::bytea])",
+            ),
+            (
+                "checkpoint_ns",
+                "SELECT ledger.put_graph_checkpoint_writes('t', $MB, 'c', 'k', '{0}', '{a}', '{b}', ARRAY[NULL::bytea])",
+            ),
+            (
+                "checkpoint_id",
+                "SELECT ledger.put_graph_checkpoint_writes('t', '', $MB, 'k', '{0}', '{a}', '{b}', ARRAY[NULL::bytea])",
+            ),
+            (
+                "task_id",
+                "SELECT ledger.put_graph_checkpoint_writes('t', '', 'c', $MB, '{0}', '{a}', '{b}', ARRAY[NULL::bytea])",
+            ),
+            (
+                "task_path",
+                "SELECT ledger.put_graph_checkpoint_writes('t', '', 'c', 'k', '{0}', '{a}', '{b}', ARRAY[NULL::bytea], task_path => $MB)",
+            ),
+            (
+                "channels",
+                "SELECT ledger.put_graph_checkpoint_writes('t', '', 'c', 'k', '{0}', ARRAY[$MB], '{b}', ARRAY[NULL::bytea])",
+            ),
+            (
+                "blob_types",
+                "SELECT ledger.put_graph_checkpoint_writes('t', '', 'c', 'k', '{0}', '{a}', ARRAY[$MB], ARRAY[NULL::bytea])",
+            ),
+            (
+                "thread_id",
+                "SELECT count(*) FROM ledger.graph_checkpoint_tuples($MB)",
+            ),
+            (
+                "checkpoint_ns",
+                "SELECT count(*) FROM ledger.graph_checkpoint_tuples(checkpoint_ns => $MB)",
+            ),
+            (
+                "checkpoint_id",
+                "SELECT count(*) FROM ledger.graph_checkpoint_tuples(checkpoint_id => $MB)",
+            ),
+            (
+                "before",
+                "SELECT count(*) FROM ledger.graph_checkpoint_tuples(before => $MB)",
+            ),
+            (
+                "source_thread_id",
+                "SELECT ledger.copy_graph_thread($MB, 't')",
+            ),
+            (
+                "target_thread_id",
+                "SELECT ledger.copy_graph_thread('t', $MB)",
+            ),
+            (
+                "thread_id",
+                "SELECT ledger.delete_graph_thread($MB)",
+            ),
+            (
+                "thread_ids",
+                "SELECT ledger.prune_graph_threads(ARRAY[$MB])",
+            ),
+            (
+                "run_ids",
+                "SELECT ledger.delete_graph_checkpoints_for_runs(ARRAY[$MB])",
+            ),
         ] {
             let before = rows();
             let e = assert_error(&sql(call), "22023", "LABEL_INVALID");
@@ -691,6 +787,11 @@ mod tests {
                 "expected_status",
                 "STATUS_UNKNOWN",
                 "SELECT ledger.transition_task('t', 'running', expected_status => $MB)",
+            ),
+            (
+                "strategy",
+                "STRATEGY_UNKNOWN",
+                "SELECT ledger.prune_graph_threads('{t}', $MB)",
             ),
         ] {
             let before = rows();

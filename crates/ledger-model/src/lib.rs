@@ -7,6 +7,7 @@ pub mod error;
 pub mod events;
 pub mod evidence;
 pub mod feed;
+pub mod graph_checkpoints;
 pub mod hash;
 pub mod ids;
 pub mod interrupt;

@@ -25,6 +25,7 @@ INSERT INTO audit VALUES
   ('run_evidence',    'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
   ('replay_ready',    'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
   ('otel_trace',      'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
+  ('graph_checkpoint_tuples', 'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
 -- Writers: no application role may INSERT, UPDATE or DELETE any table; these functions are the
 -- only write path, so the rules (status machine, seq, redaction, fencing) cannot be skipped.
   ('create_run',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
@@ -64,6 +65,12 @@ INSERT INTO audit VALUES
   ('nack_outbox_events',  'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('replay_outbox_event', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('purge_runs',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('put_graph_checkpoint', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('put_graph_checkpoint_writes', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('delete_graph_thread', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('copy_graph_thread',   'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('prune_graph_threads', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('delete_graph_checkpoints_for_runs', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
 -- Scope grants: only ledger_owner may write ledger.scope_grants and ledger.scope_bindings;
 -- EXECUTE for the owner and superusers only.
   ('grant_scope',         'volatile', false, 'unsafe', 'definer', 'owner only: writes the scope grants'),
