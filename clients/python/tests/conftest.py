@@ -87,7 +87,6 @@ def assert_shows_verbatim(manual: Path, example: Path) -> None:
     """The manual shows the example program once, as it is in the file, and every Python block of
     the manual compiles."""
     blocks = re.findall(r"```python\n(.*?)```", manual.read_text(encoding="utf-8"), re.S)
-    programs = [b for b in blocks if 'if __name__ == "__main__":' in b]
-    assert programs == [example.read_text(encoding="utf-8")], f"{manual.name} must show {example.name} once, verbatim"
+    assert blocks.count(example.read_text(encoding="utf-8")) == 1, f"{manual.name} must show {example.name} once, verbatim"
     for n, block in enumerate(blocks):
         compile(block, f"{manual.name} python block {n}", "exec")

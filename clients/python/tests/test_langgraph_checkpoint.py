@@ -10,7 +10,6 @@ suite: test_langgraph_conformance.py.)"""
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from conftest import SCOPE, one, wait_for
+from conftest import SCOPE, assert_shows_verbatim, one, wait_for
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
@@ -194,9 +193,7 @@ def test_a_checkpoint_without_a_configured_run_gets_a_run_of_its_own(
 
 
 def test_the_manual_shows_the_example_verbatim() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", MANUAL.read_text(encoding="utf-8"), re.S)
-    assert blocks.count(EXAMPLE.read_text(encoding="utf-8")) == 1, \
-        "docs/langgraph.md must show examples/langgraph_checkpointer.py once"
+    assert_shows_verbatim(MANUAL, EXAMPLE)
 
 
 def test_the_example_runs_and_leaves_its_run_and_checkpoints_in_the_ledger(dsn: str) -> None:
