@@ -192,6 +192,18 @@ def test_a_checkpoint_without_a_configured_run_gets_a_run_of_its_own(
     assert refused.value.code == "STRATEGY_UNKNOWN"
 
 
+def test_a_saver_remembers_a_bounded_number_of_its_runs_and_finds_a_forgotten_one_again(
+        scoped: ScopedLedger, person: psycopg.Connection[DictRow]) -> None:
+    saver = LedgerSaver(scoped)
+    saver.runs_kept = 2
+    for thread in ["k1", "k2", "k3", "k1"]:
+        saver.put({"configurable": {"thread_id": thread, "checkpoint_ns": ""}}, empty_checkpoint(),
+                  {"source": "input", "step": -1}, {})
+        assert len(saver._runs) <= 2
+    assert one(person, "SELECT count(*) FROM ledger.runs") == 3
+    assert one(person, "SELECT count(DISTINCT run_id) FROM ledger.graph_checkpoints WHERE thread_id = 'k1'") == 1
+
+
 def test_the_manual_shows_the_example_verbatim() -> None:
     assert_shows_verbatim(MANUAL, EXAMPLE)
 

@@ -65,9 +65,19 @@ def _configurable(config: RunnableConfig | None) -> Mapping[str, Any]:
 class _Saver(BaseCheckpointSaver[str]):
     """LedgerSaver's encoding and decoding (the statements and their rows), apart from its I/O."""
 
+    runs_kept = 1024
+    """How many of its own runs' ids the saver remembers (the oldest is forgotten first: a service
+    serves unboundedly many threads; a forgotten run is found again by its request id)."""
+
     def __init__(self, *, serde: SerializerProtocol | None = None) -> None:
         super().__init__(serde=serde)
         self._runs: dict[str, str] = {}
+
+    def _remember(self, request: str, run_id: str) -> str:
+        while len(self._runs) >= self.runs_kept:
+            del self._runs[next(iter(self._runs))]
+        self._runs[request] = run_id
+        return run_id
 
     def get_next_version(self, current: str | None, channel: None = None) -> str:
         """Zero-padded counters (so that they sort as text) with a random tail: a thread resumed
@@ -196,7 +206,7 @@ class LedgerSaver(_Saver):
                     if run.status is RunStatus.QUEUED:  # running without a lease: no worker claims it
                         tx.transition_run(run.id, RunStatus.RUNNING)
                     return run.id
-            self._runs[request] = again(f"run of {request}", create)
+            return self._remember(request, again(f"run of {request}", create))
         return self._runs[request]
 
     async def _arun_id(self, config: RunnableConfig, metadata: Mapping[str, Any]) -> str:
@@ -210,7 +220,7 @@ class LedgerSaver(_Saver):
                     if run.status is RunStatus.QUEUED:
                         await tx.transition_run(run.id, RunStatus.RUNNING)
                     return run.id
-            self._runs[request] = await again_async(f"run of {request}", create)
+            return self._remember(request, await again_async(f"run of {request}", create))
         return self._runs[request]
 
     # Sync
