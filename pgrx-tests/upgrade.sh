@@ -33,8 +33,10 @@ cp tests/schema_snapshot.sql "$work/snapshot.sql"
 [ "$(id -u)" -eq 0 ] && chown postgres: "$work/snapshot.sql"
 
 # Each release's library for this major, as $libdir/ledger-<version>.so. Its source lives outside
-# the checkout (inside, cargo would take it for a member of this workspace); its build is kept
-# under target/ for the next run.
+# the checkout (inside, cargo would take it for a member of this workspace). The releases share
+# one target directory, kept under target/ for the next run: they pin the same pgrx, so cargo
+# builds the dependencies they have in common (pgrx's bindings above all) once per major, not
+# once per release.
 for release in $RELEASES; do
   version=${release%%=*} commit=${release#*=}
   src=/tmp/ledger-release-$version
@@ -48,8 +50,8 @@ for release in $RELEASES; do
     echo "$commit" > "$src/.commit"
   fi
   echo "upgrade: building release $version's library for PostgreSQL $major"
-  (cd "$src" && CARGO_TARGET_DIR="$repo/target/release-$version" cargo build --quiet --no-default-features --features "pg$major")
-  cp "$repo/target/release-$version/debug/libledger.so" "$libdir/ledger-$version.so"
+  (cd "$src" && CARGO_TARGET_DIR="$repo/target/releases" cargo build --quiet --no-default-features --features "pg$major")
+  cp "$repo/target/releases/debug/libledger.so" "$libdir/ledger-$version.so"
 done
 # The library a frozen version's functions are bound to: the oldest built release not older than
 # it (an older version names no symbol that release lacks).
