@@ -398,6 +398,7 @@ impl Check<'_> {
                             self.problem(format!("returns the whole row {id}"));
                         }
                     }
+                    self.everywhere(e);
                     self.only_immutable(e, "in RETURNING");
                 }
                 SelectItem::Wildcard(_) | SelectItem::QualifiedWildcard(..) => {
@@ -583,6 +584,7 @@ fn each_refused_form_is_found() {
         ("WITH t AS (UPDATE ledger.tasks SET status = $2 WHERE id = $1 RETURNING *) SELECT (t.*)::ledger.tasks FROM t", "whole row"),
         ("INSERT INTO ledger.tasks AS t (id) VALUES ($1) RETURNING t", "whole row"),
         ("UPDATE ledger.tasks SET output = ROW(1)::ledger.tasks WHERE id = $1", "row type"),
+        ("INSERT INTO ledger.task_events (id) VALUES ($1) RETURNING (task_events.*)::ledger.task_events", "row type"),
         ("UPDATE ledger.outbox SET error_message = format('%s', attempt_count) WHERE id = $1", "STABLE"),
         ("UPDATE ledger.runs SET id = no_such_function() WHERE id = $1", "does not list"),
         ("INSERT INTO ledger.runs (id) VALUES ($1) RETURNING now()", "RETURNING"),
