@@ -113,7 +113,7 @@ BEGIN
         EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
         EXECUTE format('CREATE POLICY owner_only ON ledger.%I TO ledger_owner USING (true) WITH CHECK (true)', t);
         EXECUTE format('CREATE POLICY dispatch_read ON ledger.%I FOR SELECT TO ledger_dispatcher'
-                       ' USING (grantee = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = session_user))', t);
+                       ' USING (grantee = pg_catalog.to_regrole(pg_catalog.quote_ident(session_user)))', t);
         EXECUTE format('ALTER TABLE ledger.%I OWNER TO ledger_owner', t);
         PERFORM pg_catalog.pg_extension_config_dump(format('ledger.%I', t)::regclass, '');
     END LOOP;
@@ -122,13 +122,15 @@ $bind$;
 
 -- set_scope runs as its caller, who cannot read the grants: it asks this function, which
 -- answers for the session's login role only.
+-- The role is found by to_regrole (quote_ident keeps a mixed-case name), not by reading
+-- pg_roles, a catalog view that a distributed engine's planner does not route.
 CREATE FUNCTION ledger_dispatch.scope_granted(tenant_id text, workspace_id text) RETURNS boolean
     LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT NOT EXISTS (SELECT 1 FROM ledger.scope_bindings b
-                        WHERE b.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user))
+                        WHERE b.grantee = pg_catalog.to_regrole(pg_catalog.quote_ident(session_user)))
         OR EXISTS (SELECT 1 FROM ledger.scope_grants g
-                    WHERE g.grantee = (SELECT oid FROM pg_roles WHERE rolname = session_user)
+                    WHERE g.grantee = pg_catalog.to_regrole(pg_catalog.quote_ident(session_user))
                       AND g.tenant_id = $1 AND (g.workspace_id IS NULL OR g.workspace_id = $2))
 $$;
 COMMENT ON FUNCTION ledger_dispatch.scope_granted(text, text) IS 'Whether the session''s login role (session_user, which SET ROLE does not change) may state this scope: it was never bound, or it has a grant for the tenant and this workspace or every workspace.';

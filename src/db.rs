@@ -127,6 +127,32 @@ pub fn execute(query: &str, args: &[DatumWithOid]) -> Result<()> {
     })
 }
 
+/// `now()`, the transaction's start, as a statement's parameter. Write statements take their times
+/// as parameters: a distributed engine refuses `now()` inside CASE or COALESCE of a write.
+pub fn now() -> Result<TimestampWithTimeZone> {
+    // SAFETY: reads the backend's transaction start time, set when the transaction began.
+    timestamp(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() })
+}
+
+/// `clock_timestamp()`, the time of this call, as a statement's parameter (lease arithmetic):
+/// a distributed engine refuses VOLATILE functions in an UPDATE.
+pub fn clock() -> Result<TimestampWithTimeZone> {
+    clock_plus(0)
+}
+
+/// `clock_timestamp() + make_interval(secs => seconds)`: when a lease or a backoff starting now
+/// ends (an interval of seconds alone is that many microseconds in every time zone).
+pub fn clock_plus(seconds: i64) -> Result<TimestampWithTimeZone> {
+    // SAFETY: reads the system clock.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    timestamp(now.saturating_add(seconds.saturating_mul(1_000_000)))
+}
+
+fn timestamp(t: pg_sys::TimestampTz) -> Result<TimestampWithTimeZone> {
+    TimestampWithTimeZone::try_from(t)
+        .map_err(|e| LedgerError::internal(format!("the clock is out of range: {e}")))
+}
+
 /// Column `ordinal` (1-based), NULL as `None`.
 pub fn opt<T: FromDatum + IntoDatum>(row: &Row, ordinal: usize) -> Result<Option<T>> {
     row.get::<T>(ordinal).map_err(spi_failed)

@@ -137,6 +137,26 @@ mod tests {
         ));
     }
 
+    mod write_statements {
+        include!("../crates/ledger-model/tests/statement_forms/volatility.rs");
+    }
+
+    /// The volatility the write-statement forms test (crates/ledger-model/tests/
+    /// statement_forms.rs) knows each function by is the catalog's, for the most volatile
+    /// overload ('i' < 's' < 'v').
+    #[pg_test]
+    fn write_statement_functions_have_their_listed_volatility() {
+        for (name, listed) in write_statements::VOLATILITY {
+            let found = Spi::get_one_with_args::<String>(
+                "SELECT max(provolatile::text) FROM pg_catalog.pg_proc \
+                  WHERE proname = $1 AND pronamespace = 'pg_catalog'::regnamespace",
+                &[(*name).into()],
+            )
+            .expect("a catalog read");
+            assert_eq!(found, Some(listed.to_string()), "{name}");
+        }
+    }
+
     #[pg_test]
     fn every_function_and_table_has_a_comment() {
         let bare = one::<String>(

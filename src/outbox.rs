@@ -255,7 +255,7 @@ fn lease_batch(
     if !spent.is_empty() {
         db::execute(
             include_str!("../sql/queries/fail_exhausted_outbox_events.sql"),
-            &scope.args([spent.into()]),
+            &scope.args([spent.into(), db::clock()?.into()]),
         )?;
     }
     if fresh.is_empty() {
@@ -263,7 +263,11 @@ fn lease_batch(
     }
     db::execute(
         include_str!("../sql/queries/lease_outbox_events.sql"),
-        &scope.args([fresh.clone().into(), lease_owner.into(), lease.into()]),
+        &scope.args([
+            fresh.clone().into(),
+            lease_owner.into(),
+            db::clock_plus(lease.into())?.into(),
+        ]),
     )?;
     events(scope, fresh)
 }
@@ -277,7 +281,7 @@ fn ack(lease_owner: Option<&str>, ids: Result<Vec<String>>) -> Result<i32> {
     let ids = ids?;
     let acked = db::write_one(
         include_str!("../sql/queries/ack_outbox_events.sql"),
-        &scope.args([ids.into(), lease_owner.into()]),
+        &scope.args([ids.into(), lease_owner.into(), db::clock()?.into()]),
         |r| db::req::<i32>(r, 1),
     )?;
     Ok(acked.unwrap_or(0))
@@ -334,7 +338,8 @@ fn nack(
                 id.as_str().into(),
                 status.into(),
                 error_message.as_str().into(),
-                delay.into(),
+                db::clock_plus(delay.into())?.into(),
+                db::clock()?.into(),
             ]),
         )?;
     }
@@ -406,7 +411,7 @@ pub(crate) fn replay(scope: &Scope, id: &str) -> Result<Replayed> {
     rules::check_failed(id, &held.status)?;
     db::execute(
         include_str!("../sql/queries/replay_outbox_event.sql"),
-        &scope.args([id.into()]),
+        &scope.args([id.into(), db::clock()?.into()]),
     )?;
     wakeup(id);
     let event = events(scope, vec![id.to_owned()])?.into_iter().next();

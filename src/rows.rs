@@ -118,6 +118,8 @@ pub struct LockedRun {
     pub run_token: i64,
     /// An owner holds the run: claimed, and neither released nor taken over since.
     pub lease_held: bool,
+    /// The lease of the last claim, which a heartbeat renews by default; None: never claimed.
+    pub lease_seconds: Option<i32>,
 }
 
 impl LockedRun {
@@ -155,7 +157,7 @@ impl std::ops::Deref for LockedRun {
 }
 
 const RUN: &str = "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id, \
-                          last_seq, run_token, lease_owner IS NOT NULL \
+                          last_seq, run_token, lease_owner IS NOT NULL, lease_seconds \
                      FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2";
 
 /// The run whose `column` (`id` or `request_id`) is `key`, read under `lock`.
@@ -178,6 +180,7 @@ fn run_by(scope: &Scope, column: &str, key: &str, lock: Lock) -> Result<Option<L
                 last_seq: db::req(r, 8)?,
                 run_token: db::req(r, 9)?,
                 lease_held: db::req(r, 10)?,
+                lease_seconds: db::opt(r, 11)?,
             })
         },
     )

@@ -93,10 +93,14 @@ fn claim(
     };
     let (run_token, last_seq) = db::write_one(
         "UPDATE ledger.runs SET lease_owner = $4, lease_seconds = $5, \
-                lease_expires_at = clock_timestamp() + make_interval(secs => $5), \
-                run_token = run_token + 1 \
+                lease_expires_at = $6, run_token = run_token + 1 \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING run_token, last_seq",
-        &scope.args([id.as_str().into(), owner.into(), lease.into()]),
+        &scope.args([
+            id.as_str().into(),
+            owner.into(),
+            lease.into(),
+            db::clock_plus(lease.into())?.into(),
+        ]),
         |r| Ok((db::req::<i64>(r, 1)?, db::req::<i64>(r, 2)?)),
     )?
     .ok_or_else(|| LedgerError::internal("a locked run was not updated"))?;
@@ -201,11 +205,14 @@ fn heartbeat_run(
     let extend = extend_seconds.map(self::extend_seconds).transpose()?;
     let run = owned(&scope, run_id, run_token)?;
     run.ensure_live("heartbeats")?;
+    let until = extend
+        .or(run.lease_seconds)
+        .map(|s| db::clock_plus(s.into()))
+        .transpose()?;
     Ok(db::write_one(
-        "UPDATE ledger.runs \
-            SET lease_expires_at = clock_timestamp() + make_interval(secs => coalesce($4, lease_seconds)) \
+        "UPDATE ledger.runs SET lease_expires_at = $4 \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 RETURNING lease_expires_at",
-        &scope.args([run.id.as_str().into(), extend.into()]),
+        &scope.args([run.id.as_str().into(), until.into()]),
         |r| db::req::<TimestampWithTimeZone>(r, 1),
     )?
     .ok_or_else(|| LedgerError::internal("a locked run was not updated"))?)

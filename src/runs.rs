@@ -332,20 +332,6 @@ fn replay_run(
     Ok(rerun(run_id, inputs, "replay", Status::is_terminal)?)
 }
 
-/// What a run's transition writes: its summary and error, and the end of the owner's lease
-/// when the run ends (`$9`: the new status is terminal).
-const TRANSITION: transition::Columns = transition::Columns {
-    resource: Resource::Run,
-    table: "ledger.runs",
-    set: "output_summary = coalesce($5, output_summary), \
-          error_code = coalesce($6, error_code), \
-          error_message = coalesce($7, error_message), \
-          error_step_id = coalesce($8, error_step_id), \
-          lease_expires_at = CASE WHEN $9 THEN NULL ELSE lease_expires_at END",
-    restart: None,
-    duration_from: Some("queued_at"),
-};
-
 /// Moves a run to `to_status` under the status machine (`ledger_model::status`).
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
@@ -401,7 +387,7 @@ fn transition_run(
     )?;
     transition::write(
         &scope,
-        &TRANSITION,
+        &ledger_model::transition::RUN,
         run_id,
         from,
         to,

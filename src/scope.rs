@@ -154,14 +154,16 @@ fn set_scope(
     Ok(())
 }
 
-/// The role a grant names (P0002 `ROLE_NOT_FOUND`).
+/// The role a grant names (P0002 `ROLE_NOT_FOUND`), found by to_regrole rather than by reading
+/// pg_roles, which a distributed engine does not route (quote_ident keeps the exact name).
 fn role_oid(role_name: Option<&str>) -> Result<pgrx::pg_sys::Oid> {
     let name = required_label("role_name", role_name)?;
     db::select_one(
-        "SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $1",
+        "SELECT pg_catalog.to_regrole(pg_catalog.quote_ident($1))::oid",
         &[name.into()],
-        |r| db::req::<pgrx::pg_sys::Oid>(r, 1),
+        |r| db::opt::<pgrx::pg_sys::Oid>(r, 1),
     )?
+    .flatten()
     .ok_or_else(|| LedgerError::not_found(Code::RoleNotFound, "role", name))
 }
 

@@ -109,6 +109,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
             free_text(new.input_summary).into(),
             new.status.is_started().into(),
             new.status.is_terminal().into(),
+            db::now()?.into(),
         ]),
     )?;
     let created = Event::StepCreated(StepCreated {
@@ -211,19 +212,6 @@ pub fn follow(
     Ok(())
 }
 
-/// What a step's transition writes: its summary, metrics (merged by top-level key) and error.
-const TRANSITION: transition::Columns = transition::Columns {
-    resource: Resource::Step,
-    table: "ledger.run_steps",
-    set: "output_summary = coalesce($5, output_summary), \
-          metrics = metrics || coalesce($6, '{}'::jsonb), \
-          error_code = coalesce($7, error_code), \
-          error_message = coalesce($8, error_message), \
-          error_details = coalesce($9, error_details)",
-    restart: None,
-    duration_from: Some("created_at"),
-};
-
 /// The conditional update of a locked step from `from` to `to`, and its `step.status` event.
 fn write_transition(
     scope: &Scope,
@@ -242,7 +230,7 @@ fn write_transition(
     feed::append(scope, run.held(), Some(step_id), &status)?;
     transition::write(
         scope,
-        &TRANSITION,
+        &ledger_model::transition::STEP,
         step_id,
         from,
         to,

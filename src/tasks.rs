@@ -23,6 +23,32 @@ fn row(scope: &Scope, task_id: &str) -> Result<pgrx::composite_type!('static, "l
     rows::scoped_row(scope, "ledger.tasks", task_id, Code::TaskNotFound, "task")
 }
 
+type Row = PgHeapTuple<'static, pgrx::AllocatedByRust>;
+
+/// A row of `table` (a task table with a `created_at`) from the values an INSERT was given and
+/// the `created_at` it returned: a write statement returns no whole row, whose type on a
+/// distributed engine's shard is the shard's own.
+fn inserted_row(
+    scope: &Scope,
+    table: &str,
+    created_at: Option<TimestampWithTimeZone>,
+    fill: impl FnOnce(&mut Row) -> std::result::Result<(), pgrx::datum::TryFromDatumError>,
+) -> Result<Row> {
+    let created_at = created_at
+        .ok_or_else(|| LedgerError::internal(format!("{table} insert returned no row")))?;
+    let built = PgHeapTuple::new_composite_type(table)
+        .map_err(|e| LedgerError::internal(format!("{table}: {e}")))
+        .and_then(|mut row| {
+            row.set_by_name("tenant_id", scope.tenant.as_str())
+                .and_then(|()| row.set_by_name("workspace_id", scope.workspace.as_str()))
+                .and_then(|()| row.set_by_name("created_at", created_at))
+                .and_then(|()| fill(&mut row))
+                .map_err(|e| LedgerError::internal(format!("{table}: {e}")))?;
+            Ok(row)
+        })?;
+    Ok(built)
+}
+
 /// Appends to the task's history (not the run feed: a task may have no run).
 fn event_row(
     scope: &Scope,
@@ -30,19 +56,25 @@ fn event_row(
     event_type: &str,
     payload: &Value,
 ) -> Result<pgrx::composite_type!('static, "ledger.task_events")> {
-    db::write_one(
-        "INSERT INTO ledger.task_events AS e \
-                (tenant_id, workspace_id, id, task_id, event_type, payload) \
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING e",
+    let id = ids::new_id("tevt");
+    let payload = Jsonb::from(payload);
+    let created_at = db::write_one(
+        "INSERT INTO ledger.task_events (tenant_id, workspace_id, id, task_id, event_type, payload) \
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING created_at",
         &scope.args([
-            ids::new_id("tevt").into(),
+            id.as_str().into(),
             task_id.into(),
             event_type.into(),
-            Jsonb::from(payload).into(),
+            payload.clone().into(),
         ]),
         |r| db::req(r, 1),
-    )?
-    .ok_or_else(|| LedgerError::internal("task event insert returned no row"))
+    )?;
+    inserted_row(scope, "ledger.task_events", created_at, |row| {
+        row.set_by_name("id", id.as_str())?;
+        row.set_by_name("task_id", task_id)?;
+        row.set_by_name("event_type", event_type)?;
+        row.set_by_name("payload", payload)
+    })
 }
 
 /// Writes one of the ledger's own events to the task's history.
@@ -127,22 +159,6 @@ struct TaskChange<'a> {
     new_attempt: bool,
 }
 
-/// What a task's transition writes: progress (merged by top-level key), output, error, the
-/// replacement's id, and with `$10` a new attempt, which starts everything over.
-const TRANSITION: transition::Columns = transition::Columns {
-    resource: Resource::Task,
-    table: "ledger.tasks",
-    set:
-        "progress = CASE WHEN $10 THEN '{}'::jsonb ELSE progress END || coalesce($5, '{}'::jsonb), \
-          output = CASE WHEN $10 THEN NULL ELSE coalesce($6, output) END, \
-          error_code = CASE WHEN $10 THEN NULL ELSE coalesce($7, error_code) END, \
-          error_message = CASE WHEN $10 THEN NULL ELSE coalesce($8, error_message) END, \
-          retried_as_task_id = coalesce($9, retried_as_task_id), \
-          attempt_count = attempt_count + CASE WHEN $10 THEN 1 ELSE 0 END",
-    restart: Some("$10"),
-    duration_from: None,
-};
-
 /// The conditional update of a locked task from `from` to `to`, and its `task.status` event.
 fn write_transition(
     scope: &Scope,
@@ -153,7 +169,7 @@ fn write_transition(
 ) -> Result<()> {
     transition::write(
         scope,
-        &TRANSITION,
+        &ledger_model::transition::TASK,
         task_id,
         from,
         to,
@@ -237,19 +253,24 @@ fn add_task_checkpoint(
     )?
     .ok_or_else(|| LedgerError::not_found(Code::TaskNotFound, "task", task_id))?;
     let id = ids::new_id("tckp");
-    let checkpoint = db::write_one(
-        "INSERT INTO ledger.task_checkpoints AS c \
+    let created_at = db::write_one(
+        "INSERT INTO ledger.task_checkpoints \
                 (tenant_id, workspace_id, id, task_id, checkpoint_no, payload) \
-         VALUES ($1, $2, $3, $4, $5, $6) RETURNING c",
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING created_at",
         &scope.args([
             id.as_str().into(),
             task_id.into(),
             checkpoint_no.into(),
-            payload.into(),
+            payload.clone().into(),
         ]),
         |r| db::req(r, 1),
-    )?
-    .ok_or_else(|| LedgerError::internal("task checkpoint insert returned no row"))?;
+    )?;
+    let checkpoint = inserted_row(&scope, "ledger.task_checkpoints", created_at, |row| {
+        row.set_by_name("id", id.as_str())?;
+        row.set_by_name("task_id", task_id)?;
+        row.set_by_name("checkpoint_no", checkpoint_no)?;
+        row.set_by_name("payload", payload)
+    })?;
     let added = Event::TaskCheckpoint(TaskCheckpoint {
         task_id,
         checkpoint_id: &id,

@@ -21,7 +21,9 @@ impl LoginRole {
     fn create(db: &str, name: &'static str, member_of: &str) -> LoginRole {
         exec(
             &mut connect_to(db, "postgres"),
-            &format!("DROP ROLE IF EXISTS {name}; CREATE ROLE {name} LOGIN IN ROLE {member_of}"),
+            &format!(
+                "DROP ROLE IF EXISTS \"{name}\"; CREATE ROLE \"{name}\" LOGIN IN ROLE {member_of}"
+            ),
         );
         LoginRole {
             db: db.to_owned(),
@@ -38,7 +40,7 @@ impl Drop for LoginRole {
     fn drop(&mut self) {
         let name = self.name;
         let dropped = connect_to(&self.db, "postgres").batch_execute(&format!(
-            "SELECT ledger.unbind_scope('{name}'); DROP OWNED BY {name}; DROP ROLE {name}"
+            "SELECT ledger.unbind_scope('{name}'); DROP OWNED BY \"{name}\"; DROP ROLE \"{name}\""
         ));
         if let Err(e) = dropped {
             if !thread::panicking() {
@@ -370,6 +372,28 @@ fn an_operator_claims_runs_and_outbox_events_across_scopes() {
         "SELECT count(*) FROM ledger.run_step_tool_calls WHERE lease_expires_at IS NULL",
     );
     assert_eq!(released, 2);
+}
+
+/// A login role whose name needs quoting (capitals) is bound like any other: the grant check
+/// finds the session's role by its exact name (a lookup that folded it to lower case would find
+/// no role, hence no binding, and let it state any scope).
+#[test]
+#[ignore]
+fn a_mixed_case_login_role_is_bound_by_its_grants() {
+    let db = database("ledger_workers_mixed_case");
+    let bound = LoginRole::create(&db, "Ledger_Test_Mixed", "ledger_writer");
+    exec(
+        &mut connect_to(&db, "postgres"),
+        "SELECT ledger.grant_scope('Ledger_Test_Mixed', 'acme', 'support')",
+    );
+    let mut app = bound.connect();
+    exec(&mut app, "SELECT ledger.set_scope('acme', 'support')");
+    refused(
+        &mut app,
+        "SELECT ledger.set_scope('globex', 'support')",
+        "42501",
+        "SCOPE_NOT_GRANTED",
+    );
 }
 
 /// A login role bound by scope grants states only its granted scopes: set_scope refuses any

@@ -47,7 +47,11 @@ fn begin_tool_call(
 pub(super) fn start(scope: &Scope, run: &LockedRun, rec: &mut ToolCall) -> Result<()> {
     db::execute(
         include_str!("../../sql/queries/begin_tool_call.sql"),
-        &scope.args([rec.id.as_str().into()]),
+        &scope.args([
+            rec.id.as_str().into(),
+            db::clock()?.into(),
+            db::clock_plus(rec.lease_seconds.into())?.into(),
+        ]),
     )?;
     rec.status = CallStatus::Running;
     step_to(scope, run, rec, Status::Running)?;
@@ -76,10 +80,9 @@ fn heartbeat_tool_call(
     };
     db::execute(
         "UPDATE ledger.run_step_tool_calls \
-            SET lease_expires_at = clock_timestamp() + make_interval(secs => $4), \
-                updated_at = now() \
+            SET lease_expires_at = $4, updated_at = now() \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &scope.args([id.into(), seconds.into()]),
+        &scope.args([id.into(), db::clock_plus(seconds.into())?.into()]),
     )?;
     Ok(outcome(&scope, id, rec.status.as_str(), None)?)
 }

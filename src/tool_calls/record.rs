@@ -104,6 +104,7 @@ pub(super) fn arm(
             lease_owner.into(),
             lease.into(),
             Jsonb::from(arguments).into(),
+            db::clock_plus(lease.into())?.into(),
         ]),
         |r| db::req::<i64>(r, 1),
     )?
@@ -325,6 +326,10 @@ pub(super) fn insert(
             lease_owner.into(),
             lease.into(),
             approval_id.into(),
+            claimed
+                .then(|| db::clock_plus(lease.into()))
+                .transpose()?
+                .into(),
         ]),
         |r| db::req::<String>(r, 1),
     )?;

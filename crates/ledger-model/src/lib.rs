@@ -20,3 +20,4 @@ pub mod run_leases;
 pub mod status;
 pub mod text;
 pub mod tool_calls;
+pub mod transition;
