@@ -4,7 +4,8 @@
 # ledger.so were replaced), starts a tuned but durable cluster and runs bench/ against it.
 # LEDGER_BENCH_SMOKE=1: the 30-second smoke that .ci/run uses (same code, tiny sizes).
 # LEDGER_BENCH_DIR (default /tmp/ledger-bench) holds the copy, the cluster and the results.
-# LEDGER_BENCH_PRELOAD: the cluster's shared_preload_libraries (default `ledger`; empty: none).
+# LEDGER_BENCH_PRELOAD: the cluster's shared_preload_libraries besides pg_stat_statements (default
+# `ledger`; empty: pg_stat_statements alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -56,7 +57,11 @@ checkpoint_completion_target = 0.9
 synchronous_commit = on
 fsync = on
 full_page_writes = on
-shared_preload_libraries = '$preload'
+shared_preload_libraries = '${preload:+$preload,}pg_stat_statements'
+# pg_stat_statements counts the statements of a lifecycle in a session of its own, which turns
+# it on; everywhere else it is off, so the throughput runs do not pay for it.
+compute_query_id = off
+pg_stat_statements.track = none
 CONF
 cluster_start $major "$data" "$port"
 trap 'cluster_stop $major "$data" || true' EXIT
