@@ -24,7 +24,16 @@ impl Standby {
         let made = pg_client("pg_basebackup")
             // The test cluster holds every earlier test's database (about 900 MB by now): no
             // fsync of the copy and no manifest, which a throwaway replica does not need.
-            .args(["-D", &dir, "-X", "stream", "-c", "fast", "--no-sync", "--no-manifest"])
+            .args([
+                "-D",
+                &dir,
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+                "--no-manifest",
+            ])
             .status()
             .expect("pg_basebackup runs");
         assert!(made.success(), "pg_basebackup failed");
