@@ -19,6 +19,7 @@ mod claim;
 mod execute;
 mod lookup;
 mod record;
+mod repeatable;
 mod resolve;
 
 use crate::db;
