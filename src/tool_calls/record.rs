@@ -147,23 +147,21 @@ pub(super) fn canonical_result(result: Option<&Jsonb>) -> Result<Option<String>>
         .transpose()
 }
 
-/// Stores a result's canonical JSON for the call (`tool_call_id`, record `record_id`) of step
-/// `step_id` of the run this transaction holds.
+/// Stores a result's canonical JSON for the record (its id and step known) in the run this
+/// transaction holds.
 pub(super) fn store_result(
     scope: &Scope,
     run: &LockedRun,
-    step_id: &str,
-    tool_call_id: &str,
-    record_id: &str,
+    rec: &ToolCall,
     canonical: Option<&str>,
 ) -> Result<StoredResult> {
     Ok(match canonical {
         Some(c) if c.len() > INLINE_RESULT_BYTES => {
-            let meta = json!({"kind": "tool_result", "tool_call_id": tool_call_id, "tool_call_record_id": record_id});
+            let meta = json!({"kind": "tool_result", "tool_call_id": rec.tool_call_id, "tool_call_record_id": rec.id});
             let (id, sha) = artifacts::put_bytes(
                 scope,
                 run.held(),
-                Some(step_id),
+                Some(&rec.step_id),
                 c.as_bytes(),
                 "json",
                 Some("application/json"),
@@ -214,14 +212,7 @@ pub(super) fn finish(
     metadata: &Value,
 ) -> Result<()> {
     let canonical = canonical_result(result.as_ref())?;
-    let stored = store_result(
-        scope,
-        run,
-        &rec.step_id,
-        &rec.tool_call_id,
-        &rec.id,
-        canonical.as_deref(),
-    )?;
+    let stored = store_result(scope, run, rec, canonical.as_deref())?;
     let status = if success {
         CallStatus::Succeeded
     } else {
@@ -344,6 +335,30 @@ fn given_step(scope: &Scope, run_id: &str, step_id: &str) -> Result<()> {
     Ok(())
 }
 
+/// Creates the `tool` step of a new call (`step_key` its `tool_call_id`), in `status`, holding
+/// `ended` when it is created finished.
+pub(super) fn tool_step(
+    scope: &Scope,
+    run: &LockedRun,
+    who: &Identity,
+    status: Status,
+    ended: StepChange,
+) -> Result<String> {
+    steps::create(
+        scope,
+        run,
+        &NewStep {
+            step_type: "tool",
+            step_key: Some(&who.tool_call_id),
+            node_id: None,
+            input_summary: Some(&format!("tool={}", who.tool_ref)),
+            status,
+            step_id: None,
+            ended,
+        },
+    )
+}
+
 /// Inserts a new record (and its step unless given); returns the record, read under the run's lock.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn insert(
@@ -362,19 +377,7 @@ pub(super) fn insert(
             given_step(scope, who.run_id, s)?;
             s.to_owned()
         }
-        None => steps::create(
-            scope,
-            run,
-            &NewStep {
-                step_type: "tool",
-                step_key: Some(&who.tool_call_id),
-                node_id: None,
-                input_summary: Some(&format!("tool={}", who.tool_ref)),
-                status: Status::Queued,
-                step_id: None,
-                ended: StepChange::default(),
-            },
-        )?,
+        None => tool_step(scope, run, who, Status::Queued, StepChange::default())?,
     };
     let id = ids::new_id("tc");
     let claimed = status == CallStatus::Claimed;

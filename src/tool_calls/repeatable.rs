@@ -10,7 +10,7 @@ use super::claim::Answer;
 use super::lookup::{find, find_locked, tombstone, Found};
 use super::record::{
     canonical_result, finish, finished_step, mark_in_doubt, replay_response, replayed_into,
-    reused_before, store_result,
+    reused_before, store_result, tool_step,
 };
 use super::{arguments as parse_arguments, audit, event, identity, step_to, Arguments, Identity};
 use crate::db;
@@ -20,12 +20,12 @@ use crate::jsonb::Jsonb;
 use crate::redaction::{free_text, redacted_object};
 use crate::rows::{self, LockedRun, ToolCall};
 use crate::scope::{self, Scope};
-use crate::steps::{self, NewStep, StepChange};
+use crate::steps::StepChange;
 use ledger_model::args::required;
 use ledger_model::events::{AuditKind, Event, ToolCallCompleted};
 use ledger_model::ids;
 use ledger_model::status::Status;
-use ledger_model::tool_calls::{decide_repeatable, CallStatus, Outcome, Repeat, MIN_LEASE_SECONDS};
+use ledger_model::tool_calls::{decide, CallStatus, Decision, Outcome, MIN_LEASE_SECONDS};
 use pgrx::prelude::*;
 use serde_json::{json, Value};
 
@@ -62,7 +62,7 @@ fn find_tool_call(
             });
         };
         let answer = match repeat(&rec, &who, &args, retry_failed.unwrap_or(false))? {
-            Repeat::Replay => {
+            Decision::Replay => {
                 if rec.run_id != run.id && !reused_before(&scope, &run.id, &rec)? {
                     let caller = rows::lock_run(&scope, "run_id", &run.id)?;
                     replayed_into(&scope, &caller, &rec)?;
@@ -77,19 +77,26 @@ fn find_tool_call(
 }
 
 /// The outcome of a record that neither replays nor runs the tool.
-fn stopped(repeat: Repeat) -> Option<&'static str> {
-    match repeat {
-        Repeat::InDoubt { .. } => Some("in_doubt"),
-        Repeat::Busy => Some("busy"),
-        Repeat::WaitingApproval => Some("waiting_approval"),
-        Repeat::Rejected => Some("rejected"),
-        Repeat::Replay | Repeat::Execute => None,
+fn stopped(decision: Decision) -> Option<&'static str> {
+    match decision {
+        Decision::InDoubt { .. } => Some("in_doubt"),
+        Decision::Busy => Some("busy"),
+        Decision::WaitingApproval => Some("waiting_approval"),
+        Decision::Rejected => Some("rejected"),
+        Decision::Replay | Decision::Claim => None,
     }
 }
 
-/// The repeatable decision on a record, other input under its identity a mismatch naming it.
-fn repeat(rec: &ToolCall, who: &Identity, args: &Arguments, retry_failed: bool) -> Result<Repeat> {
-    decide_repeatable(&rec.existing(), who.tool_ref, &args.hash, retry_failed)
+/// A claim's decision on a record, other input under its identity a mismatch naming it. Where a
+/// claim would hand out a new attempt (`Decision::Claim`) no request of the call can be under
+/// way: the repeatable path runs the tool, and its record is that attempt.
+fn repeat(
+    rec: &ToolCall,
+    who: &Identity,
+    args: &Arguments,
+    retry_failed: bool,
+) -> Result<Decision> {
+    decide(&rec.existing(), who.tool_ref, &args.hash, retry_failed)
         .map_err(|_| rec.reused(who, &args.hash))
 }
 
@@ -195,24 +202,24 @@ fn settle(
         Found::Purging(rec) => return Ok(Answer::Of(rec.id, "busy", None)),
     };
     Ok(match (repeat(&rec, who, args, retry_failed)?, held) {
-        (Repeat::Replay, _) => {
+        (Decision::Replay, _) => {
             let response = replay_response(scope, &rec)?;
             if who.run_id != rec.run_id {
                 replayed_into(scope, caller, &rec)?;
             }
             Answer::Of(rec.id, "replayed", Some(response))
         }
-        (Repeat::InDoubt { mark }, held) => {
+        (Decision::InDoubt { mark }, held) => {
             if let (true, Some(run)) = (mark, &held) {
                 mark_in_doubt(scope, run, &mut rec, None)?;
             }
             Answer::Of(rec.id, "in_doubt", None)
         }
-        (Repeat::Execute, Some(run)) => {
+        (Decision::Claim, Some(run)) => {
             record_again(scope, &run, &mut rec, done)?;
             Answer::Of(rec.id, "recorded", None)
         }
-        (Repeat::Execute, None) => Answer::Of(rec.id, "busy", None),
+        (Decision::Claim, None) => Answer::Of(rec.id, "busy", None),
         (other, _) => Answer::Of(rec.id, stopped(other).unwrap_or("busy"), None),
     })
 }
@@ -249,37 +256,20 @@ fn insert(
         lease_owner: None,
     };
     let (summary, metrics) = finished_step(&rec, canonical.as_deref());
-    rec.step_id = steps::create(
-        scope,
-        run,
-        &NewStep {
-            step_type: "tool",
-            step_key: Some(&who.tool_call_id),
-            node_id: None,
-            input_summary: Some(&format!("tool={}", who.tool_ref)),
-            status: if done.success {
-                Status::Succeeded
-            } else {
-                Status::Failed
-            },
-            step_id: None,
-            ended: StepChange {
-                output_summary: summary.as_deref(),
-                metrics: Some(metrics),
-                error_code: done.error_code(),
-                error_message: done.error_message,
-                error_details: None,
-            },
-        },
-    )?;
-    let stored = store_result(
-        scope,
-        run,
-        &rec.step_id,
-        &rec.tool_call_id,
-        &rec.id,
-        canonical.as_deref(),
-    )?;
+    let step_status = if done.success {
+        Status::Succeeded
+    } else {
+        Status::Failed
+    };
+    let ended = StepChange {
+        output_summary: summary.as_deref(),
+        metrics: Some(metrics),
+        error_code: done.error_code(),
+        error_message: done.error_message,
+        error_details: None,
+    };
+    rec.step_id = tool_step(scope, run, who, step_status, ended)?;
+    let stored = store_result(scope, run, &rec, canonical.as_deref())?;
     let mut params = scope.args([
         rec.id.as_str().into(),
         who.run_id.into(),

@@ -36,6 +36,8 @@ pub enum Decision {
     Rejected,
     /// A new attempt: take-over of an expired lease whose request never left, a re-arm of a
     /// failed call with `retry_failed`, an approved call, or an in-doubt call resolved `retry`.
+    /// No request of the call can be under way: the repeatable path runs the tool here, and its
+    /// record is that next attempt.
     Claim,
 }
 
@@ -73,47 +75,6 @@ pub fn decide(
         }
         CallStatus::Claimed | CallStatus::Running => Decision::Claim,
     })
-}
-
-/// What the repeatable path (`find_tool_call`, `record_tool_call`) does with an existing record.
-/// It never leases a call nor marks one begun: a record that holds a request that may have left,
-/// or may still leave, keeps the in-doubt protocol it was claimed under.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Repeat {
-    /// The record is finished: its result answers, the tool is not run.
-    Replay,
-    /// The request of a side-effecting call may have left. `mark`: as for a claim.
-    InDoubt {
-        mark: bool,
-    },
-    /// A side-effecting attempt holds a live lease.
-    Busy,
-    WaitingApproval,
-    Rejected,
-    /// No request of the call can be under way and no result answers (a claim never begun whose
-    /// lease expired or was released, a failed call with `retry_failed`, an approved call, an
-    /// in-doubt call resolved `retry`): run the tool, and its record takes the next attempt.
-    Execute,
-}
-
-/// Decides a repeatable call against an existing record with the same identity: what a claim
-/// decides, except that where a claim would hand out a new attempt the caller runs the tool.
-pub fn decide_repeatable(
-    existing: &Existing,
-    tool_ref: &str,
-    request_hash: &str,
-    retry_failed: bool,
-) -> Result<Repeat> {
-    Ok(
-        match decide(existing, tool_ref, request_hash, retry_failed)? {
-            Decision::Replay => Repeat::Replay,
-            Decision::InDoubt { mark } => Repeat::InDoubt { mark },
-            Decision::Busy => Repeat::Busy,
-            Decision::WaitingApproval => Repeat::WaitingApproval,
-            Decision::Rejected => Repeat::Rejected,
-            Decision::Claim => Repeat::Execute,
-        },
-    )
 }
 
 /// Whether a re-run's call takes the answer of the record its nearest ancestor holds for the
@@ -343,55 +304,6 @@ mod tests {
 
     fn decide_for(e: Existing) -> Decision {
         decide(&e, "search", "h", false).unwrap()
-    }
-
-    #[test]
-    fn the_repeatable_path_runs_a_tool_only_where_no_request_can_be_under_way() {
-        let repeat =
-            |e: Existing, retry: bool| decide_repeatable(&e, "search", "h", retry).unwrap();
-        assert_eq!(
-            repeat(existing(CallStatus::Succeeded), true),
-            Repeat::Replay
-        );
-        assert_eq!(repeat(existing(CallStatus::Failed), false), Repeat::Replay);
-        assert_eq!(repeat(existing(CallStatus::Failed), true), Repeat::Execute);
-        assert_eq!(
-            repeat(existing(CallStatus::InDoubt), true),
-            Repeat::InDoubt { mark: false }
-        );
-        for status in [CallStatus::Claimed, CallStatus::Running] {
-            let leased = Existing {
-                lease_live: true,
-                ..existing(status)
-            };
-            assert_eq!(repeat(leased, true), Repeat::Busy);
-            let left = Existing {
-                outbound_started: true,
-                ..existing(status)
-            };
-            assert_eq!(repeat(left, true), Repeat::InDoubt { mark: true });
-            assert_eq!(repeat(existing(status), false), Repeat::Execute);
-        }
-        let waiting = |approval| Existing {
-            approval,
-            ..existing(CallStatus::WaitingApproval)
-        };
-        assert_eq!(repeat(waiting(None), false), Repeat::WaitingApproval);
-        assert_eq!(
-            repeat(waiting(Some(ApprovalStatus::Approved)), false),
-            Repeat::Execute
-        );
-        assert_eq!(
-            repeat(waiting(Some(ApprovalStatus::Expired)), false),
-            Repeat::Rejected
-        );
-        assert_eq!(
-            repeat(existing(CallStatus::Rejected), true),
-            Repeat::Rejected
-        );
-        let e = decide_repeatable(&existing(CallStatus::Succeeded), "search", "other", false)
-            .unwrap_err();
-        assert_eq!(e.code, Code::IdempotencyMismatch);
     }
 
     #[test]
