@@ -455,6 +455,16 @@ mod tests {
             one::<String>("SELECT string_agg(e->>'status', ',') FROM jsonb_array_elements(ledger.run_evidence('r')) e WHERE e->>'key' IN ('tool_call', 'audit_record')"),
             "pass,pass"
         );
+        // The lookup writes nothing, so it answers in a read-only transaction (a hot standby);
+        // the record is a write.
+        Spi::run("SET LOCAL transaction_read_only = on").unwrap();
+        assert_eq!(find(args, "c1", "")["outcome"], "replayed");
+        assert_eq!(find("{}", "c9", "")["outcome"], "unrecorded");
+        assert_error(
+            "SELECT ledger.record_tool_call('r', 'search', '{}', 'succeeded', tool_call_id => 'c9')",
+            "25006",
+            "READ_ONLY",
+        );
     }
 
     #[pg_test]
