@@ -45,8 +45,10 @@ fn a_record_racing_another_of_its_run_answers_the_first_and_writes_nothing() {
         (answer, second)
     });
     wait_until_blocked(&mut first, pid);
-    // A lookup waits for no writer: it answers from what is committed.
+    // A lookup waits for no writer: it answers from what is committed, and takes no transaction
+    // id (nothing to commit, no WAL to flush).
     let mut third = session(&db);
+    exec(&mut third, "BEGIN");
     assert_eq!(
         one::<String>(
             &mut third,
@@ -54,6 +56,11 @@ fn a_record_racing_another_of_its_run_answers_the_first_and_writes_nothing() {
         ),
         "unrecorded"
     );
+    assert!(one::<bool>(
+        &mut third,
+        "SELECT txid_current_if_assigned() IS NULL"
+    ));
+    exec(&mut third, "COMMIT");
     exec(&mut first, "COMMIT");
     let last_seq: i64 = one(
         &mut third,
