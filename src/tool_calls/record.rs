@@ -359,6 +359,26 @@ pub(super) fn tool_step(
     )
 }
 
+/// A new record's first columns, in the order both inserts take them: `id, run_id, step_id,
+/// tool_call_id, tool_ref, idempotency_key, request_hash, arguments`.
+pub(super) fn identity_columns<'a>(
+    id: &'a str,
+    step_id: &'a str,
+    who: &'a Identity,
+    args: &'a Arguments,
+) -> [DatumWithOid<'a>; 8] {
+    [
+        id.into(),
+        who.run_id.into(),
+        step_id.into(),
+        who.tool_call_id.as_str().into(),
+        who.tool_ref.into(),
+        who.idempotency_key.as_str().into(),
+        args.hash.as_str().into(),
+        Jsonb::from(&args.summary).into(),
+    ]
+}
+
 /// Inserts a new record (and its step unless given); returns the record, read under the run's lock.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn insert(
@@ -383,21 +403,17 @@ pub(super) fn insert(
     let claimed = status == CallStatus::Claimed;
     let inserted = db::write_one(
         include_str!("../../sql/queries/insert_tool_call.sql"),
-        &scope.args([
-            id.as_str().into(),
-            who.run_id.into(),
-            step_id.as_str().into(),
-            who.tool_call_id.as_str().into(),
-            who.tool_ref.into(),
-            who.idempotency_key.as_str().into(),
-            args.hash.as_str().into(),
-            Jsonb::from(&args.summary).into(),
-            status.as_str().into(),
-            claimed.into(),
-            lease_owner.into(),
-            lease.into(),
-            approval_id.into(),
-        ]),
+        &scope.args(
+            identity_columns(&id, &step_id, who, args)
+                .into_iter()
+                .chain([
+                    status.as_str().into(),
+                    claimed.into(),
+                    lease_owner.into(),
+                    lease.into(),
+                    approval_id.into(),
+                ]),
+        ),
         |r| db::req::<String>(r, 1),
     )?;
     if inserted.is_none() {

@@ -9,8 +9,8 @@
 use super::claim::Answer;
 use super::lookup::{find, find_locked, tombstone, Found};
 use super::record::{
-    canonical_result, finish, finished_step, mark_in_doubt, replay_response, replayed_into,
-    reused_before, store_result, tool_step,
+    canonical_result, finish, finished_step, identity_columns, mark_in_doubt, replay_response,
+    replayed_into, reused_before, store_result, tool_step,
 };
 use super::{arguments as parse_arguments, audit, event, identity, step_to, Arguments, Identity};
 use crate::db;
@@ -270,18 +270,8 @@ fn insert(
     };
     rec.step_id = tool_step(scope, run, who, step_status, ended)?;
     let stored = store_result(scope, run, &rec, canonical.as_deref())?;
-    let mut params = scope.args([
-        rec.id.as_str().into(),
-        who.run_id.into(),
-        rec.step_id.as_str().into(),
-        who.tool_call_id.as_str().into(),
-        who.tool_ref.into(),
-        who.idempotency_key.as_str().into(),
-        args.hash.as_str().into(),
-        Jsonb::from(&args.summary).into(),
-        status.as_str().into(),
-        MIN_LEASE_SECONDS.into(),
-    ]);
+    let mut params = scope.args(identity_columns(&rec.id, &rec.step_id, who, args));
+    params.extend([status.as_str().into(), MIN_LEASE_SECONDS.into()]);
     params.extend(stored.columns());
     params.extend([
         Jsonb::from(&done.metadata).into(),
