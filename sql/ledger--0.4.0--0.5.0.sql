@@ -439,6 +439,37 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'claim_tool_calls_wrapper';
 
+CREATE  FUNCTION "find_tool_call"(
+	"run_id" TEXT, /* Option < & str > */
+	"tool_ref" TEXT, /* Option < & str > */
+	"arguments" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"tool_call_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"idempotency_key" TEXT DEFAULT NULL, /* Option < & str > */
+	"retry_failed" bool DEFAULT false /* Option < bool > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'find_tool_call_wrapper';
+
+CREATE  FUNCTION "record_tool_call"(
+	"run_id" TEXT, /* Option < & str > */
+	"tool_ref" TEXT, /* Option < & str > */
+	"arguments" jsonb, /* Option < Jsonb > */
+	"outcome" TEXT, /* Option < & str > */
+	"result" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"error_message" TEXT DEFAULT NULL, /* Option < & str > */
+	"tool_call_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"idempotency_key" TEXT DEFAULT NULL, /* Option < & str > */
+	"metadata" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"retry_failed" bool DEFAULT false, /* Option < bool > */
+	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'record_tool_call_wrapper';
+
 CREATE  FUNCTION "complete_tool_call"(
 	"tool_call_record_id" TEXT, /* Option < & str > */
 	"attempt" bigint, /* Option < i64 > */
@@ -1282,6 +1313,10 @@ COMMENT ON FUNCTION ledger.heartbeat_tool_call(text, bigint, integer) IS
     'Extends the lease of the current attempt by extend_seconds (default: the claim''s lease).';
 COMMENT ON FUNCTION ledger.complete_tool_call(text, bigint, text, jsonb, text, jsonb) IS
     'Records the end of the current attempt: outcome succeeded, failed, or unknown (sent, no answer: in_doubt). Fenced by attempt, not by the clock: accepted after the lease expired and from in_doubt. Results over 8192 bytes of canonical JSON are stored as a json artifact.';
+COMMENT ON FUNCTION ledger.find_tool_call(text, text, jsonb, text, text, boolean) IS
+    'Looks up a repeatable tool call (one its caller declares safe to repeat: a read, an idempotent API) before it runs. Returns {outcome, tool_call, approval, response} with outcome replayed (response holds the recorded result; run nothing), unrecorded (no result to replay: run the tool, then ledger.record_tool_call), or the in_doubt, busy, waiting_approval, rejected or purged of a side-effecting call under the key, which the repeatable path never overrides. Needs tool_call_id or idempotency_key (22023 ARGUMENT_REQUIRED); other input under the key: 23505 IDEMPOTENCY_MISMATCH. Writes nothing but a re-run''s first reuse of its lineage''s result (tool_call.replayed, as a claim).';
+COMMENT ON FUNCTION ledger.record_tool_call(text, text, jsonb, text, jsonb, text, text, text, jsonb, boolean, bigint) IS
+    'Records a repeatable tool call after it returned, in one statement: outcome succeeded (with its result) or failed (with error_message). Returns {outcome, tool_call, approval, response}: recorded (a new record, attempt 1, its tool step created finished), or when the key already has a record, that record''s answer and nothing written: replayed (the first record wins: response holds it), in_doubt, busy, waiting_approval, rejected or purged. retry_failed => true records over a failed call as its next attempt. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH. Results over 8192 bytes of canonical JSON are stored as a json artifact. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.resolve_tool_call(text, text, jsonb, text, text) IS
     'Resolves an in_doubt tool call with a person''s decision: succeeded or failed (with the evidence as result), or retry (the next claim executes again with attempt + 1). actor and note are recorded with an audit event.';
 COMMENT ON FUNCTION ledger.sweep_tool_calls(boolean) IS

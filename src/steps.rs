@@ -32,6 +32,8 @@ pub struct NewStep<'a> {
     pub input_summary: Option<&'a str>,
     pub status: Status,
     pub step_id: Option<&'a str>,
+    /// What a step created finished already holds (a repeatable tool call recorded at once).
+    pub ended: StepChange<'a>,
 }
 
 /// Creates a step of the locked run (or returns the existing one for a repeated caller
@@ -110,6 +112,11 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
             new.status.is_started().into(),
             new.status.is_terminal().into(),
             db::now()?.into(),
+            free_text(new.ended.output_summary).into(),
+            new.ended.metrics.clone().into(),
+            new.ended.error_code.into(),
+            free_text(new.ended.error_message).into(),
+            new.ended.error_details.clone().into(),
         ]),
     )?;
     let created = Event::StepCreated(StepCreated {
@@ -146,6 +153,7 @@ fn create_step(
         input_summary,
         status: Status::parse(Resource::Step, required("status", status)?)?,
         step_id: optional_id("step_id", step_id)?,
+        ended: StepChange::default(),
     };
     let run = rows::lock_run(&scope, "run_id", run_id)?;
     run.fence(run_token)?;

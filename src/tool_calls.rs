@@ -9,8 +9,8 @@
 //!
 //! The protocol's steps, a module each: finding a call (`lookup`), writing its record
 //! (`record`), claiming it (`claim`), executing it (`execute`: begin, heartbeat, complete),
-//! resolving one in doubt (`resolve`), approvals (`approvals`) and a turn's calls at once
-//! (`batch`). This module holds what they share: the arguments, the identity and the approval a
+//! resolving one in doubt (`resolve`), approvals (`approvals`), a turn's calls at once
+//! (`batch`) and the single-commit path of calls safe to repeat (`repeatable`). This module holds what they share: the arguments, the identity and the approval a
 //! call names, the answer's shape, its events and audit records.
 
 mod approvals;
@@ -19,6 +19,7 @@ mod claim;
 mod execute;
 mod lookup;
 mod record;
+mod repeatable;
 mod resolve;
 
 use crate::db;

@@ -4,7 +4,10 @@ against raw psycopg on one autocommit connection that stated its scope once: the
 begin, complete: two commits). Alternating blocks, so drift hits every way alike; and the three
 calls through the scoped handle's methods (no helper around them). Prints a line per way
 (python: the helper, python-handle: the methods), each with its p50 ms and calls/s, then raw's
-three-statement and two-statement figures."""
+three-statement and two-statement figures. Then the repeatable path (a tool safe to repeat):
+the helper's tool_call(..., repeatable=True) and its raw statements (find_tool_call, then
+record_tool_call: two round trips, one commit), beside the side-effecting helper, with the WAL
+each way writes per call."""
 
 import statistics
 import sys
@@ -63,13 +66,32 @@ def main(dsn: str, calls: int, blocks: int) -> None:
             raw.execute("SELECT ledger.complete_tool_call(%s, %s, 'succeeded', result => %s)",
                         (record["id"], record["attempt"], Jsonb(noop({"n": n}))))
 
-        ways: dict[str, Callable[[], None]] = {"helper": helper, "handle": handle, "raw": plain, "raw2": plain2}
+        def repeatable() -> None:
+            tool_call(scoped, helper_run, f"c-{n}", "bench.noop", {"n": n}, noop, repeatable=True)
+
+        def plain_repeatable() -> None:
+            found = raw.execute("SELECT ledger.find_tool_call(%s, %s, %s, tool_call_id => %s)",
+                                (raw_run, "bench.noop", Jsonb({"n": n}), f"c-{n}")).fetchone()
+            assert found is not None and found[0]["outcome"] == "unrecorded"
+            raw.execute("SELECT ledger.record_tool_call(%s, %s, %s, 'succeeded', %s, tool_call_id => %s)",
+                        (raw_run, "bench.noop", Jsonb({"n": n}), Jsonb(noop({"n": n})), f"c-{n}"))
+
+        ways: dict[str, Callable[[], None]] = {"helper": helper, "handle": handle, "raw": plain, "raw2": plain2,
+                                               "rep": repeatable, "raw_rep": plain_repeatable}
+        wal = dict.fromkeys(ways, 0)
+
+        def lsn() -> int:
+            row = raw.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+            assert row is not None
+            return int(row[0])
+
         samples: dict[str, list[float]] = {name: [] for name in ways}
         elapsed = dict.fromkeys(ways, 0.0)
         for block in range(blocks + 1):  # block 0 warms every way up and is not counted
             if block == 1:
                 raw.execute("ANALYZE")  # as autovacuum would within its minute: plans for tables that grew
             for name, way in ways.items():
+                before = lsn()
                 for _ in range(calls):
                     n += 1
                     start = time.perf_counter()
@@ -78,11 +100,19 @@ def main(dsn: str, calls: int, blocks: int) -> None:
                     if block:
                         samples[name].append(took)
                         elapsed[name] += took
+                if block:
+                    wal[name] += lsn() - before
         def stats(name: str) -> list[str]:
             return [f"{statistics.median(samples[name]) * 1000:.3f}", f"{len(samples[name]) / elapsed[name]:.0f}"]
 
         print("\t".join(["python", *stats("helper"), *stats("raw"), *stats("raw2")]))
         print("\t".join(["python-handle", *stats("handle"), *stats("raw"), *stats("raw2")]))
+
+        def kb(name: str) -> str:
+            return f"{wal[name] / len(samples[name]) / 1024:.2f}"
+
+        print("\t".join(["repeatable", "python", *stats("rep"), *stats("raw_rep"), *stats("helper"),
+                         kb("rep"), kb("raw_rep"), kb("helper")]))
 
 
 if __name__ == "__main__":

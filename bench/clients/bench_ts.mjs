@@ -1,7 +1,8 @@
 // One durable no-op tool call through the TypeScript helper's toolCall on a pooled scoped handle,
 // against raw node-postgres on one client that stated its scope once: the three statements (claim,
 // begin, complete) and the two the helper sends (claimToolCalls with begin, complete); alternating
-// blocks. Prints one line as bench_py.py does.
+// blocks. Prints one line as bench_py.py does; then the repeatable path (toolCall with repeatable:
+// true, and its raw find_tool_call + record_tool_call) beside the helper, with WAL per call.
 import { createRequire } from "node:module";
 
 const typescript = new URL("../../clients/typescript/", import.meta.url);
@@ -39,25 +40,39 @@ const ways = {
     await raw.query("SELECT ledger.complete_tool_call($1, $2, 'succeeded', result => $3)",
       [record.id, record.attempt, JSON.stringify(await noop())]);
   },
+  rep: () =>
+    toolCall(scoped, { runId: helperRun, toolCallId: `c-${n}`, toolRef: "bench.noop", arguments: { n }, execute: noop, repeatable: true }),
+  rawRep: async () => {
+    const found = await raw.query("SELECT ledger.find_tool_call($1, $2, $3, tool_call_id => $4) AS f",
+      [rawRun, "bench.noop", JSON.stringify({ n }), `c-${n}`]);
+    if (found.rows[0].f.outcome !== "unrecorded") throw new Error("bench: the call was recorded already");
+    await raw.query("SELECT ledger.record_tool_call($1, $2, $3, 'succeeded', $4, tool_call_id => $5)",
+      [rawRun, "bench.noop", JSON.stringify({ n }), JSON.stringify(await noop()), `c-${n}`]);
+  },
 };
-const samples = { helper: [], raw: [], raw2: [] };
+const samples = { helper: [], raw: [], raw2: [], rep: [], rawRep: [] };
+const wal = { helper: 0, raw: 0, raw2: 0, rep: 0, rawRep: 0 };
+const lsn = async () => Number((await raw.query("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn AS l")).rows[0].l);
 for (let block = 0; block <= blocks; block++) { // block 0 warms every way up and is not counted
   if (block === 1) await raw.query("ANALYZE"); // as autovacuum would within its minute: plans for tables that grew
   for (const [name, way] of Object.entries(ways)) {
+    const before = await lsn();
     for (let i = 0; i < calls; i++) {
       n++;
       const start = process.hrtime.bigint();
       await way();
       if (block) samples[name].push(Number(process.hrtime.bigint() - start) / 1e6);
     }
+    if (block) wal[name] += (await lsn()) - before;
   }
 }
-const row = ["typescript"];
-for (const name of ["helper", "raw", "raw2"]) {
+const stats = (name) => {
   const sorted = [...samples[name]].sort((a, b) => a - b);
   const total = sorted.reduce((a, b) => a + b, 0);
-  row.push(sorted[Math.floor(sorted.length / 2)].toFixed(3), (sorted.length / (total / 1000)).toFixed(0));
-}
-console.log(row.join("\t"));
+  return [sorted[Math.floor(sorted.length / 2)].toFixed(3), (sorted.length / (total / 1000)).toFixed(0)];
+};
+const kb = (name) => (wal[name] / samples[name].length / 1024).toFixed(2);
+console.log(["typescript", ...stats("helper"), ...stats("raw"), ...stats("raw2")].join("\t"));
+console.log(["repeatable", "typescript", ...stats("rep"), ...stats("rawRep"), ...stats("helper"), kb("rep"), kb("rawRep"), kb("helper")].join("\t"));
 await raw.end();
 await pool.end();

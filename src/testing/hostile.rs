@@ -304,6 +304,30 @@ mod tests {
             ),
             ("run_id", "SELECT ledger.claim_tool_call($MB, 'search')"),
             (
+                "run_id",
+                "SELECT ledger.find_tool_call($MB, 'search', tool_call_id => 'x')",
+            ),
+            (
+                "tool_call_id",
+                "SELECT ledger.find_tool_call('r', 'search', tool_call_id => $MB)",
+            ),
+            (
+                "idempotency_key",
+                "SELECT ledger.find_tool_call('r', 'search', idempotency_key => $MB)",
+            ),
+            (
+                "run_id",
+                "SELECT ledger.record_tool_call($MB, 'search', '{}', 'succeeded')",
+            ),
+            (
+                "tool_call_id",
+                "SELECT ledger.record_tool_call('r', 'search', '{}', 'succeeded', tool_call_id => $MB)",
+            ),
+            (
+                "idempotency_key",
+                "SELECT ledger.record_tool_call('r', 'search', '{}', 'succeeded', idempotency_key => $MB)",
+            ),
+            (
                 "tool_call_id",
                 "SELECT ledger.claim_tool_call('r', 'search', tool_call_id => $MB)",
             ),
@@ -499,6 +523,14 @@ mod tests {
         // Labels: at most 256 bytes, refused past it.
         for (argument, call) in [
             ("tool_ref", "SELECT ledger.claim_tool_call('r', $MB)"),
+            (
+                "tool_ref",
+                "SELECT ledger.find_tool_call('r', $MB, tool_call_id => 'x')",
+            ),
+            (
+                "tool_ref",
+                "SELECT ledger.record_tool_call('r', $MB, '{}', 'succeeded')",
+            ),
             (
                 "service_name",
                 "SELECT ledger.otel_trace('r', service_name => $MB)",
@@ -724,6 +756,11 @@ mod tests {
                 "SELECT ledger.complete_tool_call($REC, 1, $MB)",
             ),
             (
+                "outcome",
+                "OUTCOME_UNKNOWN",
+                "SELECT ledger.record_tool_call('r', 'search', '{}', $MB)",
+            ),
+            (
                 "status",
                 "STATUS_UNKNOWN",
                 "SELECT ledger.create_step('r', 'llm', status => $MB)",
@@ -814,6 +851,7 @@ mod tests {
             ("error_message", "SELECT ledger.transition_step('s', 'failed', error_message => $MB)", "SELECT error_message FROM ledger.run_steps WHERE id = 's'"),
             ("error_message", "SELECT ledger.transition_task('t', 'running'); SELECT ledger.transition_task('t', 'failed', error_message => $MB)", "SELECT error_message FROM ledger.tasks WHERE id = 't'"),
             ("error_message", "SELECT ledger.complete_tool_call($REC, 1, 'failed', error_message => $MB)", "SELECT error_message FROM ledger.run_step_tool_calls WHERE tool_call_id = 'c0'"),
+            ("error_message", "SELECT ledger.record_tool_call('r', 'search', '{}', 'failed', error_message => $MB, tool_call_id => 'f5')", "SELECT error_message FROM ledger.run_step_tool_calls WHERE tool_call_id = 'f5'"),
             ("error_message", "SELECT count(*) FROM ledger.nack_outbox_events('w', (SELECT min(id) FROM ledger.outbox WHERE status = 'processing'), $MB)", "SELECT error_message FROM ledger.outbox WHERE error_message IS NOT NULL ORDER BY id LIMIT 1"),
             ("error_message", "SELECT count(*) FROM ledger.nack_outbox_events('w', ARRAY(SELECT id FROM ledger.outbox WHERE status = 'processing'), $MB)", "SELECT error_message FROM ledger.outbox WHERE error_message IS NOT NULL ORDER BY id DESC LIMIT 1"),
             ("comment", "SELECT ledger.record_feedback('r', 1, comment => $MB)", "SELECT comment FROM ledger.run_feedback"),

@@ -4,7 +4,7 @@ use super::{identity_reused_by, Arguments, Identity};
 use crate::db;
 use crate::error::Result;
 use crate::jsonb::Jsonb;
-use crate::rows::{self, By, LockedRun, ToolCall};
+use crate::rows::{self, By, LockedRun, RunHead, ToolCall};
 use crate::scope::Scope;
 use ledger_model::tool_calls::answers_descendant;
 
@@ -29,27 +29,59 @@ impl Found {
     }
 }
 
-/// Finds the record an identity names (by idempotency key first, then by run and tool_call_id,
-/// then, for a re-run's call under its default key, through its lineage: see `inherited`).
-/// A record of `run`, the calling run (already locked), is read under its lock; one of another run
-/// only once its run is locked too, which is tried only if no one else holds that run, never
-/// waited for.
+/// The record an identity names, not locked: by idempotency key first, then by run and
+/// tool_call_id, then, for a re-run's call under its default key, through its lineage (see
+/// `ancestor_record`; the flag says so).
+fn locate(scope: &Scope, run: &RunHead, who: &Identity) -> Result<Option<(ToolCall, bool)>> {
+    if let Some(r) = rows::find_tool_call(scope, By::Key(&who.idempotency_key))? {
+        return Ok(Some((r, false)));
+    }
+    if let Some(r) = rows::find_tool_call(scope, By::RunCall(who.run_id, &who.tool_call_id))? {
+        return Ok(Some((r, false)));
+    }
+    Ok(ancestor_record(scope, run, who)?.map(|r| (r, true)))
+}
+
+/// Whether a located record answers the identity: an inherited one only where an ancestor's
+/// record answers a descendant. Other input under the identity is 23505 `IDEMPOTENCY_MISMATCH`,
+/// and so is a record found by (run_id, tool_call_id) under another key.
+fn answers(rec: &ToolCall, inherited: bool, who: &Identity, args: &Arguments) -> Result<bool> {
+    if inherited {
+        if rec.tool_ref != who.tool_ref || rec.request_hash != args.hash {
+            return Err(rec.reused(who, &args.hash));
+        }
+        return Ok(answers_descendant(&rec.existing()));
+    }
+    if rec.idempotency_key != who.idempotency_key {
+        return Err(rec.reused(who, &args.hash));
+    }
+    Ok(true)
+}
+
+/// The record an identity names (see `locate`), read without a lock: what a lookup that writes
+/// nothing answers from.
+pub(super) fn find(
+    scope: &Scope,
+    run: &RunHead,
+    who: &Identity,
+    args: &Arguments,
+) -> Result<Option<ToolCall>> {
+    let Some((rec, inherited)) = locate(scope, run, who)? else {
+        return Ok(None);
+    };
+    Ok(answers(&rec, inherited, who, args)?.then_some(rec))
+}
+
+/// Finds the record an identity names (see `locate`). A record of `run`, the calling run
+/// (already locked), is read under its lock; one of another run only once its run is locked too,
+/// which is tried only if no one else holds that run, never waited for.
 pub(super) fn find_locked(
     scope: &Scope,
     run: &LockedRun,
     who: &Identity,
     args: &Arguments,
 ) -> Result<Option<Found>> {
-    let (found, inherited) = if let Some(r) =
-        rows::find_tool_call(scope, By::Key(&who.idempotency_key))?
-    {
-        (r, false)
-    } else if let Some(r) = rows::find_tool_call(scope, By::RunCall(who.run_id, &who.tool_call_id))?
-    {
-        (r, false)
-    } else if let Some(r) = ancestor_record(scope, run, who)? {
-        (r, true)
-    } else {
+    let Some((found, inherited)) = locate(scope, run, who)? else {
         return Ok(None);
     };
     let record_run = if found.run_id == run.id {
@@ -72,28 +104,17 @@ pub(super) fn find_locked(
             })
         }
     };
-    let Some(rec) = found.as_ref().map(Found::record) else {
-        return Ok(None);
-    };
-    if inherited {
-        if rec.tool_ref != who.tool_ref || rec.request_hash != args.hash {
-            return Err(rec.reused(who, &args.hash));
-        }
-        if !answers_descendant(&rec.existing()) {
-            return Ok(None);
-        }
-    } else if rec.idempotency_key != who.idempotency_key {
-        // Found by (run_id, tool_call_id) under another key.
-        return Err(rec.reused(who, &args.hash));
+    match found.as_ref().map(Found::record) {
+        Some(rec) if answers(rec, inherited, who, args)? => Ok(found),
+        _ => Ok(None),
     }
-    Ok(found)
 }
 
 /// The record of the same tool_call_id that the nearest ancestor of a re-run (following
 /// `source_run_id`) holds under that ancestor's default key, for a call under the re-run's own
 /// default key: a re-run calls its tools with the same tool_call_ids, and a call its lineage
 /// already made is never made again. An explicit key names its record itself.
-fn ancestor_record(scope: &Scope, run: &LockedRun, who: &Identity) -> Result<Option<ToolCall>> {
+fn ancestor_record(scope: &Scope, run: &RunHead, who: &Identity) -> Result<Option<ToolCall>> {
     if run.root_run_id == run.id || !who.default_key() {
         return Ok(None);
     }

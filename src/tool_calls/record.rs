@@ -17,6 +17,7 @@ use ledger_model::events::{
 use ledger_model::status::Status;
 use ledger_model::tool_calls::CallStatus;
 use ledger_model::{ids, json};
+use pgrx::datum::DatumWithOid;
 use serde_json::{json, Value};
 
 /// Results whose canonical JSON is longer than this are stored as an artifact.
@@ -115,6 +116,90 @@ pub(super) fn arm(
     announce_claim(scope, run, rec, lease_owner, lease)
 }
 
+/// A result as a record stores it: inline up to `INLINE_RESULT_BYTES` of canonical JSON, else as
+/// a `json` artifact of the call's step.
+pub(super) struct StoredResult {
+    inline: Option<Jsonb>,
+    artifact: Option<String>,
+    size: Option<i64>,
+    sha: Option<String>,
+}
+
+impl StoredResult {
+    pub(super) fn artifact(&self) -> Option<&str> {
+        self.artifact.as_deref()
+    }
+
+    /// The columns `result, result_artifact_id, result_size_bytes, result_sha256`, in order.
+    pub(super) fn columns(&self) -> [DatumWithOid<'static>; 4] {
+        [
+            self.inline.clone().into(),
+            self.artifact.clone().into(),
+            self.size.into(),
+            self.sha.clone().into(),
+        ]
+    }
+}
+
+/// The canonical JSON of a result as recorded (redacted), if any.
+pub(super) fn canonical_result(result: Option<&Jsonb>) -> Result<Option<String>> {
+    result
+        .map(|r| Ok(json::canonical(&redacted_json(r)?)))
+        .transpose()
+}
+
+/// Stores a result's canonical JSON for the record (its id and step known) in the run this
+/// transaction holds.
+pub(super) fn store_result(
+    scope: &Scope,
+    run: &LockedRun,
+    rec: &ToolCall,
+    canonical: Option<&str>,
+) -> Result<StoredResult> {
+    Ok(match canonical {
+        Some(c) if c.len() > INLINE_RESULT_BYTES => {
+            let meta = json!({"kind": "tool_result", "tool_call_id": rec.tool_call_id, "tool_call_record_id": rec.id});
+            let (id, sha) = artifacts::put_bytes(
+                scope,
+                run.held(),
+                Some(&rec.step_id),
+                c.as_bytes(),
+                "json",
+                Some("application/json"),
+                &meta,
+            )?;
+            StoredResult {
+                inline: None,
+                artifact: Some(id),
+                size: Some(c.len() as i64),
+                sha: Some(sha),
+            }
+        }
+        Some(c) => StoredResult {
+            inline: Some(Jsonb(c.to_owned())),
+            artifact: None,
+            size: Some(c.len() as i64),
+            sha: None,
+        },
+        None => StoredResult {
+            inline: None,
+            artifact: None,
+            size: None,
+            sha: None,
+        },
+    })
+}
+
+/// What a finished call's tool step shows: the start of the result's text as its summary
+/// (the whole result is the call's) and the call in its metrics.
+pub(super) fn finished_step(rec: &ToolCall, canonical: Option<&str>) -> (Option<String>, Jsonb) {
+    let metrics = json!({"tool_call": {"tool_call_id": rec.tool_call_id, "tool_ref": rec.tool_ref, "attempt": rec.attempt, "replayed": false}});
+    (
+        free_text_within(canonical, TOOL_SUMMARY_CHARS),
+        Jsonb::from(&metrics),
+    )
+}
+
 /// Records the final result of the call (inline, or as an artifact when large).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn finish(
@@ -127,48 +212,23 @@ pub(super) fn finish(
     error_code: Option<&str>,
     metadata: &Value,
 ) -> Result<()> {
-    let canonical = match &result {
-        Some(r) => Some(json::canonical(&redacted_json(r)?)),
-        None => None,
-    };
-    let (inline, artifact, size, sha) = match &canonical {
-        Some(c) if c.len() > INLINE_RESULT_BYTES => {
-            let meta = json!({"kind": "tool_result", "tool_call_id": rec.tool_call_id, "tool_call_record_id": rec.id});
-            let (id, sha) = artifacts::put_bytes(
-                scope,
-                run.held(),
-                Some(&rec.step_id),
-                c.as_bytes(),
-                "json",
-                Some("application/json"),
-                &meta,
-            )?;
-            (None, Some(id), Some(c.len() as i64), Some(sha))
-        }
-        Some(c) => {
-            let size = c.len() as i64;
-            (Some(Jsonb(c.clone())), None, Some(size), None)
-        }
-        None => (None, None, None, None),
-    };
+    let canonical = canonical_result(result.as_ref())?;
+    let stored = store_result(scope, run, rec, canonical.as_deref())?;
     let status = if success {
         CallStatus::Succeeded
     } else {
         CallStatus::Failed
     };
+    let mut args = scope.args([rec.id.as_str().into(), status.as_str().into()]);
+    args.extend(stored.columns());
+    args.extend([
+        Jsonb::from(metadata).into(),
+        error_code.into(),
+        free_text(error).into(),
+    ]);
     db::execute(
         include_str!("../../sql/queries/finish_tool_call.sql"),
-        &scope.args([
-            rec.id.as_str().into(),
-            status.as_str().into(),
-            inline.into(),
-            artifact.clone().into(),
-            size.into(),
-            sha.into(),
-            Jsonb::from(metadata).into(),
-            error_code.into(),
-            free_text(error).into(),
-        ]),
+        &args,
     )?;
     rec.status = status;
     let step_status = if success {
@@ -176,8 +236,7 @@ pub(super) fn finish(
     } else {
         Status::Failed
     };
-    let metrics = json!({"tool_call": {"tool_call_id": rec.tool_call_id, "tool_ref": rec.tool_ref, "attempt": rec.attempt, "replayed": false}});
-    let summary = free_text_within(canonical.as_deref(), TOOL_SUMMARY_CHARS);
+    let (summary, metrics) = finished_step(rec, canonical.as_deref());
     steps::follow(
         scope,
         run,
@@ -185,7 +244,7 @@ pub(super) fn finish(
         step_status,
         StepChange {
             output_summary: summary.as_deref(),
-            metrics: Some(Jsonb::from(&metrics)),
+            metrics: Some(metrics),
             error_code,
             error_message: error,
             error_details: None,
@@ -194,7 +253,7 @@ pub(super) fn finish(
     let completed = Event::ToolCallCompleted(ToolCallCompleted {
         call: rec.ids(),
         status: status.as_str(),
-        result_artifact_id: artifact.as_deref(),
+        result_artifact_id: stored.artifact(),
     });
     event(scope, run, rec, &completed)
 }
@@ -277,6 +336,50 @@ fn given_step(scope: &Scope, run_id: &str, step_id: &str) -> Result<()> {
     Ok(())
 }
 
+/// Creates the `tool` step of a new call (`step_key` its `tool_call_id`), in `status`, holding
+/// `ended` when it is created finished.
+pub(super) fn tool_step(
+    scope: &Scope,
+    run: &LockedRun,
+    who: &Identity,
+    status: Status,
+    ended: StepChange,
+) -> Result<String> {
+    steps::create(
+        scope,
+        run,
+        &NewStep {
+            step_type: "tool",
+            step_key: Some(&who.tool_call_id),
+            node_id: None,
+            input_summary: Some(&format!("tool={}", who.tool_ref)),
+            status,
+            step_id: None,
+            ended,
+        },
+    )
+}
+
+/// A new record's first columns, in the order both inserts take them: `id, run_id, step_id,
+/// tool_call_id, tool_ref, idempotency_key, request_hash, arguments`.
+pub(super) fn identity_columns<'a>(
+    id: &'a str,
+    step_id: &'a str,
+    who: &'a Identity,
+    args: &'a Arguments,
+) -> [DatumWithOid<'a>; 8] {
+    [
+        id.into(),
+        who.run_id.into(),
+        step_id.into(),
+        who.tool_call_id.as_str().into(),
+        who.tool_ref.into(),
+        who.idempotency_key.as_str().into(),
+        args.hash.as_str().into(),
+        Jsonb::from(&args.summary).into(),
+    ]
+}
+
 /// Inserts a new record (and its step unless given); returns the record, read under the run's lock.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn insert(
@@ -295,42 +398,27 @@ pub(super) fn insert(
             given_step(scope, who.run_id, s)?;
             s.to_owned()
         }
-        None => steps::create(
-            scope,
-            run,
-            &NewStep {
-                step_type: "tool",
-                step_key: Some(&who.tool_call_id),
-                node_id: None,
-                input_summary: Some(&format!("tool={}", who.tool_ref)),
-                status: Status::Queued,
-                step_id: None,
-            },
-        )?,
+        None => tool_step(scope, run, who, Status::Queued, StepChange::default())?,
     };
     let id = ids::new_id("tc");
     let claimed = status == CallStatus::Claimed;
     let inserted = db::write_one(
         include_str!("../../sql/queries/insert_tool_call.sql"),
-        &scope.args([
-            id.as_str().into(),
-            who.run_id.into(),
-            step_id.as_str().into(),
-            who.tool_call_id.as_str().into(),
-            who.tool_ref.into(),
-            who.idempotency_key.as_str().into(),
-            args.hash.as_str().into(),
-            Jsonb::from(&args.summary).into(),
-            status.as_str().into(),
-            claimed.into(),
-            lease_owner.into(),
-            lease.into(),
-            approval_id.into(),
-            claimed
-                .then(|| db::clock_plus(lease.into()))
-                .transpose()?
-                .into(),
-        ]),
+        &scope.args(
+            identity_columns(&id, &step_id, who, args)
+                .into_iter()
+                .chain([
+                    status.as_str().into(),
+                    claimed.into(),
+                    lease_owner.into(),
+                    lease.into(),
+                    approval_id.into(),
+                    claimed
+                        .then(|| db::clock_plus(lease.into()))
+                        .transpose()?
+                        .into(),
+                ]),
+        ),
         |r| db::req::<String>(r, 1),
     )?;
     if inserted.is_none() {
@@ -340,20 +428,25 @@ pub(super) fn insert(
     rows::held_tool_call(scope, run, &id)
 }
 
+/// Whether run `run_id` already reused the record (its `tool_call.replayed` event).
+pub(super) fn reused_before(scope: &Scope, run_id: &str, rec: &ToolCall) -> Result<bool> {
+    Ok(db::select_one(
+        "SELECT 1 FROM ledger.run_events \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 \
+            AND event_type = 'tool_call.replayed' AND payload->>'tool_call_record_id' = $4",
+        &scope.args([run_id.into(), rec.id.as_str().into()]),
+        |_| Ok(()),
+    )?
+    .is_some())
+}
+
 /// A finished call of another run reused by `run`, the calling run (a retry or replay passing its
 /// source's keys): the first reuse writes `tool_call.replayed` to that run's feed and an audit record,
 /// which are that run's evidence of where the result came from. A reuse within the call's own
 /// run (a resuming worker) writes nothing: the run already holds the call.
 pub(super) fn replayed_into(scope: &Scope, run: &LockedRun, rec: &ToolCall) -> Result<()> {
     let run_id = run.id.as_str();
-    let known = db::select_one(
-        "SELECT 1 FROM ledger.run_events \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 \
-            AND event_type = 'tool_call.replayed' AND payload->>'tool_call_record_id' = $4",
-        &scope.args([run_id.into(), rec.id.as_str().into()]),
-        |_| Ok(()),
-    )?;
-    if known.is_some() {
+    if reused_before(scope, run_id, rec)? {
         return Ok(());
     }
     let replayed = Event::ToolCallReplayed(ToolCallReplayed {

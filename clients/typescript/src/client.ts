@@ -195,6 +195,24 @@ export interface ClaimToolCallOptions {
   runToken?: number;
 }
 
+/** The identity a repeatable call is looked up by (`find_tool_call`). */
+export interface FindToolCallOptions {
+  toolCallId?: string;
+  idempotencyKey?: string;
+  retryFailed?: boolean;
+}
+
+/** How a repeatable call that ran is recorded (`record_tool_call`). */
+export interface RecordToolCallOptions extends FindToolCallOptions {
+  result?: unknown;
+  errorMessage?: string;
+  metadata?: Json;
+  runToken?: number;
+}
+
+/** How a repeatable call ended. */
+export type RecordOutcome = "succeeded" | "failed";
+
 /** One call of a model turn, for `claim_tool_calls`. */
 export interface ToolCallSpec {
   toolRef: string;
@@ -365,6 +383,33 @@ export abstract class LedgerCalls {
     }));
     const rows = await this.select("claim_tool_calls", [runId, json(batch)], snakeKeys({ ...options }), "index, claim");
     return rows.sort((a, b) => Number(a["index"]) - Number(b["index"])).map((r) => parseClaim(r["claim"]));
+  }
+
+  /**
+   * `find_tool_call`: a repeatable call's lookup before it runs, writing nothing: `replayed` (the
+   * recorded result), `unrecorded` (run it, then {@link recordToolCall}), or a side-effecting call's outcome.
+   */
+  async findToolCall(runId: string, toolRef: string, args: Json = {}, options: FindToolCallOptions = {}): Promise<ToolCallClaim> {
+    return this.answer("find_tool_call", [runId, toolRef, json(args)], snakeKeys({ ...options }));
+  }
+
+  /**
+   * `record_tool_call`: records a repeatable call that ran (`succeeded` or `failed`) in one
+   * statement: `recorded`, or the answer of the record that was first (`replayed`, ...).
+   */
+  async recordToolCall(
+    runId: string,
+    toolRef: string,
+    args: Json,
+    outcome: RecordOutcome,
+    options: RecordToolCallOptions = {},
+  ): Promise<ToolCallClaim> {
+    const { result, metadata, ...rest } = options;
+    return this.answer("record_tool_call", [runId, toolRef, json(args), outcome], {
+      ...snakeKeys({ ...rest }),
+      result: json(result),
+      metadata: json(metadata),
+    });
   }
 
   /** `begin_tool_call`: the outbound boundary; commit it before the request leaves. */

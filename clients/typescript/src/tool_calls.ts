@@ -11,12 +11,18 @@
  *
  * Every step is a transaction of its own, so each is committed before the next begins: the rules
  * (statuses, fencing by attempt, in-doubt marking) are the extension's.
+ *
+ * `repeatable: true` (a tool safe to repeat: a read, an idempotent API) takes the single-commit
+ * path instead: a lookup that writes nothing (`find_tool_call`: `replayed` returns the recorded
+ * result), the tool, then one committing statement after it returned (`record_tool_call`).
+ * Nothing is leased or begun, so concurrent callers may each run the tool once; the first record
+ * wins and every caller returns what it recorded.
  */
 import { NotEncodableError, toJson } from "./encoding.js";
 import { ConflictError, InDoubtError, ResultNotEncodable, stopped, ToolFailedError } from "./errors.js";
 import { reconnecting } from "./faults.js";
 import { positiveSeconds } from "./options.js";
-import type { ClaimToolCallOptions, ScopedLedger, ToolCallSpec } from "./client.js";
+import type { ClaimToolCallOptions, FindToolCallOptions, ScopedLedger, ToolCallSpec } from "./client.js";
 import type { CompleteOutcome, ToolCall, ToolCallClaim } from "./types.js";
 
 type Json = { [key: string]: unknown };
@@ -45,6 +51,11 @@ export interface ToolCallRequest<A extends Json = Json, R = unknown> extends Cla
   toolRef: string;
   arguments: A;
   execute: ToolFn<A, R>;
+  /**
+   * The tool is safe to repeat: looked up, run, and recorded once after it returns in one commit,
+   * with no lease, heartbeat or doubt (a timeout is recorded `failed`). Not with `approval`.
+   */
+  repeatable?: boolean;
 }
 
 /** `claim_tool_call`'s default `timeout_seconds`: the tool's signal aborts after it. */
@@ -158,9 +169,11 @@ async function executeBegun<A extends Json, R>(
  * replayed failure, and the tool's own error after recording it as `failed`.
  */
 export async function toolCall<A extends Json, R>(ledger: ScopedLedger, request: ToolCallRequest<A, R>): Promise<R> {
-  const { runId, toolRef, arguments: args, execute, signal, heartbeatSeconds, leaseOwner, runToken, ...spec } = request;
+  const { runId, toolRef, arguments: args, execute, signal, heartbeatSeconds, leaseOwner, runToken, repeatable, ...spec } =
+    request;
   positiveSeconds("heartbeatSeconds", heartbeatSeconds);
   const encoded = encodeArguments(toolRef, spec.toolCallId, args);
+  if (repeatable) return repeatCall(ledger, request, encoded);
   // Claimed and begun in one statement, committed before the request leaves: from here a crash
   // leaves the call in doubt, never resent. Repeated after a lost connection: a claim that did
   // commit answers `busy` (never a second execution).
@@ -177,6 +190,45 @@ export async function toolCall<A extends Json, R>(ledger: ScopedLedger, request:
     ...(signal ? { signal } : {}),
     ...(heartbeatSeconds !== undefined ? { heartbeatSeconds } : {}),
   });
+}
+
+/**
+ * A repeatable call (see the module's comment): its recorded result, or the tool run and its
+ * outcome recorded; another caller's record that came first answers instead of this one. A result
+ * the encoding rule cannot encode throws {@link NotEncodableError} and records nothing: the tool
+ * may simply run again.
+ */
+async function repeatCall<A extends Json, R>(ledger: ScopedLedger, request: ToolCallRequest<A, R>, encoded: Json): Promise<R> {
+  const { runId, toolRef, toolCallId, idempotencyKey, retryFailed, runToken, approval, stepId, signal } = request;
+  if (approval !== undefined) {
+    throw new TypeError("ledger: a call that waits for an approval is not repeatable: leave out repeatable");
+  }
+  if (stepId !== undefined) {
+    throw new TypeError("ledger: a repeatable call is recorded under a tool step of its own: leave out stepId");
+  }
+  const identity: FindToolCallOptions = {
+    toolCallId,
+    ...(idempotencyKey !== undefined ? { idempotencyKey } : {}),
+    ...(retryFailed !== undefined ? { retryFailed } : {}),
+  };
+  const found = await reconnecting(() => ledger.findToolCall(runId, toolRef, encoded, identity));
+  if (found.outcome !== "unrecorded") return settled(found) as R;
+  const record = { ...identity, ...(runToken !== undefined ? { runToken } : {}) };
+  const timeoutSeconds = request.timeoutSeconds ?? DEFAULT_TIMEOUT_SECONDS;
+  const signals = timeoutSeconds > 0 ? [AbortSignal.timeout(timeoutSeconds * 1000)] : [];
+  if (signal) signals.push(signal);
+  let result: R;
+  try {
+    result = await request.execute(request.arguments, AbortSignal.any(signals));
+  } catch (error) {
+    const errorMessage = error instanceof Error ? error.message : String(error);
+    const answer = await reconnecting(() => ledger.recordToolCall(runId, toolRef, encoded, "failed", { ...record, errorMessage }));
+    if (answer.outcome === "recorded") throw error;
+    return settled(answer) as R;
+  }
+  const value = toJson(result === undefined ? null : result);
+  const answer = await reconnecting(() => ledger.recordToolCall(runId, toolRef, encoded, "succeeded", { ...record, result: value }));
+  return answer.outcome === "recorded" ? result : (settled(answer) as R);
 }
 
 /** The call's arguments as JSON by the client's rule; one that cannot be encoded is refused before any claim. */

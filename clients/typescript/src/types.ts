@@ -27,8 +27,21 @@ export type StepStatus = RunStatus | "skipped";
 /** Statuses after which nothing moves the run but a retry. */
 export const TERMINAL_STATUSES: readonly StepStatus[] = ["succeeded", "failed", "canceled", "expired", "skipped"];
 
-/** What a tool-call claim answers (returned by the server, never raised). */
-export const CLAIM_OUTCOMES = ["claimed", "replayed", "in_doubt", "busy", "waiting_approval", "rejected", "purged"] as const;
+/**
+ * What a tool-call claim answers (returned by the server, never raised); `find_tool_call` and
+ * `record_tool_call` (the repeatable path) also answer `unrecorded` and `recorded`.
+ */
+export const CLAIM_OUTCOMES = [
+  "claimed",
+  "replayed",
+  "in_doubt",
+  "busy",
+  "waiting_approval",
+  "rejected",
+  "purged",
+  "unrecorded",
+  "recorded",
+] as const;
 export type ClaimOutcome = (typeof CLAIM_OUTCOMES)[number];
 
 /** The statuses of a tool-call record. */
@@ -183,7 +196,7 @@ export interface ToolResponse {
 /** What every tool-call function answers: `{outcome, tool_call, approval, response}`. */
 export interface ToolCallClaim {
   outcome: ClaimOutcome;
-  /** The record; null for `purged` (the tombstone is in `raw.tool_call`). */
+  /** The record; null for `purged` (the tombstone is in `raw.tool_call`) and `unrecorded` without one. */
   toolCall: ToolCall | null;
   approval: Approval | null;
   /** For `replayed` only. */

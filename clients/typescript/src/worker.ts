@@ -62,6 +62,8 @@ export interface RunToolCallOptions {
   approval?: { title?: string; policyRef?: string; details?: Json };
   retryFailed?: boolean;
   heartbeatSeconds?: number;
+  /** The tool is safe to repeat: looked up, run, and recorded once in one commit ({@link toolCall}). */
+  repeatable?: boolean;
 }
 
 /** What an agent gets: the claimed run and helpers fenced by its token. */

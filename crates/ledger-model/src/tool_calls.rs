@@ -36,6 +36,8 @@ pub enum Decision {
     Rejected,
     /// A new attempt: take-over of an expired lease whose request never left, a re-arm of a
     /// failed call with `retry_failed`, an approved call, or an in-doubt call resolved `retry`.
+    /// No request of the call can be under way: the repeatable path runs the tool here, and its
+    /// record is that next attempt.
     Claim,
 }
 
@@ -175,6 +177,21 @@ impl Outcome {
     }
 }
 
+impl Outcome {
+    /// The outcome of a call recorded after it returned (`record_tool_call`): `succeeded` or
+    /// `failed`; a repeatable call has no `unknown`, it is simply run again.
+    pub fn parse_recorded(s: &str) -> Result<Outcome> {
+        match Outcome::parse(s) {
+            Ok(Outcome::Unknown) | Err(_) => Err(LedgerError::new(
+                Code::OutcomeUnknown,
+                "outcome must be succeeded or failed",
+            )
+            .with("outcome", s)),
+            ok => ok,
+        }
+    }
+}
+
 /// A human's decision on an in-doubt call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resolution {
@@ -287,6 +304,19 @@ mod tests {
 
     fn decide_for(e: Existing) -> Decision {
         decide(&e, "search", "h", false).unwrap()
+    }
+
+    #[test]
+    fn a_recorded_outcome_is_succeeded_or_failed() {
+        assert_eq!(
+            Outcome::parse_recorded("succeeded").unwrap(),
+            Outcome::Succeeded
+        );
+        assert_eq!(Outcome::parse_recorded("failed").unwrap(), Outcome::Failed);
+        for bad in ["unknown", "ok", ""] {
+            let e = Outcome::parse_recorded(bad).unwrap_err();
+            assert_eq!(e.code, Code::OutcomeUnknown, "{bad}");
+        }
     }
 
     #[test]

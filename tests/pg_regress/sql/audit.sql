@@ -43,6 +43,8 @@ INSERT INTO audit VALUES
   ('heartbeat_tool_call', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('complete_tool_call',  'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('resolve_tool_call',   'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('find_tool_call',      'volatile', false, 'unsafe', 'definer', 'writer: a lookup that writes a re-run''s first reuse'),
+  ('record_tool_call',    'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('sweep_tool_calls',    'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('request_tool_approval', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('resolve_approval',    'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),

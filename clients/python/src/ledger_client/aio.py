@@ -19,8 +19,8 @@ from .client import Calls, OperatorCalls, conninfo_of
 from .errors import LedgerError, translated
 from .feed import afollow
 from .statement import AsyncRunner, Row, Scope, Statement, scoped
-from .tool_calls import ToolRequest, _ending, _to_execute, positive_seconds
-from .types import ToolCall
+from .tool_calls import ToolRequest, _ending, _recorded, _Repeat, _to_execute, positive_seconds
+from .types import ClaimOutcome, ToolCall
 
 if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
@@ -158,6 +158,7 @@ async def tool_call_async(
     run_token: int | None = None,
     heartbeat_s: float | None = None,
     in_doubt_on: tuple[type[BaseException], ...] = (TimeoutError,),
+    repeatable: bool = False,
 ) -> Any:
     """:func:`~ledger_client.tool_call` on the async face: the same arguments, outcomes,
     exceptions, encoding and retries across a lost connection; ``execute`` is awaited, its
@@ -165,6 +166,24 @@ async def tool_call_async(
     positive_seconds("heartbeat_s", heartbeat_s)
     request = ToolRequest(tool_call_id, tool_ref, arguments, execute, idempotency_key=idempotency_key,
                           timeout_seconds=timeout_seconds, approval=approval, retry_failed=retry_failed)
+    if repeatable:
+        repeat = _Repeat(request, run_token)
+        found = await again_async(f"tool call {tool_call_id}: find", lambda: ledger.find_tool_call(run_id, **repeat.find))
+        if found.outcome is not ClaimOutcome.UNRECORDED:
+            return _recorded(found, tool_ref)
+        try:
+            result = await execute(dict(arguments))
+        except Exception as e:
+            failed = repeat.failed(e)
+            answer = await again_async(f"tool call {tool_call_id}: record",
+                                       lambda: ledger.record_tool_call(run_id, **failed))
+            if answer.outcome is ClaimOutcome.RECORDED:
+                raise
+            return _recorded(answer, tool_ref)
+        succeeded = repeat.succeeded(result)
+        answer = await again_async(f"tool call {tool_call_id}: record",
+                                   lambda: ledger.record_tool_call(run_id, **succeeded))
+        return result if answer.outcome is ClaimOutcome.RECORDED else _recorded(answer, tool_ref)
     spec = request.spec()  # encoded before anything is written
     [claim] = await again_async(f"tool call {tool_call_id}: claim", lambda: ledger.claim_tool_calls(
         run_id, [spec], lease_owner=lease_owner, begin=True, run_token=run_token))

@@ -351,6 +351,50 @@ class Calls:
         )
 
     @call
+    def find_tool_call(
+        self,
+        run_id: str,
+        tool_ref: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        tool_call_id: str | None = None,
+        idempotency_key: str | None = None,
+        retry_failed: bool | None = None,
+    ) -> Statement[ToolCallClaim]:
+        """A repeatable call's lookup before it runs, writing nothing: ``replayed`` (the recorded
+        result), ``unrecorded`` (run it, then ``record_tool_call``), or a side-effecting call's
+        outcome."""
+        return function(
+            _claim, "find_tool_call", run_id, tool_ref, Jsonb(dict(arguments or {})), tool_call_id=tool_call_id,
+            idempotency_key=idempotency_key, retry_failed=retry_failed,
+        )
+
+    @call
+    def record_tool_call(
+        self,
+        run_id: str,
+        tool_ref: str,
+        arguments: Mapping[str, Any],
+        outcome: str,
+        result: Any = None,
+        *,
+        error_message: str | None = None,
+        tool_call_id: str | None = None,
+        idempotency_key: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        retry_failed: bool | None = None,
+        run_token: int | None = None,
+    ) -> Statement[ToolCallClaim]:
+        """Records a repeatable call that ran (``succeeded`` or ``failed``) in one statement:
+        ``recorded``, or the answer of the record that was first (``replayed``, ...)."""
+        return function(
+            _claim, "record_tool_call", run_id, tool_ref, Jsonb(dict(arguments)), outcome,
+            result=Jsonb(result) if result is not None else None, error_message=error_message, tool_call_id=tool_call_id,
+            idempotency_key=idempotency_key, metadata=dict(metadata) if metadata is not None else None,
+            retry_failed=retry_failed, run_token=run_token,
+        )
+
+    @call
     def begin_tool_call(self, tool_call_record_id: str, attempt: int) -> Statement[ToolCall]:
         """Marks the outbound boundary (status ``running``); commit before the request leaves."""
         return function(_tool_call, "begin_tool_call", tool_call_record_id, attempt)

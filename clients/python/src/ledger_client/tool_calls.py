@@ -8,6 +8,12 @@ completes ``unknown`` and raises :class:`InDoubt`; a result outside the encoding
 (:mod:`ledger_client.encoding`) completes ``unknown`` and raises :class:`ResultNotEncodable`.
 Every other outcome raises its own :class:`ToolCallStopped` subclass, and nothing is executed.
 
+``repeatable=True`` (a tool safe to repeat: a read, an idempotent API) takes the single-commit
+path instead: a lookup that writes nothing (``find_tool_call``: ``replayed`` returns the recorded
+result), the tool, then one committing statement (``record_tool_call``) after it returned. Nothing
+is leased or begun, so concurrent callers may each run the tool once; the first record wins and
+every caller returns what it recorded.
+
 A connection lost at a write is the connection's, not the call's: the claim and the completion
 are written again on a fresh connection (a completion is fenced by the attempt; a repeated claim
 answers the recorded outcome, or ``busy`` when the lost one committed: that attempt, begun and
@@ -282,6 +288,37 @@ def _settle(
     return result
 
 
+class _Repeat:
+    """The arguments of a repeatable call's lookup and record (encoded before anything is
+    written; a result the encoding rule cannot encode raises :class:`NotEncodable` and records
+    nothing, as the tool may simply run again). Shared by both faces."""
+
+    def __init__(self, request: ToolRequest, run_token: int | None) -> None:
+        if request.approval is not None:
+            raise ValueError("ledger: a call that waits for an approval is not repeatable: leave out repeatable")
+        self.find: dict[str, Any] = {
+            "tool_ref": request.tool_ref, "arguments": encode(dict(request.arguments)),
+            "tool_call_id": request.tool_call_id, "idempotency_key": request.idempotency_key,
+            "retry_failed": request.retry_failed,
+        }
+        self._record = {**self.find, "run_token": run_token}
+
+    def succeeded(self, result: Any) -> dict[str, Any]:
+        return {**self._record, "outcome": "succeeded", "result": encode(result)}
+
+    def failed(self, error: Exception) -> dict[str, Any]:
+        return {**self._record, "outcome": "failed", "error_message": str(error) or repr(error)}
+
+
+def _recorded(answer: ToolCallClaim, tool_ref: str) -> Any:
+    """What a repeatable call returns for an answer that is not its own new record: the recorded
+    result (``replayed``), or the outcome's exception (a failure replayed, a side-effecting call's
+    state). Shared by both faces."""
+    _to_execute(answer, tool_ref)
+    assert answer.response is not None
+    return answer.response.result
+
+
 def tool_call(
     ledger: ScopedLedger,
     run_id: str,
@@ -298,6 +335,7 @@ def tool_call(
     run_token: int | None = None,
     heartbeat_s: float | None = None,
     in_doubt_on: tuple[type[BaseException], ...] = (TimeoutError,),
+    repeatable: bool = False,
 ) -> Any:
     """Executes the call at most once, whoever asks again, and returns its result.
 
@@ -309,10 +347,28 @@ def tool_call(
     call is completed ``unknown`` and :class:`InDoubt` is raised; any other exception completes it
     ``failed`` and propagates.
     ``approval`` (``{title, policy_ref, details}``): the call waits for a person first.
+    ``repeatable``: the tool is safe to repeat; it runs after a lookup and is recorded once after
+    it returns, in one commit (see the module's docstring), with no lease, heartbeat or doubt.
     """
     positive_seconds("heartbeat_s", heartbeat_s)
     request = ToolRequest(tool_call_id, tool_ref, arguments, execute, idempotency_key=idempotency_key,
                           timeout_seconds=timeout_seconds, approval=approval, retry_failed=retry_failed)
+    if repeatable:
+        repeat = _Repeat(request, run_token)
+        found = again(f"tool call {tool_call_id}: find", lambda: ledger.find_tool_call(run_id, **repeat.find))
+        if found.outcome is not ClaimOutcome.UNRECORDED:
+            return _recorded(found, tool_ref)
+        try:
+            result = execute(dict(arguments))
+        except Exception as e:
+            failed = repeat.failed(e)
+            answer = again(f"tool call {tool_call_id}: record", lambda: ledger.record_tool_call(run_id, **failed))
+            if answer.outcome is ClaimOutcome.RECORDED:
+                raise
+            return _recorded(answer, tool_ref)
+        succeeded = repeat.succeeded(result)
+        answer = again(f"tool call {tool_call_id}: record", lambda: ledger.record_tool_call(run_id, **succeeded))
+        return result if answer.outcome is ClaimOutcome.RECORDED else _recorded(answer, tool_ref)
     spec = request.spec()  # encoded before anything is written
     [claim] = again(f"tool call {tool_call_id}: claim", lambda: ledger.claim_tool_calls(
         run_id, [spec], lease_owner=lease_owner, begin=True, run_token=run_token))

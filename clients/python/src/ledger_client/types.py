@@ -58,9 +58,12 @@ class StepStatus(StrEnum):
 
 
 class ClaimOutcome(StrEnum):
-    """What ``claim_tool_call`` (and each row of ``claim_tool_calls``) answers."""
+    """What ``claim_tool_call`` (and each row of ``claim_tool_calls``) answers; ``find_tool_call``
+    and ``record_tool_call`` (the repeatable path) also answer ``unrecorded`` and ``recorded``."""
 
     CLAIMED = "claimed"
+    UNRECORDED = "unrecorded"
+    RECORDED = "recorded"
     REPLAYED = "replayed"
     IN_DOUBT = "in_doubt"
     BUSY = "busy"
@@ -363,7 +366,8 @@ class ToolResponse:
 @dataclass(frozen=True)
 class ToolCallClaim:
     """``{outcome, tool_call, approval, response}``: ``tool_call`` is None only for ``purged``,
-    whose ``tombstone`` is the key's record instead; ``response`` is set only for ``replayed``."""
+    whose ``tombstone`` is the key's record instead, and for ``unrecorded`` without a record;
+    ``response`` is set only for ``replayed``."""
 
     outcome: ClaimOutcome
     tool_call: ToolCall | None

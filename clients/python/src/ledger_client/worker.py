@@ -181,6 +181,7 @@ class RunContext:
         retry_failed: bool = False,
         heartbeat_s: float | None = None,
         in_doubt_on: tuple[type[BaseException], ...] = (TimeoutError,),
+        repeatable: bool = False,
     ) -> Any:
         """:func:`~ledger_client.tool_call` for this run. A re-run calls its tools with the same
         ``tool_call_id``: the ledger answers from the record its lineage holds (``replayed``,
@@ -189,7 +190,7 @@ class RunContext:
                          idempotency_key=idempotency_key, lease_owner=self.lease_owner,
                          timeout_seconds=timeout_seconds, approval=approval,
                          retry_failed=retry_failed, run_token=self.run_token, heartbeat_s=heartbeat_s,
-                         in_doubt_on=in_doubt_on)
+                         in_doubt_on=in_doubt_on, repeatable=repeatable)
 
     def tool_calls(self, requests: Sequence[ToolRequest], *, heartbeat_s: float | None = None) -> list[ToolCallResult]:
         """:func:`~ledger_client.tool_calls` (one model turn, in parallel) for this run."""
