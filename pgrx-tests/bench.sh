@@ -5,6 +5,8 @@
 # LEDGER_BENCH_SMOKE=1: the 30-second smoke that .ci/run uses (same code, tiny sizes).
 # LEDGER_BENCH_DIR (default /tmp/ledger-bench) holds the copy, the cluster and the results.
 # LEDGER_BENCH_PRELOAD: the cluster's shared_preload_libraries (default `ledger`; empty: none).
+# LEDGER_BENCH_ONLY=peers: the peers part (bench/peers: DBOS and Absurd) alone; any other part
+# name runs that part of bench/ alone, without the peers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -76,9 +78,24 @@ echo "- fsync cost (pg_test_fsync, 1 s per method, open_datasync/fdatasync):" \
 echo
 
 started=$(date +%s)
-LEDGER_BENCH_CONN="host=$data port=$port user=postgres dbname=ledger_bench" \
-LEDGER_BENCH_SMOKE=$smoke \
-  "$repo/bench/target/release/ledger-bench" | tee "$base/results.md"
+only=${LEDGER_BENCH_ONLY:-}
+: > "$base/results.md"
+if [ "$only" != peers ]; then
+  LEDGER_BENCH_CONN="host=$data port=$port user=postgres dbname=ledger_bench" \
+  LEDGER_BENCH_SMOKE=$smoke \
+    "$repo/bench/target/release/ledger-bench" | tee "$base/results.md"
+fi
+if [ -z "$only" ] || [ "$only" = peers ]; then
+  # The peers part counts round trips with pg_stat_statements: preloaded for it alone, after the
+  # other parts, so that their figures stay comparable with earlier runs.
+  echo "shared_preload_libraries = '${preload:+$preload,}pg_stat_statements'" >> "$data/postgresql.conf"
+  cluster_stop $major "$data"
+  cluster_start $major "$data" "$port"
+  PATH="$copy/bin:$PATH" PYTHONPATH="$repo/clients/python/src" LEDGER_BENCH_SMOKE=$smoke \
+    "${LEDGER_PYTHON:-${LEDGER_VENV:-/opt/ledger-venv}/bin/python}" bench/peers/peers.py \
+    "host=$data port=$port user=postgres dbname=ledger_bench" \
+    "host=$data port=$port user=ledger_peer dbname=ledger_bench" | tee -a "$base/results.md"
+fi
 echo "(whole script after the build: $(( $(date +%s) - started )) s)"
 cluster_stop $major "$data"
 trap - EXIT

@@ -1,0 +1,437 @@
+"""The peers part of `make bench`: one durable no-op tool call or step through the ledger's Python
+helper, the ledger's three SQL calls, a DBOS Transact step and an Absurd step, and a run with one
+call against a 1-step DBOS workflow and a 1-step Absurd task, each used as its manual shows, on one
+database and one non-superuser role.
+
+A worker is an OS process with its own connections (the ledger: a pool of one; DBOS: its engine;
+Absurd: its connection), so Python's GIL serialises no design's clients. Each block starts the
+design's workers afresh, lets each warm up, then counts from the server between two snapshots
+taken while every worker is idle: round trips are pg_stat_statements calls of the role (every
+top-level statement, BEGIN and COMMIT included), commits, rows and WAL come from the WAL between
+the two positions (pg_walinspect: commit records, heap inserts and updates). Designs alternate
+block by block, so drift hits each alike.
+
+  peers.py ADMIN_DSN ROLE_DSN    (environment: LEDGER_BENCH_SMOKE, LEDGER_BENCH_PEER_WORKERS,
+                                  LEDGER_BENCH_PEER_SECS, LEDGER_BENCH_PEER_BLOCKS)
+"""
+
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from absurd_sdk import Absurd
+from dbos import DBOS
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from ledger_client import Ledger, tool_call
+
+SCOPE = ("bench", "peers")
+QUEUE = "bench"
+ROLE = "ledger_peer"
+ctx = multiprocessing.get_context("fork")  # the libraries are imported once, here
+
+
+@dataclass
+class Control:
+    """What the parent and a block's workers share."""
+
+    workers: int
+    warmup: int
+    ready: Any = field(init=False)
+    go: Any = field(init=False)
+    stop: Any = field(init=False)
+    leave: Any = field(init=False)
+    results: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ready = ctx.Barrier(self.workers + 1)
+        self.go, self.stop, self.leave = ctx.Event(), ctx.Event(), ctx.Event()
+        self.results = ctx.Queue()
+
+
+def measure(call: Callable[[], Any], c: Control) -> None:
+    """Warms up, waits for the parent's snapshot, calls until told to stop, reports, and waits
+    idle until the parent's second snapshot (so that a workflow's or task's own completion, after
+    this returns, falls outside the counted window)."""
+    for _ in range(c.warmup):
+        call()
+    c.ready.wait(timeout=120)
+    c.go.wait()
+    samples = []
+    while not c.stop.is_set():
+        start = time.monotonic()
+        call()
+        samples.append(time.monotonic() - start)
+    c.results.put(("ok", samples, time.monotonic()))
+    c.leave.wait()
+
+
+def noop() -> dict[str, bool]:
+    return {"ok": True}
+
+
+# DBOS: the workflows and the step are registered at import, as its manual has them.
+@DBOS.step()
+def dbos_noop() -> dict[str, bool]:
+    return noop()
+
+
+@DBOS.workflow()
+def dbos_steps() -> None:
+    measure(dbos_noop, CONTROL)
+
+
+@DBOS.workflow()
+def dbos_one_step() -> dict[str, bool]:
+    return dbos_noop()
+
+
+CONTROL: Control  # the block's, set in each worker before its design runs
+
+
+def ledger_helper(role: str, i: int, c: Control) -> None:
+    with ConnectionPool(role, min_size=1, max_size=1, open=True) as pool:
+        scoped = Ledger(pool).scoped(*SCOPE)
+        run = f"peer-h-{os.getpid()}-{time.time_ns()}"
+        scoped.create_run("agent", run_id=run)
+        n = iter(range(1 << 62))
+
+        def call() -> None:
+            k = next(n)
+            tool_call(scoped, run, f"c-{k}", "bench.noop", {"n": k}, lambda _args: noop())
+
+        measure(call, c)
+
+
+def ledger_raw(role: str, i: int, c: Control) -> None:
+    with psycopg.connect(role, autocommit=True) as raw:
+        raw.execute("SELECT ledger.set_scope(%s, %s)", SCOPE)
+        run = f"peer-r-{os.getpid()}-{time.time_ns()}"
+        raw.execute("SELECT ledger.create_run('agent', run_id => %s)", (run,))
+        n = iter(range(1 << 62))
+
+        def call() -> None:
+            k = next(n)
+            claim = raw.execute("SELECT ledger.claim_tool_call(%s, %s, %s, tool_call_id => %s)",
+                                (run, "bench.noop", Jsonb({"n": k}), f"c-{k}")).fetchone()
+            assert claim is not None
+            record = claim[0]["tool_call"]
+            raw.execute("SELECT ledger.begin_tool_call(%s, %s)", (record["id"], record["attempt"]))
+            raw.execute("SELECT ledger.complete_tool_call(%s, %s, 'succeeded', result => %s)",
+                        (record["id"], record["attempt"], Jsonb(noop())))
+
+        measure(call, c)
+
+
+# --- the single-commit path for tools safe to repeat (issue 28, branch i28-once) ---------------
+# Its row goes here once the helper has it: a design "ledger once" calling
+# tool_call(scoped, run, ..., repeatable=True) (or whatever the option is named), added to STEPS
+# below and to the ratio "ledger once / Absurd step" in report().
+# -------------------------------------------------------------------------------------------------
+
+
+def keywords(dsn: str) -> dict[str, str]:
+    """host, port, user and dbname of a `key=value ...` connection string."""
+    return dict(kv.split("=", 1) for kv in dsn.split())
+
+
+def dbos_launch(role: str) -> None:
+    k = keywords(role)
+    url = f"postgresql+psycopg://{k['user']}@/{k['dbname']}?host={k['host']}&port={k['port']}"
+    DBOS(config={"name": "ledger-bench", "system_database_url": url, "log_level": "WARNING",
+                  "executor_id": f"bench-{os.getpid()}"})  # each recovers only its own workflows
+    DBOS.launch()
+
+
+def dbos_step(role: str, i: int, c: Control) -> None:
+    dbos_launch(role)
+    try:
+        dbos_steps()
+    finally:
+        DBOS.destroy()
+
+
+def absurd_app(role: str) -> Absurd:
+    app = Absurd(role, queue_name=QUEUE)
+
+    @app.register_task(name="steps")
+    def steps(params: Any, task: Any) -> None:
+        measure(lambda: task.step("noop", noop), CONTROL)
+
+    @app.register_task(name="one-step")
+    def one_step(params: Any, task: Any) -> Any:
+        return task.step("noop", noop)
+
+    return app
+
+
+def absurd_step(role: str, i: int, c: Control) -> None:
+    app = absurd_app(role)
+    try:
+        app.spawn("steps", {})
+        app.work_batch(worker_id=f"bench-{os.getpid()}")  # claims one task (any worker's) and runs it
+    finally:
+        app.close()
+
+
+def ledger_run(role: str, i: int, c: Control) -> None:
+    with ConnectionPool(role, min_size=1, max_size=1, open=True) as pool:
+        scoped = Ledger(pool).scoped(*SCOPE)
+        prefix = f"peer-run-{os.getpid()}-{time.time_ns()}"
+        n = iter(range(1 << 62))
+
+        def call() -> None:
+            run = f"{prefix}-{next(n)}"
+            scoped.create_run("agent", run_id=run)
+            scoped.transition_run(run, "running")
+            tool_call(scoped, run, "c-1", "bench.noop", {"n": 1}, lambda _args: noop())
+            scoped.transition_run(run, "succeeded")
+
+        measure(call, c)
+
+
+def dbos_workflow(role: str, i: int, c: Control) -> None:
+    dbos_launch(role)
+    try:
+        measure(dbos_one_step, c)
+    finally:
+        DBOS.destroy()
+
+
+def absurd_task(role: str, i: int, c: Control) -> None:
+    app = absurd_app(role)
+    worker = f"bench-{os.getpid()}"
+
+    def call() -> None:
+        app.spawn("one-step", {})
+        app.work_batch(worker_id=worker)  # a worker's poll, without the poll's sleep
+
+    try:
+        measure(call, c)
+    finally:
+        app.close()
+
+
+Design = Callable[[str, int, Control], None]
+STEPS: dict[str, Design] = {"ledger helper": ledger_helper, "ledger raw (3 calls)": ledger_raw,
+                            "DBOS step": dbos_step, "Absurd step": absurd_step}
+RUNS: dict[str, Design] = {"ledger run, 1 call": ledger_run, "DBOS workflow, 1 step": dbos_workflow,
+                           "Absurd task, 1 step": absurd_task}
+
+
+def worker(design: Design, role: str, i: int, c: Control) -> None:
+    global CONTROL
+    CONTROL = c
+    try:
+        design(role, i, c)
+    except BaseException:
+        c.results.put(("error", traceback.format_exc(), 0.0))
+        c.ready.abort()
+        raise
+
+
+@dataclass
+class Totals:
+    calls: int = 0
+    seconds: float = 0.0
+    samples: list[float] = field(default_factory=list)
+    round_trips: int = 0
+    commits: int = 0
+    inserted: int = 0
+    updated: int = 0
+    wal: int = 0
+
+
+def snapshot(admin: psycopg.Connection[Any]) -> tuple[str, int]:
+    row = admin.execute("SELECT pg_current_wal_insert_lsn()::text, coalesce(sum(calls), 0)::bigint"
+                        " FROM pg_stat_statements WHERE userid = %s::regrole", (ROLE,)).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def wal_between(admin: psycopg.Connection[Any], start: str, end: str) -> tuple[int, int, int, int]:
+    """Commit records, heap rows inserted, heap rows updated, and WAL bytes between two positions."""
+    row = admin.execute(
+        """SELECT coalesce(sum(count) FILTER (WHERE kind = 'Transaction/COMMIT'), 0)::bigint,
+                  coalesce(sum(count) FILTER (WHERE kind LIKE 'Heap/INSERT%%'), 0)::bigint,
+                  coalesce(sum(count) FILTER (WHERE kind LIKE 'Heap/UPDATE%%' OR kind LIKE 'Heap/HOT_UPDATE%%'), 0)::bigint,
+                  pg_wal_lsn_diff(%s, %s)::bigint
+             FROM (SELECT "resource_manager/record_type" AS kind, count
+                     FROM pg_get_wal_stats(%s, %s, per_record => true)) s""",
+        (end, start, start, end)).fetchone()
+    assert row is not None
+    return row[0], row[1], row[2], row[3]
+
+
+def block(admin: psycopg.Connection[Any], role: str, design: Design, workers: int, secs: float,
+          warmup: int, t: Totals) -> None:
+    c = Control(workers, warmup)
+    procs = [ctx.Process(target=worker, args=(design, role, i, c), daemon=True) for i in range(workers)]
+    for p in procs:
+        p.start()
+    try:
+        try:
+            c.ready.wait(timeout=180)
+        except Exception:
+            raise SystemExit(f"a worker failed before its block:\n{c.results.get(timeout=5)[1]}") from None
+        lsn0, trips0 = snapshot(admin)
+        began = time.monotonic()
+        c.go.set()
+        time.sleep(secs)
+        c.stop.set()
+        ended = began
+        for _ in procs:
+            status, samples, end = c.results.get(timeout=120)
+            if status != "ok":
+                raise SystemExit(f"a worker failed:\n{samples}")
+            t.samples += samples
+            t.calls += len(samples)
+            ended = max(ended, end)
+        t.seconds += ended - began
+        lsn1, trips1 = snapshot(admin)
+        commits, inserted, updated, wal = wal_between(admin, lsn0, lsn1)
+        t.round_trips += trips1 - trips0
+        t.commits += commits
+        t.inserted += inserted
+        t.updated += updated
+        t.wal += wal
+    finally:
+        c.leave.set()
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            if p.exitcode not in (0, None) and p.exitcode != -9:
+                raise SystemExit(f"a worker exited with {p.exitcode}")
+
+
+def per_call(t: Totals) -> dict[str, float]:
+    return {"rate": t.calls / t.seconds, "p50": statistics.median(t.samples) * 1000,
+            "trips": t.round_trips / t.calls, "commits": t.commits / t.calls,
+            "ins": t.inserted / t.calls, "upd": t.updated / t.calls, "wal": t.wal / t.calls / 1024}
+
+
+def measure_all(admin: psycopg.Connection[Any], role: str, designs: dict[str, Design], counts: list[int],
+                secs: float, blocks: int, warmup: int) -> dict[tuple[str, int], dict[str, float]]:
+    out = {}
+    for w in counts:
+        totals = {name: Totals() for name in designs}
+        for b in range(blocks):
+            # alternate the order block by block, so no design always follows the same one
+            order = list(designs) if b % 2 == 0 else list(reversed(designs))
+            for name in order:
+                block(admin, role, designs[name], w, secs, warmup, totals[name])
+            admin.execute("ANALYZE")  # as autovacuum would: plans for the tables that grew
+        for name, t in totals.items():
+            out[(name, w)] = per_call(t)
+    return out
+
+
+def table(title: str, unit: str, results: dict[tuple[str, int], dict[str, float]], designs: list[str],
+          counts: list[int]) -> None:
+    print(f"\n### {title}\n")
+    print(f"| per {unit} | " + " | ".join(designs) + " |")
+    print("|---|" + "---:|" * len(designs))
+    first = counts[0]
+
+    def row(label: str, cell: Callable[[dict[str, float]], str], w: int = first) -> None:
+        print(f"| {label} | " + " | ".join(cell(results[(d, w)]) for d in designs) + " |")
+
+    row(f"p50 latency, {first} worker{'s' if first > 1 else ''} (ms)", lambda r: f"{r['p50']:.2f}")
+    print(f"| {unit}s/s at " + " / ".join(map(str, counts)) + " workers | " + " | ".join(
+        " / ".join(f"{results[(d, w)]['rate']:,.0f}" for w in counts) for d in designs) + " |")
+    for label, key, fmt in (("round trips", "trips", "{:.1f}"), ("commits", "commits", "{:.2f}"),
+                            ("rows inserted + updated", None, None), ("WAL (KB)", "wal", "{:.2f}")):
+        if key is None:
+            row(f"{label} ({first} worker)", lambda r: f"{r['ins']:.1f} + {r['upd']:.1f}")
+        else:
+            row(f"{label} ({first} worker)", lambda r, k=key, f=fmt: f.format(r[k]))
+    last = counts[-1]
+    if last != first:
+        row(f"rows inserted + updated / WAL KB ({last} workers)",
+            lambda r: f"{r['ins']:.1f} + {r['upd']:.1f} / {r['wal']:.2f}", last)
+
+
+def report(steps: dict[tuple[str, int], dict[str, float]], runs: dict[tuple[str, int], dict[str, float]],
+           counts: list[int]) -> None:
+    print("\n### Peers: ratios for issue 28's targets\n")
+    print("| ratio | " + " | ".join(f"{w} worker{'s' if w > 1 else ''}" for w in counts) + " | target |")
+    print("|---|" + "---:|" * len(counts) + "---|")
+
+    def ratio(label: str, res: dict[tuple[str, int], dict[str, float]], a: str, b: str, target: str = "") -> None:
+        cells = [f"{res[(a, w)]['rate'] / res[(b, w)]['rate']:.2f}" for w in counts]
+        print(f"| {label} | " + " | ".join(cells) + f" | {target} |")
+
+    ratio("ledger helper / DBOS step, calls/s", steps, "ledger helper", "DBOS step", ">= 1")
+    ratio("ledger side-effecting call (helper) / Absurd step, calls/s", steps, "ledger helper", "Absurd step", ">= 0.5")
+    ratio("ledger raw (3 calls) / Absurd step, calls/s", steps, "ledger raw (3 calls)", "Absurd step")
+    ratio("ledger run / DBOS workflow, runs/s", runs, "ledger run, 1 call", "DBOS workflow, 1 step")
+    ratio("ledger run / Absurd task, runs/s", runs, "ledger run, 1 call", "Absurd task, 1 step")
+    # ledger once / Absurd step (>= 1): the i28-once row, once it exists (see the marker above).
+    h = steps[("ledger helper", counts[0])]
+    print(f"\nRows per side-effecting call (helper, {counts[0]} worker): {h['ins'] + h['upd']:.1f}"
+          f" (target <= 8); WAL per call {h['wal']:.2f} KB (target <= 3 KB).")
+
+
+def setup(admin: psycopg.Connection[Any], role: str) -> None:
+    admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    if admin.execute("SELECT FROM pg_roles WHERE rolname = %s", (ROLE,)).fetchone() is None:
+        admin.execute(f"CREATE ROLE {ROLE} LOGIN IN ROLE ledger_writer")
+    # DBOS and absurdctl create their schemas (dbos, absurd) as the role, as an application would.
+    admin.execute(f"GRANT CREATE ON DATABASE {admin.info.dbname} TO {ROLE}")
+    admin.execute("SELECT ledger.grant_scope(%s, %s, %s)", (ROLE, *SCOPE))
+    if admin.execute("SELECT to_regproc('absurd.get_schema_version')").fetchone() == (None,):
+        # absurdctl applies the schema it bundles (psql from PATH); the queue: one set of tables.
+        k = keywords(role)
+        env = {**os.environ, "PGHOST": k["host"], "PGPORT": k["port"], "PGUSER": k["user"], "PGDATABASE": k["dbname"]}
+        env.pop("ABSURD_DATABASE_URL", None)
+        absurdctl = os.path.join(os.path.dirname(sys.executable), "absurdctl")
+        for command in (["init"], ["create-queue", QUEUE]):
+            subprocess.run([absurdctl, *command], env=env, check=True, stdout=subprocess.DEVNULL)
+
+
+def main(admin_dsn: str, role: str) -> None:
+    smoke = os.environ.get("LEDGER_BENCH_SMOKE") == "1"
+    counts = [int(w) for w in os.environ.get("LEDGER_BENCH_PEER_WORKERS", "1,2" if smoke else "1,8,32").split(",")]
+    secs = float(os.environ.get("LEDGER_BENCH_PEER_SECS", "0.5" if smoke else "4"))
+    blocks = int(os.environ.get("LEDGER_BENCH_PEER_BLOCKS", "1" if smoke else "3"))
+    warmup = 3 if smoke else 20
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        setup(admin, role)
+        # One launch first, so that the workers find DBOS's schema made instead of racing to make it.
+        p = ctx.Process(target=dbos_launch_once, args=(role,))
+        p.start()
+        p.join()
+        if p.exitcode != 0:
+            raise SystemExit("DBOS could not launch")
+        admin.execute("ANALYZE")
+        print(f"\n## Peers: DBOS and Absurd{' (smoke)' if smoke else ''}\n")
+        print(f"One worker = one process with its own connections; {blocks} block(s) of {secs} s per design"
+              f" and worker count, designs alternating; counts from the server over the measured blocks.")
+        started = time.monotonic()
+        steps = measure_all(admin, role, STEPS, counts, secs, blocks, warmup)
+        runs = measure_all(admin, role, RUNS, counts, secs, blocks, warmup)
+        table("One durable no-op tool call or step", "call", steps, list(STEPS), counts)
+        table("A run with one call against a 1-step workflow or task", "run", runs, list(RUNS), counts)
+        report(steps, runs, counts)
+        print(f"\n(peers part: {time.monotonic() - started:.0f} s)")
+
+
+def dbos_launch_once(role: str) -> None:
+    dbos_launch(role)
+    DBOS.destroy()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
