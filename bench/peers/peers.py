@@ -298,9 +298,11 @@ def wal_between(admin: psycopg.Connection[Any], start: str, end: str) -> tuple[i
     updated, and WAL bytes."""
     row = admin.execute(
         """WITH r AS (SELECT resource_manager AS rm, record_type AS kind, xid::text::bigint AS xid
-                        FROM pg_get_wal_records_info(%s, %s))
-           SELECT (SELECT count(DISTINCT xid) FROM r WHERE rm = 'Transaction' AND kind = 'COMMIT'
-                      AND xid IN (SELECT xid FROM r WHERE rm IN ('Heap', 'Heap2', 'Btree')))::bigint,
+                        FROM pg_get_wal_records_info(%s, %s)),
+                x AS (SELECT bool_or(rm = 'Transaction' AND kind = 'COMMIT') AS committed,
+                             bool_or(rm IN ('Heap', 'Heap2', 'Btree')) AS wrote
+                        FROM r GROUP BY xid)
+           SELECT (SELECT count(*) FROM x WHERE committed AND wrote)::bigint,
                   count(*) FILTER (WHERE rm = 'Transaction' AND kind = 'COMMIT')::bigint,
                   count(*) FILTER (WHERE rm = 'Heap' AND kind LIKE 'INSERT%%')::bigint,
                   count(*) FILTER (WHERE rm = 'Heap' AND (kind LIKE 'UPDATE%%' OR kind LIKE 'HOT_UPDATE%%'))::bigint,
