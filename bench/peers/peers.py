@@ -392,13 +392,14 @@ def table(title: str, unit: str, results: dict[tuple[str, int], dict[str, float]
     row(f"p50 latency, {first} worker{'s' if first > 1 else ''} (ms)", lambda r: f"{r['p50']:.2f}")
     print(f"| {unit}s/s at " + " / ".join(map(str, counts)) + " workers | " + " | ".join(
         " / ".join(f"{results[(d, w)]['rate']:,.0f}" for w in counts) for d in designs) + " |")
-    for label, key, fmt in (("round trips", "trips", "{:.1f}"), ("commits that wrote rows", "commits", "{:.2f}"),
-                            ("all commit records", "records", "{:.2f}"),
-                            ("rows inserted + updated", None, None), ("WAL (KB)", "wal", "{:.2f}")):
-        if key is None:
-            row(f"{label} ({first} worker)", lambda r: f"{r['ins']:.1f} + {r['upd']:.1f}")
-        else:
-            row(f"{label} ({first} worker)", lambda r, k=key, f=fmt: f.format(r[k]))
+    cells: list[tuple[str, Callable[[dict[str, float]], str]]] = [
+        ("round trips", lambda r: f"{r['trips']:.1f}"),
+        ("commits that wrote rows", lambda r: f"{r['commits']:.2f}"),
+        ("all commit records", lambda r: f"{r['records']:.2f}"),
+        ("rows inserted + updated", lambda r: f"{r['ins']:.1f} + {r['upd']:.1f}"),
+        ("WAL (KB)", lambda r: f"{r['wal']:.2f}")]
+    for label, cell in cells:
+        row(f"{label} ({first} worker{'s' if first > 1 else ''})", cell)
     last = counts[-1]
     if last != first:
         row(f"rows inserted + updated / WAL KB ({last} workers)",
