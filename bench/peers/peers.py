@@ -1,10 +1,11 @@
 """The peers part of `make bench`: one durable no-op tool call or step through the ledger's Python
-helper, the ledger's three SQL calls, a DBOS Transact step and an Absurd step, and a run with one
-call against a 1-step DBOS workflow and a 1-step Absurd task, each used as its manual shows, on one
-database and one non-superuser role.
+and TypeScript helpers, the ledger's three SQL calls, a DBOS Transact step and an Absurd step, and
+a run with one call against a 1-step DBOS workflow and a 1-step Absurd task, each used as its
+manual shows, on one database and one non-superuser role.
 
 A worker is an OS process with its own connections (the ledger: a pool of one; DBOS: its engine;
-Absurd: its connection), so Python's GIL serialises no design's clients. Each block starts the
+Absurd: its connection), so Python's GIL serialises no design's clients; DBOS also runs its
+workers the way one DBOS process runs concurrent workflows, as threads ("threads"). Each block starts the
 design's workers afresh, lets each warm up, then counts from the server between two snapshots
 taken while every worker is idle: round trips are pg_stat_statements calls of the role (every
 top-level statement, BEGIN and COMMIT included), commits, rows and WAL come from the WAL between
@@ -21,6 +22,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -165,12 +167,50 @@ def keywords(dsn: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in dsn.split())
 
 
-def dbos_launch(role: str) -> None:
+def dbos_launch(role: str, threads: int = 1) -> None:
     k = keywords(role)
     url = f"postgresql+psycopg://{k['user']}@/{k['dbname']}?host={k['host']}&port={k['port']}"
     DBOS(config={"name": "ledger-bench", "system_database_url": url, "log_level": "WARNING",
-                  "executor_id": f"bench-{os.getpid()}"})  # each recovers only its own workflows
+                  "executor_id": f"bench-{os.getpid()}",  # each recovers only its own workflows
+                  "sys_db_pool_size": max(20, threads + 4)})  # its default, or room for every thread
     DBOS.launch()
+
+
+def in_threads(c: Control, target: Callable[[], None]) -> None:
+    """Runs target in c.workers threads of this process, one worker each: DBOS's own way to run
+    concurrent workflows (one launched instance per process)."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as e:
+            failed.append(e)
+            c.ready.abort()
+
+    threads = [threading.Thread(target=run) for _ in range(c.workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failed:
+        raise failed[0]
+
+
+def dbos_step_threads(role: str, i: int, c: Control) -> None:
+    dbos_launch(role, c.workers)
+    try:
+        in_threads(c, dbos_steps)
+    finally:
+        DBOS.destroy()
+
+
+def dbos_workflow_threads(role: str, i: int, c: Control) -> None:
+    dbos_launch(role, c.workers)
+    try:
+        in_threads(c, lambda: measure(dbos_one_step, c))
+    finally:
+        DBOS.destroy()
 
 
 def dbos_step(role: str, i: int, c: Control) -> None:
@@ -244,10 +284,12 @@ def absurd_task(role: str, i: int, c: Control) -> None:
 
 Design = Callable[[str, int, Control], None]
 STEPS: dict[str, Design] = {"ledger helper": ledger_helper, "ledger TS helper": ledger_ts,
-                            "ledger raw (3 calls)": ledger_raw,
-                            "DBOS step": dbos_step, "Absurd step": absurd_step}
+                            "ledger raw (3 calls)": ledger_raw, "DBOS step": dbos_step,
+                            "DBOS step, threads": dbos_step_threads, "Absurd step": absurd_step}
 RUNS: dict[str, Design] = {"ledger run, 1 call": ledger_run, "DBOS workflow, 1 step": dbos_workflow,
-                           "Absurd task, 1 step": absurd_task}
+                           "DBOS workflow, threads": dbos_workflow_threads, "Absurd task, 1 step": absurd_task}
+# These run every worker as a thread of one process.
+THREADED = {dbos_step_threads, dbos_workflow_threads}
 
 
 def worker(design: Design, role: str, i: int, c: Control) -> None:
@@ -306,7 +348,8 @@ def wal_between(admin: psycopg.Connection[Any], start: str, end: str) -> tuple[i
 def block(admin: psycopg.Connection[Any], role: str, design: Design, workers: int, secs: float,
           warmup: int, t: Totals) -> None:
     c = Control(workers, warmup)
-    procs = [ctx.Process(target=worker, args=(design, role, i, c), daemon=True) for i in range(workers)]
+    procs = [ctx.Process(target=worker, args=(design, role, i, c), daemon=True)
+             for i in range(1 if design in THREADED else workers)]
     for p in procs:
         p.start()
     try:
@@ -320,7 +363,7 @@ def block(admin: psycopg.Connection[Any], role: str, design: Design, workers: in
         time.sleep(secs)
         c.stop.set()
         ended = began
-        for _ in procs:
+        for _ in range(workers):
             status, samples, end = c.results.get(timeout=120)
             if status != "ok":
                 raise SystemExit(f"a worker failed:\n{samples}")
@@ -407,10 +450,13 @@ def report(steps: dict[tuple[str, int], dict[str, float]], runs: dict[tuple[str,
         print(f"| {label} | " + " | ".join(cells) + f" | {target} |")
 
     ratio("ledger helper / DBOS step, calls/s", steps, "ledger helper", "DBOS step", ">= 1")
+    ratio("ledger helper / DBOS step (threads), calls/s", steps, "ledger helper", "DBOS step, threads", ">= 1")
     ratio("ledger TS helper / DBOS step, calls/s", steps, "ledger TS helper", "DBOS step", ">= 1")
+    ratio("ledger TS helper / DBOS step (threads), calls/s", steps, "ledger TS helper", "DBOS step, threads", ">= 1")
     ratio("ledger side-effecting call (helper) / Absurd step, calls/s", steps, "ledger helper", "Absurd step", ">= 0.5")
     ratio("ledger raw (3 calls) / Absurd step, calls/s", steps, "ledger raw (3 calls)", "Absurd step")
     ratio("ledger run / DBOS workflow, runs/s", runs, "ledger run, 1 call", "DBOS workflow, 1 step")
+    ratio("ledger run / DBOS workflow (threads), runs/s", runs, "ledger run, 1 call", "DBOS workflow, threads")
     ratio("ledger run / Absurd task, runs/s", runs, "ledger run, 1 call", "Absurd task, 1 step")
     # The i28-once row (see the marker above): ratio("ledger once / Absurd step, calls/s", steps,
     # "ledger once", "Absurd step", ">= 1") once the design exists; until then the target shows unmeasured.
@@ -455,7 +501,7 @@ def main(admin_dsn: str, role: str) -> None:
             raise SystemExit("DBOS could not launch")
         admin.execute("ANALYZE")
         print(f"\n## Peers: DBOS and Absurd{' (smoke)' if smoke else ''}\n")
-        print(f"One worker = one process with its own connections; {blocks} block(s) of {secs} s per design"
+        print(f"One worker = one process with its own connections (\"threads\": one thread of one process); {blocks} block(s) of {secs} s per design"
               f" and worker count, designs alternating; counts from the server over the measured blocks.")
         started = time.monotonic()
         steps = measure_all(admin, role, STEPS, counts, secs, blocks, warmup)
