@@ -21,13 +21,15 @@ import inspect
 import json
 import multiprocessing
 import os
+import queue
 import statistics
 import subprocess
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +71,7 @@ def measure(call: Callable[[], Any], c: Control) -> None:
     this returns, falls outside the counted window)."""
     for _ in range(c.warmup):
         call()
-    c.ready.wait(timeout=120)
+    c.ready.wait()  # the parent's wait has the timeout; a worker that fails breaks it (worker())
     c.go.wait()
     samples = []
     while not c.stop.is_set():
@@ -103,7 +105,7 @@ def dbos_one_step() -> dict[str, bool]:
 CONTROL: Control  # the block's, set in each worker before its design runs
 
 
-def ledger_helper(role: str, i: int, c: Control, repeatable: bool = False) -> None:
+def ledger_helper(role: str, c: Control, repeatable: bool = False) -> None:
     """The side-effecting call; with repeatable, the single-commit path for tools safe to repeat
     (tool_call's repeatable=True, where the client has it: REPEATABLE)."""
     helper: Any = tool_call
@@ -121,7 +123,7 @@ def ledger_helper(role: str, i: int, c: Control, repeatable: bool = False) -> No
         measure(call, c)
 
 
-def ledger_raw(role: str, i: int, c: Control) -> None:
+def ledger_raw(role: str, c: Control) -> None:
     with psycopg.connect(role, autocommit=True) as raw:
         raw.execute("SELECT ledger.set_scope(%s, %s)", SCOPE)
         run = f"peer-r-{os.getpid()}-{time.time_ns()}"
@@ -131,7 +133,7 @@ def ledger_raw(role: str, i: int, c: Control) -> None:
         measure(lambda: raw_tool_call(raw, run, next(n)), c)
 
 
-def ledger_ts(role: str, i: int, c: Control) -> None:
+def ledger_ts(role: str, c: Control) -> None:
     """The TypeScript helper: a Node process (peers_ts.mjs) that this worker relays the block's
     signals to, line by line."""
     k = keywords(role)
@@ -147,16 +149,20 @@ def ledger_ts(role: str, i: int, c: Control) -> None:
             p.stdin.write(word + "\n")
             p.stdin.flush()
 
-        if p.stdout.readline().strip() != "ready":
-            raise RuntimeError("the TypeScript worker did not start")
-        c.ready.wait(timeout=120)
-        c.go.wait()
-        say("go")
-        c.stop.wait()
-        say("stop")
-        c.results.put(("ok", json.loads(p.stdout.readline()), time.monotonic()))
-        c.leave.wait()
-        say("leave")
+        try:
+            if p.stdout.readline().strip() != "ready":
+                raise RuntimeError("the TypeScript worker did not start")
+            c.ready.wait()
+            c.go.wait()
+            say("go")
+            c.stop.wait()
+            say("stop")
+            c.results.put(("ok", json.loads(p.stdout.readline()), time.monotonic()))
+            c.leave.wait()
+            say("leave")
+        except BaseException:
+            p.kill()  # it waits for a line that will not come
+            raise
     if p.returncode:
         raise RuntimeError(f"the TypeScript worker exited with {p.returncode}")
 
@@ -172,13 +178,19 @@ def keywords(dsn: str) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in dsn.split())
 
 
-def dbos_launch(role: str, threads: int = 1) -> None:
+@contextmanager
+def dbos_launched(role: str, threads: int = 1) -> Iterator[None]:
+    """DBOS launched in this process for the block, destroyed after."""
     k = keywords(role)
     url = f"postgresql+psycopg://{k['user']}@/{k['dbname']}?host={k['host']}&port={k['port']}"
     DBOS(config={"name": "ledger-bench", "system_database_url": url, "log_level": "WARNING",
                   "executor_id": f"bench-{os.getpid()}",  # each recovers only its own workflows
                   "sys_db_pool_size": max(20, threads + 4)})  # its default, or room for every thread
     DBOS.launch()
+    try:
+        yield
+    finally:
+        DBOS.destroy()
 
 
 def in_threads(c: Control, target: Callable[[], None]) -> None:
@@ -202,28 +214,19 @@ def in_threads(c: Control, target: Callable[[], None]) -> None:
         raise failed[0]
 
 
-def dbos_step_threads(role: str, i: int, c: Control) -> None:
-    dbos_launch(role, c.workers)
-    try:
+def dbos_step_threads(role: str, c: Control) -> None:
+    with dbos_launched(role, c.workers):
         in_threads(c, dbos_steps)
-    finally:
-        DBOS.destroy()
 
 
-def dbos_workflow_threads(role: str, i: int, c: Control) -> None:
-    dbos_launch(role, c.workers)
-    try:
+def dbos_workflow_threads(role: str, c: Control) -> None:
+    with dbos_launched(role, c.workers):
         in_threads(c, lambda: measure(dbos_one_step, c))
-    finally:
-        DBOS.destroy()
 
 
-def dbos_step(role: str, i: int, c: Control) -> None:
-    dbos_launch(role)
-    try:
+def dbos_step(role: str, c: Control) -> None:
+    with dbos_launched(role):
         dbos_steps()
-    finally:
-        DBOS.destroy()
 
 
 def absurd_app(role: str) -> Absurd:
@@ -240,7 +243,7 @@ def absurd_app(role: str) -> Absurd:
     return app
 
 
-def absurd_step(role: str, i: int, c: Control) -> None:
+def absurd_step(role: str, c: Control) -> None:
     app = absurd_app(role)
     try:
         app.spawn("steps", {})
@@ -249,7 +252,7 @@ def absurd_step(role: str, i: int, c: Control) -> None:
         app.close()
 
 
-def ledger_run(role: str, i: int, c: Control) -> None:
+def ledger_run(role: str, c: Control) -> None:
     with ConnectionPool(role, min_size=1, max_size=1, open=True) as pool:
         scoped = Ledger(pool).scoped(*SCOPE)
         prefix = f"peer-run-{os.getpid()}-{time.time_ns()}"
@@ -265,15 +268,12 @@ def ledger_run(role: str, i: int, c: Control) -> None:
         measure(call, c)
 
 
-def dbos_workflow(role: str, i: int, c: Control) -> None:
-    dbos_launch(role)
-    try:
+def dbos_workflow(role: str, c: Control) -> None:
+    with dbos_launched(role):
         measure(dbos_one_step, c)
-    finally:
-        DBOS.destroy()
 
 
-def absurd_task(role: str, i: int, c: Control) -> None:
+def absurd_task(role: str, c: Control) -> None:
     app = absurd_app(role)
     worker = f"bench-{os.getpid()}"
 
@@ -287,7 +287,7 @@ def absurd_task(role: str, i: int, c: Control) -> None:
         app.close()
 
 
-Design = Callable[[str, int, Control], None]
+Design = Callable[[str, Control], None]
 STEPS: dict[str, Design] = {"ledger helper": ledger_helper,
                             **({"ledger once": functools.partial(ledger_helper, repeatable=True)} if REPEATABLE else {}),
                             "ledger TS helper": ledger_ts,
@@ -299,11 +299,11 @@ RUNS: dict[str, Design] = {"ledger run, 1 call": ledger_run, "DBOS workflow, 1 s
 THREADED = {dbos_step_threads, dbos_workflow_threads}
 
 
-def worker(design: Design, role: str, i: int, c: Control) -> None:
+def worker(design: Design, role: str, c: Control) -> None:
     global CONTROL
     CONTROL = c
     try:
-        design(role, i, c)
+        design(role, c)
     except BaseException:
         c.results.put(("error", traceback.format_exc(), 0.0))
         c.ready.abort()
@@ -352,18 +352,23 @@ def wal_between(admin: psycopg.Connection[Any], start: str, end: str) -> tuple[i
     return row[0], row[1], row[2], row[3], row[4]
 
 
-def block(admin: psycopg.Connection[Any], role: str, design: Design, workers: int, secs: float,
+def block(admin: psycopg.Connection[Any], role: str, name: str, design: Design, workers: int, secs: float,
           warmup: int, t: Totals) -> None:
     c = Control(workers, warmup)
-    procs = [ctx.Process(target=worker, args=(design, role, i, c), daemon=True)
-             for i in range(1 if design in THREADED else workers)]
+    procs = [ctx.Process(target=worker, args=(design, role, c), daemon=True)
+             for _ in range(1 if design in THREADED else workers)]
     for p in procs:
         p.start()
+    what = f"{name}, {workers} worker{'s' if workers > 1 else ''}"
     try:
         try:
-            c.ready.wait(timeout=180)
-        except Exception:
-            raise SystemExit(f"a worker failed before its block:\n{c.results.get(timeout=5)[1]}") from None
+            c.ready.wait(timeout=600)
+        except threading.BrokenBarrierError:
+            try:
+                error = c.results.get(timeout=60)[1]
+            except queue.Empty:
+                error = "(no worker reported: one hung or is still starting)"
+            raise SystemExit(f"{what}: a worker failed before its block:\n{error}") from None
         lsn0, trips0 = snapshot(admin)
         began = time.monotonic()
         c.go.set()
@@ -373,7 +378,7 @@ def block(admin: psycopg.Connection[Any], role: str, design: Design, workers: in
         for _ in range(workers):
             status, samples, end = c.results.get(timeout=120)
             if status != "ok":
-                raise SystemExit(f"a worker failed:\n{samples}")
+                raise SystemExit(f"{what}: a worker failed:\n{samples}")
             t.samples += samples
             t.calls += len(samples)
             ended = max(ended, end)
@@ -394,7 +399,7 @@ def block(admin: psycopg.Connection[Any], role: str, design: Design, workers: in
                 p.kill()
         for p in procs:
             if p.exitcode not in (0, None) and p.exitcode != -9:
-                raise SystemExit(f"a worker exited with {p.exitcode}")
+                raise SystemExit(f"{what}: a worker exited with {p.exitcode}")
 
 
 def per_call(t: Totals) -> dict[str, float]:
@@ -412,7 +417,7 @@ def measure_all(admin: psycopg.Connection[Any], role: str, designs: dict[str, De
             # alternate the order block by block, so no design always follows the same one
             order = list(designs) if b % 2 == 0 else list(reversed(designs))
             for name in order:
-                block(admin, role, designs[name], w, secs, warmup, totals[name])
+                block(admin, role, name, designs[name], w, secs, warmup, totals[name])
             admin.execute("ANALYZE")  # as autovacuum would: plans for the tables that grew
         for name, t in totals.items():
             out[(name, w)] = per_call(t)
@@ -522,8 +527,8 @@ def main(admin_dsn: str, role: str) -> None:
 
 
 def dbos_launch_once(role: str) -> None:
-    dbos_launch(role)
-    DBOS.destroy()
+    with dbos_launched(role):
+        pass
 
 
 if __name__ == "__main__":
