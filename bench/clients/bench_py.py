@@ -28,6 +28,18 @@ def noop(arguments: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True}
 
 
+def raw_tool_call(raw: psycopg.Connection[Any], run_id: str, n: int) -> None:
+    """Call n of the run as the three statements claim, begin, complete (three commits) on an
+    autocommit connection that stated its scope (bench/peers' raw design too)."""
+    claim = raw.execute("SELECT ledger.claim_tool_call(%s, %s, %s, tool_call_id => %s)",
+                        (run_id, "bench.noop", Jsonb({"n": n}), f"c-{n}")).fetchone()
+    assert claim is not None
+    record = claim[0]["tool_call"]
+    raw.execute("SELECT ledger.begin_tool_call(%s, %s)", (record["id"], record["attempt"]))
+    raw.execute("SELECT ledger.complete_tool_call(%s, %s, 'succeeded', result => %s)",
+                (record["id"], record["attempt"], Jsonb(noop({"n": n}))))
+
+
 def main(dsn: str, calls: int, blocks: int) -> None:
     with psycopg.connect(dsn, autocommit=True) as raw, ConnectionPool(dsn, min_size=1, max_size=1, open=True) as pool:
         raw.execute("SELECT ledger.set_scope(%s, %s)", SCOPE)
@@ -49,13 +61,7 @@ def main(dsn: str, calls: int, blocks: int) -> None:
             scoped.complete_tool_call(record.id, record.attempt, "succeeded", noop({"n": n}))
 
         def plain() -> None:
-            claim = raw.execute("SELECT ledger.claim_tool_call(%s, %s, %s, tool_call_id => %s)",
-                                (raw_run, "bench.noop", Jsonb({"n": n}), f"c-{n}")).fetchone()
-            assert claim is not None
-            record = claim[0]["tool_call"]
-            raw.execute("SELECT ledger.begin_tool_call(%s, %s)", (record["id"], record["attempt"]))
-            raw.execute("SELECT ledger.complete_tool_call(%s, %s, 'succeeded', result => %s)",
-                        (record["id"], record["attempt"], Jsonb(noop({"n": n}))))
+            raw_tool_call(raw, raw_run, n)
 
         def plain2() -> None:
             claim = raw.execute("SELECT claim FROM ledger.claim_tool_calls(%s, %s, begin => true)",
