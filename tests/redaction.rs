@@ -110,6 +110,13 @@ const JSON_CALLS: &[(&str, &str)] = &[
       SELECT ledger.begin_tool_call($REC(c-doubt), 1); \
       SELECT ledger.complete_tool_call($REC(c-doubt), 1, 'unknown'); \
       SELECT ledger.resolve_tool_call($REC(c-doubt), 'succeeded', $J, actor => 'ops')"),
+    // The repeatable path: a lookup (writes nothing), and records of each kind, a large result
+    // stored as an artifact.
+    ("find_tool_call.arguments", "SELECT ledger.find_tool_call('r1', 'crm.lookup', $J, tool_call_id => 'c-find')"),
+    ("record_tool_call.arguments", "SELECT ledger.record_tool_call('r1', 'crm.lookup', $J, 'succeeded', tool_call_id => 'c-rec-a')"),
+    ("record_tool_call.result", "SELECT ledger.record_tool_call('r1', 'crm.lookup', '{}', 'succeeded', result => $J, tool_call_id => 'c-rec-r')"),
+    ("record_tool_call.result", "SELECT ledger.record_tool_call('r1', 'crm.lookup', '{}', 'succeeded', result => $BIG, tool_call_id => 'c-rec-big')"),
+    ("record_tool_call.metadata", "SELECT ledger.record_tool_call('r1', 'crm.lookup', '{}', 'failed', metadata => $J, tool_call_id => 'c-rec-m')"),
     ("set_task_snapshot.snapshot", "SELECT ledger.set_task_snapshot('t1', $J)"),
     ("transition_step.metrics", "SELECT ledger.create_step('r1', 'llm', step_id => 's-m'); \
       SELECT ledger.transition_step('s-m', 'running', metrics => $J)"),
@@ -136,6 +143,7 @@ const TEXT_CALLS: &[(&[&str], &str)] = &[
     (&["complete_tool_call.error_message"], "SELECT ledger.claim_tool_call('r1', 'crm.lookup', tool_call_id => 'c-unk'); \
       SELECT ledger.begin_tool_call($REC(c-unk), 1); \
       SELECT ledger.complete_tool_call($REC(c-unk), 1, 'unknown', error_message => $T)"),
+    (&["record_tool_call.error_message"], "SELECT ledger.record_tool_call('r1', 'crm.lookup', '{}', 'failed', error_message => $T, tool_call_id => 'c-rec-e')"),
     (&["record_feedback.comment"], "SELECT ledger.record_feedback('r1', -1, comment => $T)"),
     (&["record_audit.actor"], "SELECT ledger.record_audit('r1', 'gw', 'deny', actor => $T)"),
     (&["request_tool_approval.title"], "SELECT ledger.request_tool_approval('r1', 'pay', '{}', tool_call_id => 'c-title', title => $T)"),
