@@ -34,24 +34,31 @@ cp tests/schema_snapshot.sql "$work/snapshot.sql"
 
 # Each release's library for this major, as $libdir/ledger-<version>.so. Its source lives outside
 # the checkout (inside, cargo would take it for a member of this workspace). The releases share
-# one target directory, kept under target/ for the next run: they pin the same pgrx, so cargo
-# builds the dependencies they have in common (pgrx's bindings above all) once per major, not
-# once per release.
+# one target directory under target/: they pin the same pgrx, so cargo builds the dependencies
+# they have in common (pgrx's bindings above all) once per major, not once per release. Their
+# libraries have one file name there, so a release's build that cargo finds fresh could hold
+# another release's library: each build is kept under its own name (version, commit, major) and
+# reused, and when one is missing its source is touched, so that cargo builds it again.
 for release in $RELEASES; do
   version=${release%%=*} commit=${release#*=}
   src=/tmp/ledger-release-$version
-  if [ "$(cat "$src/.commit" 2>/dev/null)" != "$commit" ]; then
-    if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
-      echo "upgrade: commit $commit of release $version is not in this clone (a shallow clone?)" >&2
-      exit 1
+  kept=$repo/target/releases/ledger-$version-$commit-pg$major.so
+  if [ ! -f "$kept" ]; then
+    if [ "$(cat "$src/.commit" 2>/dev/null)" != "$commit" ]; then
+      if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
+        echo "upgrade: commit $commit of release $version is not in this clone (a shallow clone?)" >&2
+        exit 1
+      fi
+      rm -rf "$src" && mkdir -p "$src"
+      git archive "$commit" | tar -x -C "$src"
+      echo "$commit" > "$src/.commit"
     fi
-    rm -rf "$src" && mkdir -p "$src"
-    git archive "$commit" | tar -x -C "$src"
-    echo "$commit" > "$src/.commit"
+    echo "upgrade: building release $version's library for PostgreSQL $major"
+    touch "$src/src/lib.rs"
+    (cd "$src" && CARGO_TARGET_DIR="$repo/target/releases" cargo build --quiet --no-default-features --features "pg$major")
+    cp "$repo/target/releases/debug/libledger.so" "$kept"
   fi
-  echo "upgrade: building release $version's library for PostgreSQL $major"
-  (cd "$src" && CARGO_TARGET_DIR="$repo/target/releases" cargo build --quiet --no-default-features --features "pg$major")
-  cp "$repo/target/releases/debug/libledger.so" "$libdir/ledger-$version.so"
+  cp "$kept" "$libdir/ledger-$version.so"
 done
 # The library a frozen version's functions are bound to: the oldest built release not older than
 # it (an older version names no symbol that release lacks).
