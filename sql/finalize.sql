@@ -29,6 +29,7 @@ GRANT EXECUTE ON FUNCTION
     ledger.scope_required(),
     ledger.scope_workspace(),
     ledger.status_transitions(),
+    ledger.is_status(text, text),
     ledger.notifier_status(),
     ledger.events_since(text, text, integer),
     ledger.run_channel(text),
@@ -58,6 +59,8 @@ COMMENT ON FUNCTION ledger.scope_required() IS
     'true when a scope is set, else 42501 SCOPE_MISSING. The monitoring views filter on it, so that reading one without a scope fails instead of showing no rows.';
 COMMENT ON FUNCTION ledger.notifier_status() IS
     'For members of ledger_operator or ledger_owner (and superusers): the counters move with every tenant''s commits (42501 OPERATOR_REQUIRED for anyone else). How this session''s writes notify (notify: worker, inline or off, as ledger.notify and the preload allow), whether the library is preloaded, and for this database: the notifier worker''s pid (NULL: none attached now; it starts with the next write and leaves after 2 s idle), channels waiting in its table, the table''s capacity (ledger.notifier_capacity), notifications the workers sent, and commits whose writers notified by themselves while preloaded (no worker attached, the table full).';
+COMMENT ON FUNCTION ledger.is_status(text, text) IS
+    'true when status is one of resource''s statuses (run, step, task or tool_call; 22023 STATUS_UNKNOWN for another resource). The tables'' status CHECKs call it.';
 COMMENT ON FUNCTION ledger.status_transitions() IS
     'The status machine: every allowed (resource, from_status, to_status) for run, step and task. Statuses: queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired (+ skipped for steps). Terminal: succeeded, failed, canceled, expired, skipped.';
 COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text) IS

@@ -31,6 +31,15 @@ DROP INDEX ledger.run_step_tool_calls_lease_idx;
 CREATE INDEX run_step_tool_calls_open_idx ON ledger.run_step_tool_calls (tenant_id, workspace_id, id)
     WHERE completed_at IS NULL;
 
+-- Write path (fewer statements per call): the feed and the audit records lose their foreign
+-- keys; the functions that write them lock the run and read the step first (see schema.sql).
+ALTER TABLE ledger.run_events
+    DROP CONSTRAINT run_events_tenant_id_workspace_id_run_id_fkey,
+    DROP CONSTRAINT run_events_tenant_id_workspace_id_step_id_fkey;
+ALTER TABLE ledger.audit_events
+    DROP CONSTRAINT audit_events_tenant_id_workspace_id_run_id_fkey,
+    DROP CONSTRAINT audit_events_tenant_id_workspace_id_step_id_fkey;
+
 DO $roles$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'ledger_operator') THEN
@@ -1227,6 +1236,24 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'put_graph_checkpoint_writes_wrapper';
 
+-- Write path (less CPU per statement): the status CHECKs call ledger.is_status instead of
+-- listing the names, which PostgreSQL parsed again from their stored text at every write.
+CREATE  FUNCTION "is_status"(
+	"resource" TEXT, /* &str */
+	"status" TEXT /* &str */
+) RETURNS bool /* core::result::Result<bool, ledger::error::SqlError> */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'is_status_wrapper';
+ALTER TABLE ledger.runs DROP CONSTRAINT runs_status_check,
+    ADD CONSTRAINT runs_status_check CHECK (ledger.is_status('run', status));
+ALTER TABLE ledger.run_steps DROP CONSTRAINT run_steps_status_check,
+    ADD CONSTRAINT run_steps_status_check CHECK (ledger.is_status('step', status));
+ALTER TABLE ledger.tasks DROP CONSTRAINT tasks_status_check,
+    ADD CONSTRAINT tasks_status_check CHECK (ledger.is_status('task', status));
+ALTER TABLE ledger.run_step_tool_calls DROP CONSTRAINT run_step_tool_calls_status_check,
+    ADD CONSTRAINT run_step_tool_calls_status_check CHECK (ledger.is_status('tool_call', status));
+
 -- Ownership, privileges and comments, as sql/finalize.sql gives a fresh install.
 
 -- Every function belongs to ledger_owner, so SECURITY DEFINER functions run as a role that is
@@ -1258,6 +1285,7 @@ GRANT EXECUTE ON FUNCTION
     ledger.scope_required(),
     ledger.scope_workspace(),
     ledger.status_transitions(),
+    ledger.is_status(text, text),
     ledger.notifier_status(),
     ledger.events_since(text, text, integer),
     ledger.run_channel(text),
@@ -1287,6 +1315,8 @@ COMMENT ON FUNCTION ledger.scope_required() IS
     'true when a scope is set, else 42501 SCOPE_MISSING. The monitoring views filter on it, so that reading one without a scope fails instead of showing no rows.';
 COMMENT ON FUNCTION ledger.notifier_status() IS
     'For members of ledger_operator or ledger_owner (and superusers): the counters move with every tenant''s commits (42501 OPERATOR_REQUIRED for anyone else). How this session''s writes notify (notify: worker, inline or off, as ledger.notify and the preload allow), whether the library is preloaded, and for this database: the notifier worker''s pid (NULL: none attached now; it starts with the next write and leaves after 2 s idle), channels waiting in its table, the table''s capacity (ledger.notifier_capacity), notifications the workers sent, and commits whose writers notified by themselves while preloaded (no worker attached, the table full).';
+COMMENT ON FUNCTION ledger.is_status(text, text) IS
+    'true when status is one of resource''s statuses (run, step, task or tool_call; 22023 STATUS_UNKNOWN for another resource). The tables'' status CHECKs call it.';
 COMMENT ON FUNCTION ledger.status_transitions() IS
     'The status machine: every allowed (resource, from_status, to_status) for run, step and task. Statuses: queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired (+ skipped for steps). Terminal: succeeded, failed, canceled, expired, skipped.';
 COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text) IS

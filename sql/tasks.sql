@@ -9,9 +9,7 @@ CREATE TABLE ledger.tasks (
     id                    text NOT NULL,
     run_id                text,
     task_type             text NOT NULL CHECK (task_type <> ''),
-    status                text NOT NULL DEFAULT 'queued' CHECK (status IN (
-                              'queued', 'preparing', 'running', 'waiting_input', 'waiting_approval',
-                              'paused', 'retrying', 'succeeded', 'failed', 'canceled', 'expired')),
+    status                text NOT NULL DEFAULT 'queued',  -- CHECK: ledger.is_status (lib.rs)
     input                 jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(input) = 'object'),
     progress              jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(progress) = 'object'),
     output                jsonb CHECK (jsonb_typeof(output) = 'object'),

@@ -85,6 +85,41 @@ fn status_transitions() -> TableIterator<
     }))
 }
 
+/// Whether `status` is one of `resource`'s statuses. The tables' status CHECKs call it: the
+/// same rule as a CHECK over a list of names, which PostgreSQL would parse again from its stored
+/// text at every INSERT and UPDATE (the status lists were about a tenth of a tool call's CPU).
+/// No pinned search_path: it reads nothing, and a SET clause would make every call set it.
+#[pg_extern(immutable, strict, parallel_safe, requires = ["ledger_schema"])]
+fn is_status(resource: &str, status: &str) -> std::result::Result<bool, error::SqlError> {
+    use ledger_model::status::{CallStatus, Resource, Status};
+    let of = |r: Resource| Status::from_name(status).is_some_and(|s| r.has(s));
+    let answer: error::Result<bool> = match resource {
+        "run" => Ok(of(Resource::Run)),
+        "step" => Ok(of(Resource::Step)),
+        "task" => Ok(of(Resource::Task)),
+        "tool_call" => Ok(CallStatus::from_name(status).is_some()),
+        _ => Err(error::LedgerError::new(
+            error::Code::StatusUnknown,
+            "unknown resource: expected run, step, task or tool_call",
+        )
+        .with("resource", ledger_model::text::truncate_chars(resource, 64))),
+    };
+    Ok(answer?)
+}
+
+extension_sql!(
+    r#"
+-- The status CHECKs, added once ledger.is_status exists (the tables come first).
+ALTER TABLE ledger.runs ADD CONSTRAINT runs_status_check CHECK (ledger.is_status('run', status));
+ALTER TABLE ledger.run_steps ADD CONSTRAINT run_steps_status_check CHECK (ledger.is_status('step', status));
+ALTER TABLE ledger.tasks ADD CONSTRAINT tasks_status_check CHECK (ledger.is_status('task', status));
+ALTER TABLE ledger.run_step_tool_calls
+    ADD CONSTRAINT run_step_tool_calls_status_check CHECK (ledger.is_status('tool_call', status));
+"#,
+    name = "ledger_status_checks",
+    requires = ["ledger_schema", "ledger_tasks", is_status]
+);
+
 // Test-only code: helpers for the #[pg_test]s and the hostile-input tests (src/testing/).
 #[cfg(any(test, feature = "pg_test"))]
 mod testing;
@@ -92,7 +127,7 @@ mod testing;
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{assert_error, error_of, one, set_scope};
+    use crate::testing::{assert_error, error_of, one, running_run, set_scope};
     use pgrx::prelude::*;
 
     #[pg_test]
@@ -117,13 +152,44 @@ mod tests {
     }
 
     #[pg_test]
+    fn the_status_checks_refuse_what_is_status_refuses() {
+        assert!(one::<bool>("SELECT ledger.is_status('step', 'skipped')"));
+        assert!(!one::<bool>("SELECT ledger.is_status('run', 'skipped')"));
+        assert!(one::<bool>(
+            "SELECT ledger.is_status('tool_call', 'in_doubt')"
+        ));
+        assert!(!one::<bool>("SELECT ledger.is_status('task', 'in_doubt')"));
+        assert_error(
+            "SELECT ledger.is_status('nope', 'queued')",
+            "22023",
+            "STATUS_UNKNOWN",
+        );
+        running_run("t-status-check");
+        Spi::run("SELECT ledger.create_step('r', 'tool', step_id => 's')").unwrap();
+        Spi::run("SELECT ledger.create_task('index', task_id => 't')").unwrap();
+        Spi::run("SELECT ledger.claim_tool_call('r', 'search', tool_call_id => 'c')").unwrap();
+        // The owner's direct writes (the functions never write an unknown status) are refused.
+        for (table, check) in [
+            ("runs", "runs_status_check"),
+            ("run_steps", "run_steps_status_check"),
+            ("tasks", "tasks_status_check"),
+            ("run_step_tool_calls", "run_step_tool_calls_status_check"),
+        ] {
+            let e = error_of(&format!("UPDATE ledger.{table} SET status = 'skipping'"));
+            assert_eq!(e.sqlstate, "23514", "{table}: {e:?}");
+            assert!(e.message.contains(check), "{table}: {e:?}");
+        }
+    }
+
+    #[pg_test]
     fn every_function_pins_search_path_and_none_is_public() {
-        // The exceptions: a SET clause would undo set_scope's is_local setting, and would stop
-        // the policy helpers (SQL-standard bodies, names resolved at creation) being inlined.
+        // The exceptions: a SET clause would undo set_scope's is_local setting, would stop
+        // the policy helpers (SQL-standard bodies, names resolved at creation) being inlined,
+        // and would make every status CHECK (is_status, which reads nothing) set it.
         let unpinned = one::<String>(
             "SELECT coalesce(string_agg(p.proname, ','), '') FROM pg_proc p \
               WHERE p.pronamespace = 'ledger'::regnamespace \
-                AND p.proname NOT IN ('set_scope', 'scope_tenant', 'scope_workspace') \
+                AND p.proname NOT IN ('set_scope', 'scope_tenant', 'scope_workspace', 'is_status') \
                 AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')",
         );
         assert_eq!(unpinned, "");

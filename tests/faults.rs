@@ -116,6 +116,10 @@ fn the_invariants_catch_planted_damage() {
             "DELETE FROM ledger.runs",
             "every event belongs to a run",
         ),
+        (
+            "UPDATE ledger.audit_events SET step_id = 's2' WHERE run_id = 'r'",
+            "every audit record's run exists and its step is a step of that run",
+        ),
     ];
     assert_eq!(damage.len(), INVARIANTS.len());
     for (sql, invariant) in damage {

@@ -830,6 +830,11 @@ mod tests {
                 "STRATEGY_UNKNOWN",
                 "SELECT ledger.prune_graph_threads('{t}', $MB)",
             ),
+            (
+                "resource",
+                "STATUS_UNKNOWN",
+                "SELECT ledger.is_status($MB, 'queued')",
+            ),
         ] {
             let before = rows();
             let e = assert_error(&sql(call), "22023", code);
@@ -890,6 +895,10 @@ mod tests {
             8192
         );
         covered.push("replay_outbox_event.note".into());
+
+        // is_status answers a question: a megabyte is no status of anything.
+        assert!(!one::<bool>(&sql("SELECT ledger.is_status('run', $MB)")));
+        covered.push("is_status.status".into());
 
         // Every text argument of every function is in one of the lists above.
         covered.sort();

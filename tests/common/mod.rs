@@ -250,7 +250,7 @@ pub fn wait_until_blocked(c: &mut Client, pid: i32) {
 /// What every committed state of the ledger keeps, whatever crashed or was canceled: a name and
 /// a query counting the rows that break it, across all scopes (run it as the superuser). The
 /// joins are grouped so that they stay linear in a run of 100,000 events.
-pub const INVARIANTS: [(&str, &str); 13] = [
+pub const INVARIANTS: [(&str, &str); 14] = [
     (
         "every event belongs to a run",
         "SELECT count(*) FROM ledger.run_events e WHERE NOT EXISTS (SELECT FROM ledger.runs r \
@@ -260,6 +260,13 @@ pub const INVARIANTS: [(&str, &str); 13] = [
         "an event's step is a step of the event's run",
         "SELECT count(*) FROM ledger.run_events e WHERE e.step_id IS NOT NULL AND NOT EXISTS (SELECT FROM ledger.run_steps s \
            WHERE (s.tenant_id, s.workspace_id, s.id, s.run_id) = (e.tenant_id, e.workspace_id, e.step_id, e.run_id))",
+    ),
+    (
+        "every audit record's run exists and its step is a step of that run",
+        "SELECT count(*) FROM ledger.audit_events a WHERE (a.run_id IS NOT NULL AND NOT EXISTS (SELECT FROM ledger.runs r \
+           WHERE (r.tenant_id, r.workspace_id, r.id) = (a.tenant_id, a.workspace_id, a.run_id))) \
+           OR (a.step_id IS NOT NULL AND NOT EXISTS (SELECT FROM ledger.run_steps s \
+           WHERE (s.tenant_id, s.workspace_id, s.id, s.run_id) = (a.tenant_id, a.workspace_id, a.step_id, a.run_id)))",
     ),
     (
         "every run's events are seq 1..last_seq without a hole",

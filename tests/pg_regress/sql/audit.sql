@@ -9,6 +9,7 @@ INSERT INTO audit VALUES
   ('canonical_json',  'immutable', true,  'safe',   'invoker', 'pure function of its argument'),
   ('request_hash',    'immutable', true,  'safe',   'invoker', 'pure function of its argument'),
   ('status_transitions', 'immutable', true, 'safe', 'invoker', 'a constant table'),
+  ('is_status',       'immutable', true,  'safe',   'invoker', 'a constant vocabulary; the status CHECKs call it'),
   ('notifier_status', 'stable',    true,  'safe',   'invoker', 'reads shared counters and GUCs, no table; checks the caller is an operator or the owner'),
   ('redact',          'stable',    true,  'safe',   'invoker', 'reads the redaction GUCs'),
   ('scope_tenant',    'stable',    false, 'safe',   'invoker', 'reads a GUC; used by the RLS policies'),
