@@ -94,6 +94,10 @@ CREATE TABLE ledger.runs (
     lease_expires_at   timestamptz,
     lease_seconds      integer CHECK (lease_seconds BETWEEN 1 AND 86400),
     run_token          bigint NOT NULL DEFAULT 0 CHECK (run_token >= 0),
+    -- No CHECK on priority (-1000 to 1000): create_run checks it, and a CHECK is parsed again at
+    -- every update of the row (about four per tool call).
+    not_before         timestamptz,
+    priority           integer NOT NULL DEFAULT 0,
     PRIMARY KEY (tenant_id, workspace_id, id),
     FOREIGN KEY (tenant_id, workspace_id, parent_run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
     FOREIGN KEY (tenant_id, workspace_id, source_run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
@@ -111,12 +115,14 @@ CREATE INDEX runs_status_idx ON ledger.runs (tenant_id, workspace_id, status, up
 COMMENT ON TABLE ledger.runs IS 'One row per run. status is one of queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired; see ledger.status_transitions(). Written only through ledger.create_run and ledger.transition_run.';
 COMMENT ON COLUMN ledger.runs.inputs IS 'The exact inputs when their JSON text is at most 8192 bytes; larger inputs live in ledger.blobs (inputs_sha256). Read them with ledger.run_inputs(run_id).';
 COMMENT ON COLUMN ledger.runs.last_seq IS 'The seq of the newest event in ledger.run_events; bumping it under the row lock makes seq gapless and commit-ordered.';
+COMMENT ON COLUMN ledger.runs.not_before IS 'ledger.claim_run does not hand the run out before this time (create_run''s, retry_run''s or replay_run''s not_before); NULL: at once.';
+COMMENT ON COLUMN ledger.runs.priority IS 'ledger.claim_run hands out the highest priority first (-1000 to 1000, default 0; a retry or replay keeps its source''s), oldest first within one priority.';
 COMMENT ON COLUMN ledger.runs.root_run_id IS 'The first run of a retry/replay chain (itself when the run has no source).';
--- Claiming a run (ledger.claim_run) scans the scope's live runs oldest first; the operator's
--- claim across scopes scans them all.
-CREATE INDEX runs_live_idx ON ledger.runs (tenant_id, workspace_id, queued_at, id)
+-- Claiming a run (ledger.claim_run) scans the scope's live runs by priority, oldest first; the
+-- operator's claim across scopes scans them all.
+CREATE INDEX runs_live_idx ON ledger.runs (tenant_id, workspace_id, priority DESC, queued_at, id)
     WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
-CREATE INDEX runs_live_dispatch_idx ON ledger.runs (queued_at, id)
+CREATE INDEX runs_live_dispatch_idx ON ledger.runs (priority DESC, queued_at, id)
     WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
 -- The operator console lists a scope's runs newest first with keyset paging on (created_at, id):
 -- all of them, by status, or by user; each page is one short index scan at any number of runs.
@@ -548,6 +554,7 @@ AS $$
     SELECT r.tenant_id, r.workspace_id, r.id FROM ledger.runs r
      WHERE r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
        AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= clock_timestamp())
+       AND (r.not_before IS NULL OR r.not_before <= clock_timestamp())
        AND (r.status IN ('queued', 'retrying') OR r.run_token > 0)
        AND (modes IS NULL OR r.mode = ANY (modes)) AND (kinds IS NULL OR r.kind = ANY (kinds))
        AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
@@ -573,10 +580,10 @@ AS $$
        AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
                         WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
                           AND a.run_id = r.id AND a.status = 'pending')
-     ORDER BY r.queued_at, r.id LIMIT 1
+     ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The oldest claimable run of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The claimable run (due: not_before passed) of the highest priority, oldest first, of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), locked; skips runs another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
     RETURNS TABLE (tenant_id text, workspace_id text, id text)

@@ -18,12 +18,14 @@ use pgrx::prelude::*;
 
 type Claimed = pgrx::composite_type!('static, "ledger.claimed_run");
 
-/// The runs a claim may take: not terminal, no live lease, and either waiting to start (queued,
-/// retrying) or owned before (a run driven by a caller that never claims it stays its own).
+/// The runs a claim may take: not terminal, no live lease, due (`not_before` passed), and either
+/// waiting to start (queued, retrying) or owned before (a run driven by a caller that never
+/// claims it stays its own).
 const CLAIMABLE: &str = "SELECT id, lease_owner FROM ledger.runs r \
      WHERE tenant_id = $1 AND workspace_id = $2 \
        AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired') \
        AND (lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp()) \
+       AND (not_before IS NULL OR not_before <= clock_timestamp()) \
        AND (status IN ('queued', 'retrying') OR run_token > 0)";
 
 /// Of the claimable runs, those the oldest-first claim hands out: none of its calls waits for a
@@ -61,8 +63,9 @@ fn labels(argument: &str, list: Option<Vec<Option<String>>>) -> Result<Option<Ve
     .transpose()
 }
 
-/// Takes run `run_id`, or the oldest claimable run of the scope matching `modes` and `kinds`,
-/// without waiting for a run another transaction holds; None when there is none.
+/// Takes run `run_id`, or the claimable run of the scope matching `modes` and `kinds` with the
+/// highest priority, oldest first within it, without waiting for a run another transaction
+/// holds; None when there is none.
 fn claim(
     scope: &Scope,
     run_id: Option<&str>,
@@ -82,7 +85,7 @@ fn claim(
             &format!(
                 "{CLAIMABLE} AND ($3::text[] IS NULL OR mode = ANY ($3)) \
                    AND ($4::text[] IS NULL OR kind = ANY ($4)) AND {WAITS_FOR_NOBODY} \
-                 ORDER BY queued_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
+                 ORDER BY priority DESC, queued_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
             ),
             &scope.args([modes.into(), kinds.into()]),
             pick,
@@ -130,8 +133,8 @@ fn claim(
     )
 }
 
-/// Claims a run for `lease_owner`: run `run_id`, or the oldest claimable run of the scope
-/// (with `any_scope`, of every scope: members of ledger_operator only).
+/// Claims a run for `lease_owner`: run `run_id`, or the scope's claimable run of the highest
+/// priority, oldest first (with `any_scope`, of every scope: members of ledger_operator only).
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn claim_run(
@@ -311,6 +314,69 @@ mod tests {
         ));
         expire("b");
         assert_eq!(claim("'w4', 'b'"), "none");
+    }
+
+    /// The claim takes the highest priority first, oldest (then by id) within one, and no run
+    /// before its not_before, not even by its id; a retry keeps its source's priority and waits
+    /// for its backoff.
+    #[pg_test]
+    fn claims_take_the_highest_priority_first_and_no_run_before_its_time() {
+        set_scope("t-claim-order", "w");
+        Spi::run(
+            "SELECT ledger.create_run('agent', run_id => 'old'); \
+             SELECT ledger.create_run('agent', run_id => 'later', priority => 100, \
+                                      not_before => clock_timestamp() + interval '1 hour'); \
+             SELECT ledger.create_run('agent', run_id => 'urgent', priority => 5); \
+             SELECT ledger.create_run('agent', run_id => 'low', priority => -5); \
+             SELECT ledger.create_run('agent', run_id => 'due', \
+                                      not_before => clock_timestamp() - interval '1 second')",
+        )
+        .unwrap();
+        let order: Vec<String> = (1..=5).map(|i| claim(&format!("'w{i}'"))).collect();
+        assert_eq!(
+            order,
+            ["urgent:1:f", "due:1:f", "old:1:f", "low:1:f", "none"]
+        );
+        assert_eq!(claim("'w6', 'later'"), "none");
+        Spi::run("UPDATE ledger.runs SET not_before = clock_timestamp() WHERE id = 'later'")
+            .unwrap();
+        assert_eq!(claim("'w6'"), "later:1:f");
+        // A repeated request returns its run whatever time and priority it computes anew.
+        Spi::run("SELECT ledger.create_run('agent', request_id => 'req', run_id => 'once', priority => 3)")
+            .unwrap();
+        assert_eq!(
+            one::<String>(
+                "SELECT id || ':' || priority FROM ledger.create_run('agent', request_id => 'req', \
+                         run_id => 'once', priority => 4, not_before => clock_timestamp())"
+            ),
+            "once:3"
+        );
+        // A retry keeps the priority and is not claimable before its not_before.
+        Spi::run(
+            "SELECT ledger.transition_run('once', 'failed'); \
+             CREATE TEMP TABLE retried AS SELECT * FROM ledger.retry_run('once', \
+                 not_before => clock_timestamp() + interval '30 seconds')",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<String>(
+                "SELECT concat_ws(':', priority, not_before > now() + interval '29 seconds', attempt_no) FROM retried"
+            ),
+            "3:t:2"
+        );
+        assert_eq!(claim("'w7'"), "none");
+        // The bounds: -1000 to 1000, and a refused run writes nothing.
+        for p in ["1001", "-1001"] {
+            assert_error(
+                &format!("SELECT ledger.create_run('agent', run_id => 'bad', priority => {p})"),
+                "22023",
+                "PRIORITY_INVALID",
+            );
+        }
+        assert_eq!(
+            one::<i64>("SELECT count(*) FROM ledger.runs WHERE id = 'bad'"),
+            0
+        );
     }
 
     /// A run parked for a person (a call in doubt or waiting for approval) is not handed out by

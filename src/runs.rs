@@ -13,6 +13,7 @@ use crate::transition;
 use ledger_model::args::{optional_id, optional_label, required, required_id};
 use ledger_model::events::{Event, RunCreated, RunStatus};
 use ledger_model::ids;
+use ledger_model::run_leases;
 use ledger_model::status::{check_transition, Resource, Status};
 use pgrx::prelude::*;
 
@@ -41,6 +42,10 @@ pub struct NewRun<'a> {
     pub trace_id: Option<&'a str>,
     pub input_summary: Option<&'a str>,
     pub control_action: Option<&'static str>,
+    /// Not claimable before this time (`claim_run`); None: at once.
+    pub not_before: Option<TimestampWithTimeZone>,
+    /// `claim_run` hands out higher priorities first (-1000 to 1000; None: 0).
+    pub priority: Option<i32>,
 }
 
 /// Creates a run in status `queued`, or returns the existing run for a repeated `request_id`
@@ -59,6 +64,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         optional_label(argument, label)?;
     }
     let request_id = optional_id("request_id", new.request_id)?;
+    let priority = run_leases::priority(new.priority)?;
     let id = match optional_id("run_id", new.run_id)? {
         Some(id) => id.to_owned(),
         None => ids::new_id("run"),
@@ -134,6 +140,8 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
             inputs_sha256.as_deref().into(),
             inputs_size.into(),
             new.control_action.into(),
+            new.not_before.into(),
+            priority.into(),
         ])
     };
     let inserted = db::write_one(
@@ -190,9 +198,9 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     Ok(id)
 }
 
-/// Creates a run in status `queued`. Idempotent on `request_id` (and on a
-/// caller-supplied `run_id`): the same key returns the existing run, a different mode or subject
-/// fails 23505 `IDEMPOTENCY_MISMATCH`.
+/// Creates a run in status `queued`, claimable from `not_before` (`claim_run` hands out higher
+/// `priority` first). Idempotent on `request_id` (and on a caller-supplied `run_id`): the same
+/// key returns the existing run, a different mode or subject fails 23505 `IDEMPOTENCY_MISMATCH`.
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
@@ -211,6 +219,8 @@ fn create_run(
     user_id: default!(Option<&str>, "NULL"),
     trace_id: default!(Option<&str>, "NULL"),
     input_summary: default!(Option<&str>, "NULL"),
+    not_before: default!(Option<TimestampWithTimeZone>, "NULL"),
+    priority: default!(Option<i32>, 0),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
     let scope = scope::current()?;
     let new = NewRun {
@@ -229,6 +239,8 @@ fn create_run(
         trace_id,
         input_summary,
         control_action: None,
+        not_before,
+        priority,
     };
     let id = create(&scope, new)?;
     Ok(row(&scope, &id)?)
@@ -239,6 +251,7 @@ fn create_run(
 fn rerun(
     run_id: Option<&str>,
     inputs: Option<Jsonb>,
+    not_before: Option<TimestampWithTimeZone>,
     action: &'static str,
     allowed: fn(Status) -> bool,
 ) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
@@ -262,9 +275,10 @@ fn rerun(
         .with("status", source.status.as_str())
         .with("control_action", action));
     }
-    let (kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary) =
+    let (kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary, priority) =
         db::select_one(
-            "SELECT kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary \
+            "SELECT kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary, \
+                    priority \
            FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
             &scope.args([run_id.into()]),
             |r| {
@@ -275,6 +289,7 @@ fn rerun(
                     db::opt::<String>(r, 4)?,
                     db::opt::<String>(r, 5)?,
                     db::opt::<String>(r, 6)?,
+                    db::req::<i32>(r, 7)?,
                 ))
             },
         )?
@@ -304,6 +319,9 @@ fn rerun(
                 input_summary.as_deref()
             },
             control_action: Some(action),
+            // The new attempt keeps its source's priority and waits until not_before (a backoff).
+            not_before,
+            priority: Some(priority),
             ..NewRun::default()
         },
     )?;
@@ -316,8 +334,9 @@ fn rerun(
 fn retry_run(
     run_id: Option<&str>,
     inputs: default!(Option<Jsonb>, "NULL"),
+    not_before: default!(Option<TimestampWithTimeZone>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
-    Ok(rerun(run_id, inputs, "retry", |s| {
+    Ok(rerun(run_id, inputs, not_before, "retry", |s| {
         matches!(s, Status::Failed | Status::Canceled)
     })?)
 }
@@ -328,8 +347,15 @@ fn retry_run(
 fn replay_run(
     run_id: Option<&str>,
     inputs: default!(Option<Jsonb>, "NULL"),
+    not_before: default!(Option<TimestampWithTimeZone>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
-    Ok(rerun(run_id, inputs, "replay", Status::is_terminal)?)
+    Ok(rerun(
+        run_id,
+        inputs,
+        not_before,
+        "replay",
+        Status::is_terminal,
+    )?)
 }
 
 /// Moves a run to `to_status` under the status machine (`ledger_model::status`).

@@ -1,7 +1,7 @@
 """The scoped handle: typed results, the escape hatch, transactions, and typed errors (with their
 SQLSTATE and DETAIL code, and nothing written by a refused call)."""
 
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 import psycopg
@@ -178,3 +178,26 @@ def test_the_status_enums_are_the_extensions_status_machine(person: psycopg.Conn
         " unnest(ARRAY[from_status, to_status]) s GROUP BY resource")}
     assert {s.value for s in RunStatus} == statuses["run"] == statuses["task"]
     assert {s.value for s in StepStatus} == statuses["step"]
+
+
+def test_when_a_run_may_start_and_which_first(scoped: ScopedLedger) -> None:
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    low = scoped.create_run("agent", run_id="r-low", priority=-1)
+    assert (low.priority, low.not_before) == (-1, None)
+    waiting = scoped.create_run("agent", run_id="r-later", priority=9, not_before=later)
+    assert waiting.not_before == later
+    scoped.create_run("agent", run_id="r-urgent", priority=5)
+    first, second = scoped.claim_run("w-1"), scoped.claim_run("w-2")
+    assert first is not None and second is not None
+    assert (first.run_id, second.run_id) == ("r-urgent", "r-low")  # the highest priority that is due
+    assert scoped.claim_run("w-3") is None  # r-later is not due
+
+    scoped.transition_run("r-low", "failed")
+    retry = scoped.retry_run("r-low", not_before=later)
+    assert (retry.priority, retry.not_before) == (-1, later)  # the source's priority, the backoff
+    assert scoped.claim_run("w-4") is None
+
+    with pytest.raises(InvalidArgumentError) as bad:
+        scoped.create_run("agent", run_id="r-bad", priority=1001)
+    assert (bad.value.sqlstate, bad.value.code) == ("22023", "PRIORITY_INVALID")
+    assert scoped.get_run("r-bad") is None

@@ -112,6 +112,16 @@ export interface CreateRunOptions {
   userId?: string;
   traceId?: string;
   inputSummary?: string;
+  /** Not claimable (`claimRun`) before this time; absent: at once. */
+  notBefore?: Date;
+  /** `claimRun` takes the highest priority first: -1000 to 1000, default 0. */
+  priority?: number;
+}
+
+/** Options of `retry_run` and `replay_run`. */
+export interface RerunOptions {
+  /** The new run is not claimable before this time (a backoff); absent: at once. */
+  notBefore?: Date;
 }
 
 /** Options of `transition_run`. */
@@ -336,13 +346,13 @@ export abstract class LedgerCalls {
    * `controlAction` `retry`), with the source's inputs unless `inputs` overrides them. Its tool
    * calls with the same `toolCallId` replay the results its lineage recorded.
    */
-  async retryRun(runId: string, inputs?: Json): Promise<Run> {
-    return parseRun(one(await this.select("retry_run", [runId], { inputs: json(inputs) })));
+  async retryRun(runId: string, inputs?: Json, options: RerunOptions = {}): Promise<Run> {
+    return parseRun(one(await this.select("retry_run", [runId], { inputs: json(inputs), ...snakeKeys({ ...options }) })));
   }
 
   /** `replay_run`: like `retryRun`, for a run in any terminal status (`controlAction` `replay`). */
-  async replayRun(runId: string, inputs?: Json): Promise<Run> {
-    return parseRun(one(await this.select("replay_run", [runId], { inputs: json(inputs) })));
+  async replayRun(runId: string, inputs?: Json, options: RerunOptions = {}): Promise<Run> {
+    return parseRun(one(await this.select("replay_run", [runId], { inputs: json(inputs), ...snakeKeys({ ...options }) })));
   }
 
   /** `claim_run`: the oldest claimable run of the scope (or `runId`), or null when there is none. */

@@ -92,6 +92,10 @@ export interface Run {
   leaseOwner: string | null;
   leaseExpiresAt: Date | null;
   runToken: number;
+  /** `claimRun` does not hand the run out before this time; null: at once. */
+  notBefore: Date | null;
+  /** `claimRun` takes the highest priority first (-1000 to 1000, default 0). */
+  priority: number;
 }
 
 /** A row of `ledger.run_steps`. */
@@ -389,6 +393,8 @@ export function parseRun(row: Row): Run {
     leaseOwner: optStr(row, "lease_owner"),
     leaseExpiresAt: optDate(row, "lease_expires_at"),
     runToken: num(row, "run_token"),
+    notBefore: optDate(row, "not_before"),
+    priority: num(row, "priority"),
   };
 }
 

@@ -192,3 +192,30 @@ test("three retryRuns and a replayRun make each side effect once: the same toolC
   const reused = (await acme.replayBundle(replay.id))["reused_tool_calls"] as JsonObject[];
   assert.deepEqual(reused.map((r) => r["source_run_id"]).sort(), ["r-first", runs[1]!].sort());
 });
+
+test("when a run may start and which first: createRun's notBefore and priority, retryRun's backoff", async (t) => {
+  const db = await freshDb(t, "schedule");
+  const acme = db.ledger.scoped("acme", "ts");
+  const later = new Date(Date.now() + 3_600_000);
+  const low = await acme.createRun("agent", { runId: "r-low", priority: -1 });
+  assert.equal(low.priority, -1);
+  assert.equal(low.notBefore, null);
+  const waiting = await acme.createRun("agent", { runId: "r-later", priority: 9, notBefore: later });
+  assert.equal(waiting.notBefore?.getTime(), later.getTime());
+  await acme.createRun("agent", { runId: "r-urgent", priority: 5 });
+  assert.equal((await acme.claimRun("w-1"))?.runId, "r-urgent", "the highest priority that is due");
+  assert.equal((await acme.claimRun("w-2"))?.runId, "r-low");
+  assert.equal(await acme.claimRun("w-3"), null, "r-later is not due");
+
+  await acme.transitionRun("r-low", "failed");
+  const retry = await acme.retryRun("r-low", undefined, { notBefore: later });
+  assert.equal(retry.priority, -1, "a retry keeps its source's priority");
+  assert.equal(retry.notBefore?.getTime(), later.getTime());
+  assert.equal(await acme.claimRun("w-4"), null, "nor is the retry, before its backoff");
+
+  await assert.rejects(
+    acme.createRun("agent", { runId: "r-bad", priority: 1001 }),
+    (e: unknown) => e instanceof LedgerError && e.code === "PRIORITY_INVALID" && e.sqlstate === "22023",
+  );
+  assert.equal(await acme.getRun("r-bad"), null, "nothing written");
+});

@@ -131,6 +131,7 @@ codes! {
         LimitInvalid = "LIMIT_INVALID",
         MetricsNotObject = "METRICS_NOT_OBJECT",
         OutcomeUnknown = "OUTCOME_UNKNOWN",
+        PriorityInvalid = "PRIORITY_INVALID",
         QuantityInvalid = "QUANTITY_INVALID",
         Sha256Invalid = "SHA256_INVALID",
         SizeInvalid = "SIZE_INVALID",

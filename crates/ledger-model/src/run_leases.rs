@@ -51,6 +51,22 @@ pub fn check_any_scope(is_operator: bool, run_id: Option<&str>) -> Result<()> {
     Ok(())
 }
 
+/// The highest and lowest priority of a run: `claim_run` hands out higher priorities first.
+pub const MAX_PRIORITY: i32 = 1000;
+
+/// A run's `priority`, -1000 to 1000 (default 0; 22023 `PRIORITY_INVALID` otherwise).
+pub fn priority(given: Option<i32>) -> Result<i32> {
+    let p = given.unwrap_or(0);
+    if !(-MAX_PRIORITY..=MAX_PRIORITY).contains(&p) {
+        return Err(LedgerError::new(
+            Code::PriorityInvalid,
+            "priority must be between -1000 and 1000",
+        )
+        .with("priority", p));
+    }
+    Ok(p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +104,20 @@ mod tests {
             (e.class(), e.code),
             (Class::InvalidParameter, Code::ArgumentConflict)
         );
+    }
+
+    #[test]
+    fn priority_defaults_to_zero_and_stays_within_a_thousand_either_way() {
+        assert_eq!(priority(None), Ok(0));
+        assert_eq!(priority(Some(-1000)), Ok(-1000));
+        assert_eq!(priority(Some(1000)), Ok(1000));
+        for p in [1001, -1001, i32::MIN, i32::MAX] {
+            let e = priority(Some(p)).unwrap_err();
+            assert_eq!(
+                (e.class(), e.code),
+                (Class::InvalidParameter, Code::PriorityInvalid)
+            );
+            assert_eq!(e.detail["priority"], p);
+        }
     }
 }

@@ -127,14 +127,18 @@ class Calls:
         user_id: str | None = None,
         trace_id: str | None = None,
         input_summary: str | None = None,
+        not_before: datetime | None = None,
+        priority: int | None = None,
     ) -> Statement[Run]:
-        """A new ``queued`` run (or the existing one for a repeated ``request_id``/``run_id``)."""
+        """A new ``queued`` run (or the existing one for a repeated ``request_id``/``run_id``),
+        claimable from ``not_before`` (an aware datetime; None: at once), ``claim_run`` taking the
+        highest ``priority`` (-1000 to 1000, default 0) first."""
         return function(
             _run, "create_run", mode, inputs=dict(inputs) if inputs is not None else None, kind=kind,
             subject_kind=subject_kind, subject_id=subject_id, subject_version_id=subject_version_id,
             request_id=request_id, parent_run_id=parent_run_id, source_run_id=source_run_id,
             attempt_no=attempt_no, run_id=run_id, user_id=user_id, trace_id=trace_id,
-            input_summary=input_summary,
+            input_summary=input_summary, not_before=not_before, priority=priority,
         )
 
     @call
@@ -165,15 +169,24 @@ class Calls:
         )
 
     @call
-    def retry_run(self, run_id: str, inputs: Mapping[str, Any] | None = None) -> Statement[Run]:
-        """A new attempt of a failed (or canceled, expired) run, queued; its tool calls with the
-        same ``tool_call_id`` reuse the results its lineage recorded (nothing sent twice)."""
-        return function(_run, "retry_run", run_id, inputs=dict(inputs) if inputs is not None else None)
+    def retry_run(
+        self, run_id: str, inputs: Mapping[str, Any] | None = None, *, not_before: datetime | None = None
+    ) -> Statement[Run]:
+        """A new attempt of a failed (or canceled, expired) run, queued, claimable from
+        ``not_before`` (a backoff; None: at once); its tool calls with the same ``tool_call_id``
+        reuse the results its lineage recorded (nothing sent twice)."""
+        return function(
+            _run, "retry_run", run_id, inputs=dict(inputs) if inputs is not None else None, not_before=not_before
+        )
 
     @call
-    def replay_run(self, run_id: str, inputs: Mapping[str, Any] | None = None) -> Statement[Run]:
-        """A new run replaying a finished one (any terminal status)."""
-        return function(_run, "replay_run", run_id, inputs=dict(inputs) if inputs is not None else None)
+    def replay_run(
+        self, run_id: str, inputs: Mapping[str, Any] | None = None, *, not_before: datetime | None = None
+    ) -> Statement[Run]:
+        """A new run replaying a finished one (any terminal status), claimable from ``not_before``."""
+        return function(
+            _run, "replay_run", run_id, inputs=dict(inputs) if inputs is not None else None, not_before=not_before
+        )
 
     @call
     def claim_run(

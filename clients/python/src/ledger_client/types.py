@@ -152,6 +152,8 @@ class Run:
     lease_owner: str | None
     lease_expires_at: datetime | None
     run_token: int
+    not_before: datetime | None
+    priority: int
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
