@@ -63,8 +63,8 @@ COMMENT ON FUNCTION ledger.is_status(text, text) IS
     'true when status is one of resource''s statuses (run, step, task or tool_call; 22023 STATUS_UNKNOWN for another resource). The tables'' status CHECKs call it.';
 COMMENT ON FUNCTION ledger.status_transitions() IS
     'The status machine: every allowed (resource, from_status, to_status) for run, step and task. Statuses: queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired (+ skipped for steps). Terminal: succeeded, failed, canceled, expired, skipped.';
-COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text, timestamp with time zone, integer) IS
-    'Creates a queued run, claimable (ledger.claim_run) from not_before (NULL: at once), the highest priority first (-1000 to 1000, default 0; 22023 PRIORITY_INVALID). request_id (or a caller run_id) makes it idempotent (not_before and priority are not compared); source_run_id and parent_run_id must exist in scope; attempt_no defaults to source.attempt_no + 1 and root_run_id to the source''s root. inputs (a JSON object) are redacted, then kept as stored: see ledger.run_inputs.';
+COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text, timestamp with time zone, integer, text) IS
+    'Creates a queued run, claimable (ledger.claim_run) from not_before (NULL: at once), the highest priority first (-1000 to 1000, default 0; 22023 PRIORITY_INVALID), within the limit of its concurrency_key (ledger.set_concurrency_limit). request_id (or a caller run_id) makes it idempotent (not_before, priority and concurrency_key are not compared); source_run_id and parent_run_id must exist in scope; attempt_no defaults to source.attempt_no + 1 and root_run_id to the source''s root. inputs (a JSON object) are redacted, then kept as stored: see ledger.run_inputs.';
 COMMENT ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint) IS
     'Moves a run to to_status if ledger.status_transitions() allows it (55000 TRANSITION_INVALID otherwise). With expected_status the move is conditional on it (40001 TRANSITION_CONFLICT). Moving to the current status returns the row unchanged. A terminal status ends the owner''s lease. run_token: the owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.run_inputs(text) IS
@@ -134,7 +134,7 @@ COMMENT ON FUNCTION ledger.run_evidence(text) IS
 COMMENT ON FUNCTION ledger.replay_ready(text) IS
     'Whether the ledger alone can replay the run: {"status": "pass"|"fail", "missing": [...]} over steps, response_events, costs, citations, tool_calls (its own or reused from its source), audits (each where applicable) and inputs (present and matching their sha256).';
 COMMENT ON FUNCTION ledger.retry_run(text, jsonb, timestamp with time zone) IS
-    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, the source''s priority, claimable from not_before (a backoff; NULL: at once), and the original inputs as stored unless inputs overrides them. The caller executes it; a tool call it claims with the same tool_call_id replays the result its lineage recorded (see claim_tool_call), one with the same explicit key too.';
+    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, the source''s priority and concurrency_key, claimable from not_before (a backoff; NULL: at once), and the original inputs as stored unless inputs overrides them. The caller executes it; a tool call it claims with the same tool_call_id replays the result its lineage recorded (see claim_tool_call), one with the same explicit key too.';
 COMMENT ON FUNCTION ledger.replay_run(text, jsonb, timestamp with time zone) IS
     'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
 COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
@@ -183,8 +183,10 @@ COMMENT ON FUNCTION ledger.replay_task(text) IS
     'Replays a task from its snapshot in one transaction and returns the NEW task: queued, same type and input, no run, replayed_from_task_id set, snapshot without task_id and run_id (top level and in payload). The old task goes to canceled (through retrying when terminal; succeeded fails 55000 TRANSITION_INVALID) with retried_as_task_id. No snapshot: 55000 TASK_RETRY_SNAPSHOT_MISSING, nothing changed. A task already replayed returns its replacement.';
 
 -- Run leases, the operator role and scope grants (0.5.0).
+COMMENT ON FUNCTION ledger.set_concurrency_limit(text, integer) IS
+    'Lets at most max_in_flight (0 to 100000; 0 pauses the key; 22023 LIMIT_INVALID) runs of concurrency_key hold a live lease at once: ledger.claim_run skips the key''s runs while it is full, never waits, and no two claims can both take the last place. NULL max_in_flight removes the limit. Returns the limit in force.';
 COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
-    'Claims a run for lease_owner: run_id, or the claimable run of the scope (filtered by modes and kinds) with the highest priority, oldest first within it, FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, due (not_before NULL or passed), and queued or retrying or claimed before (a run nobody ever claimed stays with its caller); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
+    'Claims a run for lease_owner: run_id, or the claimable run of the scope (filtered by modes and kinds) with the highest priority, oldest first within it, FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, due (not_before NULL or passed), queued or retrying or claimed before (a run nobody ever claimed stays with its caller), and with room under its concurrency key''s limit (a full key''s runs are skipped, also by run_id); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
 COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
     'Extends the owner''s lease by extend_seconds (default: the claim''s lease_seconds) from now and returns when it ends. Fenced by run_token (40001 LEASE_STALE), not by the clock: accepted after expiry until another worker takes the run over. A terminal run: 55000 RUN_TERMINAL.';
 COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
@@ -209,12 +211,13 @@ ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
 GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace() TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token, source_run_id,
-              not_before, priority),
+              not_before, priority, concurrency_key),
       UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status) ON ledger.approval_requests TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight) ON ledger.concurrency_limits TO ledger_dispatcher;
 GRANT SELECT (grantee, tenant_id, workspace_id) ON ledger.scope_grants TO ledger_dispatcher;
 GRANT SELECT (grantee) ON ledger.scope_bindings TO ledger_dispatcher;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;

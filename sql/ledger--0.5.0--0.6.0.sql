@@ -5,7 +5,8 @@
 -- When a run may be claimed, and which first.
 ALTER TABLE ledger.runs
     ADD COLUMN not_before timestamptz,
-    ADD COLUMN priority integer NOT NULL DEFAULT 0;
+    ADD COLUMN priority integer NOT NULL DEFAULT 0,
+    ADD COLUMN concurrency_key text;
 COMMENT ON COLUMN ledger.runs.not_before IS 'ledger.claim_run does not hand the run out before this time (create_run''s, retry_run''s or replay_run''s not_before); NULL: at once.';
 COMMENT ON COLUMN ledger.runs.priority IS 'ledger.claim_run hands out the highest priority first (-1000 to 1000, default 0; a retry or replay keeps its source''s), oldest first within one priority.';
 DROP INDEX ledger.runs_live_idx;
@@ -14,8 +15,35 @@ CREATE INDEX runs_live_idx ON ledger.runs (tenant_id, workspace_id, priority DES
     WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
 CREATE INDEX runs_live_dispatch_idx ON ledger.runs (priority DESC, queued_at, id)
     WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
+COMMENT ON COLUMN ledger.runs.concurrency_key IS 'The key the run shares a limit with (ledger.set_concurrency_limit: at most so many runs of the key in flight); NULL: none. A retry or replay keeps its source''s.';
+-- A claim counts the runs of a concurrency key in flight.
+CREATE INDEX runs_concurrency_idx ON ledger.runs (tenant_id, workspace_id, concurrency_key)
+    WHERE concurrency_key IS NOT NULL AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
 
--- The operator's claim across scopes: due runs only, the highest priority first.
+-- Concurrency limits: at most max_in_flight runs of a key hold a live lease (ledger.claim_run
+-- skips the key's runs while it is full). A claim under a limit locks its row (SKIP LOCKED: a
+-- claim never waits) and stamps claimed_at, so two claims cannot both take the last place.
+CREATE TABLE ledger.concurrency_limits (
+    tenant_id       text NOT NULL,
+    workspace_id    text NOT NULL,
+    concurrency_key text NOT NULL,
+    max_in_flight   integer NOT NULL CHECK (max_in_flight BETWEEN 0 AND 100000),
+    claimed_at      timestamptz,
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, concurrency_key)
+);
+COMMENT ON TABLE ledger.concurrency_limits IS 'At most max_in_flight runs of concurrency_key (ledger.runs.concurrency_key) hold a live lease at once; ledger.claim_run skips the key''s runs while it is full (0 pauses the key). claimed_at: the last claim under the limit. Written only through ledger.set_concurrency_limit and claim_run.';
+ALTER TABLE ledger.concurrency_limits ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ledger.concurrency_limits FORCE ROW LEVEL SECURITY;
+CREATE POLICY scope ON ledger.concurrency_limits
+    USING (tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace())
+    WITH CHECK (tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace());
+ALTER TABLE ledger.concurrency_limits OWNER TO ledger_owner;
+SELECT pg_catalog.pg_extension_config_dump('ledger.concurrency_limits', '');
+CREATE POLICY dispatch_read ON ledger.concurrency_limits FOR SELECT TO ledger_dispatcher USING (true);
+
+-- The operator's claim across scopes: due runs only, with room under their key, the highest
+-- priority first.
 CREATE OR REPLACE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
     RETURNS TABLE (tenant_id text, workspace_id text, id text)
     LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -49,13 +77,22 @@ AS $$
        AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
                         WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
                           AND a.run_id = r.id AND a.status = 'pending')
+       -- Its concurrency key has room (claim_run checks it again under the limit's lock).
+       AND (r.concurrency_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM ledger.concurrency_limits l
+              WHERE l.tenant_id = r.tenant_id AND l.workspace_id = r.workspace_id
+                AND l.concurrency_key = r.concurrency_key
+                AND l.max_in_flight <= (SELECT count(*) FROM ledger.runs f
+                      WHERE f.tenant_id = r.tenant_id AND f.workspace_id = r.workspace_id
+                        AND f.concurrency_key = r.concurrency_key
+                        AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
+                        AND f.lease_expires_at > clock_timestamp())))
      ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The claimable run (due: not_before passed) of the highest priority, oldest first, of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), locked; skips runs another transaction holds.';
-GRANT SELECT (not_before, priority) ON ledger.runs TO ledger_dispatcher;
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The claimable run (due: not_before passed) of the highest priority, oldest first, of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval) and whose concurrency key has room, locked; skips runs another transaction holds.';
 
--- Functions whose arguments changed (not_before, priority) are dropped and created again; every
+-- Functions whose arguments changed (not_before, priority, concurrency_key) are dropped and created again; every
 -- other one is replaced below, which binds it to this version's library.
 DROP FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text);
 DROP FUNCTION ledger.retry_run(text, jsonb);
@@ -209,7 +246,8 @@ CREATE OR REPLACE FUNCTION "create_run"(
 	"trace_id" TEXT DEFAULT NULL, /* Option < & str > */
 	"input_summary" TEXT DEFAULT NULL, /* Option < & str > */
 	"not_before" timestamp with time zone DEFAULT NULL, /* Option < TimestampWithTimeZone > */
-	"priority" INT DEFAULT 0 /* Option < i32 > */
+	"priority" INT DEFAULT 0, /* Option < i32 > */
+	"concurrency_key" TEXT DEFAULT NULL /* Option < & str > */
 ) RETURNS ledger.runs /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
 :: pgbox :: AllocatedByRust > , SqlError > */
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
@@ -821,6 +859,15 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'scope_required_wrapper';
 
+CREATE OR REPLACE FUNCTION "set_concurrency_limit"(
+	"concurrency_key" TEXT, /* Option < & str > */
+	"max_in_flight" INT /* Option < i32 > */
+) RETURNS INT /* std :: result :: Result < Option < i32 > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_concurrency_limit_wrapper';
+
 CREATE OR REPLACE FUNCTION "set_scope"(
 	"tenant_id" TEXT, /* Option < & str > */
 	"workspace_id" TEXT, /* Option < & str > */
@@ -979,8 +1026,8 @@ COMMENT ON FUNCTION ledger.is_status(text, text) IS
     'true when status is one of resource''s statuses (run, step, task or tool_call; 22023 STATUS_UNKNOWN for another resource). The tables'' status CHECKs call it.';
 COMMENT ON FUNCTION ledger.status_transitions() IS
     'The status machine: every allowed (resource, from_status, to_status) for run, step and task. Statuses: queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired (+ skipped for steps). Terminal: succeeded, failed, canceled, expired, skipped.';
-COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text, timestamp with time zone, integer) IS
-    'Creates a queued run, claimable (ledger.claim_run) from not_before (NULL: at once), the highest priority first (-1000 to 1000, default 0; 22023 PRIORITY_INVALID). request_id (or a caller run_id) makes it idempotent (not_before and priority are not compared); source_run_id and parent_run_id must exist in scope; attempt_no defaults to source.attempt_no + 1 and root_run_id to the source''s root. inputs (a JSON object) are redacted, then kept as stored: see ledger.run_inputs.';
+COMMENT ON FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text, timestamp with time zone, integer, text) IS
+    'Creates a queued run, claimable (ledger.claim_run) from not_before (NULL: at once), the highest priority first (-1000 to 1000, default 0; 22023 PRIORITY_INVALID), within the limit of its concurrency_key (ledger.set_concurrency_limit). request_id (or a caller run_id) makes it idempotent (not_before, priority and concurrency_key are not compared); source_run_id and parent_run_id must exist in scope; attempt_no defaults to source.attempt_no + 1 and root_run_id to the source''s root. inputs (a JSON object) are redacted, then kept as stored: see ledger.run_inputs.';
 COMMENT ON FUNCTION ledger.transition_run(text, text, text, text, text, text, text, bigint) IS
     'Moves a run to to_status if ledger.status_transitions() allows it (55000 TRANSITION_INVALID otherwise). With expected_status the move is conditional on it (40001 TRANSITION_CONFLICT). Moving to the current status returns the row unchanged. A terminal status ends the owner''s lease. run_token: the owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.run_inputs(text) IS
@@ -1050,7 +1097,7 @@ COMMENT ON FUNCTION ledger.run_evidence(text) IS
 COMMENT ON FUNCTION ledger.replay_ready(text) IS
     'Whether the ledger alone can replay the run: {"status": "pass"|"fail", "missing": [...]} over steps, response_events, costs, citations, tool_calls (its own or reused from its source), audits (each where applicable) and inputs (present and matching their sha256).';
 COMMENT ON FUNCTION ledger.retry_run(text, jsonb, timestamp with time zone) IS
-    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, the source''s priority, claimable from not_before (a backoff; NULL: at once), and the original inputs as stored unless inputs overrides them. The caller executes it; a tool call it claims with the same tool_call_id replays the result its lineage recorded (see claim_tool_call), one with the same explicit key too.';
+    'Retries a failed or canceled run (replay #4): a new queued run with the source''s mode, kind and subject pinned to its subject_version_id, source_run_id, attempt_no + 1, the same root_run_id, control_action retry, the source''s priority and concurrency_key, claimable from not_before (a backoff; NULL: at once), and the original inputs as stored unless inputs overrides them. The caller executes it; a tool call it claims with the same tool_call_id replays the result its lineage recorded (see claim_tool_call), one with the same explicit key too.';
 COMMENT ON FUNCTION ledger.replay_run(text, jsonb, timestamp with time zone) IS
     'Replays a finished run (any terminal status) as a new run, like ledger.retry_run with control_action replay.';
 COMMENT ON FUNCTION ledger.purge_runs(interval, integer) IS
@@ -1099,8 +1146,10 @@ COMMENT ON FUNCTION ledger.replay_task(text) IS
     'Replays a task from its snapshot in one transaction and returns the NEW task: queued, same type and input, no run, replayed_from_task_id set, snapshot without task_id and run_id (top level and in payload). The old task goes to canceled (through retrying when terminal; succeeded fails 55000 TRANSITION_INVALID) with retried_as_task_id. No snapshot: 55000 TASK_RETRY_SNAPSHOT_MISSING, nothing changed. A task already replayed returns its replacement.';
 
 -- Run leases, the operator role and scope grants (0.5.0).
+COMMENT ON FUNCTION ledger.set_concurrency_limit(text, integer) IS
+    'Lets at most max_in_flight (0 to 100000; 0 pauses the key; 22023 LIMIT_INVALID) runs of concurrency_key hold a live lease at once: ledger.claim_run skips the key''s runs while it is full, never waits, and no two claims can both take the last place. NULL max_in_flight removes the limit. Returns the limit in force.';
 COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
-    'Claims a run for lease_owner: run_id, or the claimable run of the scope (filtered by modes and kinds) with the highest priority, oldest first within it, FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, due (not_before NULL or passed), and queued or retrying or claimed before (a run nobody ever claimed stays with its caller); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
+    'Claims a run for lease_owner: run_id, or the claimable run of the scope (filtered by modes and kinds) with the highest priority, oldest first within it, FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, due (not_before NULL or passed), queued or retrying or claimed before (a run nobody ever claimed stays with its caller), and with room under its concurrency key''s limit (a full key''s runs are skipped, also by run_id); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
 COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
     'Extends the owner''s lease by extend_seconds (default: the claim''s lease_seconds) from now and returns when it ends. Fenced by run_token (40001 LEASE_STALE), not by the clock: accepted after expiry until another worker takes the run over. A terminal run: 55000 RUN_TERMINAL.';
 COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
@@ -1125,12 +1174,13 @@ ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
 GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace() TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token, source_run_id,
-              not_before, priority),
+              not_before, priority, concurrency_key),
       UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status) ON ledger.approval_requests TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight) ON ledger.concurrency_limits TO ledger_dispatcher;
 GRANT SELECT (grantee, tenant_id, workspace_id) ON ledger.scope_grants TO ledger_dispatcher;
 GRANT SELECT (grantee) ON ledger.scope_bindings TO ledger_dispatcher;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;

@@ -98,6 +98,7 @@ CREATE TABLE ledger.runs (
     -- every update of the row (about four per tool call).
     not_before         timestamptz,
     priority           integer NOT NULL DEFAULT 0,
+    concurrency_key    text,
     PRIMARY KEY (tenant_id, workspace_id, id),
     FOREIGN KEY (tenant_id, workspace_id, parent_run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
     FOREIGN KEY (tenant_id, workspace_id, source_run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
@@ -117,6 +118,7 @@ COMMENT ON COLUMN ledger.runs.inputs IS 'The exact inputs when their JSON text i
 COMMENT ON COLUMN ledger.runs.last_seq IS 'The seq of the newest event in ledger.run_events; bumping it under the row lock makes seq gapless and commit-ordered.';
 COMMENT ON COLUMN ledger.runs.not_before IS 'ledger.claim_run does not hand the run out before this time (create_run''s, retry_run''s or replay_run''s not_before); NULL: at once.';
 COMMENT ON COLUMN ledger.runs.priority IS 'ledger.claim_run hands out the highest priority first (-1000 to 1000, default 0; a retry or replay keeps its source''s), oldest first within one priority.';
+COMMENT ON COLUMN ledger.runs.concurrency_key IS 'The key the run shares a limit with (ledger.set_concurrency_limit: at most so many runs of the key in flight); NULL: none. A retry or replay keeps its source''s.';
 COMMENT ON COLUMN ledger.runs.root_run_id IS 'The first run of a retry/replay chain (itself when the run has no source).';
 -- Claiming a run (ledger.claim_run) scans the scope's live runs by priority, oldest first; the
 -- operator's claim across scopes scans them all.
@@ -124,6 +126,9 @@ CREATE INDEX runs_live_idx ON ledger.runs (tenant_id, workspace_id, priority DES
     WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
 CREATE INDEX runs_live_dispatch_idx ON ledger.runs (priority DESC, queued_at, id)
     WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
+-- A claim counts the runs of a concurrency key in flight.
+CREATE INDEX runs_concurrency_idx ON ledger.runs (tenant_id, workspace_id, concurrency_key)
+    WHERE concurrency_key IS NOT NULL AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
 -- The operator console lists a scope's runs newest first with keyset paging on (created_at, id):
 -- all of them, by status, or by user; each page is one short index scan at any number of runs.
 CREATE INDEX runs_created_idx ON ledger.runs (tenant_id, workspace_id, created_at, id);
@@ -460,13 +465,28 @@ CREATE TABLE ledger.run_feedback (
 CREATE INDEX run_feedback_run_idx ON ledger.run_feedback (tenant_id, workspace_id, run_id, created_at);
 COMMENT ON TABLE ledger.run_feedback IS 'Ratings and comments people gave a run.';
 
+-- Concurrency limits: at most max_in_flight runs of a key hold a live lease (ledger.claim_run
+-- skips the key's runs while it is full). A claim under a limit locks its row (SKIP LOCKED: a
+-- claim never waits) and stamps claimed_at, so two claims cannot both take the last place.
+CREATE TABLE ledger.concurrency_limits (
+    tenant_id       text NOT NULL,
+    workspace_id    text NOT NULL,
+    concurrency_key text NOT NULL,
+    max_in_flight   integer NOT NULL CHECK (max_in_flight BETWEEN 0 AND 100000),
+    claimed_at      timestamptz,
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, concurrency_key)
+);
+COMMENT ON TABLE ledger.concurrency_limits IS 'At most max_in_flight runs of concurrency_key (ledger.runs.concurrency_key) hold a live lease at once; ledger.claim_run skips the key''s runs while it is full (0 pauses the key). claimed_at: the last claim under the limit. Written only through ledger.set_concurrency_limit and claim_run.';
+
 -- Row-level security on every table, forced so that the owning role is filtered too.
 DO $rls$
 DECLARE t text;
 BEGIN
     FOREACH t IN ARRAY ARRAY['blobs', 'blob_locks', 'runs', 'run_steps', 'run_events', 'outbox', 'run_artifacts',
                              'approval_requests', 'run_step_tool_calls', 'audit_events', 'run_cost_entries',
-                             'response_events', 'citations', 'run_feedback', 'tool_call_tombstones'] LOOP
+                             'response_events', 'citations', 'run_feedback', 'tool_call_tombstones',
+                             'concurrency_limits'] LOOP
         EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
         EXECUTE format(
@@ -494,6 +514,7 @@ CREATE POLICY dispatch_read ON ledger.outbox FOR SELECT TO ledger_dispatcher USI
 CREATE POLICY dispatch_lock ON ledger.outbox FOR UPDATE TO ledger_dispatcher USING (true) WITH CHECK (false);
 CREATE POLICY dispatch_read ON ledger.run_step_tool_calls FOR SELECT TO ledger_dispatcher USING (true);
 CREATE POLICY dispatch_read ON ledger.approval_requests FOR SELECT TO ledger_dispatcher USING (true);
+CREATE POLICY dispatch_read ON ledger.concurrency_limits FOR SELECT TO ledger_dispatcher USING (true);
 CREATE INDEX outbox_dispatch_idx ON ledger.outbox (available_at, id) WHERE status IN ('pending', 'processing');
 
 -- Scope grants: which scopes a login role may state with ledger.set_scope. A role is bound by
@@ -580,10 +601,20 @@ AS $$
        AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
                         WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
                           AND a.run_id = r.id AND a.status = 'pending')
+       -- Its concurrency key has room (claim_run checks it again under the limit's lock).
+       AND (r.concurrency_key IS NULL OR NOT EXISTS (
+             SELECT 1 FROM ledger.concurrency_limits l
+              WHERE l.tenant_id = r.tenant_id AND l.workspace_id = r.workspace_id
+                AND l.concurrency_key = r.concurrency_key
+                AND l.max_in_flight <= (SELECT count(*) FROM ledger.runs f
+                      WHERE f.tenant_id = r.tenant_id AND f.workspace_id = r.workspace_id
+                        AND f.concurrency_key = r.concurrency_key
+                        AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
+                        AND f.lease_expires_at > clock_timestamp())))
      ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The claimable run (due: not_before passed) of the highest priority, oldest first, of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The claimable run (due: not_before passed) of the highest priority, oldest first, of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval) and whose concurrency key has room, locked; skips runs another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
     RETURNS TABLE (tenant_id text, workspace_id text, id text)

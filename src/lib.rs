@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 
 mod artifacts;
 mod channels;
+mod concurrency;
 mod db;
 mod error;
 mod evidence;

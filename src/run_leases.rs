@@ -3,6 +3,7 @@
 //! fences the run's writes that carry it (`rows::LockedRun::fence`). Claiming does not change
 //! the run's status: the worker moves it (queued -> running) with `transition_run`.
 
+use crate::concurrency;
 use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
@@ -18,15 +19,26 @@ use pgrx::prelude::*;
 
 type Claimed = pgrx::composite_type!('static, "ledger.claimed_run");
 
-/// The runs a claim may take: not terminal, no live lease, due (`not_before` passed), and either
+/// The runs a claim may take: not terminal, no live lease, due (`not_before` passed), either
 /// waiting to start (queued, retrying) or owned before (a run driven by a caller that never
-/// claims it stays its own).
-const CLAIMABLE: &str = "SELECT id, lease_owner FROM ledger.runs r \
+/// claims it stays its own), and with room under their concurrency key's limit as this snapshot
+/// sees it (`concurrency::take_place` decides under the limit's lock); $3: keys this claim found
+/// full or held by another claim.
+const CLAIMABLE: &str = "SELECT id, lease_owner, concurrency_key FROM ledger.runs r \
      WHERE tenant_id = $1 AND workspace_id = $2 \
        AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired') \
        AND (lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp()) \
        AND (not_before IS NULL OR not_before <= clock_timestamp()) \
-       AND (status IN ('queued', 'retrying') OR run_token > 0)";
+       AND (status IN ('queued', 'retrying') OR run_token > 0) \
+       AND (concurrency_key IS NULL OR concurrency_key <> ALL ($3::text[])) \
+       AND (concurrency_key IS NULL OR NOT EXISTS (SELECT 1 FROM ledger.concurrency_limits l \
+             WHERE l.tenant_id = r.tenant_id AND l.workspace_id = r.workspace_id \
+               AND l.concurrency_key = r.concurrency_key \
+               AND l.max_in_flight <= (SELECT count(*) FROM ledger.runs f \
+                     WHERE f.tenant_id = r.tenant_id AND f.workspace_id = r.workspace_id \
+                       AND f.concurrency_key = r.concurrency_key \
+                       AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired') \
+                       AND f.lease_expires_at > clock_timestamp())))";
 
 /// Of the claimable runs, those the oldest-first claim hands out: none of its calls waits for a
 /// person (in doubt, or for an approval). A worker parks such a run (releases it) and the
@@ -74,25 +86,49 @@ fn claim(
     owner: &str,
     lease: i32,
 ) -> Result<Option<Claimed>> {
-    let pick = |r: &db::Row| Ok((db::req::<String>(r, 1)?, db::opt::<String>(r, 2)?));
-    let found = match run_id {
-        Some(id) => db::write_one(
-            &format!("{CLAIMABLE} AND id = $3 FOR NO KEY UPDATE SKIP LOCKED"),
-            &scope.args([id.into()]),
-            pick,
-        )?,
-        None => db::write_one(
-            &format!(
-                "{CLAIMABLE} AND ($3::text[] IS NULL OR mode = ANY ($3)) \
-                   AND ($4::text[] IS NULL OR kind = ANY ($4)) AND {WAITS_FOR_NOBODY} \
-                 ORDER BY priority DESC, queued_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
-            ),
-            &scope.args([modes.into(), kinds.into()]),
-            pick,
-        )?,
+    let pick = |r: &db::Row| {
+        Ok((
+            db::req::<String>(r, 1)?,
+            db::opt::<String>(r, 2)?,
+            db::opt::<String>(r, 3)?,
+        ))
     };
-    let Some((id, previous_owner)) = found else {
-        return Ok(None);
+    // Keys found full (or held by another claim) are left out of the next look; a run passed
+    // over stays locked until the transaction ends, which other claims skip.
+    let mut full: Vec<String> = Vec::new();
+    let (id, previous_owner) = loop {
+        let found = match run_id {
+            Some(id) => db::write_one(
+                &format!("{CLAIMABLE} AND id = $4 FOR NO KEY UPDATE SKIP LOCKED"),
+                &scope.args([full.clone().into(), id.into()]),
+                pick,
+            )?,
+            None => db::write_one(
+                &format!(
+                    "{CLAIMABLE} AND ($4::text[] IS NULL OR mode = ANY ($4)) \
+                       AND ($5::text[] IS NULL OR kind = ANY ($5)) AND {WAITS_FOR_NOBODY} \
+                     ORDER BY priority DESC, queued_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
+                ),
+                &scope.args([
+                    full.clone().into(),
+                    modes.clone().into(),
+                    kinds.clone().into(),
+                ]),
+                pick,
+            )?,
+        };
+        let Some((id, previous_owner, key)) = found else {
+            return Ok(None);
+        };
+        match key {
+            Some(key) if !concurrency::take_place(scope, &key, &id)? => {
+                if run_id.is_some() {
+                    return Ok(None);
+                }
+                full.push(key);
+            }
+            _ => break (id, previous_owner),
+        }
     };
     let (run_token, last_seq) = db::write_one(
         "UPDATE ledger.runs SET lease_owner = $4, lease_seconds = $5, \

@@ -46,6 +46,8 @@ pub struct NewRun<'a> {
     pub not_before: Option<TimestampWithTimeZone>,
     /// `claim_run` hands out higher priorities first (-1000 to 1000; None: 0).
     pub priority: Option<i32>,
+    /// The key whose concurrency limit the run counts against (`ledger.concurrency_limits`).
+    pub concurrency_key: Option<&'a str>,
 }
 
 /// Creates a run in status `queued`, or returns the existing run for a repeated `request_id`
@@ -60,6 +62,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
         ("subject_version_id", new.subject_version_id),
         ("user_id", new.user_id),
         ("trace_id", new.trace_id),
+        ("concurrency_key", new.concurrency_key),
     ] {
         optional_label(argument, label)?;
     }
@@ -142,6 +145,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
             new.control_action.into(),
             new.not_before.into(),
             priority.into(),
+            new.concurrency_key.into(),
         ])
     };
     let inserted = db::write_one(
@@ -199,7 +203,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
 }
 
 /// Creates a run in status `queued`, claimable from `not_before` (`claim_run` hands out higher
-/// `priority` first). Idempotent on `request_id` (and on a caller-supplied `run_id`): the same
+/// `priority` first, and no more runs of `concurrency_key` than its limit allows). Idempotent on `request_id` (and on a caller-supplied `run_id`): the same
 /// key returns the existing run, a different mode or subject fails 23505 `IDEMPOTENCY_MISMATCH`.
 #[allow(clippy::too_many_arguments)]
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
@@ -221,6 +225,7 @@ fn create_run(
     input_summary: default!(Option<&str>, "NULL"),
     not_before: default!(Option<TimestampWithTimeZone>, "NULL"),
     priority: default!(Option<i32>, 0),
+    concurrency_key: default!(Option<&str>, "NULL"),
 ) -> std::result::Result<pgrx::composite_type!('static, "ledger.runs"), SqlError> {
     let scope = scope::current()?;
     let new = NewRun {
@@ -241,6 +246,7 @@ fn create_run(
         control_action: None,
         not_before,
         priority,
+        concurrency_key,
     };
     let id = create(&scope, new)?;
     Ok(row(&scope, &id)?)
@@ -275,10 +281,10 @@ fn rerun(
         .with("status", source.status.as_str())
         .with("control_action", action));
     }
-    let (kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary, priority) =
+    let (kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary, priority, key) =
         db::select_one(
             "SELECT kind, subject_version_id, user_id, trace_id, parent_run_id, input_summary, \
-                    priority \
+                    priority, concurrency_key \
            FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
             &scope.args([run_id.into()]),
             |r| {
@@ -290,6 +296,7 @@ fn rerun(
                     db::opt::<String>(r, 5)?,
                     db::opt::<String>(r, 6)?,
                     db::req::<i32>(r, 7)?,
+                    db::opt::<String>(r, 8)?,
                 ))
             },
         )?
@@ -319,9 +326,11 @@ fn rerun(
                 input_summary.as_deref()
             },
             control_action: Some(action),
-            // The new attempt keeps its source's priority and waits until not_before (a backoff).
+            // The new attempt keeps its source's priority and concurrency key, and waits until
+            // not_before (a backoff).
             not_before,
             priority: Some(priority),
+            concurrency_key: key.as_deref(),
             ..NewRun::default()
         },
     )?;

@@ -106,8 +106,8 @@ fn json(c: &mut Client, sql: &str) -> serde_json::Value {
 /// with large inputs, steps, tool calls (succeeded with a result large enough to be an artifact,
 /// in doubt, waiting for approval, claimed with a lease the superuser later expires), costs,
 /// audits, response events, citations, feedback, artifacts, a failed task with a snapshot, a
-/// checkpoint and an event, a failed run, a purged run (so a tombstone) and an outbox event
-/// held by consumer `worker`. Every table ends up with rows of the scope.
+/// checkpoint and an event, a concurrency limit, a failed run, a purged run (so a tombstone) and
+/// an outbox event held by consumer `worker`. Every table ends up with rows of the scope.
 fn populate(app: &mut Client, s: Scope) {
     set_scope(app, s);
     let p = s.prefix;
@@ -137,6 +137,7 @@ fn populate(app: &mut Client, s: Scope) {
         format!("SELECT ledger.record_feedback('{p}-r1', 5, comment => 'good')"),
         format!("SELECT ledger.put_artifact('{p}-r1', convert_to('same bytes in every scope', 'UTF8'), 'file', step_id => '{p}-s1')"),
         format!("SELECT ledger.register_artifact('{p}-r1', 's3://bucket/{p}', 3, repeat('a', 64))"),
+        format!("SELECT ledger.set_concurrency_limit('{p}-key', 2)"),
         format!("SELECT ledger.create_task('index', '{{\"q\": 1}}', run_id => '{p}-r1', task_id => '{p}-t1')"),
         format!("SELECT ledger.set_task_snapshot('{p}-t1', '{{\"payload\": {{\"thread\": 7}}}}')"),
         format!("SELECT ledger.add_task_checkpoint('{p}-t1', '{{\"cursor\": 1}}')"),

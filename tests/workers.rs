@@ -1,7 +1,7 @@
-//! Multi-session tests of run ownership: workers racing `claim_run`, a takeover after a lease
-//! expired with the old owner fenced, an operator claiming runs and outbox events across scopes,
-//! and login roles bound to their granted scopes. `#[ignore]`d like every session test;
-//! `pgrx-tests/test.sh` runs them with `-- --ignored`.
+//! Multi-session tests of run ownership: workers racing `claim_run` (also under a concurrency
+//! limit), a takeover after a lease expired with the old owner fenced, an operator claiming runs
+//! and outbox events across scopes, and login roles bound to their granted scopes. `#[ignore]`d
+//! like every session test; `pgrx-tests/test.sh` runs them with `-- --ignored`.
 
 mod common;
 
@@ -954,4 +954,97 @@ fn every_role_against_every_cross_scope_path() {
             );
         }
     }
+}
+
+/// A concurrency limit holds under racing claims. Eight workers drain 40 runs of one key under a
+/// limit of 3, each claim in a transaction held open until every worker has claimed once: no
+/// claim waits (2 s statement timeout), and at no point do more than 3 of the key's runs hold a
+/// live lease. In REPEATABLE READ, a claim whose snapshot predates another claim's taking the
+/// last place fails 40001 instead of taking a fourth; the limit's row stamp is what makes it
+/// fail.
+#[test]
+#[ignore]
+fn racing_claims_never_take_more_places_than_the_concurrency_limit() {
+    let db = database("ledger_workers_limit");
+    let mut setup = session(&db);
+    exec(
+        &mut setup,
+        "SELECT ledger.set_concurrency_limit('k', 3); \
+         SELECT count(ledger.create_run('agent', run_id => 'r' || i, concurrency_key => 'k')) \
+           FROM generate_series(1, 40) i",
+    );
+    let in_flight = "SELECT count(*) FROM ledger.runs WHERE concurrency_key = 'k' \
+                       AND lease_expires_at > clock_timestamp() \
+                       AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired')";
+    let claimed_once = Arc::new(Barrier::new(8));
+    let workers: Vec<_> = (0..8)
+        .map(|i| {
+            let (db, claimed_once) = (db.clone(), claimed_once.clone());
+            thread::spawn(move || {
+                let mut c = session(&db);
+                exec(&mut c, "SET statement_timeout = '2s'");
+                exec(&mut c, "BEGIN");
+                let got = c
+                    .query(
+                        "SELECT run_id FROM ledger.claim_run($1)",
+                        &[&format!("w{i}")],
+                    )
+                    .unwrap()
+                    .len();
+                claimed_once.wait();
+                exec(&mut c, "COMMIT");
+                got
+            })
+        })
+        .collect();
+    let got: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    let leased: i64 = one(&mut setup, in_flight);
+    assert!((1..=3).contains(&got), "{got} claims took a place");
+    assert_eq!(leased, got as i64);
+    // A full key: every further claim, however many race, gets nothing.
+    let more: usize = (0..8)
+        .map(|i| {
+            let db = db.clone();
+            thread::spawn(move || {
+                let mut c = session(&db);
+                exec(&mut c, "SET statement_timeout = '2s'");
+                drain(&mut c, &format!("x{i}")).len()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|w| w.join().unwrap())
+        .sum();
+    let leased: i64 = one(&mut setup, in_flight);
+    assert_eq!((got + more, leased), (3, 3));
+
+    // REPEATABLE READ: a's snapshot is taken before b takes the last place of a limit of 1.
+    exec(
+        &mut setup,
+        "SELECT ledger.set_concurrency_limit('one', 1); \
+         SELECT ledger.create_run('agent', run_id => 'one-a', concurrency_key => 'one'); \
+         SELECT ledger.create_run('agent', run_id => 'one-b', concurrency_key => 'one')",
+    );
+    let mut a = session(&db);
+    exec(
+        &mut a,
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM ledger.runs",
+    );
+    let mut b = session(&db);
+    let taken: String = one(&mut b, "SELECT run_id FROM ledger.claim_run('b', 'one-a')");
+    assert_eq!(taken, "one-a");
+    let refused = a
+        .query("SELECT run_id FROM ledger.claim_run('a', 'one-b')", &[])
+        .unwrap_err();
+    assert_eq!(
+        refused.code().map(|c| c.code()),
+        Some("40001"),
+        "{refused:?}"
+    );
+    exec(&mut a, "ROLLBACK");
+    let leased: i64 = one(
+        &mut setup,
+        "SELECT count(*) FROM ledger.runs WHERE concurrency_key = 'one' AND lease_expires_at > clock_timestamp()",
+    );
+    assert_eq!(leased, 1);
 }

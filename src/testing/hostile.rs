@@ -740,6 +740,14 @@ mod tests {
                 "run_ids",
                 "SELECT ledger.delete_graph_checkpoints_for_runs(ARRAY[$MB])",
             ),
+            (
+                "concurrency_key",
+                "SELECT ledger.create_run('chat', concurrency_key => $MB)",
+            ),
+            (
+                "concurrency_key",
+                "SELECT ledger.set_concurrency_limit($MB, 1)",
+            ),
         ] {
             let before = rows();
             let e = assert_error(&sql(call), "22023", "LABEL_INVALID");

@@ -201,3 +201,19 @@ def test_when_a_run_may_start_and_which_first(scoped: ScopedLedger) -> None:
         scoped.create_run("agent", run_id="r-bad", priority=1001)
     assert (bad.value.sqlstate, bad.value.code) == ("22023", "PRIORITY_INVALID")
     assert scoped.get_run("r-bad") is None
+
+
+def test_a_concurrency_limit_lets_so_many_runs_of_a_key_be_claimed(scoped: ScopedLedger) -> None:
+    assert scoped.set_concurrency_limit("customer-7", 1) == 1
+    first = scoped.create_run("agent", run_id="k-1", concurrency_key="customer-7")
+    assert first.concurrency_key == "customer-7"
+    scoped.create_run("agent", run_id="k-2", concurrency_key="customer-7")
+    scoped.create_run("agent", run_id="other")
+    claims = [scoped.claim_run(f"w-{i}") for i in range(3)]
+    assert [c.run_id if c else None for c in claims] == ["k-1", "other", None]  # k-2 waits for k-1
+    assert scoped.set_concurrency_limit("customer-7", None) is None
+    again = scoped.claim_run("w-3")
+    assert again is not None and again.run_id == "k-2"
+    with pytest.raises(InvalidArgumentError) as bad:
+        scoped.set_concurrency_limit("customer-7", -1)
+    assert bad.value.code == "LIMIT_INVALID"

@@ -116,6 +116,8 @@ export interface CreateRunOptions {
   notBefore?: Date;
   /** `claimRun` takes the highest priority first: -1000 to 1000, default 0. */
   priority?: number;
+  /** The key whose limit (`setConcurrencyLimit`) the run counts against. */
+  concurrencyKey?: string;
 }
 
 /** Options of `retry_run` and `replay_run`. */
@@ -374,6 +376,15 @@ export abstract class LedgerCalls {
   /** `release_run`: gives the run up (claimable at once); the token is over. */
   async releaseRun(runId: string, runToken: number): Promise<void> {
     await this.value("release_run", [runId, runToken]);
+  }
+
+  /**
+   * `set_concurrency_limit`: at most `maxInFlight` runs of `concurrencyKey` in flight (0 pauses
+   * the key; null removes the limit). Returns the limit in force.
+   */
+  async setConcurrencyLimit(concurrencyKey: string, maxInFlight: number | null): Promise<number | null> {
+    const limit = await this.value("set_concurrency_limit", [concurrencyKey, maxInFlight]);
+    return limit === null ? null : Number(limit);
   }
 
   /** `claim_tool_call`: the executor protocol's first step; the outcome is returned, not raised. */

@@ -96,6 +96,8 @@ export interface Run {
   notBefore: Date | null;
   /** `claimRun` takes the highest priority first (-1000 to 1000, default 0). */
   priority: number;
+  /** The key whose concurrency limit the run counts against (`setConcurrencyLimit`); null: none. */
+  concurrencyKey: string | null;
 }
 
 /** A row of `ledger.run_steps`. */
@@ -395,6 +397,7 @@ export function parseRun(row: Row): Run {
     runToken: num(row, "run_token"),
     notBefore: optDate(row, "not_before"),
     priority: num(row, "priority"),
+    concurrencyKey: optStr(row, "concurrency_key"),
   };
 }
 

@@ -219,3 +219,21 @@ test("when a run may start and which first: createRun's notBefore and priority, 
   );
   assert.equal(await acme.getRun("r-bad"), null, "nothing written");
 });
+
+test("a concurrency limit: setConcurrencyLimit lets so many runs of a key be claimed at once", async (t) => {
+  const db = await freshDb(t, "limits");
+  const acme = db.ledger.scoped("acme", "ts");
+  assert.equal(await acme.setConcurrencyLimit("customer-7", 1), 1);
+  const first = await acme.createRun("agent", { runId: "k-1", concurrencyKey: "customer-7" });
+  assert.equal(first.concurrencyKey, "customer-7");
+  await acme.createRun("agent", { runId: "k-2", concurrencyKey: "customer-7" });
+  await acme.createRun("agent", { runId: "other" });
+  const claims = [await acme.claimRun("w-0"), await acme.claimRun("w-1"), await acme.claimRun("w-2")];
+  assert.deepEqual(claims.map((c) => c?.runId ?? null), ["k-1", "other", null], "k-2 waits for k-1");
+  assert.equal(await acme.setConcurrencyLimit("customer-7", null), null);
+  assert.equal((await acme.claimRun("w-3"))?.runId, "k-2");
+  await assert.rejects(
+    acme.setConcurrencyLimit("customer-7", -1),
+    (e: unknown) => e instanceof LedgerError && e.code === "LIMIT_INVALID",
+  );
+});

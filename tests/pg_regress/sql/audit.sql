@@ -34,6 +34,7 @@ INSERT INTO audit VALUES
   ('claim_run',           'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('heartbeat_run',       'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('release_run',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('set_concurrency_limit', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('retry_run',           'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('replay_run',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('create_step',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),

@@ -129,17 +129,26 @@ class Calls:
         input_summary: str | None = None,
         not_before: datetime | None = None,
         priority: int | None = None,
+        concurrency_key: str | None = None,
     ) -> Statement[Run]:
         """A new ``queued`` run (or the existing one for a repeated ``request_id``/``run_id``),
         claimable from ``not_before`` (an aware datetime; None: at once), ``claim_run`` taking the
-        highest ``priority`` (-1000 to 1000, default 0) first."""
+        highest ``priority`` (-1000 to 1000, default 0) first and no more runs of
+        ``concurrency_key`` than its limit (``set_concurrency_limit``)."""
         return function(
             _run, "create_run", mode, inputs=dict(inputs) if inputs is not None else None, kind=kind,
             subject_kind=subject_kind, subject_id=subject_id, subject_version_id=subject_version_id,
             request_id=request_id, parent_run_id=parent_run_id, source_run_id=source_run_id,
             attempt_no=attempt_no, run_id=run_id, user_id=user_id, trace_id=trace_id,
             input_summary=input_summary, not_before=not_before, priority=priority,
+            concurrency_key=concurrency_key,
         )
+
+    @call
+    def set_concurrency_limit(self, concurrency_key: str, max_in_flight: int | None) -> Statement[int | None]:
+        """At most ``max_in_flight`` runs of ``concurrency_key`` in flight (0 pauses the key; None
+        removes the limit); returns the limit in force."""
+        return function(value, "set_concurrency_limit", concurrency_key, max_in_flight)
 
     @call
     def get_run(self, run_id: str) -> Statement[Run | None]:

@@ -154,6 +154,7 @@ class Run:
     run_token: int
     not_before: datetime | None
     priority: int
+    concurrency_key: str | None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
