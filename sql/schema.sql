@@ -126,9 +126,10 @@ CREATE INDEX runs_live_idx ON ledger.runs (tenant_id, workspace_id, priority DES
     WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
 CREATE INDEX runs_live_dispatch_idx ON ledger.runs (priority DESC, queued_at, id)
     WHERE status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
--- A claim counts the runs of a concurrency key in flight.
-CREATE INDEX runs_concurrency_idx ON ledger.runs (tenant_id, workspace_id, concurrency_key)
-    WHERE concurrency_key IS NOT NULL AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
+-- A claim counts the runs of a concurrency key in flight: only leased runs have a lease end (a
+-- release and a terminal status clear it), so a burst of queued runs is not in this index.
+CREATE INDEX runs_concurrency_idx ON ledger.runs (tenant_id, workspace_id, concurrency_key, lease_expires_at)
+    WHERE concurrency_key IS NOT NULL AND lease_expires_at IS NOT NULL;
 -- The operator console lists a scope's runs newest first with keyset paging on (created_at, id):
 -- all of them, by status, or by user; each page is one short index scan at any number of runs.
 CREATE INDEX runs_created_idx ON ledger.runs (tenant_id, workspace_id, created_at, id);
@@ -601,16 +602,17 @@ AS $$
        AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
                         WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
                           AND a.run_id = r.id AND a.status = 'pending')
-       -- Its concurrency key has room (claim_run checks it again under the limit's lock).
-       AND (r.concurrency_key IS NULL OR NOT EXISTS (
-             SELECT 1 FROM ledger.concurrency_limits l
-              WHERE l.tenant_id = r.tenant_id AND l.workspace_id = r.workspace_id
-                AND l.concurrency_key = r.concurrency_key
-                AND l.max_in_flight <= (SELECT count(*) FROM ledger.runs f
-                      WHERE f.tenant_id = r.tenant_id AND f.workspace_id = r.workspace_id
-                        AND f.concurrency_key = r.concurrency_key
-                        AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
-                        AND f.lease_expires_at > clock_timestamp())))
+       -- Its concurrency key has room (claim_run checks it again under the limit's lock); the
+       -- full keys are found once (an uncorrelated subquery), not once per candidate.
+       AND (r.concurrency_key IS NULL
+            OR (r.tenant_id, r.workspace_id, r.concurrency_key) NOT IN (
+                 SELECT l.tenant_id, l.workspace_id, l.concurrency_key
+                   FROM ledger.concurrency_limits l
+                  WHERE l.max_in_flight <= (SELECT count(*) FROM ledger.runs f
+                          WHERE f.tenant_id = l.tenant_id AND f.workspace_id = l.workspace_id
+                            AND f.concurrency_key = l.concurrency_key
+                            AND f.lease_expires_at > clock_timestamp()
+                            AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired'))))
      ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
