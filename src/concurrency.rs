@@ -19,26 +19,37 @@ const IN_FLIGHT: &str = "SELECT count(*) FROM ledger.runs \
        AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired') \
        AND lease_expires_at > clock_timestamp() AND id <> $4";
 
+/// What a claim adds to its candidates (alias `r`, scope in $1 and $2): no key, or a key with
+/// room as the claim's snapshot sees it, and not one of $3 (keys the claim already passed over);
+/// `take_place` decides under the limit's lock. The scope's full keys are found once per
+/// statement (an uncorrelated subquery), not once per candidate, so a burst of one key's runs
+/// stays cheap to skip.
+pub const HAS_ROOM: &str = "(r.concurrency_key IS NULL OR (r.concurrency_key <> ALL ($3::text[]) \
+     AND r.concurrency_key NOT IN (SELECT l.concurrency_key FROM ledger.concurrency_limits l \
+       WHERE l.tenant_id = $1 AND l.workspace_id = $2 \
+         AND l.max_in_flight <= (SELECT count(*) FROM ledger.runs f \
+               WHERE f.tenant_id = $1 AND f.workspace_id = $2 \
+                 AND f.concurrency_key = l.concurrency_key \
+                 AND f.lease_expires_at > clock_timestamp() \
+                 AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')))))";
+
 /// Whether run `run_id` (locked by the caller, not yet leased) may take a place of `key`'s
 /// limit: true when the key has no limit or room under its locked row, which is then stamped;
 /// false when it is full or another claim holds its row.
 pub fn take_place(scope: &Scope, key: &str, run_id: &str) -> Result<bool> {
-    let locked = db::write_one(
-        "SELECT max_in_flight FROM ledger.concurrency_limits \
-          WHERE tenant_id = $1 AND workspace_id = $2 AND concurrency_key = $3 \
-            FOR NO KEY UPDATE SKIP LOCKED",
+    // One statement: the limit, locked unless another claim holds it, and whether there is one.
+    let (locked, limited) = db::write_one(
+        "SELECT (SELECT max_in_flight FROM ledger.concurrency_limits \
+                  WHERE tenant_id = $1 AND workspace_id = $2 AND concurrency_key = $3 \
+                    FOR NO KEY UPDATE SKIP LOCKED), \
+                EXISTS (SELECT 1 FROM ledger.concurrency_limits \
+                  WHERE tenant_id = $1 AND workspace_id = $2 AND concurrency_key = $3)",
         &scope.args([key.into()]),
-        |r| db::req::<i32>(r, 1),
-    )?;
+        |r| Ok((db::opt::<i32>(r, 1)?, db::req::<bool>(r, 2)?)),
+    )?
+    .ok_or_else(|| LedgerError::internal("a one-row query returned no row"))?;
     let Some(max) = locked else {
-        // No row to lock: no limit, or another claim holds it.
-        let limited = db::select_one(
-            "SELECT EXISTS (SELECT 1 FROM ledger.concurrency_limits \
-              WHERE tenant_id = $1 AND workspace_id = $2 AND concurrency_key = $3)",
-            &scope.args([key.into()]),
-            |r| db::req::<bool>(r, 1),
-        )?
-        .unwrap_or(false);
+        // No limit (room), or another claim holds its row (full for now).
         return Ok(!limited);
     };
     let in_flight = db::select_one(IN_FLIGHT, &scope.args([key.into(), run_id.into()]), |r| {

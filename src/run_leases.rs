@@ -19,26 +19,15 @@ use pgrx::prelude::*;
 
 type Claimed = pgrx::composite_type!('static, "ledger.claimed_run");
 
-/// The runs a claim may take: not terminal, no live lease, due (`not_before` passed), either
+/// The runs a claim may take: not terminal, no live lease, due (`not_before` passed), and either
 /// waiting to start (queued, retrying) or owned before (a run driven by a caller that never
-/// claims it stays its own), and with room under their concurrency key's limit as this snapshot
-/// sees it (`concurrency::take_place` decides under the limit's lock); $3: keys this claim found
-/// full or held by another claim. The scope's full keys are found once per statement (an
-/// uncorrelated subquery), not once per candidate: a burst of one key's runs stays cheap to skip.
+/// claims it stays its own). Each claim adds `concurrency::HAS_ROOM` ($3: keys it passed over).
 const CLAIMABLE: &str = "SELECT id, lease_owner, concurrency_key FROM ledger.runs r \
      WHERE tenant_id = $1 AND workspace_id = $2 \
        AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired') \
        AND (lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp()) \
        AND (not_before IS NULL OR not_before <= clock_timestamp()) \
-       AND (status IN ('queued', 'retrying') OR run_token > 0) \
-       AND (concurrency_key IS NULL OR (concurrency_key <> ALL ($3::text[]) \
-            AND concurrency_key NOT IN (SELECT l.concurrency_key FROM ledger.concurrency_limits l \
-              WHERE l.tenant_id = $1 AND l.workspace_id = $2 \
-                AND l.max_in_flight <= (SELECT count(*) FROM ledger.runs f \
-                      WHERE f.tenant_id = $1 AND f.workspace_id = $2 \
-                        AND f.concurrency_key = l.concurrency_key \
-                        AND f.lease_expires_at > clock_timestamp() \
-                        AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')))))";
+       AND (status IN ('queued', 'retrying') OR run_token > 0)";
 
 /// Of the claimable runs, those the oldest-first claim hands out: none of its calls waits for a
 /// person (in doubt, or for an approval). A worker parks such a run (releases it) and the
@@ -99,15 +88,19 @@ fn claim(
     let (id, previous_owner) = loop {
         let found = match run_id {
             Some(id) => db::write_one(
-                &format!("{CLAIMABLE} AND id = $4 FOR NO KEY UPDATE SKIP LOCKED"),
+                &format!(
+                    "{CLAIMABLE} AND {} AND id = $4 FOR NO KEY UPDATE SKIP LOCKED",
+                    concurrency::HAS_ROOM
+                ),
                 &scope.args([full.clone().into(), id.into()]),
                 pick,
             )?,
             None => db::write_one(
                 &format!(
-                    "{CLAIMABLE} AND ($4::text[] IS NULL OR mode = ANY ($4)) \
+                    "{CLAIMABLE} AND {} AND ($4::text[] IS NULL OR mode = ANY ($4)) \
                        AND ($5::text[] IS NULL OR kind = ANY ($5)) AND {WAITS_FOR_NOBODY} \
-                     ORDER BY priority DESC, queued_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED"
+                     ORDER BY priority DESC, queued_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED",
+                    concurrency::HAS_ROOM
                 ),
                 &scope.args([
                     full.clone().into(),
