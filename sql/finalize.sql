@@ -42,11 +42,15 @@ GRANT EXECUTE ON FUNCTION
     ledger.run_evidence(text),
     ledger.replay_ready(text),
     ledger.otel_trace(text, text),
-    ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer)
+    ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer),
+    ledger.budget_window(text, timestamp with time zone),
+    ledger.budget_spent(text, numeric, timestamp with time zone)
     TO ledger_reader;
 
 GRANT SELECT ON ledger.tool_calls_in_doubt, ledger.pending_approvals, ledger.run_overview,
-    ledger.outbox_backlog TO ledger_reader;
+    ledger.outbox_backlog, ledger.budget_usage TO ledger_reader;
+-- The functions that decide and set budgets read them as people see them.
+GRANT SELECT ON ledger.budget_usage TO ledger_owner;
 
 -- Writers: everything a reader has, and every function. No INSERT, UPDATE or DELETE on any
 -- table: the rules (status machine, event seq, redaction) live in the functions.
@@ -185,6 +189,8 @@ COMMENT ON FUNCTION ledger.replay_task(text) IS
 -- Run leases, the operator role and scope grants (0.5.0).
 COMMENT ON FUNCTION ledger.set_concurrency_limit(text, integer) IS
     'Lets at most max_in_flight (0 to 100000; 0 pauses the key; 22023 LIMIT_INVALID) runs of concurrency_key hold a live lease at once: ledger.claim_run skips the key''s runs while it is full, never waits, and no two claims can both take the last place. NULL max_in_flight removes the limit. Returns the limit in force.';
+COMMENT ON FUNCTION ledger.set_budget(text, numeric, text, text, text, numeric, text, text) IS
+    'Sets a budget: at most max_amount (>= 0; 22023 AMOUNT_INVALID) of unit (a currency code such as USD, tokens, tool_calls or llm_steps; 22023 UNIT_INVALID) per period (total, day or month in UTC; 22023 PERIOD_UNKNOWN) for level workspace (the scope''s), tenant (every workspace of it; 42501 TENANT_NOT_GRANTED for a role bound to some of them) or run (run_id). NULL max_amount removes it. A decision to spend (claim_tool_call(s), create_step of an llm step, claim_run) is refused while a budget that applies is used up; record_cost never refuses. warn_ratio (0 to 1, default 0.8; NULL: no warning) writes budget.warning once per window. Audited (budget.set) with actor and note. Returns the budget as ledger.budget_usage shows it (no row once removed).';
 COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
     'Claims a run for lease_owner: run_id, or the claimable run of the scope (filtered by modes and kinds) with the highest priority, oldest first within it, FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, due (not_before NULL or passed), queued or retrying or claimed before (a run nobody ever claimed stays with its caller), and with room under its concurrency key''s limit (a full key''s runs are skipped, also by run_id); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
 COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
@@ -208,8 +214,11 @@ ALTER FUNCTION ledger_dispatch.next_run(text[], text[]) OWNER TO ledger_dispatch
 ALTER FUNCTION ledger_dispatch.due_outbox_events(integer) OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
+ALTER FUNCTION ledger_dispatch.tenant_granted(text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
-GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace() TO ledger_dispatcher;
+GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace(),
+    ledger.budget_window(text, timestamp with time zone),
+    ledger.budget_spent(text, numeric, timestamp with time zone) TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token, source_run_id,
               not_before, priority, concurrency_key),
       UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
@@ -218,6 +227,7 @@ GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_a
 GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status) ON ledger.approval_requests TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight) ON ledger.concurrency_limits TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, run_id, period, max_amount, spent, window_start) ON ledger.budgets TO ledger_dispatcher;
 GRANT SELECT (grantee, tenant_id, workspace_id) ON ledger.scope_grants TO ledger_dispatcher;
 GRANT SELECT (grantee) ON ledger.scope_bindings TO ledger_dispatcher;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;
@@ -225,7 +235,8 @@ GRANT USAGE ON SCHEMA ledger_dispatch TO ledger_owner, ledger_reader;
 GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),
     ledger_dispatch.due_outbox_events(integer),
     ledger_dispatch.expired_tool_call_scopes(),
-    ledger_dispatch.scope_granted(text, text) TO ledger_owner;
+    ledger_dispatch.scope_granted(text, text),
+    ledger_dispatch.tenant_granted(text) TO ledger_owner;
 -- set_scope runs as its caller.
 GRANT EXECUTE ON FUNCTION ledger_dispatch.scope_granted(text, text) TO ledger_reader;
 

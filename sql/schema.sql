@@ -480,6 +480,46 @@ CREATE TABLE ledger.concurrency_limits (
 );
 COMMENT ON TABLE ledger.concurrency_limits IS 'At most max_in_flight runs of concurrency_key (ledger.runs.concurrency_key) hold a live lease at once; ledger.claim_run skips the key''s runs while it is full (0 pauses the key). claimed_at: the last claim under the limit. Written only through ledger.set_concurrency_limit and claim_run.';
 
+-- Budgets: what the runs of a tenant (workspace_id NULL: every workspace of it), of a workspace
+-- or one run may spend in a window (everything, or a UTC calendar day or month). unit is a
+-- currency code (record_cost's amounts), tokens (record_cost's usage), tool_calls (executions
+-- handed out by the tool-call claims) or llm_steps (create_step of an llm step). spent counts the
+-- window that starts at window_start; a spend in a later window starts it over. Written only
+-- through ledger.set_budget and the functions that spend.
+CREATE TABLE ledger.budgets (
+    tenant_id     text NOT NULL,
+    workspace_id  text,
+    run_id        text,
+    unit          text NOT NULL,
+    period        text NOT NULL CHECK (period IN ('total', 'day', 'month')),
+    max_amount    numeric NOT NULL CHECK (max_amount >= 0),
+    warn_ratio    numeric CHECK (warn_ratio > 0 AND warn_ratio <= 1),
+    spent         numeric NOT NULL DEFAULT 0,
+    window_start  timestamptz NOT NULL DEFAULT '-infinity',
+    warned_window timestamptz,
+    updated_by    text,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    CHECK (run_id IS NULL OR workspace_id IS NOT NULL)
+);
+CREATE UNIQUE INDEX budgets_key ON ledger.budgets (tenant_id, workspace_id, run_id, unit, period) NULLS NOT DISTINCT;
+COMMENT ON TABLE ledger.budgets IS 'Budgets of a tenant (workspace_id NULL), a workspace or a run (run_id): at most max_amount of unit (a currency code, tokens, tool_calls or llm_steps) per period (total, or a UTC day or month). spent counts the window starting at window_start; warned_window: the window whose warning (spent reached warn_ratio of max_amount) was written. Read it through ledger.budget_usage; written only through ledger.set_budget and the functions that spend.';
+
+-- The start of the budget window containing `at`: a UTC day or month, or -infinity for total.
+CREATE FUNCTION ledger.budget_window(period text, at timestamptz) RETURNS timestamptz
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE period
+        WHEN 'day' THEN pg_catalog.timezone('UTC', pg_catalog.date_trunc('day', pg_catalog.timezone('UTC', at)))
+        WHEN 'month' THEN pg_catalog.timezone('UTC', pg_catalog.date_trunc('month', pg_catalog.timezone('UTC', at)))
+        ELSE '-infinity'::timestamptz END;
+COMMENT ON FUNCTION ledger.budget_window(text, timestamptz) IS 'The start of the budget window (period total, day or month, in UTC) that contains at; -infinity for total.';
+
+-- What a budget has spent in the window of now: spent when it counts that window, else nothing.
+CREATE FUNCTION ledger.budget_spent(period text, spent numeric, window_start timestamptz) RETURNS numeric
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN CASE WHEN window_start = ledger.budget_window(period, pg_catalog.now()) THEN spent ELSE 0 END;
+COMMENT ON FUNCTION ledger.budget_spent(text, numeric, timestamptz) IS 'What a budget (its period, spent and window_start) has spent in the window of now: spent when it counts that window, else 0.';
+
 -- Row-level security on every table, forced so that the owning role is filtered too.
 DO $rls$
 DECLARE t text;
@@ -498,6 +538,14 @@ BEGIN
     END LOOP;
 END
 $rls$;
+-- A tenant's budget (workspace_id NULL) counts the spending of each of its workspaces.
+ALTER TABLE ledger.budgets ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ledger.budgets FORCE ROW LEVEL SECURITY;
+CREATE POLICY scope ON ledger.budgets
+    USING (tenant_id = ledger.scope_tenant() AND (workspace_id IS NULL OR workspace_id = ledger.scope_workspace()))
+    WITH CHECK (tenant_id = ledger.scope_tenant() AND (workspace_id IS NULL OR workspace_id = ledger.scope_workspace()));
+ALTER TABLE ledger.budgets OWNER TO ledger_owner;
+SELECT pg_catalog.pg_extension_config_dump('ledger.budgets', '');
 
 -- Work across scopes, for members of ledger_operator. Row-level security stays as it is for
 -- every role; the one exception is ledger_dispatcher, a NOLOGIN role that owns the three
@@ -516,6 +564,7 @@ CREATE POLICY dispatch_lock ON ledger.outbox FOR UPDATE TO ledger_dispatcher USI
 CREATE POLICY dispatch_read ON ledger.run_step_tool_calls FOR SELECT TO ledger_dispatcher USING (true);
 CREATE POLICY dispatch_read ON ledger.approval_requests FOR SELECT TO ledger_dispatcher USING (true);
 CREATE POLICY dispatch_read ON ledger.concurrency_limits FOR SELECT TO ledger_dispatcher USING (true);
+CREATE POLICY dispatch_read ON ledger.budgets FOR SELECT TO ledger_dispatcher USING (true);
 CREATE INDEX outbox_dispatch_idx ON ledger.outbox (available_at, id) WHERE status IN ('pending', 'processing');
 
 -- Scope grants: which scopes a login role may state with ledger.set_scope. A role is bound by
@@ -568,6 +617,19 @@ AS $$
 $$;
 COMMENT ON FUNCTION ledger_dispatch.scope_granted(text, text) IS 'Whether the session''s login role (session_user, which SET ROLE does not change) may state this scope: it was never bound, or it has a grant for the tenant and this workspace or every workspace.';
 
+-- A tenant's budget limits every workspace of the tenant: only a role that may state each of them
+-- sets one.
+CREATE FUNCTION ledger_dispatch.tenant_granted(tenant_id text) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM ledger.scope_bindings b
+                        WHERE b.grantee = pg_catalog.to_regrole(pg_catalog.quote_ident(session_user)))
+        OR EXISTS (SELECT 1 FROM ledger.scope_grants g
+                    WHERE g.grantee = pg_catalog.to_regrole(pg_catalog.quote_ident(session_user))
+                      AND g.tenant_id = $1 AND g.workspace_id IS NULL)
+$$;
+COMMENT ON FUNCTION ledger_dispatch.tenant_granted(text) IS 'Whether the session''s login role may state every workspace of the tenant: it was never bound, or it has the tenant''s every-workspace grant.';
+
 
 CREATE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
     RETURNS TABLE (tenant_id text, workspace_id text, id text)
@@ -602,6 +664,12 @@ AS $$
        AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
                         WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
                           AND a.run_id = r.id AND a.status = 'pending')
+       -- No budget that applies to it is used up (claim_run checks it again in the run's scope).
+       AND NOT EXISTS (SELECT 1 FROM ledger.budgets b
+                        WHERE b.tenant_id = r.tenant_id
+                          AND (b.workspace_id IS NULL OR b.workspace_id = r.workspace_id)
+                          AND (b.run_id IS NULL OR b.run_id = r.id)
+                          AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start))
        -- Its concurrency key has room (claim_run checks it again under the limit's lock); the
        -- full keys are found once (an uncorrelated subquery), not once per candidate.
        AND (r.concurrency_key IS NULL
@@ -616,7 +684,7 @@ AS $$
      ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The claimable run (due: not_before passed) of the highest priority, oldest first, of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval) and whose concurrency key has room, locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The claimable run (due: not_before passed) of the highest priority, oldest first, of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), with no budget used up and whose concurrency key has room, locked; skips runs another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
     RETURNS TABLE (tenant_id text, workspace_id text, id text)

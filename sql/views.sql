@@ -54,3 +54,21 @@ ALTER VIEW ledger.tool_calls_in_doubt OWNER TO ledger_owner;
 ALTER VIEW ledger.pending_approvals OWNER TO ledger_owner;
 ALTER VIEW ledger.run_overview OWNER TO ledger_owner;
 ALTER VIEW ledger.outbox_backlog OWNER TO ledger_owner;
+
+CREATE VIEW ledger.budget_usage WITH (security_invoker = true) AS
+    SELECT b.tenant_id, b.workspace_id,
+           CASE WHEN b.run_id IS NOT NULL THEN 'run' WHEN b.workspace_id IS NOT NULL THEN 'workspace'
+                ELSE 'tenant' END AS level,
+           b.run_id, b.unit, b.period, b.max_amount, u.spent,
+           GREATEST(b.max_amount - u.spent, 0) AS remaining, u.spent >= b.max_amount AS exhausted,
+           b.warn_ratio, b.warned_window IS NOT DISTINCT FROM w.start AS warned,
+           NULLIF(w.start, '-infinity') AS window_start,
+           CASE b.period WHEN 'day' THEN w.start + interval '1 day'
+                         WHEN 'month' THEN pg_catalog.timezone('UTC', pg_catalog.timezone('UTC', w.start) + interval '1 month')
+           END AS window_end,
+           b.updated_by, b.updated_at
+      FROM ledger.budgets b
+     CROSS JOIN LATERAL (SELECT ledger.budget_window(b.period, now()) AS start) w
+     CROSS JOIN LATERAL (SELECT ledger.budget_spent(b.period, b.spent, b.window_start) AS spent) u
+     WHERE ledger.scope_required();
+COMMENT ON VIEW ledger.budget_usage IS 'The budgets of the scope (its workspace''s, its runs'' and its tenant''s) in the window of now: spent, remaining, exhausted (a decision to spend is refused: budget_exhausted), warned (the warning of this window was written), and when the window ends (NULL for total). Raise one with ledger.set_budget. Fails 42501 SCOPE_MISSING without a scope.';

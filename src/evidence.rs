@@ -5,4 +5,4 @@
 mod bundle;
 mod costs;
 mod otel;
-mod records;
+pub(crate) mod records;

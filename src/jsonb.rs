@@ -19,6 +19,12 @@ impl Jsonb {
         &self.0
     }
 
+    /// The value, parsed (jsonb's text always parses).
+    pub fn value(&self) -> crate::error::Result<serde_json::Value> {
+        serde_json::from_str(&self.0)
+            .map_err(|e| crate::error::LedgerError::internal(format!("jsonb text: {e}")))
+    }
+
     /// True when the value is a JSON object (jsonb prints no leading whitespace).
     pub fn is_object(&self) -> bool {
         self.0.starts_with('{')

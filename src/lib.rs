@@ -7,6 +7,7 @@
 use pgrx::prelude::*;
 
 mod artifacts;
+mod budgets;
 mod channels;
 mod concurrency;
 mod db;

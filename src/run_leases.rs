@@ -3,6 +3,7 @@
 //! fences the run's writes that carry it (`rows::LockedRun::fence`). Claiming does not change
 //! the run's status: the worker moves it (queued -> running) with `transition_run`.
 
+use crate::budgets;
 use crate::concurrency;
 use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
@@ -21,7 +22,8 @@ type Claimed = pgrx::composite_type!('static, "ledger.claimed_run");
 
 /// The runs a claim may take: not terminal, no live lease, due (`not_before` passed), and either
 /// waiting to start (queued, retrying) or owned before (a run driven by a caller that never
-/// claims it stays its own). Each claim adds `concurrency::HAS_ROOM` ($3: keys it passed over).
+/// claims it stays its own). Each claim adds `concurrency::HAS_ROOM` ($3: keys it passed over) and
+/// `budgets::WITHIN_BUDGET` (a run no budget stops).
 const CLAIMABLE: &str = "SELECT id, lease_owner, concurrency_key FROM ledger.runs r \
      WHERE tenant_id = $1 AND workspace_id = $2 \
        AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired') \
@@ -89,8 +91,9 @@ fn claim(
         let found = match run_id {
             Some(id) => db::write_one(
                 &format!(
-                    "{CLAIMABLE} AND {} AND id = $4 FOR NO KEY UPDATE SKIP LOCKED",
-                    concurrency::HAS_ROOM
+                    "{CLAIMABLE} AND {} AND {} AND id = $4 FOR NO KEY UPDATE SKIP LOCKED",
+                    concurrency::HAS_ROOM,
+                    budgets::WITHIN_BUDGET
                 ),
                 &scope.args([full.clone().into(), id.into()]),
                 pick,
@@ -98,9 +101,10 @@ fn claim(
             None => db::write_one(
                 &format!(
                     "{CLAIMABLE} AND {} AND ($4::text[] IS NULL OR mode = ANY ($4)) \
-                       AND ($5::text[] IS NULL OR kind = ANY ($5)) AND {WAITS_FOR_NOBODY} \
+                       AND ($5::text[] IS NULL OR kind = ANY ($5)) AND {WAITS_FOR_NOBODY} AND {} \
                      ORDER BY priority DESC, queued_at, id LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED",
-                    concurrency::HAS_ROOM
+                    concurrency::HAS_ROOM,
+                    budgets::WITHIN_BUDGET
                 ),
                 &scope.args([
                     full.clone().into(),

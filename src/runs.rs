@@ -7,7 +7,7 @@ use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::outbox;
 use crate::redaction::{free_text, redacted_json};
-use crate::rows::{self, HeldRun};
+use crate::rows::{self, HeldRun, LockedRun};
 use crate::scope::{self, Scope};
 use crate::transition;
 use ledger_model::args::{optional_id, optional_label, required, required_id};
@@ -406,44 +406,72 @@ fn transition_run(
         error_message = output_summary.clone();
     }
 
+    move_run(
+        &scope,
+        &current,
+        from,
+        to,
+        RunEnd {
+            output_summary: output_summary.as_deref(),
+            error_code,
+            error_message: error_message.as_deref(),
+            error_step_id,
+        },
+    )?;
+    Ok(row(&scope, run_id)?)
+}
+
+/// What a move of a run writes besides its status.
+#[derive(Default)]
+pub struct RunEnd<'a> {
+    pub output_summary: Option<&'a str>,
+    pub error_code: Option<&'a str>,
+    pub error_message: Option<&'a str>,
+    pub error_step_id: Option<&'a str>,
+}
+
+/// Moves the locked run from `from` to `to` (checked by the caller): `run.status` to its feed,
+/// the row, and at a terminal status `run.status.updated` to the outbox.
+pub fn move_run(
+    scope: &Scope,
+    run: &LockedRun,
+    from: Status,
+    to: Status,
+    end: RunEnd,
+) -> Result<()> {
     let change = RunStatus {
-        run_id,
-        mode: &current.mode,
+        run_id: &run.id,
+        mode: &run.mode,
         from: from.as_str(),
         to: to.as_str(),
-        error_code,
-        error_step_id,
+        error_code: end.error_code,
+        error_step_id: end.error_step_id,
     };
-    feed::append(
-        &scope,
-        current.held(),
-        None,
-        &Event::RunStatus(change.clone()),
-    )?;
+    feed::append(scope, run.held(), None, &Event::RunStatus(change.clone()))?;
     transition::write(
-        &scope,
+        scope,
         &ledger_model::transition::RUN,
-        run_id,
+        &run.id,
         from,
         to,
         vec![
-            output_summary.into(),
-            error_code.into(),
-            error_message.into(),
-            error_step_id.into(),
+            end.output_summary.into(),
+            end.error_code.into(),
+            end.error_message.into(),
+            end.error_step_id.into(),
             to.is_terminal().into(),
         ],
     )?;
     if to.is_terminal() {
         outbox::enqueue(
-            &scope,
+            scope,
             &Event::RunStatusUpdated(change),
-            Some(run_id),
+            Some(&run.id),
             None,
-            &format!("run:{run_id}"),
+            &format!("run:{}", run.id),
         )?;
     }
-    Ok(row(&scope, run_id)?)
+    Ok(())
 }
 
 /// The exact inputs the run was created with (NULL when it had none).

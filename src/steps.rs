@@ -1,5 +1,6 @@
 //! Steps of a run: creation and transitions.
 
+use crate::budgets;
 use crate::db;
 use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::feed;
@@ -9,6 +10,7 @@ use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
 use crate::transition;
 use ledger_model::args::{optional_id, optional_label, required, required_id, required_label};
+use ledger_model::budgets::Meter;
 use ledger_model::events::{Event, StepCreated, StepStatus};
 use ledger_model::ids;
 use ledger_model::status::{check_transition, Resource, Status};
@@ -77,7 +79,7 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
                     "step_key names another step of the run",
                 ));
             }
-            return Ok(id.to_owned());
+            return again(scope, run, new, id.to_owned());
         }
     }
     if let Some((key_id, step_type)) = by_key {
@@ -93,11 +95,32 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
                 "step_key names another step of the run",
             ));
         }
-        return Ok(key_id);
+        return again(scope, run, new, key_id);
     }
     let id = new
         .step_id
         .map_or_else(|| ids::new_id("step"), str::to_owned);
+    // An llm step is a decision to spend: while a budget that applies is used up, it is created
+    // paused with the budget, and the run parks.
+    let refused = if new.step_type == LLM {
+        budgets::decide(scope, run, Meter::LlmSteps)?
+    } else {
+        None
+    };
+    let (status, error_code, error_message, error_details) = match &refused {
+        Some(budget) => (
+            Status::Paused,
+            Some(budgets::EXHAUSTED),
+            Some(REFUSED),
+            Some(budget.clone()),
+        ),
+        None => (
+            new.status,
+            new.ended.error_code,
+            new.ended.error_message,
+            new.ended.error_details.clone(),
+        ),
+    };
     let seq = feed::next_seq(scope, run.held())?;
     db::execute(
         include_str!("../sql/queries/insert_step.sql"),
@@ -107,16 +130,16 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
             new.step_key.into(),
             new.step_type.into(),
             new.node_id.into(),
-            new.status.as_str().into(),
+            status.as_str().into(),
             free_text(new.input_summary).into(),
-            new.status.is_started().into(),
-            new.status.is_terminal().into(),
+            status.is_started().into(),
+            status.is_terminal().into(),
             db::now()?.into(),
             free_text(new.ended.output_summary).into(),
             new.ended.metrics.clone().into(),
-            new.ended.error_code.into(),
-            free_text(new.ended.error_message).into(),
-            new.ended.error_details.clone().into(),
+            error_code.into(),
+            free_text(error_message).into(),
+            error_details.into(),
         ]),
     )?;
     let created = Event::StepCreated(StepCreated {
@@ -124,9 +147,52 @@ pub fn create(scope: &Scope, run: &LockedRun, new: &NewStep) -> Result<String> {
         step_key: new.step_key,
         step_type: new.step_type,
         node_id: new.node_id,
-        status: new.status.as_str(),
+        status: status.as_str(),
     });
     feed::insert(scope, run.held(), seq, Some(&id), &created)?;
+    if let Some(budget) = refused {
+        budgets::park(
+            scope,
+            run,
+            "llm_step",
+            Some(new.step_key.unwrap_or(&id)),
+            &budget,
+        )?;
+    }
+    Ok(id)
+}
+
+/// The step type whose creation is a decision to spend (a model call).
+const LLM: &str = "llm";
+
+/// The error message of an llm step refused by a budget.
+const REFUSED: &str = "a budget that applies to the run is used up";
+
+/// An existing step asked for again: an llm step refused by a budget is decided again, and
+/// once no budget stops it, its refusal is cleared (still paused: the worker moves it on).
+fn again(scope: &Scope, run: &LockedRun, new: &NewStep, id: String) -> Result<String> {
+    if new.step_type != LLM {
+        return Ok(id);
+    }
+    let refused = db::select_one(
+        "SELECT status = 'paused' AND error_code IS NOT DISTINCT FROM $4 FROM ledger.run_steps \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &scope.args([id.as_str().into(), budgets::EXHAUSTED.into()]),
+        |r| db::req::<bool>(r, 1),
+    )?;
+    if refused != Some(true) {
+        return Ok(id);
+    }
+    match budgets::decide(scope, run, Meter::LlmSteps)? {
+        Some(budget) => {
+            budgets::park(scope, run, "llm_step", Some(new.step_key.unwrap_or(&id)), &budget)?;
+        }
+        None => db::execute(
+            "UPDATE ledger.run_steps SET error_code = NULL, error_message = NULL, error_details = NULL \
+              WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+            &scope.args([id.as_str().into()]),
+        )?,
+    }
     Ok(id)
 }
 

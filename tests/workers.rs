@@ -1048,3 +1048,125 @@ fn racing_claims_never_take_more_places_than_the_concurrency_limit() {
     );
     assert_eq!(leased, 1);
 }
+
+/// A tenant's budget of tool calls is exact under racing claims: 16 sessions of two workspaces,
+/// each claiming a call of its own run in an open transaction, take exactly the budget's 5
+/// executions; the rest are answered budget_exhausted and their runs parked. In REPEATABLE
+/// READ, a claim whose snapshot predates the last unit's taking fails 40001 instead of passing.
+#[test]
+#[ignore]
+fn racing_claims_never_spend_past_a_budget() {
+    let db = database("ledger_workers_budget");
+    let mut setup = session(&db);
+    let runs = |first: i32, last: i32| {
+        format!(
+            "SELECT count(ledger.create_run('agent', run_id => 'r' || i)) FROM generate_series({first}, {last}) i; \
+             SELECT count(ledger.transition_run('r' || i, 'running')) FROM generate_series({first}, {last}) i;"
+        )
+    };
+    exec(
+        &mut setup,
+        &format!(
+            "SELECT ledger.set_budget('tool_calls', 5, 'tenant'); {} \
+             SELECT ledger.set_scope('acme', 'billing'); {} \
+             SELECT ledger.set_scope('acme', 'support');",
+            runs(0, 7),
+            runs(8, 15)
+        ),
+    );
+    let claimed_once = Arc::new(Barrier::new(16));
+    let workers: Vec<_> = (0..16)
+        .map(|i| {
+            let (db, claimed_once) = (db.clone(), claimed_once.clone());
+            thread::spawn(move || {
+                let mut c = session(&db);
+                if i >= 8 {
+                    exec(&mut c, "SELECT ledger.set_scope('acme', 'billing')");
+                }
+                exec(&mut c, "SET statement_timeout = '5s'; BEGIN");
+                let outcome: String = one(
+                    &mut c,
+                    &format!(
+                        "SELECT ledger.claim_tool_call('r{i}', 'mail.send', '{{}}', tool_call_id => 'c')->>'outcome'"
+                    ),
+                );
+                claimed_once.wait();
+                exec(&mut c, "COMMIT");
+                outcome
+            })
+        })
+        .collect();
+    let outcomes: Vec<String> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    let count = |o: &str| outcomes.iter().filter(|x| x.as_str() == o).count();
+    assert_eq!(
+        (count("claimed"), count("budget_exhausted")),
+        (5, 11),
+        "{outcomes:?}"
+    );
+    // What each workspace holds: its calls, and its runs parked by the budget.
+    let held = |c: &mut Client| -> (i64, i64) {
+        let row = c
+            .query_one(
+                "SELECT (SELECT count(*) FROM ledger.run_step_tool_calls), \
+                        (SELECT count(*) FROM ledger.runs WHERE status = 'paused' AND error_code = 'BUDGET_EXHAUSTED')",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    let support = held(&mut setup);
+    exec(&mut setup, "SELECT ledger.set_scope('acme', 'billing')");
+    let billing = held(&mut setup);
+    assert_eq!(
+        (support.0 + billing.0, support.1 + billing.1),
+        (5, 11),
+        "support {support:?}, billing {billing:?}"
+    );
+    let spent: String = one(
+        &mut setup,
+        "SELECT spent::text FROM ledger.budget_usage WHERE level = 'tenant'",
+    );
+    assert_eq!(spent, "5");
+
+    // REPEATABLE READ: a's snapshot is taken before b takes the last unit of a workspace's
+    // budget with a call of another run (so only the budget's row is shared).
+    exec(
+        &mut setup,
+        "SELECT ledger.set_scope('other', 'rr'); \
+         SELECT ledger.set_budget('tool_calls', 1); \
+         SELECT ledger.create_run('agent', run_id => 'a'), ledger.create_run('agent', run_id => 'b'); \
+         SELECT ledger.transition_run('a', 'running'), ledger.transition_run('b', 'running')",
+    );
+    let mut a = session(&db);
+    exec(
+        &mut a,
+        "SELECT ledger.set_scope('other', 'rr'); BEGIN ISOLATION LEVEL REPEATABLE READ; \
+         SELECT count(*) FROM ledger.runs",
+    );
+    let mut b = session(&db);
+    exec(&mut b, "SELECT ledger.set_scope('other', 'rr')");
+    let taken: String = one(
+        &mut b,
+        "SELECT ledger.claim_tool_call('b', 'mail.send', '{}', tool_call_id => 'c')->>'outcome'",
+    );
+    assert_eq!(taken, "claimed");
+    let late = a
+        .query(
+            "SELECT ledger.claim_tool_call('a', 'mail.send', '{}', tool_call_id => 'c')",
+            &[],
+        )
+        .unwrap_err();
+    assert_eq!(sqlstate(&late).as_deref(), Some("40001"), "{late:?}");
+    exec(&mut a, "ROLLBACK");
+    let now: (String, i64) = {
+        let row = setup
+            .query_one(
+                "SELECT (SELECT spent::text FROM ledger.budget_usage), \
+                        (SELECT count(*) FROM ledger.run_step_tool_calls)",
+                &[],
+            )
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    assert_eq!(now, ("1".to_owned(), 1));
+}

@@ -1,5 +1,6 @@
 //! Cost entries of a run.
 
+use crate::budgets;
 use crate::db;
 use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
@@ -168,7 +169,7 @@ fn record(
             step_id.into(),
             billing_basis.into(),
             quantity.into(),
-            amount.into(),
+            amount.clone().into(),
             currency.clone().into(),
             Jsonb::from(&usage).into(),
             Jsonb::from(&pricing).into(),
@@ -203,6 +204,12 @@ fn record(
     });
     feed::append(&scope, run.held(), step_id, &recorded)?;
     outbox::enqueue(&scope, &recorded, Some(run_id), None, &format!("cost:{id}"))?;
+    // Money already spent is counted, never refused: it may push a budget over.
+    budgets::spend(
+        &scope,
+        run_id,
+        &budgets::cost_amounts(amount.as_ref(), currency.as_deref(), &usage),
+    )?;
     row(&scope, &id)
 }
 

@@ -7,14 +7,17 @@ use super::record::{
 use super::{
     approval_argument, arguments, identity, outcome, ApprovalRequest, Arguments, Identity,
 };
+use crate::budgets;
 use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::rows::{self, LockedRun, ToolCall};
 use crate::scope::{self, Scope};
 use ledger_model::args::optional_id;
+use ledger_model::budgets::Meter;
 use ledger_model::tool_calls::{decide, lease_seconds, CallStatus, Decision};
 use pgrx::prelude::*;
+use serde_json::json;
 
 /// One call's claim, checked before anything is locked or written.
 pub(super) struct Claim<'a> {
@@ -71,6 +74,9 @@ pub(super) enum Answer {
     Purged(Jsonb),
     /// The caller now holds the call (a new attempt), in the run this transaction holds.
     Claimed(Box<(LockedRun, ToolCall)>),
+    /// A budget that applies is used up (the budget): no execution was handed out, for the
+    /// record `id` if the call has one.
+    Exhausted(Option<String>, Jsonb),
 }
 
 impl Answer {
@@ -84,6 +90,15 @@ impl Answer {
             Answer::Of(id, how, response) => outcome(scope, &id, how, response),
             Answer::Purged(tombstone) => Ok(tombstone),
             Answer::Claimed(held) => outcome(scope, &held.1.id, "claimed", None),
+            Answer::Exhausted(id, budget) => {
+                let mut answer = match id {
+                    Some(id) => outcome(scope, &id, "budget_exhausted", None)?.value()?,
+                    None => json!({"outcome": "budget_exhausted", "tool_call": null,
+                                   "approval": null, "response": null}),
+                };
+                answer["budget"] = budget.value()?;
+                Ok(Jsonb::from(&answer))
+            }
         }
     }
 }
@@ -148,6 +163,10 @@ pub(super) fn claim(scope: &Scope, run: &LockedRun, call: &Claim, owner: &str) -
         if let Some(approval) = &call.approval {
             let rec = create_waiting(scope, run, who, args, step_id, call.lease, approval)?;
             return Ok(Answer::of(&rec, "waiting_approval"));
+        }
+        if let Some(budget) = budgets::decide(scope, run, Meter::ToolCalls)? {
+            budgets::park(scope, run, "tool_call", Some(&who.tool_call_id), &budget)?;
+            return Ok(Answer::Exhausted(None, budget));
         }
         if let Some(mut rec) = insert(
             scope,
@@ -215,6 +234,10 @@ pub(super) fn apply(
         (Decision::WaitingApproval, _, _) => Answer::of(&rec, "waiting_approval"),
         (Decision::Rejected, _, _) => Answer::of(&rec, "rejected"),
         (Decision::Claim, Some(run), Some((owner, lease, _))) => {
+            if let Some(budget) = budgets::decide(scope, &run, Meter::ToolCalls)? {
+                budgets::park(scope, &run, "tool_call", Some(&rec.tool_call_id), &budget)?;
+                return Ok(Answer::Exhausted(Some(rec.id), budget));
+            }
             arm(scope, &run, &mut rec, owner, lease, &args.summary)?;
             Answer::Claimed(Box::new((run, rec)))
         }

@@ -85,6 +85,7 @@ codes! {
         ScopeMissing = "SCOPE_MISSING",
         ScopeNotGranted = "SCOPE_NOT_GRANTED",
         ScopeSetDirectly = "SCOPE_SET_DIRECTLY",
+        TenantNotGranted = "TENANT_NOT_GRANTED",
     }
     NotFound {
         ApprovalNotFound = "APPROVAL_NOT_FOUND",
@@ -128,11 +129,14 @@ codes! {
         IntervalInvalid = "INTERVAL_INVALID",
         JsonInvalid = "JSON_INVALID",
         LabelInvalid = "LABEL_INVALID",
+        LevelUnknown = "LEVEL_UNKNOWN",
         LimitInvalid = "LIMIT_INVALID",
         MetricsNotObject = "METRICS_NOT_OBJECT",
         OutcomeUnknown = "OUTCOME_UNKNOWN",
+        PeriodUnknown = "PERIOD_UNKNOWN",
         PriorityInvalid = "PRIORITY_INVALID",
         QuantityInvalid = "QUANTITY_INVALID",
+        RatioInvalid = "RATIO_INVALID",
         Sha256Invalid = "SHA256_INVALID",
         SizeInvalid = "SIZE_INVALID",
         StatusUnknown = "STATUS_UNKNOWN",
@@ -140,6 +144,7 @@ codes! {
         StorageKeyReserved = "STORAGE_KEY_RESERVED",
         StrategyUnknown = "STRATEGY_UNKNOWN",
         TimeoutInvalid = "TIMEOUT_INVALID",
+        UnitInvalid = "UNIT_INVALID",
         UsageInvalid = "USAGE_INVALID",
         UsageKeyUnknown = "USAGE_KEY_UNKNOWN",
     }

@@ -61,6 +61,8 @@ events! {
     ApprovalResolved(ApprovalResolved) = "approval.resolved", [Feed];
     ArtifactCreated(ArtifactCreated) = "artifact.created", [Feed];
     CostRecorded(CostRecorded) = "cost.recorded", [Feed, Outbox];
+    BudgetWarning(BudgetEvent) = "budget.warning", [Feed, Outbox];
+    BudgetExhausted(BudgetEvent) = "budget.exhausted", [Feed, Outbox];
     AuditRecorded(Recorded) = "audit.recorded", [Feed];
     ResponseEventRecorded(Recorded) = "response_event.recorded", [Feed];
     CitationRecorded(Recorded) = "citation.recorded", [Feed];
@@ -205,6 +207,16 @@ pub struct CostRecorded<'a> {
     pub amount: Option<&'a str>,
     pub currency: Option<&'a str>,
     pub source_ref: Option<&'a str>,
+}
+
+/// A budget that crossed its warning share, or refused a decision to spend (`decision`:
+/// `tool_call` or `llm_step`; `subject`: the call's `tool_call_id` or the step's key or id).
+#[derive(Serialize, Debug)]
+pub struct BudgetEvent<'a> {
+    pub run_id: &'a str,
+    pub decision: Option<&'a str>,
+    pub subject: Option<&'a str>,
+    pub budget: &'a Value,
 }
 
 /// An evidence record written to its table (`audit_events`, `response_events`, `citations`,

@@ -3,6 +3,7 @@
 //! extension (the workspace root, `src/`) exposes it through SQL functions, and the benchmark
 //! client (`bench/`) runs the same code in process.
 pub mod args;
+pub mod budgets;
 pub mod error;
 pub mod events;
 pub mod evidence;
