@@ -43,8 +43,89 @@ ALTER TABLE ledger.concurrency_limits OWNER TO ledger_owner;
 SELECT pg_catalog.pg_extension_config_dump('ledger.concurrency_limits', '');
 CREATE POLICY dispatch_read ON ledger.concurrency_limits FOR SELECT TO ledger_dispatcher USING (true);
 
--- The operator's claim across scopes: due runs only, with room under their key, the highest
--- priority first.
+-- Budgets: what the runs of a tenant (workspace_id NULL: every workspace of it), of a workspace
+-- or one run may spend in a window (everything, or a UTC calendar day or month). unit is a
+-- currency code (record_cost's amounts), tokens (record_cost's usage), tool_calls (executions
+-- handed out by the tool-call claims) or llm_steps (create_step of an llm step). spent counts the
+-- window that starts at window_start; a spend in a later window starts it over. Written only
+-- through ledger.set_budget and the functions that spend.
+CREATE TABLE ledger.budgets (
+    tenant_id     text NOT NULL,
+    workspace_id  text,
+    run_id        text,
+    unit          text NOT NULL,
+    period        text NOT NULL CHECK (period IN ('total', 'day', 'month')),
+    max_amount    numeric NOT NULL CHECK (max_amount >= 0),
+    warn_ratio    numeric CHECK (warn_ratio > 0 AND warn_ratio <= 1),
+    spent         numeric NOT NULL DEFAULT 0,
+    window_start  timestamptz NOT NULL DEFAULT '-infinity',
+    warned_window timestamptz,
+    updated_by    text,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    CHECK (run_id IS NULL OR workspace_id IS NOT NULL)
+);
+CREATE UNIQUE INDEX budgets_key ON ledger.budgets (tenant_id, workspace_id, run_id, unit, period) NULLS NOT DISTINCT;
+COMMENT ON TABLE ledger.budgets IS 'Budgets of a tenant (workspace_id NULL), a workspace or a run (run_id): at most max_amount of unit (a currency code, tokens, tool_calls or llm_steps) per period (total, or a UTC day or month). spent counts the window starting at window_start; warned_window: the window whose warning (spent reached warn_ratio of max_amount) was written. Read it through ledger.budget_usage; written only through ledger.set_budget and the functions that spend.';
+
+-- The start of the budget window containing `at`: a UTC day or month, or -infinity for total.
+CREATE FUNCTION ledger.budget_window(period text, at timestamptz) RETURNS timestamptz
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE period
+        WHEN 'day' THEN pg_catalog.timezone('UTC', pg_catalog.date_trunc('day', pg_catalog.timezone('UTC', at)))
+        WHEN 'month' THEN pg_catalog.timezone('UTC', pg_catalog.date_trunc('month', pg_catalog.timezone('UTC', at)))
+        ELSE '-infinity'::timestamptz END;
+COMMENT ON FUNCTION ledger.budget_window(text, timestamptz) IS 'The start of the budget window (period total, day or month, in UTC) that contains at; -infinity for total.';
+
+-- What a budget has spent in the window of now: spent when it counts that window, else nothing.
+CREATE FUNCTION ledger.budget_spent(period text, spent numeric, window_start timestamptz) RETURNS numeric
+    LANGUAGE sql STABLE PARALLEL SAFE
+    RETURN CASE WHEN window_start = ledger.budget_window(period, pg_catalog.now()) THEN spent ELSE 0 END;
+COMMENT ON FUNCTION ledger.budget_spent(text, numeric, timestamptz) IS 'What a budget (its period, spent and window_start) has spent in the window of now: spent when it counts that window, else 0.';
+
+-- A tenant's budget (workspace_id NULL) counts the spending of each of its workspaces.
+ALTER TABLE ledger.budgets ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ledger.budgets FORCE ROW LEVEL SECURITY;
+CREATE POLICY scope ON ledger.budgets
+    USING (tenant_id = ledger.scope_tenant() AND (workspace_id IS NULL OR workspace_id = ledger.scope_workspace()))
+    WITH CHECK (tenant_id = ledger.scope_tenant() AND (workspace_id IS NULL OR workspace_id = ledger.scope_workspace()));
+ALTER TABLE ledger.budgets OWNER TO ledger_owner;
+SELECT pg_catalog.pg_extension_config_dump('ledger.budgets', '');
+CREATE POLICY dispatch_read ON ledger.budgets FOR SELECT TO ledger_dispatcher USING (true);
+
+-- A tenant's budget limits every workspace of the tenant: only a role that may state each of them
+-- sets one.
+CREATE FUNCTION ledger_dispatch.tenant_granted(tenant_id text) RETURNS boolean
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT NOT EXISTS (SELECT 1 FROM ledger.scope_bindings b
+                        WHERE b.grantee = pg_catalog.to_regrole(pg_catalog.quote_ident(session_user)))
+        OR EXISTS (SELECT 1 FROM ledger.scope_grants g
+                    WHERE g.grantee = pg_catalog.to_regrole(pg_catalog.quote_ident(session_user))
+                      AND g.tenant_id = $1 AND g.workspace_id IS NULL)
+$$;
+COMMENT ON FUNCTION ledger_dispatch.tenant_granted(text) IS 'Whether the session''s login role may state every workspace of the tenant: it was never bound, or it has the tenant''s every-workspace grant.';
+
+CREATE VIEW ledger.budget_usage WITH (security_invoker = true) AS
+    SELECT b.tenant_id, b.workspace_id,
+           CASE WHEN b.run_id IS NOT NULL THEN 'run' WHEN b.workspace_id IS NOT NULL THEN 'workspace'
+                ELSE 'tenant' END AS level,
+           b.run_id, b.unit, b.period, b.max_amount, u.spent,
+           GREATEST(b.max_amount - u.spent, 0) AS remaining, u.spent >= b.max_amount AS exhausted,
+           b.warn_ratio, b.warned_window IS NOT DISTINCT FROM w.start AS warned,
+           NULLIF(w.start, '-infinity') AS window_start,
+           CASE b.period WHEN 'day' THEN w.start + interval '1 day'
+                         WHEN 'month' THEN pg_catalog.timezone('UTC', pg_catalog.timezone('UTC', w.start) + interval '1 month')
+           END AS window_end,
+           b.updated_by, b.updated_at
+      FROM ledger.budgets b
+     CROSS JOIN LATERAL (SELECT ledger.budget_window(b.period, now()) AS start) w
+     CROSS JOIN LATERAL (SELECT ledger.budget_spent(b.period, b.spent, b.window_start) AS spent) u
+     WHERE ledger.scope_required();
+COMMENT ON VIEW ledger.budget_usage IS 'The budgets of the scope (its workspace''s, its runs'' and its tenant''s) in the window of now: spent, remaining, exhausted (a decision to spend is refused: budget_exhausted), warned (the warning of this window was written), and when the window ends (NULL for total). Raise one with ledger.set_budget. Fails 42501 SCOPE_MISSING without a scope.';
+
+-- The operator's claim across scopes: due runs only, with room under their key and no budget
+-- used up, the highest priority first.
 CREATE OR REPLACE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
     RETURNS TABLE (tenant_id text, workspace_id text, id text)
     LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
@@ -78,6 +159,12 @@ AS $$
        AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
                         WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
                           AND a.run_id = r.id AND a.status = 'pending')
+       -- No budget that applies to it is used up (claim_run checks it again in the run's scope).
+       AND NOT EXISTS (SELECT 1 FROM ledger.budgets b
+                        WHERE b.tenant_id = r.tenant_id
+                          AND (b.workspace_id IS NULL OR b.workspace_id = r.workspace_id)
+                          AND (b.run_id IS NULL OR b.run_id = r.id)
+                          AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start))
        -- Its concurrency key has room (claim_run checks it again under the limit's lock); the
        -- full keys are found once (an uncorrelated subquery), not once per candidate.
        AND (r.concurrency_key IS NULL
@@ -92,7 +179,7 @@ AS $$
      ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The claimable run (due: not_before passed) of the highest priority, oldest first, of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval) and whose concurrency key has room, locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The claimable run (due: not_before passed) of the highest priority, oldest first, of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), with no budget used up and whose concurrency key has room, locked; skips runs another transaction holds.';
 
 -- Functions whose arguments changed (not_before, priority, concurrency_key) are dropped and created again; every
 -- other one is replaced below, which binds it to this version's library.
@@ -861,6 +948,22 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'scope_required_wrapper';
 
+CREATE OR REPLACE FUNCTION "set_budget"(
+	"unit" TEXT, /* Option < & str > */
+	"max_amount" NUMERIC, /* Option < AnyNumeric > */
+	"level" TEXT DEFAULT 'workspace', /* Option < & str > */
+	"run_id" TEXT DEFAULT NULL, /* Option < & str > */
+	"period" TEXT DEFAULT 'total', /* Option < & str > */
+	"warn_ratio" NUMERIC DEFAULT 0.8, /* Option < AnyNumeric > */
+	"actor" TEXT DEFAULT NULL, /* Option < & str > */
+	"note" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS SETOF ledger.budget_usage /* :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx :: pgbox :: AllocatedByRust
+> */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_budget_wrapper';
+
 CREATE OR REPLACE FUNCTION "set_concurrency_limit"(
 	"concurrency_key" TEXT, /* Option < & str > */
 	"max_in_flight" INT /* Option < i32 > */
@@ -1007,11 +1110,15 @@ GRANT EXECUTE ON FUNCTION
     ledger.run_evidence(text),
     ledger.replay_ready(text),
     ledger.otel_trace(text, text),
-    ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer)
+    ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer),
+    ledger.budget_window(text, timestamp with time zone),
+    ledger.budget_spent(text, numeric, timestamp with time zone)
     TO ledger_reader;
 
 GRANT SELECT ON ledger.tool_calls_in_doubt, ledger.pending_approvals, ledger.run_overview,
-    ledger.outbox_backlog TO ledger_reader;
+    ledger.outbox_backlog, ledger.budget_usage TO ledger_reader;
+-- The functions that decide and set budgets read them as people see them.
+GRANT SELECT ON ledger.budget_usage TO ledger_owner;
 
 -- Writers: everything a reader has, and every function. No INSERT, UPDATE or DELETE on any
 -- table: the rules (status machine, event seq, redaction) live in the functions.
@@ -1150,6 +1257,8 @@ COMMENT ON FUNCTION ledger.replay_task(text) IS
 -- Run leases, the operator role and scope grants (0.5.0).
 COMMENT ON FUNCTION ledger.set_concurrency_limit(text, integer) IS
     'Lets at most max_in_flight (0 to 100000; 0 pauses the key; 22023 LIMIT_INVALID) runs of concurrency_key hold a live lease at once: ledger.claim_run skips the key''s runs while it is full, never waits, and no two claims can both take the last place. NULL max_in_flight removes the limit. Returns the limit in force.';
+COMMENT ON FUNCTION ledger.set_budget(text, numeric, text, text, text, numeric, text, text) IS
+    'Sets a budget: at most max_amount (>= 0; 22023 AMOUNT_INVALID) of unit (a currency code such as USD, tokens, tool_calls or llm_steps; 22023 UNIT_INVALID) per period (total, day or month in UTC; 22023 PERIOD_UNKNOWN) for level workspace (the scope''s), tenant (every workspace of it; 42501 TENANT_NOT_GRANTED for a role bound to some of them) or run (run_id). NULL max_amount removes it. A decision to spend (claim_tool_call(s), create_step of an llm step, claim_run) is refused while a budget that applies is used up; record_cost never refuses. warn_ratio (0 to 1, default 0.8; NULL: no warning) writes budget.warning once per window. Audited (budget.set) with actor and note. Returns the budget as ledger.budget_usage shows it (no row once removed).';
 COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
     'Claims a run for lease_owner: run_id, or the claimable run of the scope (filtered by modes and kinds) with the highest priority, oldest first within it, FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, due (not_before NULL or passed), queued or retrying or claimed before (a run nobody ever claimed stays with its caller), and with room under its concurrency key''s limit (a full key''s runs are skipped, also by run_id); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
 COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
@@ -1173,8 +1282,11 @@ ALTER FUNCTION ledger_dispatch.next_run(text[], text[]) OWNER TO ledger_dispatch
 ALTER FUNCTION ledger_dispatch.due_outbox_events(integer) OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
+ALTER FUNCTION ledger_dispatch.tenant_granted(text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
-GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace() TO ledger_dispatcher;
+GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace(),
+    ledger.budget_window(text, timestamp with time zone),
+    ledger.budget_spent(text, numeric, timestamp with time zone) TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token, source_run_id,
               not_before, priority, concurrency_key),
       UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
@@ -1183,6 +1295,7 @@ GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_a
 GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status) ON ledger.approval_requests TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight) ON ledger.concurrency_limits TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, run_id, period, max_amount, spent, window_start) ON ledger.budgets TO ledger_dispatcher;
 GRANT SELECT (grantee, tenant_id, workspace_id) ON ledger.scope_grants TO ledger_dispatcher;
 GRANT SELECT (grantee) ON ledger.scope_bindings TO ledger_dispatcher;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;
@@ -1190,7 +1303,8 @@ GRANT USAGE ON SCHEMA ledger_dispatch TO ledger_owner, ledger_reader;
 GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),
     ledger_dispatch.due_outbox_events(integer),
     ledger_dispatch.expired_tool_call_scopes(),
-    ledger_dispatch.scope_granted(text, text) TO ledger_owner;
+    ledger_dispatch.scope_granted(text, text),
+    ledger_dispatch.tenant_granted(text) TO ledger_owner;
 -- set_scope runs as its caller.
 GRANT EXECUTE ON FUNCTION ledger_dispatch.scope_granted(text, text) TO ledger_reader;
 

@@ -6,9 +6,9 @@
 //! used up, and the run parks for a person. A metered budget's rows are locked by the decision
 //! that counts on them, so no two decisions can both take the last unit.
 
+use crate::audit;
 use crate::db;
 use crate::error::{Code, LedgerError, Result, SqlError};
-use crate::evidence::records;
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::outbox;
@@ -18,7 +18,7 @@ use crate::runs::{self, RunEnd};
 use crate::scope::{self, Scope};
 use ledger_model::args::{optional_id, optional_label, required};
 use ledger_model::budgets::{self, Level, Meter};
-use ledger_model::events::{BudgetEvent, Event};
+use ledger_model::events::{AuditKind, BudgetEvent, Event};
 use ledger_model::evidence::costs;
 use ledger_model::status::Status;
 use pgrx::prelude::*;
@@ -45,6 +45,19 @@ const BUDGET_JSON: &str = "jsonb_build_object('level', u.level, 'run_id', u.run_
      'unit', u.unit, 'period', u.period, 'max_amount', u.max_amount::text, \
      'spent', u.spent::text, 'remaining', u.remaining::text, \
      'window_start', u.window_start, 'window_end', u.window_end)";
+
+/// The budgets that apply to run `$3` as a JSON array (text) of `BUDGET_JSON` with `exhausted` and
+/// `warned`: the evidence bundle's `budgets`.
+pub fn applying_json() -> String {
+    format!(
+        "SELECT coalesce(json_agg({BUDGET_JSON} || jsonb_build_object('exhausted', u.exhausted, \
+                 'warned', u.warned) ORDER BY u.run_id NULLS LAST, u.workspace_id NULLS LAST, \
+                 u.unit, u.period), '[]')::text \
+           FROM ledger.budget_usage u \
+          WHERE u.tenant_id = $1 AND (u.workspace_id IS NULL OR u.workspace_id = $2) \
+            AND (u.run_id IS NULL OR u.run_id = $3)"
+    )
+}
 
 /// The first used-up budget that applies to run `$3`, as `BUDGET_JSON`, and how many budgets of
 /// unit `$4` apply.
@@ -334,18 +347,18 @@ fn set(
         &key(),
         |r| db::req::<Jsonb>(r, 1),
     )?;
-    records::audit(
+    audit::write(
         &scope,
         run_id,
         None,
-        "budget.set",
+        AuditKind::BudgetSet,
         if max_amount.is_some() {
             "set"
         } else {
             "removed"
         },
         actor.as_deref(),
-        &json!({
+        json!({
             "before": before.map(|b| b.value()).transpose()?,
             "after": after.map(|a| a.value()).transpose()?,
             "note": free_text(note),

@@ -5,4 +5,4 @@
 mod bundle;
 mod costs;
 mod otel;
-pub(crate) mod records;
+mod records;

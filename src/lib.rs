@@ -7,6 +7,7 @@
 use pgrx::prelude::*;
 
 mod artifacts;
+mod audit;
 mod budgets;
 mod channels;
 mod concurrency;
@@ -186,12 +187,14 @@ mod tests {
     #[pg_test]
     fn every_function_pins_search_path_and_none_is_public() {
         // The exceptions: a SET clause would undo set_scope's is_local setting, would stop
-        // the policy helpers (SQL-standard bodies, names resolved at creation) being inlined,
+        // the policy and budget helpers (SQL-standard bodies, names resolved at creation) being
+        // inlined,
         // and would make every status CHECK (is_status, which reads nothing) set it.
         let unpinned = one::<String>(
             "SELECT coalesce(string_agg(p.proname, ','), '') FROM pg_proc p \
               WHERE p.pronamespace = 'ledger'::regnamespace \
-                AND p.proname NOT IN ('set_scope', 'scope_tenant', 'scope_workspace', 'is_status') \
+                AND p.proname NOT IN ('set_scope', 'scope_tenant', 'scope_workspace', 'is_status', \
+                                    'budget_window', 'budget_spent') \
                 AND NOT EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')",
         );
         assert_eq!(unpinned, "");

@@ -32,7 +32,7 @@ use crate::rows::{LockedRun, ToolCall};
 use crate::scope::Scope;
 use crate::steps::{self, StepChange};
 use ledger_model::args::{optional_id, required_id, required_label};
-use ledger_model::events::{AuditKind, Event, ToolCallIds};
+use ledger_model::events::{Event, ToolCallIds};
 use ledger_model::ids;
 use ledger_model::json;
 use ledger_model::redaction;
@@ -105,32 +105,6 @@ fn event(scope: &Scope, run: &LockedRun, rec: &ToolCall, event: &Event) -> Resul
 /// Moves the call's step to `to`, changing nothing else of it.
 fn step_to(scope: &Scope, run: &LockedRun, rec: &ToolCall, to: Status) -> Result<()> {
     steps::follow(scope, run, &rec.step_id, to, StepChange::default())
-}
-
-/// The ledger's own audit record of tool activity (evidence `audit_record`), redacted like every
-/// audit. One insert: claims, begins and completions are the write hot path.
-fn audit(
-    scope: &Scope,
-    run_id: &str,
-    step_id: Option<&str>,
-    kind: AuditKind,
-    outcome: &str,
-    actor: Option<&str>,
-    payload: Value,
-) -> Result<()> {
-    let payload = redaction::redact(&guc::redaction_rules(), payload);
-    db::execute(
-        include_str!("../sql/queries/insert_audit.sql"),
-        &scope.args([
-            ids::new_id("aud").into(),
-            run_id.into(),
-            step_id.into(),
-            kind.gateway_type().into(),
-            outcome.into(),
-            actor.into(),
-            Jsonb::from(&payload).into(),
-        ]),
-    )
 }
 
 /// Parsed arguments: their request hash (unredacted) and stored summary (redacted).

@@ -64,4 +64,12 @@ SELECT json_build_object(
                   'status', x.status, 'actor', x.actor, 'created_us', (extract(epoch FROM x.created_at) * 1000000)::bigint,
                   'decided_us', (extract(epoch FROM x.decided_at) * 1000000)::bigint) ORDER BY x.created_at, x.id), '[]')
                 FROM ledger.approval_requests x WHERE x.tenant_id = $1 AND x.workspace_id = $2 AND x.run_id = $3),
+    'budget_events', (SELECT coalesce(json_agg(json_build_object(
+                  'event_type', e.event_type, 'decision', e.payload->>'decision',
+                  'subject', e.payload->>'subject', 'level', e.payload->'budget'->>'level',
+                  'unit', e.payload->'budget'->>'unit', 'period', e.payload->'budget'->>'period',
+                  'max_amount', e.payload->'budget'->>'max_amount', 'spent', e.payload->'budget'->>'spent',
+                  'created_us', (extract(epoch FROM e.created_at) * 1000000)::bigint) ORDER BY e.seq), '[]')
+                FROM ledger.run_events e WHERE e.tenant_id = $1 AND e.workspace_id = $2 AND e.run_id = $3
+                 AND e.event_type IN ('budget.warning', 'budget.exhausted')),
     'now_us', (extract(epoch FROM statement_timestamp()) * 1000000)::bigint)::text

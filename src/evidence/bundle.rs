@@ -2,6 +2,7 @@
 //! `replay_ready`. Pure reads (read-only SPI): they work for `ledger_reader` and on a hot standby.
 //! SQL maps rows to JSON and sums money as numeric; Rust assembles and judges.
 
+use crate::budgets;
 use crate::db;
 use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::jsonb::Jsonb;
@@ -110,7 +111,7 @@ const REUSED_CALLS: &str = "SELECT DISTINCT ON (payload->>'tool_call_record_id')
       ORDER BY payload->>'tool_call_record_id', seq";
 
 /// Everything about a run, in one read: `run, steps, artifacts, costs, approvals, feedback,
-/// tool_calls, reused_tool_calls, trace_spec`. Lists are complete and ordered (steps by
+/// tool_calls, reused_tool_calls, budgets, budget_events, trace_spec`. Lists are complete and ordered (steps by
 /// creation, reused calls by first reuse, the rest by created_at, id).
 #[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
@@ -178,8 +179,18 @@ fn replay_bundle(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
         ),
     )?;
     let trace = trace_spec(&scope, run_id)?;
+    // The budgets that apply to the run as they stand, and what they did to it.
+    let budgets = value::<String>(&scope, run_id, &budgets::applying_json())?;
+    let budget_events = value::<String>(
+        &scope,
+        run_id,
+        "SELECT coalesce(json_agg(jsonb_build_object('seq', e.seq, 'event_type', e.event_type, \
+                 'created_at', e.created_at) || e.payload ORDER BY e.seq), '[]')::text \
+           FROM ledger.run_events e WHERE e.tenant_id = $1 AND e.workspace_id = $2 \
+            AND e.run_id = $3 AND e.event_type IN ('budget.warning', 'budget.exhausted')",
+    )?;
     Ok(Jsonb(format!(
-        r#"{{"run":{run},"steps":{steps},"artifacts":{artifacts},"costs":{costs},"approvals":{approvals},"feedback":{feedback},"tool_calls":{tool_calls},"reused_tool_calls":{reused},"trace_spec":{trace}}}"#
+        r#"{{"run":{run},"steps":{steps},"artifacts":{artifacts},"costs":{costs},"approvals":{approvals},"feedback":{feedback},"tool_calls":{tool_calls},"reused_tool_calls":{reused},"budgets":{budgets},"budget_events":{budget_events},"trace_spec":{trace}}}"#
     )))
 }
 
@@ -364,6 +375,8 @@ pub(crate) mod tests {
             [
                 "approvals",
                 "artifacts",
+                "budget_events",
+                "budgets",
                 "costs",
                 "feedback",
                 "reused_tool_calls",

@@ -512,6 +512,10 @@ mod tests {
                 "run_id",
                 "SELECT ledger.put_graph_checkpoint($MB, 't', '', 'c', '{}')",
             ),
+            (
+                "run_id",
+                "SELECT ledger.set_budget('USD', 1, 'run', run_id => $MB)",
+            ),
         ] {
             let before = rows();
             let e = assert_error(&sql(call), "22023", "ID_INVALID");
@@ -748,6 +752,7 @@ mod tests {
                 "concurrency_key",
                 "SELECT ledger.set_concurrency_limit($MB, 1)",
             ),
+            ("actor", "SELECT ledger.set_budget('USD', 1, actor => $MB)"),
         ] {
             let before = rows();
             let e = assert_error(&sql(call), "22023", "LABEL_INVALID");
@@ -843,6 +848,17 @@ mod tests {
                 "STATUS_UNKNOWN",
                 "SELECT ledger.is_status($MB, 'queued')",
             ),
+            ("unit", "UNIT_INVALID", "SELECT ledger.set_budget($MB, 1)"),
+            (
+                "level",
+                "LEVEL_UNKNOWN",
+                "SELECT ledger.set_budget('USD', 1, $MB)",
+            ),
+            (
+                "period",
+                "PERIOD_UNKNOWN",
+                "SELECT ledger.set_budget('USD', 1, period => $MB)",
+            ),
         ] {
             let before = rows();
             let e = assert_error(&sql(call), "22023", code);
@@ -870,6 +886,7 @@ mod tests {
             ("comment", "SELECT ledger.record_feedback('r', 1, comment => $MB)", "SELECT comment FROM ledger.run_feedback"),
             ("title", "SELECT ledger.request_tool_approval('r', 'pay', '{}', tool_call_id => 'f3', title => $MB)", "SELECT title FROM ledger.approval_requests WHERE details->>'tool_call_id' = 'f3'"),
             ("note", "SELECT ledger.resolve_approval($APR, 'approved', note => $MB)", "SELECT note FROM ledger.approval_requests WHERE status = 'approved'"),
+            ("note", "SELECT ledger.set_budget('USD', 1, note => $MB)", "SELECT payload->>'note' FROM ledger.audit_events WHERE gateway_type = 'budget.set'"),
         ] {
             Spi::run(&sql(call).replace("$FRESH", fresh)).unwrap_or_else(|e| panic!("{call}: {e}"));
             assert_eq!(one::<i32>(&format!("SELECT char_length(({read}))")), 8192, "{call}");
@@ -903,6 +920,14 @@ mod tests {
             8192
         );
         covered.push("replay_outbox_event.note".into());
+
+        // The budget helpers answer a question: a megabyte is no period, so it has no window.
+        assert!(one::<bool>(&sql(
+            "SELECT ledger.budget_window($MB, now()) = '-infinity' \
+                AND ledger.budget_spent($MB, 5, '-infinity') = 5"
+        )));
+        covered.push("budget_window.period".into());
+        covered.push("budget_spent.period".into());
 
         // is_status answers a question: a megabyte is no status of anything.
         assert!(!one::<bool>(&sql("SELECT ledger.is_status('run', $MB)")));

@@ -4,7 +4,8 @@
 use super::claim::apply;
 use super::lookup::{find_locked, tombstone};
 use super::record::create_waiting;
-use super::{arguments, audit, event, identity, outcome, ApprovalRequest};
+use super::{arguments, event, identity, outcome, ApprovalRequest};
+use crate::audit;
 use crate::db;
 use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::feed;
@@ -125,9 +126,9 @@ fn resolve_approval(
             tool_call_record_id: record_id.as_deref(),
         });
         feed::append(&scope, run.held(), None, &resolved)?;
-        audit(
+        audit::write(
             &scope,
-            &run_id,
+            Some(&run_id),
             None,
             AuditKind::ApprovalDecision,
             decision.as_str(),

@@ -2,7 +2,8 @@
 //! `complete_tool_call`, each fenced by the attempt.
 
 use super::record::{finish, mark_in_doubt};
-use super::{audit, event, outcome, step_to};
+use super::{event, outcome, step_to};
+use crate::audit;
 use crate::db;
 use crate::error::{raise, LedgerError, Result, SqlError};
 use crate::feed;
@@ -149,9 +150,9 @@ fn complete_tool_call(
                 &metadata,
             )?,
         }
-        audit(
+        audit::write(
             &scope,
-            &rec.run_id,
+            Some(&rec.run_id),
             Some(&rec.step_id),
             AuditKind::ToolCallComplete,
             reported,

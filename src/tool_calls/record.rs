@@ -1,8 +1,9 @@
 //! Writing a tool call's record: a new call (claimed, or waiting for an approval), a new
 //! attempt, in doubt, its result; and reading a finished call's result back for a replay.
 
-use super::{audit, event, identity_reused_by, step_to, ApprovalRequest, Arguments, Identity};
+use super::{event, identity_reused_by, step_to, ApprovalRequest, Arguments, Identity};
 use crate::artifacts;
+use crate::audit;
 use crate::db;
 use crate::error::{Code, LedgerError, Result};
 use crate::jsonb::Jsonb;
@@ -43,9 +44,9 @@ pub(super) fn announce_claim(
         lease_owner,
     });
     event(scope, run, rec, &claimed)?;
-    audit(
+    audit::write(
         scope,
-        &rec.run_id,
+        Some(&rec.run_id),
         Some(&rec.step_id),
         AuditKind::ToolCallClaim,
         "claimed",
@@ -454,9 +455,9 @@ pub(super) fn replayed_into(scope: &Scope, run: &LockedRun, rec: &ToolCall) -> R
         source_run_id: &rec.run_id,
     });
     event(scope, run, rec, &replayed)?;
-    audit(
+    audit::write(
         scope,
-        run_id,
+        Some(run_id),
         None,
         AuditKind::ToolCallReplay,
         "replayed",
@@ -533,9 +534,9 @@ pub(super) fn create_waiting(
         &format!("approval:{approval_id}"),
     )?;
     event(scope, run, &rec, &requested)?;
-    audit(
+    audit::write(
         scope,
-        who.run_id,
+        Some(who.run_id),
         Some(&rec.step_id),
         AuditKind::ApprovalRequest,
         "pending",

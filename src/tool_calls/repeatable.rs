@@ -12,7 +12,8 @@ use super::record::{
     canonical_result, finish, finished_step, identity_columns, mark_in_doubt, replay_response,
     replayed_into, reused_before, store_result, tool_step,
 };
-use super::{arguments as parse_arguments, audit, event, identity, step_to, Arguments, Identity};
+use super::{arguments as parse_arguments, event, identity, step_to, Arguments, Identity};
+use crate::audit;
 use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
@@ -323,9 +324,9 @@ fn record_again(scope: &Scope, run: &LockedRun, rec: &mut ToolCall, done: &Done)
 
 /// The audit record of a recorded call (no actor: nothing held a lease).
 fn audit_record(scope: &Scope, rec: &ToolCall) -> Result<()> {
-    audit(
+    audit::write(
         scope,
-        &rec.run_id,
+        Some(&rec.run_id),
         Some(&rec.step_id),
         AuditKind::ToolCallRecord,
         rec.status.as_str(),

@@ -2,7 +2,8 @@
 //! and `resolve_tool_call` records a person's decision on one.
 
 use super::record::{finish, mark_in_doubt};
-use super::{audit, event, outcome};
+use super::{event, outcome};
+use crate::audit;
 use crate::db;
 use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::feed;
@@ -72,9 +73,9 @@ fn resolve_tool_call(
                 rec.status = CallStatus::Claimed;
             }
         }
-        audit(
+        audit::write(
             &scope,
-            &rec.run_id,
+            Some(&rec.run_id),
             Some(&rec.step_id),
             AuditKind::ToolCallResolve,
             resolution.as_str(),

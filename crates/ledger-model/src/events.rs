@@ -315,6 +315,7 @@ pub enum AuditKind {
     ApprovalRequest,
     ApprovalDecision,
     OutboxReplay,
+    BudgetSet,
 }
 
 impl AuditKind {
@@ -327,6 +328,7 @@ impl AuditKind {
         AuditKind::ApprovalRequest,
         AuditKind::ApprovalDecision,
         AuditKind::OutboxReplay,
+        AuditKind::BudgetSet,
     ];
 
     pub fn gateway_type(self) -> &'static str {
@@ -339,6 +341,7 @@ impl AuditKind {
             AuditKind::ApprovalRequest => "approval.request",
             AuditKind::ApprovalDecision => "approval.decision",
             AuditKind::OutboxReplay => "outbox.replay",
+            AuditKind::BudgetSet => "budget.set",
         }
     }
 }

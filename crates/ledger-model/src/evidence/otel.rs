@@ -31,6 +31,9 @@ pub struct Facts {
     pub responses: Vec<ResponseFact>,
     #[serde(default)]
     pub approvals: Vec<ApprovalFact>,
+    /// The run's budget events (`budget.warning`, `budget.exhausted`), in feed order.
+    #[serde(default)]
+    pub budget_events: Vec<BudgetEventFact>,
     /// The end of spans still open (the statement's time).
     pub now_us: i64,
 }
@@ -141,6 +144,19 @@ pub struct ApprovalFact {
     pub actor: Option<String>,
     pub created_us: i64,
     pub decided_us: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct BudgetEventFact {
+    pub event_type: String,
+    pub decision: Option<String>,
+    pub subject: Option<String>,
+    pub level: Option<String>,
+    pub unit: Option<String>,
+    pub period: Option<String>,
+    pub max_amount: Option<String>,
+    pub spent: Option<String>,
+    pub created_us: i64,
 }
 
 /// OTLP's span kinds and status codes (opentelemetry/proto/trace/v1/trace.proto).
@@ -261,6 +277,7 @@ fn run_span_of(facts: &Facts, ids: &Ids, trace_id: &str, parent: Option<String>)
     {
         events.extend(approval_events(a));
     }
+    events.extend(facts.budget_events.iter().map(budget_event));
     let span = Span {
         id: ids.span("run", &run.run_id),
         name,
@@ -430,6 +447,23 @@ fn response_event(r: &ResponseFact) -> Value {
         "attributes": Attributes::default()
             .str("ledger.response_event_id", Some(&r.response_event_id))
             .str("ledger.event_type", Some(&r.event_type))
+            .0,
+    })
+}
+
+/// A budget's warning, or its refusal of a decision (the run's stop), on the run's span.
+fn budget_event(b: &BudgetEventFact) -> Value {
+    json!({
+        "timeUnixNano": nanos(b.created_us),
+        "name": format!("ledger.{}", b.event_type),
+        "attributes": Attributes::default()
+            .str("ledger.budget.level", b.level.as_deref())
+            .str("ledger.budget.unit", b.unit.as_deref())
+            .str("ledger.budget.period", b.period.as_deref())
+            .str("ledger.budget.max_amount", b.max_amount.as_deref())
+            .str("ledger.budget.spent", b.spent.as_deref())
+            .str("ledger.budget.decision", b.decision.as_deref())
+            .str("ledger.budget.subject", b.subject.as_deref())
             .0,
     })
 }
@@ -683,6 +717,11 @@ mod tests {
                 {"approval_id": "apr_1", "tool_call_record_id": "tc_1", "step_id": "step_b",
                  "status": "approved", "actor": "ops@acme", "created_us": 3_150_000, "decided_us": 3_180_000}
             ],
+            "budget_events": [
+                {"event_type": "budget.exhausted", "decision": "tool_call", "subject": "call-2",
+                 "level": "run", "unit": "tool_calls", "period": "total", "max_amount": "1",
+                 "spent": "1", "created_us": 8_950_000}
+            ],
             "now_us": 10_000_000
         }))
         .expect("facts parse")
@@ -734,6 +773,18 @@ mod tests {
         // Two providers on the run: none named.
         assert!(attr(run, "gen_ai.provider.name").is_none());
         assert_eq!(run["events"][0]["name"], "ledger.response_event");
+        // A budget's stop is an event of the run's span, with the budget.
+        let stop = &run["events"][1];
+        assert_eq!(stop["name"], "ledger.budget.exhausted");
+        assert_eq!(stop["timeUnixNano"], "8950000000");
+        assert_eq!(
+            attr(stop, "ledger.budget.unit").unwrap()["stringValue"],
+            "tool_calls"
+        );
+        assert_eq!(
+            attr(stop, "ledger.budget.subject").unwrap()["stringValue"],
+            "call-2"
+        );
         for child in &s[1..] {
             assert_eq!(child["traceId"], run["traceId"]);
             assert_eq!(child["parentSpanId"], run["spanId"]);
