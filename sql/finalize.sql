@@ -44,7 +44,7 @@ GRANT EXECUTE ON FUNCTION
     ledger.otel_trace(text, text),
     ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer),
     ledger.budget_window(text, timestamp with time zone),
-    ledger.budget_spent(text, numeric, timestamp with time zone)
+    ledger.budget_spent(text, numeric, timestamp with time zone, timestamp with time zone)
     TO ledger_reader;
 
 GRANT SELECT ON ledger.tool_calls_in_doubt, ledger.pending_approvals, ledger.run_overview,
@@ -130,7 +130,7 @@ COMMENT ON FUNCTION ledger.record_citation(text, jsonb, text) IS
 COMMENT ON FUNCTION ledger.record_feedback(text, integer, text, text, text, jsonb) IS
     'Records a rating of a run (any integer scale) with an optional comment and metadata.';
 COMMENT ON FUNCTION ledger.replay_bundle(text) IS
-    'Everything about a run in one read (replay #1): {run, steps, artifacts, costs, approvals, feedback, tool_calls, reused_tool_calls, trace_spec}. reused_tool_calls are the finished calls of its source run whose results a retry or replay reused. Lists are complete and ordered; money is decimal strings per currency.';
+    'Everything about a run in one read (replay #1): {run, steps, artifacts, costs, approvals, feedback, tool_calls, reused_tool_calls, budgets, budget_events, trace_spec}. budgets are the budgets that apply to the run as they stand now, budget_events its budget warnings and stops; reused_tool_calls are the finished calls of its source run whose results a retry or replay reused. Lists are complete and ordered; money is decimal strings per currency.';
 COMMENT ON FUNCTION ledger.otel_trace(text, text) IS
     'A run as an OpenTelemetry trace: an OTLP/JSON ExportTraceServiceRequest following the GenAI semantic conventions (the run an invoke_agent span, llm steps chat spans with token usage, tool calls execute_tool spans, costs as ledger.cost.<currency> attributes, ledger ids on every span), for an OTLP/HTTP collector''s /v1/traces. Ids are derived from the run, so a second export is the same trace.';
 COMMENT ON FUNCTION ledger.run_evidence(text) IS
@@ -218,7 +218,7 @@ ALTER FUNCTION ledger_dispatch.tenant_granted(text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
 GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace(),
     ledger.budget_window(text, timestamp with time zone),
-    ledger.budget_spent(text, numeric, timestamp with time zone) TO ledger_dispatcher;
+    ledger.budget_spent(text, numeric, timestamp with time zone, timestamp with time zone) TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token, source_run_id,
               not_before, priority, concurrency_key),
       UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;

@@ -77,11 +77,12 @@ CREATE FUNCTION ledger.budget_window(period text, at timestamptz) RETURNS timest
         ELSE '-infinity'::timestamptz END;
 COMMENT ON FUNCTION ledger.budget_window(text, timestamptz) IS 'The start of the budget window (period total, day or month, in UTC) that contains at; -infinity for total.';
 
--- What a budget has spent in the window of now: spent when it counts that window, else nothing.
-CREATE FUNCTION ledger.budget_spent(period text, spent numeric, window_start timestamptz) RETURNS numeric
-    LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN CASE WHEN window_start = ledger.budget_window(period, pg_catalog.now()) THEN spent ELSE 0 END;
-COMMENT ON FUNCTION ledger.budget_spent(text, numeric, timestamptz) IS 'What a budget (its period, spent and window_start) has spent in the window of now: spent when it counts that window, else 0.';
+-- What a budget has spent in the window that contains `at` (the time is an argument, so a write
+-- statement passes its own and the function stays IMMUTABLE): spent when it counts that window.
+CREATE FUNCTION ledger.budget_spent(period text, spent numeric, window_start timestamptz, at timestamptz) RETURNS numeric
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE WHEN window_start = ledger.budget_window(period, at) THEN spent ELSE 0 END;
+COMMENT ON FUNCTION ledger.budget_spent(text, numeric, timestamptz, timestamptz) IS 'What a budget (its period, spent and window_start) has spent in the window that contains at: spent when it counts that window, else 0.';
 
 -- A tenant's budget (workspace_id NULL) counts the spending of each of its workspaces.
 ALTER TABLE ledger.budgets ENABLE ROW LEVEL SECURITY;
@@ -120,7 +121,7 @@ CREATE VIEW ledger.budget_usage WITH (security_invoker = true) AS
            b.updated_by, b.updated_at
       FROM ledger.budgets b
      CROSS JOIN LATERAL (SELECT ledger.budget_window(b.period, now()) AS start) w
-     CROSS JOIN LATERAL (SELECT ledger.budget_spent(b.period, b.spent, b.window_start) AS spent) u
+     CROSS JOIN LATERAL (SELECT ledger.budget_spent(b.period, b.spent, b.window_start, now()) AS spent) u
      WHERE ledger.scope_required();
 COMMENT ON VIEW ledger.budget_usage IS 'The budgets of the scope (its workspace''s, its runs'' and its tenant''s) in the window of now: spent, remaining, exhausted (a decision to spend is refused: budget_exhausted), warned (the warning of this window was written), and when the window ends (NULL for total). Raise one with ledger.set_budget. Fails 42501 SCOPE_MISSING without a scope.';
 
@@ -164,7 +165,7 @@ AS $$
                         WHERE b.tenant_id = r.tenant_id
                           AND (b.workspace_id IS NULL OR b.workspace_id = r.workspace_id)
                           AND (b.run_id IS NULL OR b.run_id = r.id)
-                          AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start))
+                          AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start, now()))
        -- Its concurrency key has room (claim_run checks it again under the limit's lock); the
        -- full keys are found once (an uncorrelated subquery), not once per candidate.
        AND (r.concurrency_key IS NULL
@@ -1112,7 +1113,7 @@ GRANT EXECUTE ON FUNCTION
     ledger.otel_trace(text, text),
     ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer),
     ledger.budget_window(text, timestamp with time zone),
-    ledger.budget_spent(text, numeric, timestamp with time zone)
+    ledger.budget_spent(text, numeric, timestamp with time zone, timestamp with time zone)
     TO ledger_reader;
 
 GRANT SELECT ON ledger.tool_calls_in_doubt, ledger.pending_approvals, ledger.run_overview,
@@ -1198,7 +1199,7 @@ COMMENT ON FUNCTION ledger.record_citation(text, jsonb, text) IS
 COMMENT ON FUNCTION ledger.record_feedback(text, integer, text, text, text, jsonb) IS
     'Records a rating of a run (any integer scale) with an optional comment and metadata.';
 COMMENT ON FUNCTION ledger.replay_bundle(text) IS
-    'Everything about a run in one read (replay #1): {run, steps, artifacts, costs, approvals, feedback, tool_calls, reused_tool_calls, trace_spec}. reused_tool_calls are the finished calls of its source run whose results a retry or replay reused. Lists are complete and ordered; money is decimal strings per currency.';
+    'Everything about a run in one read (replay #1): {run, steps, artifacts, costs, approvals, feedback, tool_calls, reused_tool_calls, budgets, budget_events, trace_spec}. budgets are the budgets that apply to the run as they stand now, budget_events its budget warnings and stops; reused_tool_calls are the finished calls of its source run whose results a retry or replay reused. Lists are complete and ordered; money is decimal strings per currency.';
 COMMENT ON FUNCTION ledger.otel_trace(text, text) IS
     'A run as an OpenTelemetry trace: an OTLP/JSON ExportTraceServiceRequest following the GenAI semantic conventions (the run an invoke_agent span, llm steps chat spans with token usage, tool calls execute_tool spans, costs as ledger.cost.<currency> attributes, ledger ids on every span), for an OTLP/HTTP collector''s /v1/traces. Ids are derived from the run, so a second export is the same trace.';
 COMMENT ON FUNCTION ledger.run_evidence(text) IS
@@ -1286,7 +1287,7 @@ ALTER FUNCTION ledger_dispatch.tenant_granted(text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
 GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace(),
     ledger.budget_window(text, timestamp with time zone),
-    ledger.budget_spent(text, numeric, timestamp with time zone) TO ledger_dispatcher;
+    ledger.budget_spent(text, numeric, timestamp with time zone, timestamp with time zone) TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token, source_run_id,
               not_before, priority, concurrency_key),
       UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;

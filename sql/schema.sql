@@ -514,11 +514,12 @@ CREATE FUNCTION ledger.budget_window(period text, at timestamptz) RETURNS timest
         ELSE '-infinity'::timestamptz END;
 COMMENT ON FUNCTION ledger.budget_window(text, timestamptz) IS 'The start of the budget window (period total, day or month, in UTC) that contains at; -infinity for total.';
 
--- What a budget has spent in the window of now: spent when it counts that window, else nothing.
-CREATE FUNCTION ledger.budget_spent(period text, spent numeric, window_start timestamptz) RETURNS numeric
-    LANGUAGE sql STABLE PARALLEL SAFE
-    RETURN CASE WHEN window_start = ledger.budget_window(period, pg_catalog.now()) THEN spent ELSE 0 END;
-COMMENT ON FUNCTION ledger.budget_spent(text, numeric, timestamptz) IS 'What a budget (its period, spent and window_start) has spent in the window of now: spent when it counts that window, else 0.';
+-- What a budget has spent in the window that contains `at` (the time is an argument, so a write
+-- statement passes its own and the function stays IMMUTABLE): spent when it counts that window.
+CREATE FUNCTION ledger.budget_spent(period text, spent numeric, window_start timestamptz, at timestamptz) RETURNS numeric
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    RETURN CASE WHEN window_start = ledger.budget_window(period, at) THEN spent ELSE 0 END;
+COMMENT ON FUNCTION ledger.budget_spent(text, numeric, timestamptz, timestamptz) IS 'What a budget (its period, spent and window_start) has spent in the window that contains at: spent when it counts that window, else 0.';
 
 -- Row-level security on every table, forced so that the owning role is filtered too.
 DO $rls$
@@ -669,7 +670,7 @@ AS $$
                         WHERE b.tenant_id = r.tenant_id
                           AND (b.workspace_id IS NULL OR b.workspace_id = r.workspace_id)
                           AND (b.run_id IS NULL OR b.run_id = r.id)
-                          AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start))
+                          AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start, now()))
        -- Its concurrency key has room (claim_run checks it again under the limit's lock); the
        -- full keys are found once (an uncorrelated subquery), not once per candidate.
        AND (r.concurrency_key IS NULL

@@ -69,6 +69,6 @@ CREATE VIEW ledger.budget_usage WITH (security_invoker = true) AS
            b.updated_by, b.updated_at
       FROM ledger.budgets b
      CROSS JOIN LATERAL (SELECT ledger.budget_window(b.period, now()) AS start) w
-     CROSS JOIN LATERAL (SELECT ledger.budget_spent(b.period, b.spent, b.window_start) AS spent) u
+     CROSS JOIN LATERAL (SELECT ledger.budget_spent(b.period, b.spent, b.window_start, now()) AS spent) u
      WHERE ledger.scope_required();
 COMMENT ON VIEW ledger.budget_usage IS 'The budgets of the scope (its workspace''s, its runs'' and its tenant''s) in the window of now: spent, remaining, exhausted (a decision to spend is refused: budget_exhausted), warned (the warning of this window was written), and when the window ends (NULL for total). Raise one with ledger.set_budget. Fails 42501 SCOPE_MISSING without a scope.';

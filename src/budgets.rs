@@ -30,7 +30,7 @@ use serde_json::json;
 pub const WITHIN_BUDGET: &str = "NOT EXISTS (SELECT 1 FROM ledger.budgets b \
      WHERE b.tenant_id = $1 AND (b.workspace_id IS NULL OR b.workspace_id = $2) \
        AND (b.run_id IS NULL OR b.run_id = r.id) \
-       AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start))";
+       AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start, now()))";
 
 /// The error code of a run parked, or an `llm` step refused, by a budget.
 pub const EXHAUSTED: &str = "BUDGET_EXHAUSTED";
@@ -104,18 +104,19 @@ pub fn spend(scope: &Scope, run_id: &str, amounts: &[(&str, String)]) -> Result<
     }
     let units: Vec<&str> = amounts.iter().map(|(unit, _)| *unit).collect();
     let values: Vec<&str> = amounts.iter().map(|(_, amount)| amount.as_str()).collect();
+    let now = db::now()?;
     let warn = db::write_one(
         &format!(
             "WITH s AS (UPDATE ledger.budgets b \
-                SET spent = ledger.budget_spent(b.period, b.spent, b.window_start) + a.amount::numeric, \
-                    window_start = ledger.budget_window(b.period, now()), updated_at = now() \
+                SET spent = ledger.budget_spent(b.period, b.spent, b.window_start, $6) + a.amount::numeric, \
+                    window_start = ledger.budget_window(b.period, $6), updated_at = $6 \
                FROM unnest($4::text[], $5::text[]) AS a (unit, amount) \
               WHERE {APPLIES} AND b.unit = a.unit \
           RETURNING b.warn_ratio IS NOT NULL AND b.spent >= b.max_amount * b.warn_ratio \
                     AND b.warned_window IS DISTINCT FROM b.window_start AS warn) \
              SELECT coalesce(bool_or(warn), false) FROM s"
         ),
-        &scope.args([run_id.into(), units.clone().into(), values.into()]),
+        &scope.args([run_id.into(), units.clone().into(), values.into(), now.into()]),
         |r| db::req::<bool>(r, 1),
     )?;
     if warn != Some(true) {
@@ -126,7 +127,7 @@ pub fn spend(scope: &Scope, run_id: &str, amounts: &[(&str, String)]) -> Result<
         &format!(
             "WITH w AS (UPDATE ledger.budgets b SET warned_window = b.window_start \
                  WHERE {APPLIES} AND b.unit = ANY ($4) AND b.warn_ratio IS NOT NULL \
-                   AND b.window_start = ledger.budget_window(b.period, now()) \
+                   AND b.window_start = ledger.budget_window(b.period, $5) \
                    AND b.spent >= b.max_amount * b.warn_ratio \
                    AND b.warned_window IS DISTINCT FROM b.window_start \
              RETURNING b.tenant_id, b.workspace_id, b.run_id, b.unit, b.period) \
@@ -134,7 +135,7 @@ pub fn spend(scope: &Scope, run_id: &str, amounts: &[(&str, String)]) -> Result<
                  ON w.tenant_id = u.tenant_id AND w.workspace_id IS NOT DISTINCT FROM u.workspace_id \
                 AND w.run_id IS NOT DISTINCT FROM u.run_id AND w.unit = u.unit AND w.period = u.period"
         ),
-        &scope.args([run_id.into(), units.into()]),
+        &scope.args([run_id.into(), units.into(), now.into()]),
         |r| db::req::<Jsonb>(r, 1),
     )?;
     let run = rows::lock_run(scope, "run_id", run_id)?;
@@ -324,6 +325,7 @@ fn set(
                 max.clone().into(),
                 warn_ratio.clone().into(),
                 actor.clone().into(),
+                db::now()?.into(),
             ]);
             db::execute(
                 "INSERT INTO ledger.budgets AS b (tenant_id, workspace_id, run_id, unit, period, \
@@ -331,7 +333,7 @@ fn set(
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
                  ON CONFLICT (tenant_id, workspace_id, run_id, unit, period) DO UPDATE \
                     SET max_amount = EXCLUDED.max_amount, warn_ratio = EXCLUDED.warn_ratio, \
-                        updated_by = EXCLUDED.updated_by, updated_at = now(), \
+                        updated_by = EXCLUDED.updated_by, updated_at = $9, \
                         warned_window = CASE WHEN EXCLUDED.max_amount > b.max_amount \
                                              THEN NULL ELSE b.warned_window END",
                 &upsert,

@@ -220,7 +220,8 @@ mod tests {
         for (name, listed) in write_statements::VOLATILITY {
             let found = Spi::get_one_with_args::<String>(
                 "SELECT max(provolatile::text) FROM pg_catalog.pg_proc \
-                  WHERE proname = $1 AND pronamespace = 'pg_catalog'::regnamespace",
+                  WHERE proname = $1 \
+                    AND pronamespace IN ('pg_catalog'::regnamespace, 'ledger'::regnamespace)",
                 &[(*name).into()],
             )
             .expect("a catalog read");

@@ -924,7 +924,7 @@ mod tests {
         // The budget helpers answer a question: a megabyte is no period, so it has no window.
         assert!(one::<bool>(&sql(
             "SELECT ledger.budget_window($MB, now()) = '-infinity' \
-                AND ledger.budget_spent($MB, 5, '-infinity') = 5"
+                AND ledger.budget_spent($MB, 5, '-infinity', now()) = 5"
         )));
         covered.push("budget_window.period".into());
         covered.push("budget_spent.period".into());

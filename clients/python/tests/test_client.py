@@ -10,7 +10,9 @@ from conftest import SCOPE, one
 from psycopg.rows import DictRow
 
 from ledger_client import (
+    BudgetUsage,
     ClaimedRun,
+    ClaimOutcome,
     ConflictError,
     CostEntry,
     IdempotencyMismatchError,
@@ -217,3 +219,70 @@ def test_a_concurrency_limit_lets_so_many_runs_of_a_key_be_claimed(scoped: Scope
     with pytest.raises(InvalidArgumentError) as bad:
         scoped.set_concurrency_limit("customer-7", -1)
     assert bad.value.code == "LIMIT_INVALID"
+
+
+def test_a_budget_refuses_tool_calls_once_used_up_until_a_person_raises_it(
+    scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    budget = scoped.set_budget("tool_calls", 1, actor="ops@acme", note="one call")
+    assert isinstance(budget, BudgetUsage)
+    assert (budget.level, budget.unit, budget.period, budget.tenant_id, budget.workspace_id) == (
+        "workspace", "tool_calls", "total", *SCOPE)
+    assert (budget.max_amount, budget.spent, budget.remaining, budget.warn_ratio) == (
+        Decimal(1), Decimal(0), Decimal(1), Decimal("0.8"))
+    assert not budget.exhausted and budget.updated_by == "ops@acme" and budget.window_start is None
+    scoped.create_run("agent", run_id="r-budget")
+    claimed = scoped.claim_run("w-1", run_id="r-budget")
+    assert claimed is not None
+    scoped.transition_run("r-budget", "running", run_token=claimed.run_token)
+
+    first = scoped.claim_tool_call("r-budget", "crm.lookup", {"order": 1}, tool_call_id="c-1", run_token=claimed.run_token)
+    assert first.outcome is ClaimOutcome.CLAIMED and first.budget is None
+    refused = scoped.claim_tool_call("r-budget", "crm.lookup", {"order": 2}, tool_call_id="c-2",
+                                     run_token=claimed.run_token)
+    assert refused.outcome is ClaimOutcome.BUDGET_EXHAUSTED and refused.tool_call is None  # nothing created
+    assert refused.budget is not None
+    assert (refused.budget.level, refused.budget.unit, refused.budget.run_id) == ("workspace", "tool_calls", None)
+    assert (refused.budget.max_amount, refused.budget.spent, refused.budget.remaining) == (
+        Decimal(1), Decimal(1), Decimal(0))
+    parked = scoped.get_run("r-budget")
+    assert parked is not None and (parked.status, parked.error_code) == (RunStatus.PAUSED, "BUDGET_EXHAUSTED")
+    assert one(person, "SELECT count(*) FROM ledger.run_step_tool_calls WHERE tool_call_id = 'c-2'") == 0
+
+    [used_up] = scoped.budgets()
+    assert used_up.exhausted and (used_up.spent, used_up.remaining) == (Decimal(1), Decimal(0))
+    assert scoped.budgets("r-budget") == [used_up]  # the workspace's budgets apply to each of its runs
+    raised = scoped.set_budget("tool_calls", 2, actor="lead@acme", note="one more")
+    assert raised is not None and not raised.exhausted and raised.updated_by == "lead@acme"
+    again = scoped.claim_tool_call("r-budget", "crm.lookup", {"order": 2}, tool_call_id="c-2")
+    assert again.outcome is ClaimOutcome.CLAIMED and again.tool_call is not None
+
+
+def test_budgets_of_each_level_unit_and_period(scoped: ScopedLedger) -> None:
+    scoped.create_run("agent", run_id="r-1")
+    scoped.create_run("agent", run_id="r-2")
+    daily = scoped.set_budget("usd", 0.1, level="tenant", period="day", warn_ratio=None)  # a float: its decimal text
+    assert daily is not None and (daily.unit, daily.level, daily.workspace_id) == ("USD", "tenant", None)
+    assert daily.max_amount == Decimal("0.1") and daily.warn_ratio is None
+    assert daily.window_start is not None and daily.window_end is not None and daily.window_start < daily.window_end
+    scoped.set_budget("tokens", Decimal("5000"), level="run", run_id="r-1")
+    scoped.set_budget("llm_steps", 10)
+    assert [(b.level, b.unit) for b in scoped.budgets()] == [
+        ("tenant", "USD"), ("workspace", "llm_steps"), ("run", "tokens")]
+    assert [b.unit for b in scoped.budgets("r-2")] == ["USD", "llm_steps"]  # r-1's is not r-2's
+    scoped.record_cost("r-1", "tokens", 1200, Decimal("0.04"), "USD", usage={"total_tokens": 1200})
+    spent = {b.unit: b.spent for b in scoped.budgets("r-1")}
+    assert spent == {"USD": Decimal("0.04"), "llm_steps": 0, "tokens": 1200}
+    assert scoped.set_budget("usd", None, level="tenant", period="day") is None  # removed
+    assert [b.unit for b in scoped.budgets()] == ["llm_steps", "tokens"]
+
+    with pytest.raises(InvalidArgumentError) as bad:
+        scoped.set_budget("dollars!", 10)
+    assert (bad.value.sqlstate, bad.value.code) == ("22023", "UNIT_INVALID")
+    with pytest.raises(InvalidArgumentError) as level:
+        scoped.set_budget("tokens", 10, level="run")
+    assert level.value.code == "ARGUMENT_REQUIRED"
+    with pytest.raises(NotFoundError) as missing:
+        scoped.set_budget("tokens", 10, level="run", run_id="r-none")
+    assert missing.value.code == "RUN_NOT_FOUND"
+    assert len(scoped.budgets()) == 2  # nothing written by the refused calls

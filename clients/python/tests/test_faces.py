@@ -19,6 +19,7 @@ from ledger_client import (
     AsyncScopedLedger,
     AsyncTransaction,
     ClaimedRun,
+    ClaimOutcome,
     ConflictError,
     InvalidArgumentError,
     Ledger,
@@ -170,8 +171,23 @@ async def the_peoples_queues(h: Handle, person: psycopg.Connection[DictRow]) -> 
     assert await got(h.failed_outbox_events()) == []
 
 
+async def budgets(h: Handle, person: psycopg.Connection[DictRow]) -> None:
+    await got(h.create_run("agent", run_id="r-b"))
+    budget = await got(h.set_budget("tool_calls", 0, level="run", run_id="r-b", actor="ops@acme"))
+    assert budget is not None and (budget.level, budget.max_amount, budget.exhausted) == ("run", Decimal(0), True)
+    claim = await got(h.claim_tool_call("r-b", "crm.lookup", {}, tool_call_id="c-1"))
+    assert claim.outcome is ClaimOutcome.BUDGET_EXHAUSTED and claim.budget is not None
+    assert claim.budget.run_id == "r-b" and claim.budget.remaining == 0
+    assert [b.run_id for b in await got(h.budgets("r-b"))] == ["r-b"] and await got(h.budgets("r-other")) == []
+    with pytest.raises(InvalidArgumentError) as bad:
+        await got(h.set_budget("not a unit", 1))
+    assert (bad.value.sqlstate, bad.value.code) == ("22023", "UNIT_INVALID")
+    assert await got(h.set_budget("tool_calls", None, level="run", run_id="r-b")) is None
+    assert await got(h.budgets()) == []
+
+
 @FACES
-@pytest.mark.parametrize("body", [typed_results, transactions_and_errors, the_peoples_queues])
+@pytest.mark.parametrize("body", [typed_results, transactions_and_errors, the_peoples_queues, budgets])
 def test_both_faces(face: str, body: Body, dsn: str, person: psycopg.Connection[DictRow]) -> None:
     through(face, dsn, person, body)
 

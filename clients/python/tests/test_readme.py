@@ -1,6 +1,7 @@
 """The READMEs' Python workers, run as written: the client's manual (clients/python/README.md)
 shows examples/worker.py verbatim, and that example runs against a test database and leaves what
-it says in the ledger; the top README's short worker ("A worker") works its run to the end."""
+it says in the ledger; its Budgets example runs as written; the top README's short worker ("A worker")
+works its run to the end."""
 
 import os
 import re
@@ -9,10 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from decimal import Decimal
+from typing import Any
+
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
 from conftest import assert_shows_verbatim, wait_for
+from ledger_client import ScopedLedger
 
 CLIENT = Path(__file__).resolve().parents[1]
 MANUAL = CLIENT / "README.md"
@@ -59,6 +65,22 @@ def test_the_example_runs_and_leaves_its_runs_in_the_ledger(dsn: str) -> None:
                              {"status": "rejected", "actor": "lead@acme", "note": "over 50.00: needs a return"}]
         costs = conn.execute("SELECT count(*) AS n, sum(amount) AS usd FROM ledger.run_cost_entries").fetchone()
         assert costs is not None and (costs["n"], str(costs["usd"])) == (5, "0.0030")
+
+
+def test_the_manuals_budgets_example_runs(scoped: ScopedLedger, capsys: pytest.CaptureFixture[str]) -> None:
+    section = re.search(r"^### Budgets\n(.*?)(?=^##)", MANUAL.read_text(encoding="utf-8"), re.S | re.M)
+    assert section, "clients/python/README.md has no section \"Budgets\""
+    (block,) = re.findall(r"```python\n(.*?)```", section.group(1), re.S)
+    namespace: dict[str, Any] = {"support": scoped}
+    exec(block, namespace)  # noqa: S102 - the manual's own code is what is under test
+    assert "run tool_calls 1 of 1 True" in capsys.readouterr().out  # the loop's line of the run's budget
+    run_id = namespace["run"].id
+    calls = scoped.execute("SELECT tool_ref FROM ledger.run_step_tool_calls WHERE run_id = %s", (run_id,))
+    assert calls == [{"tool_ref": "crm.lookup_order"}]  # the refund was never claimed nor executed
+    run = scoped.get_run(run_id)
+    assert run is not None and (run.status, run.error_code) == ("paused", "BUDGET_EXHAUSTED")
+    assert [(b.unit, b.max_amount, b.exhausted) for b in scoped.budgets(run_id)] == [
+        ("USD", Decimal(50), False), ("tool_calls", Decimal(2), False)]
 
 
 def test_the_top_readme_worker_works_its_run_to_the_end(dsn: str) -> None:

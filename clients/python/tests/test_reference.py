@@ -25,7 +25,7 @@ MANUAL = Path(__file__).resolve().parents[1] / "README.md"
 # (ledger.scoped, scoped.transaction, the worker's RunContext, hub.follow's RunStream): users do
 # not construct them.
 NOT_CONSTRUCTED = {
-    "Approval", "ClaimedRun", "CostEntry", "EvidenceItem", "OutboxEvent", "ReplayReady", "ResponseEvent", "Run",
+    "Approval", "Budget", "BudgetUsage", "ClaimedRun", "CostEntry", "EvidenceItem", "OutboxEvent", "ReplayReady", "ResponseEvent", "Run",
     "RunEvent", "Step", "ToolCall", "ToolCallClaim", "ToolCallResult", "ToolCallTombstone", "ToolResponse",
     "LedgerCalls", "ScopedLedger", "Transaction", "Calls", "AsyncLedgerCalls", "AsyncScopedLedger",
     "AsyncTransaction", "PendingApproval", "ToolCallInDoubt", "RunContext", "RunStream",

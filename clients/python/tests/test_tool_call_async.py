@@ -11,7 +11,15 @@ import pytest
 from conftest import SCOPE, one
 from psycopg.rows import DictRow
 
-from ledger_client import AsyncLedger, AsyncScopedLedger, InDoubt, ResultNotEncodable, ToolFailed, tool_call_async
+from ledger_client import (
+    AsyncLedger,
+    AsyncScopedLedger,
+    BudgetExhausted,
+    InDoubt,
+    ResultNotEncodable,
+    ToolFailed,
+    tool_call_async,
+)
 
 
 def test_the_async_helper_keeps_the_sync_ones_rules(dsn: str, person: psycopg.Connection[DictRow]) -> None:
@@ -67,3 +75,28 @@ def test_the_async_helper_keeps_the_sync_ones_rules(dsn: str, person: psycopg.Co
     assert "not encodable" in one(person, "SELECT error_message FROM ledger.run_step_tool_calls"
                                           " WHERE tool_call_id = 'c4'")
     assert leases[1] > leases[0], "the heartbeats extended the slow tool's lease while it ran"
+
+
+def test_the_async_helper_never_executes_a_call_its_budget_refuses(dsn: str, person: psycopg.Connection[DictRow]) -> None:
+    executed: list[str] = []
+
+    async def lookup(arguments: dict[str, Any]) -> Any:
+        executed.append(arguments["what"])
+        return {"found": arguments["what"]}
+
+    async def body() -> None:
+        scoped: AsyncScopedLedger = AsyncLedger(dsn).scoped(*SCOPE)
+        await scoped.create_run("agent", run_id="r-async-budget")
+        await scoped.transition_run("r-async-budget", "running")
+        budget = await scoped.set_budget("tool_calls", 1, level="run", run_id="r-async-budget")
+        assert budget is not None and budget.max_amount == 1
+        assert await tool_call_async(scoped, "r-async-budget", "c1", "crm.lookup", {"what": "a"}, lookup) == {"found": "a"}
+        with pytest.raises(BudgetExhausted) as refused:
+            await tool_call_async(scoped, "r-async-budget", "c2", "crm.lookup", {"what": "b"}, lookup)
+        assert refused.value.budget is not None and refused.value.budget.remaining == 0
+        [used_up] = await scoped.budgets("r-async-budget")
+        assert used_up.exhausted and used_up.run_id == "r-async-budget"
+
+    asyncio.run(body())
+    assert executed == ["a"]
+    assert one(person, "SELECT status || ' ' || error_code FROM ledger.runs") == "paused BUDGET_EXHAUSTED"

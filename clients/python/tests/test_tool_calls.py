@@ -13,6 +13,7 @@ from conftest import SCOPE, one, wait_for
 from psycopg.rows import DictRow
 
 from ledger_client import (
+    BudgetExhausted,
     Busy,
     ClaimOutcome,
     InDoubt,
@@ -120,6 +121,29 @@ def test_every_claim_outcome_typed_and_raised(scoped: ScopedLedger, person: psyc
         tool_call(scoped, run, "late", "crm.lookup", {"order": 1}, tool, idempotency_key=f"tool:{done}:c1")
     assert tool.total == 2  # "lookup" and "c1", each once; nothing else ever executed
     assert one(person, "SELECT count(*) FROM ledger.tool_calls_in_doubt") == 1
+
+
+def test_a_call_its_budget_refuses_is_never_executed(scoped: ScopedLedger, person: psycopg.Connection[DictRow]) -> None:
+    run = running_run(scoped, "r-budget")
+    scoped.set_budget("tool_calls", 2, level="run", run_id=run)
+    tool = Tool({"status": "shipped"})
+    turn = [ToolRequest(f"call-{n}", "crm.lookup", {"key": n}, tool) for n in range(3)]
+    results = tool_calls(scoped, run, turn)
+    assert [r.claim.outcome for r in results] == [ClaimOutcome.CLAIMED] * 2 + [ClaimOutcome.BUDGET_EXHAUSTED]
+    refused = results[2].error
+    assert isinstance(refused, BudgetExhausted) and refused.outcome is ClaimOutcome.BUDGET_EXHAUSTED
+    assert refused.tool_call is None and refused.budget is not None
+    assert (refused.budget.level, refused.budget.run_id, refused.budget.unit) == ("run", run, "tool_calls")
+    with pytest.raises(BudgetExhausted) as alone:
+        tool_call(scoped, run, "call-3", "crm.lookup", {"key": 3}, tool)
+    assert alone.value.budget == refused.budget
+    assert tool.total == 2 and one(person, "SELECT count(*) FROM ledger.run_step_tool_calls") == 2
+    assert one(person, "SELECT error_code FROM ledger.runs WHERE id = %s", (run,)) == "BUDGET_EXHAUSTED"
+    # A replay is no decision: the recorded result comes back while the budget is used up.
+    assert tool_call(scoped, run, "call-0", "crm.lookup", {"key": 0}, tool) == {"status": "shipped"}
+    scoped.set_budget("tool_calls", 3, level="run", run_id=run, actor="lead@acme")
+    assert tool_call(scoped, run, "call-2", "crm.lookup", {"key": 2}, tool) == {"status": "shipped"}
+    assert tool.total == 3
 
 
 def test_a_failure_is_recorded_and_replayed_until_retried(scoped: ScopedLedger) -> None:

@@ -7,9 +7,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -17,7 +18,7 @@ from conftest import SCOPE, one, wait_for
 from psycopg.rows import DictRow
 from support_agent import count, lookup_order, refund, support_agent
 
-from ledger_client import InDoubt, Ledger, RunContext, ScopedLedger, ScopeError, Worker
+from ledger_client import InDoubt, Ledger, ModelReply, RunContext, ScopedLedger, ScopeError, Worker
 
 HERE = Path(__file__).parent
 
@@ -185,6 +186,53 @@ def test_an_agent_exception_fails_the_run_and_a_stopped_call_parks_it(
     assert failed is not None and failed.status == "failed"
     assert (failed.error_code, failed.error_message) == ("ValueError", "the model answered nonsense")
     assert status(person, "r-doubt") == "paused"
+
+
+def test_a_used_up_budget_parks_the_run_until_a_person_raises_it(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    done: list[str] = []
+
+    def model(text: str) -> Callable[[], ModelReply]:
+        def call_model() -> ModelReply:
+            done.append(text)
+            return ModelReply(text, {"total_tokens": 40})
+        return call_model
+
+    def lookup(arguments: dict[str, Any]) -> Any:
+        done.append("lookup")
+        return {"paid": "3.00"}
+
+    def agent(ctx: RunContext) -> str:
+        ctx.llm_step("plan", model("plan"))
+        found = ctx.tool_call("lookup", "crm.lookup_order", {"order": 5}, lookup)
+        return ctx.llm_step("answer", model(f"paid {found['paid']}"))
+
+    def run() -> dict[str, Any]:
+        row = person.execute("SELECT status, error_code, lease_owner FROM ledger.runs WHERE id = 'r-budget'").fetchone()
+        assert row is not None
+        return row
+
+    scoped.create_run("agent", run_id="r-budget")
+    scoped.set_budget("llm_steps", 1, level="run", run_id="r-budget")
+    scoped.set_budget("tool_calls", 1)
+    worker = Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1")
+    # The plan's step uses up the run's llm_steps: the lookup is refused, and not executed.
+    assert worker.run_once() and done == ["plan"]
+    assert run() == {"status": "paused", "error_code": "BUDGET_EXHAUSTED", "lease_owner": None}  # parked, released
+    assert not worker.run_once()  # not claimable while the budget is used up
+    scoped.set_budget("llm_steps", 3, level="run", run_id="r-budget", actor="lead@acme", note="go on")
+    # The lookup uses up the workspace's tool_calls: the answer's llm step is refused, the model not called.
+    assert worker.run_once() and done == ["plan", "lookup"]
+    assert run() == {"status": "paused", "error_code": "BUDGET_EXHAUSTED", "lease_owner": None}
+    step = person.execute("SELECT status, error_code FROM ledger.run_steps WHERE step_key = 'answer'").fetchone()
+    assert step == {"status": "paused", "error_code": "BUDGET_EXHAUSTED"}
+    scoped.set_budget("tool_calls", 5, actor="lead@acme")
+    assert worker.run_once() and done == ["plan", "lookup", "paid 3.00"]
+    assert run()["status"] == "succeeded"
+    refusals = person.execute("SELECT payload->>'decision' AS decision FROM ledger.run_events"
+                              " WHERE run_id = 'r-budget' AND event_type = 'budget.exhausted' ORDER BY seq").fetchall()
+    assert [r["decision"] for r in refusals] == ["tool_call", "llm_step"]
 
 
 def test_a_worker_of_every_scope_and_a_login_role_that_is_no_operator(

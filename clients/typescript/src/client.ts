@@ -17,6 +17,7 @@ import { toLedgerError } from "./errors.js";
 import { isConnectionError } from "./faults.js";
 import {
   parseApproval,
+  parseBudgetUsage,
   parseClaim,
   parseClaimedRun,
   parseCostEntry,
@@ -28,6 +29,9 @@ import {
   parseRun,
   parseStep,
   type Approval,
+  type BudgetLevel,
+  type BudgetPeriod,
+  type BudgetUsage,
   type ClaimedRun,
   type CompleteOutcome,
   type CostEntry,
@@ -71,6 +75,14 @@ class Cast {
  */
 function json(value: unknown): Cast | undefined {
   return value === undefined ? undefined : new Cast(value === null ? null : JSON.stringify(toJson(value)), "jsonb");
+}
+
+/**
+ * An amount as `numeric`: its decimal text with a cast, read exactly and matching the `numeric`
+ * parameter (`record_cost` also has `bigint` and `float8` overloads); null stays null.
+ */
+function numeric(amount: string | number | null): Cast {
+  return new Cast(amount === null ? null : String(amount), "numeric");
 }
 
 /**
@@ -155,6 +167,22 @@ export interface TransitionStepOptions {
   errorMessage?: string;
   errorDetails?: unknown;
   runToken?: number;
+}
+
+/** Options of `set_budget` besides the unit and the amount. */
+export interface SetBudgetOptions {
+  /** `workspace` (the scope's, the default), `tenant` (every workspace of it) or `run` (`runId`). */
+  level?: BudgetLevel;
+  /** The run of a `run` budget. */
+  runId?: string;
+  /** `total` (the default), `day` or `month` (calendar, UTC): a new window counts from 0. */
+  period?: BudgetPeriod;
+  /** The share of the amount whose spending writes `budget.warning` once per window (default 0.8); null: no warning. */
+  warnRatio?: string | number | null;
+  /** Who set it, for the audit record (`budget.set`). */
+  actor?: string;
+  /** Why, for the audit record (redacted). */
+  note?: string;
 }
 
 /** Options of the people's queues ({@link LedgerCalls.toolCallsInDoubt} and the others). */
@@ -387,6 +415,40 @@ export abstract class LedgerCalls {
     return limit === null ? null : Number(limit);
   }
 
+  /**
+   * `set_budget`: at most `maxAmount` of `unit` (`tokens`, `tool_calls`, `llm_steps` or a currency
+   * code) per period; while it is used up, tool-call claims answer `budget_exhausted` and `llm`
+   * steps are refused. Amounts are sent as `numeric` (pass decimal strings for money); a null
+   * `maxAmount` removes the budget. Returns it as {@link budgets} shows it, or null once removed.
+   */
+  async setBudget(unit: string, maxAmount: string | number | null, options: SetBudgetOptions = {}): Promise<BudgetUsage | null> {
+    const { warnRatio, ...rest } = options;
+    const rows = await this.select("set_budget", [unit, numeric(maxAmount)], {
+      ...snakeKeys({ ...rest }),
+      // Sent when null too (no warning); absent, the SQL default applies.
+      warn_ratio: warnRatio === undefined ? undefined : numeric(warnRatio),
+    });
+    return rows[0] === undefined ? null : parseBudgetUsage(rows[0]);
+  }
+
+  /**
+   * `ledger.budget_usage`: the scope's budgets (its tenant's, its workspace's, its runs'), or with
+   * `runId` those that apply to that run (its tenant's, its workspace's, its own), each as spent in
+   * the window of now, the broadest first. A `ledger_reader` may read it.
+   */
+  async budgets(runId?: string): Promise<BudgetUsage[]> {
+    const values: unknown[] = [];
+    let text = `SELECT * FROM ledger.budget_usage b
+      WHERE b.tenant_id = ledger.scope_tenant() AND (b.workspace_id IS NULL OR b.workspace_id = ledger.scope_workspace())`;
+    if (runId !== undefined) {
+      values.push(runId);
+      text += " AND (b.run_id IS NULL OR b.run_id = $1)";
+    }
+    return (await this.query(`${text} ORDER BY b.workspace_id NULLS FIRST, b.run_id NULLS FIRST, b.unit, b.period`, values)).map(
+      parseBudgetUsage,
+    );
+  }
+
   /** `claim_tool_call`: the executor protocol's first step; the outcome is returned, not raised. */
   async claimToolCall(runId: string, toolRef: string, args: Json = {}, options: ClaimToolCallOptions = {}): Promise<ToolCallClaim> {
     const { approval, ...rest } = options;
@@ -500,8 +562,8 @@ export abstract class LedgerCalls {
     const { amount, usage, pricingSnapshot, ...rest } = options;
     return parseCostEntry(
       one(
-        await this.select("record_cost", [runId, billingBasis, new Cast(String(billedQuantity), "numeric")], {
-          amount: amount === undefined ? undefined : new Cast(String(amount), "numeric"),
+        await this.select("record_cost", [runId, billingBasis, numeric(billedQuantity)], {
+          amount: amount === undefined ? undefined : numeric(amount),
           usage: json(usage),
           pricing_snapshot: json(pricingSnapshot),
           ...snakeKeys({ ...rest }),

@@ -8,13 +8,13 @@
  * node-postgres raised it.
  *
  * The tool-call outcomes that mean "not executed" (`in_doubt`, `busy`, `waiting_approval`,
- * `rejected`, `purged`) are not server errors: the extension returns them. The tool-call helper
+ * `rejected`, `purged`, `budget_exhausted`) are not server errors: the extension returns them. The tool-call helper
  * raises them as {@link ToolCallStopped} subclasses so that a caller cannot mistake one for a
  * result; so is a replayed failure ({@link ToolFailedError}).
  */
 import pg from "pg";
 
-import type { ClaimOutcome, ToolCallClaim } from "./types.js";
+import type { Budget, ClaimOutcome, ToolCallClaim } from "./types.js";
 
 /** A JSON object as the ledger returns it. */
 export type JsonObject = { [key: string]: unknown };
@@ -153,6 +153,22 @@ export class ResultNotEncodable extends InDoubtError {
 /** The run was purged; the key's tombstone answered (`claim.raw.tool_call`). */
 export class PurgedError extends ToolCallStopped {}
 /**
+ * A budget that applies to the run is used up (`budget` says which): the call is not executed
+ * (`claim.toolCall` is null for a new call: nothing was created), and the ledger paused the run
+ * with `error_code` `BUDGET_EXHAUSTED` until a person raises the budget (`setBudget`) or ends the
+ * run. `RunContext.llmStep` throws it too for a refused `llm` step. A worker parks the run.
+ */
+export class BudgetExhaustedError extends ToolCallStopped {
+  readonly budget: Budget | null;
+
+  constructor(claim: ToolCallClaim, subject = callName(claim)) {
+    const budget = claim.budget;
+    const which = budget ? `the ${budget.level}'s ${budget.unit} budget is used up (${budget.spent} of ${budget.maxAmount})` : "a budget is used up";
+    super(claim, `${subject}: ${which}`);
+    this.budget = budget;
+  }
+}
+/**
  * The call failed when it ran before, and its failure was replayed (outcome `replayed`): it is
  * not run again. `error` is the recorded error; claim with `retryFailed` to execute it again.
  */
@@ -171,6 +187,7 @@ const STOPPED: Partial<Record<ClaimOutcome, typeof ToolCallStopped>> = {
   waiting_approval: WaitingApprovalError,
   rejected: RejectedError,
   purged: PurgedError,
+  budget_exhausted: BudgetExhaustedError,
 };
 
 /** The exception for a claim that hands out no execution and has no result to replay. */

@@ -6,7 +6,7 @@
  * complete `succeeded` (the result) or `failed` (the error's message) → a timeout after sending
  * (the tool throws a `TimeoutError` or `AbortError`) completes `unknown`: the call is in doubt and
  * {@link InDoubtError} is thrown. Any other outcome (`in_doubt`, `busy`, `waiting_approval`,
- * `rejected`, `purged`) is thrown as its {@link ToolCallStopped} subclass, and nothing runs; a
+ * `rejected`, `purged`, `budget_exhausted`) is thrown as its {@link ToolCallStopped} subclass, and nothing runs; a
  * replayed failure as {@link ToolFailedError}.
  *
  * Every step is a transaction of its own, so each is committed before the next begins: the rules

@@ -41,6 +41,7 @@ export const CLAIM_OUTCOMES = [
   "purged",
   "unrecorded",
   "recorded",
+  "budget_exhausted",
 ] as const;
 export type ClaimOutcome = (typeof CLAIM_OUTCOMES)[number];
 
@@ -54,6 +55,10 @@ export type OutboxStatus = "pending" | "processing" | "done" | "failed";
 export type ResolveDecision = "succeeded" | "failed" | "retry";
 /** How an executor reports the end of an attempt (`unknown`: sent, no answer). */
 export type CompleteOutcome = "succeeded" | "failed" | "unknown";
+/** Where a budget applies: every workspace of the tenant, the scope's workspace, or one run. */
+export type BudgetLevel = "tenant" | "workspace" | "run";
+/** A budget's window: all time, or the calendar day or month (UTC). */
+export type BudgetPeriod = "total" | "day" | "month";
 /** The statuses of a `run_evidence` item. */
 export type EvidenceStatus = "pass" | "warning" | "fail" | "not_applicable";
 
@@ -199,14 +204,54 @@ export interface ToolResponse {
   metadata: Json;
 }
 
+/**
+ * A budget as a refusal names it: the `budget` of a `budget_exhausted` answer, the `errorDetails`
+ * of a refused `llm` step, the payload of `budget.exhausted`. Amounts are decimal strings.
+ */
+export interface Budget {
+  level: BudgetLevel;
+  runId: string | null;
+  /** `tokens`, `tool_calls`, `llm_steps` or a currency code (`USD`). */
+  unit: string;
+  period: BudgetPeriod;
+  maxAmount: string;
+  /** Spent in the window of now. */
+  spent: string;
+  /** `maxAmount - spent`, at least 0. */
+  remaining: string;
+  /** The window's bounds; null for a `total` budget. */
+  windowStart: Date | null;
+  windowEnd: Date | null;
+}
+
+/** A row of `ledger.budget_usage`: a budget and what was spent in the window of now. */
+export interface BudgetUsage extends Budget {
+  tenantId: string;
+  /** Null for a tenant's budget. */
+  workspaceId: string | null;
+  /** `spent >= maxAmount`: decisions to spend are refused. */
+  exhausted: boolean;
+  /** The share of `maxAmount` that writes `budget.warning`; null: no warning. */
+  warnRatio: string | null;
+  /** This window's warning was written. */
+  warned: boolean;
+  updatedBy: string | null;
+  updatedAt: Date;
+}
+
 /** What every tool-call function answers: `{outcome, tool_call, approval, response}`. */
 export interface ToolCallClaim {
   outcome: ClaimOutcome;
-  /** The record; null for `purged` (the tombstone is in `raw.tool_call`) and `unrecorded` without one. */
+  /**
+   * The record; null for `purged` (the tombstone is in `raw.tool_call`), `unrecorded` without one
+   * and `budget_exhausted` for a new call (nothing was created).
+   */
   toolCall: ToolCall | null;
   approval: Approval | null;
   /** For `replayed` only. */
   response: ToolResponse | null;
+  /** For `budget_exhausted` only: the budget that is used up. */
+  budget: Budget | null;
   /** The answer as the server returned it. */
   raw: Json;
 }
@@ -517,6 +562,7 @@ export function parseClaim(answer: unknown): ToolCallClaim {
   const call = value(raw, "tool_call");
   const approval = value(raw, "approval");
   const response = value(raw, "response") as Row | null;
+  const budget = value(raw, "budget");
   return {
     outcome,
     toolCall: outcome !== "purged" && call !== null ? parseToolCall(call as Row) : null,
@@ -530,7 +576,37 @@ export function parseClaim(answer: unknown): ToolCallClaim {
             metadata: obj(response, "metadata"),
           }
         : null,
+    budget: budget !== null ? parseBudget(budget as Row) : null,
     raw,
+  };
+}
+
+/** Parses a budget: a refusal's JSON, or (with its usage) a `ledger.budget_usage` row. */
+export function parseBudget(row: Row): Budget {
+  return {
+    level: str(row, "level") as BudgetLevel,
+    runId: optStr(row, "run_id"),
+    unit: str(row, "unit"),
+    period: str(row, "period") as BudgetPeriod,
+    maxAmount: str(row, "max_amount"),
+    spent: str(row, "spent"),
+    remaining: str(row, "remaining"),
+    windowStart: optDate(row, "window_start"),
+    windowEnd: optDate(row, "window_end"),
+  };
+}
+
+/** Parses a `ledger.budget_usage` row. */
+export function parseBudgetUsage(row: Row): BudgetUsage {
+  return {
+    ...parseBudget(row),
+    tenantId: str(row, "tenant_id"),
+    workspaceId: optStr(row, "workspace_id"),
+    exhausted: value(row, "exhausted") === true,
+    warnRatio: optStr(row, "warn_ratio"),
+    warned: value(row, "warned") === true,
+    updatedBy: optStr(row, "updated_by"),
+    updatedAt: date(row, "updated_at"),
   };
 }
 

@@ -12,6 +12,9 @@
  *   in one transaction;
  * - a call is in doubt or waits for approval: the run is parked (`paused` or `waiting_approval`)
  *   and released; a person's decision makes it claimable again;
+ * - a budget is used up (a tool call or an `llm` step refused: the ledger paused the run with
+ *   `error_code` `BUDGET_EXHAUSTED`): the run stays `paused` and is released; it is claimable
+ *   again once a person raises the budget;
  * - a call is busy (another executor's live attempt): the run is released, to be claimed later;
  * - the run was taken over (40001 `LEASE_STALE`): it is dropped, the new owner has it;
  * - a rejected approval: the run fails with `error_code` `TOOL_APPROVAL_REJECTED`;
@@ -28,13 +31,21 @@
 import { hostname } from "node:os";
 import { setTimeout as sleep } from "node:timers/promises";
 
-import { BusyError, ConflictError, InDoubtError, REJECTED_ERROR_CODE, RejectedError, WaitingApprovalError } from "./errors.js";
+import {
+  BudgetExhaustedError,
+  BusyError,
+  ConflictError,
+  InDoubtError,
+  REJECTED_ERROR_CODE,
+  RejectedError,
+  WaitingApprovalError,
+} from "./errors.js";
 import { isConnectionError, reconnecting } from "./faults.js";
 import { Ledger, type ScopedLedger } from "./client.js";
 import { positiveSeconds } from "./options.js";
 import { succeedWith } from "./reply.js";
 import { toolCall, toolCalls, type ToolCallResult, type ToolFn, type TurnCall } from "./tool_calls.js";
-import type { ClaimedRun, Step } from "./types.js";
+import { parseClaim, type ClaimedRun, type Step } from "./types.js";
 
 type Json = { [key: string]: unknown };
 
@@ -155,8 +166,14 @@ export class RunContext {
     });
   }
 
+  /** The step of `key`; {@link BudgetExhaustedError} when the ledger refused it (an `llm` step over a budget). */
   private async openStep(key: string, stepType: string): Promise<Step> {
-    return reconnecting(() => this.ledger.createStep(this.runId, stepType, { stepKey: key, runToken: this.run.runToken }));
+    const step = await reconnecting(() => this.ledger.createStep(this.runId, stepType, { stepKey: key, runToken: this.run.runToken }));
+    if (step.errorCode === "BUDGET_EXHAUSTED") {
+      // Created (or found) paused: its work must not run. The refusal as a claim would answer it.
+      throw new BudgetExhaustedError(parseClaim({ outcome: "budget_exhausted", budget: step.errorDetails }), `step ${key}`);
+    }
+    return step;
   }
 
   /** Runs `fn` as the step's work: the step is `running` meanwhile and `failed` if `fn` throws. */
@@ -377,8 +394,9 @@ async function conclude(ledger: ScopedLedger, run: ClaimedRun, error: unknown): 
   const token = run.runToken;
   if (isLeaseStale(error)) return { status: "lost", reason };
   if (isConnectionError(error)) return releaseLost(ledger, run, reason);
-  if (error instanceof InDoubtError || error instanceof WaitingApprovalError) {
-    const parked = error instanceof InDoubtError ? "paused" : "waiting_approval";
+  if (error instanceof InDoubtError || error instanceof WaitingApprovalError || error instanceof BudgetExhaustedError) {
+    // A refusal by a budget paused the run already (BUDGET_EXHAUSTED): paused again keeps that.
+    const parked = error instanceof WaitingApprovalError ? "waiting_approval" : "paused";
     await reconnecting(() => ledger.transitionRun(run.runId, parked, { runToken: token }));
     await release(ledger, run);
     return { status: parked, reason };

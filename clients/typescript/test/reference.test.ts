@@ -31,6 +31,8 @@ const REFERENCED: Record<string, string[]> = {
     "ScopedLedger.toolCallsInDoubt",
     "ScopedLedger.pendingApprovals",
     "ScopedLedger.failedOutboxEvents",
+    "ScopedLedger.setBudget",
+    "ScopedLedger.budgets",
     "Transaction",
   ],
   work: ["work"],
@@ -52,6 +54,8 @@ const REFERENCED: Record<string, string[]> = {
     "parsePendingApproval",
     "parseEvidenceItem",
     "parseCostEntry",
+    "parseBudget",
+    "parseBudgetUsage",
   ],
 };
 

@@ -1,8 +1,16 @@
-/** Re-runs and a run's records: retryRun, replayRun, runEvidence, otelTrace. */
+/** Re-runs and a run's records: retryRun, replayRun, runEvidence, otelTrace; concurrency limits and budgets. */
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { LedgerError, NotFoundError, WrongStateError, work, type JsonObject, type RunContext } from "../src/index.js";
+import {
+  InvalidArgumentError,
+  LedgerError,
+  NotFoundError,
+  WrongStateError,
+  work,
+  type JsonObject,
+  type RunContext,
+} from "../src/index.js";
 import { freshDb } from "./helpers.js";
 
 test("retryRun and replayRun: new runs in the source's lineage, with its inputs or new ones", async (t) => {
@@ -236,4 +244,93 @@ test("a concurrency limit: setConcurrencyLimit lets so many runs of a key be cla
     acme.setConcurrencyLimit("customer-7", -1),
     (e: unknown) => e instanceof LedgerError && e.code === "LIMIT_INVALID",
   );
+});
+
+test("a budget: setBudget, budget_exhausted with the budget, the run paused until a person raises it; budgets", async (t) => {
+  const db = await freshDb(t, "budgets");
+  const acme = db.ledger.scoped("acme", "ts");
+  const budget = await acme.setBudget("tool_calls", 1, { actor: "ops@acme", note: "one call" });
+  assert.ok(budget !== null);
+  assert.deepEqual(
+    [budget.level, budget.unit, budget.period, budget.tenantId, budget.workspaceId, budget.runId],
+    ["workspace", "tool_calls", "total", "acme", "ts", null],
+  );
+  assert.deepEqual([budget.maxAmount, budget.spent, budget.remaining, budget.warnRatio], ["1", "0", "1", "0.8"]);
+  assert.equal(budget.exhausted, false);
+  assert.equal(budget.updatedBy, "ops@acme");
+  await acme.createRun("agent", { runId: "r-budget" });
+  const claimed = await acme.claimRun("w-1", { runId: "r-budget" });
+  assert.ok(claimed !== null);
+  const runToken = claimed.runToken;
+  await acme.transitionRun("r-budget", "running", { runToken });
+
+  const first = await acme.claimToolCall("r-budget", "crm.lookup", { order: 1 }, { toolCallId: "c-1", runToken });
+  assert.equal(first.outcome, "claimed");
+  assert.equal(first.budget, null);
+  const refused = await acme.claimToolCall("r-budget", "crm.lookup", { order: 2 }, { toolCallId: "c-2", runToken });
+  assert.equal(refused.outcome, "budget_exhausted");
+  assert.equal(refused.toolCall, null, "nothing created");
+  assert.deepEqual(refused.budget, {
+    level: "workspace",
+    runId: null,
+    unit: "tool_calls",
+    period: "total",
+    maxAmount: "1",
+    spent: "1",
+    remaining: "0",
+    windowStart: null,
+    windowEnd: null,
+  });
+  const parked = await acme.getRun("r-budget");
+  assert.deepEqual([parked?.status, parked?.errorCode], ["paused", "BUDGET_EXHAUSTED"]);
+  assert.deepEqual(await db.sql("SELECT id FROM ledger.run_step_tool_calls WHERE tool_call_id = 'c-2'"), []);
+
+  const [usedUp, ...others] = await acme.budgets();
+  assert.deepEqual(others, []);
+  assert.deepEqual([usedUp?.exhausted, usedUp?.spent, usedUp?.remaining], [true, "1", "0"]);
+  assert.deepEqual(await acme.budgets("r-budget"), [usedUp], "the workspace's budgets apply to each of its runs");
+  const raised = await acme.setBudget("tool_calls", "2", { actor: "lead@acme", note: "one more" });
+  assert.deepEqual([raised?.exhausted, raised?.updatedBy], [false, "lead@acme"]);
+  const again = await acme.claimToolCall("r-budget", "crm.lookup", { order: 2 }, { toolCallId: "c-2" });
+  assert.equal(again.outcome, "claimed");
+  assert.equal(again.toolCall?.toolCallId, "c-2");
+});
+
+test("budgets of each level, unit and period; removed; a bad unit is UNIT_INVALID", async (t) => {
+  const db = await freshDb(t, "budget_levels");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "r-1" });
+  await acme.createRun("agent", { runId: "r-2" });
+  const daily = await acme.setBudget("usd", 0.1, { level: "tenant", period: "day", warnRatio: null });
+  assert.deepEqual([daily?.unit, daily?.level, daily?.workspaceId, daily?.maxAmount, daily?.warnRatio], ["USD", "tenant", null, "0.1", null]);
+  assert.ok(daily?.windowStart instanceof Date && daily.windowEnd instanceof Date && daily.windowStart < daily.windowEnd);
+  await acme.setBudget("tokens", "5000", { level: "run", runId: "r-1" });
+  await acme.setBudget("llm_steps", 10);
+  assert.deepEqual(
+    (await acme.budgets()).map((b) => [b.level, b.unit]),
+    [["tenant", "USD"], ["workspace", "llm_steps"], ["run", "tokens"]],
+  );
+  assert.deepEqual((await acme.budgets("r-2")).map((b) => b.unit), ["USD", "llm_steps"], "r-1's is not r-2's");
+  await acme.recordCost("r-1", "tokens", 1200, { amount: "0.04", currency: "USD", usage: { total_tokens: 1200 } });
+  assert.deepEqual(Object.fromEntries((await acme.budgets("r-1")).map((b) => [b.unit, b.spent])), {
+    USD: "0.04",
+    llm_steps: "0",
+    tokens: "1200",
+  });
+  assert.equal(await acme.setBudget("usd", null, { level: "tenant", period: "day" }), null, "removed");
+  assert.deepEqual((await acme.budgets()).map((b) => b.unit), ["llm_steps", "tokens"]);
+
+  await assert.rejects(
+    acme.setBudget("dollars!", 10),
+    (e: unknown) => e instanceof InvalidArgumentError && e.sqlstate === "22023" && e.code === "UNIT_INVALID",
+  );
+  await assert.rejects(
+    acme.setBudget("tokens", 10, { level: "run" }),
+    (e: unknown) => e instanceof InvalidArgumentError && e.code === "ARGUMENT_REQUIRED",
+  );
+  await assert.rejects(
+    acme.setBudget("tokens", 10, { level: "run", runId: "r-none" }),
+    (e: unknown) => e instanceof NotFoundError && e.code === "RUN_NOT_FOUND",
+  );
+  assert.equal((await acme.budgets()).length, 2, "nothing written by the refused calls");
 });

@@ -4,6 +4,7 @@ import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import {
+  BudgetExhaustedError,
   BusyError,
   InDoubtError,
   PurgedError,
@@ -124,6 +125,39 @@ test("every claim outcome: claimed, replayed, busy, in_doubt, waiting_approval, 
   assert.equal((purged.claim.raw["tool_call"] as Record<string, unknown>)["idempotency_key"], "tool:old:k");
   assert.equal(old.runs, 1);
   assert.equal(never.runs, 0);
+});
+
+test("a call its budget refuses is never executed: toolCall and toolCalls throw BudgetExhaustedError", async (t) => {
+  const db = await freshDb(t, "budget_calls");
+  const acme = db.ledger.scoped("acme", "ts");
+  await runningRun(acme, "r");
+  await acme.setBudget("tool_calls", 2, { level: "run", runId: "r" });
+  const tool = counted({ status: "shipped" });
+  const turn = [0, 1, 2].map((n) => ({ toolCallId: `call-${n}`, toolRef: "crm.lookup", arguments: { n }, execute: tool.execute }));
+  const results = await toolCalls(acme, "r", turn);
+  assert.deepEqual(
+    results.map((r) => r.claim.outcome),
+    ["claimed", "claimed", "budget_exhausted"],
+  );
+  const refused = results[2]?.error;
+  assert.ok(refused instanceof BudgetExhaustedError && refused instanceof ToolCallStopped);
+  assert.equal(refused.outcome, "budget_exhausted");
+  assert.equal(refused.claim.toolCall, null);
+  assert.deepEqual([refused.budget?.level, refused.budget?.runId, refused.budget?.unit, refused.budget?.spent], ["run", "r", "tool_calls", "2"]);
+  assert.match(refused.message, /the run's tool_calls budget is used up \(2 of 2\)/);
+  const call = (n: number): Promise<unknown> =>
+    toolCall(acme, { runId: "r", toolRef: "crm.lookup", arguments: { n }, toolCallId: `call-${n}`, execute: tool.execute });
+  const alone = await call(3).catch((e: unknown) => e);
+  assert.ok(alone instanceof BudgetExhaustedError);
+  assert.deepEqual(alone.budget, refused.budget);
+  assert.equal(tool.runs, 2);
+  assert.deepEqual(await db.sql("SELECT count(*)::int AS n FROM ledger.run_step_tool_calls"), [{ n: 2 }]);
+  assert.equal((await acme.getRun("r"))?.errorCode, "BUDGET_EXHAUSTED");
+  // A replay is no decision: the recorded result comes back while the budget is used up.
+  assert.deepEqual(await call(0), { status: "shipped" });
+  await acme.setBudget("tool_calls", 3, { level: "run", runId: "r", actor: "lead@acme" });
+  assert.deepEqual(await call(2), { status: "shipped" });
+  assert.equal(tool.runs, 3);
 });
 
 test("a timeout after sending leaves the call in doubt, and a second worker never executes it", async (t) => {

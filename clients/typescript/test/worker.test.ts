@@ -187,6 +187,66 @@ test("SIGTERM stops a worker process after the run in hand; past the grace perio
   assert.equal((await acme.claimRun("next", { runId: "stuck" }))?.runId, "stuck");
 });
 
+test("a used-up budget parks the run (a tool call, then an llm step refused) until a person raises it", async (t) => {
+  const db = await freshDb(t, "budget_worker");
+  const acme = db.ledger.scoped("acme", "ts");
+  const done: string[] = [];
+  const model = (text: string) => async () => {
+    done.push(text);
+    return { text, usage: { total_tokens: 40 } };
+  };
+  const lookup = async (): Promise<{ paid: string }> => {
+    done.push("lookup");
+    return { paid: "3.00" };
+  };
+  await acme.createRun("agent", { runId: "r-budget" });
+  await acme.setBudget("llm_steps", 1, { level: "run", runId: "r-budget" });
+  await acme.setBudget("tool_calls", 1);
+  const outcomes: RunOutcome[] = [];
+  const stop = new AbortController();
+  const loop = work(
+    acme,
+    async (ctx) => {
+      await ctx.llmStep("plan", model("plan"));
+      const found = await ctx.toolCall("lookup", "crm.lookup_order", { order: 5 }, lookup);
+      return ctx.llmStep("answer", model(`paid ${found.paid}`));
+    },
+    { leaseOwner: "worker-1", idleSeconds: 0.05, signal: stop.signal, stopOn: [], onRun: (_run, o) => outcomes.push(o) },
+  );
+  const run = async (): Promise<unknown[]> => {
+    const r = await acme.getRun("r-budget");
+    return [r?.status, r?.errorCode, r?.leaseOwner];
+  };
+  try {
+    // The plan's step uses up the run's llm_steps: the lookup is refused, and not executed.
+    await waitFor("the run parked", () => outcomes.length === 1);
+    assert.equal(outcomes[0]?.status, "paused");
+    assert.deepEqual(done, ["plan"]);
+    assert.deepEqual(await run(), ["paused", "BUDGET_EXHAUSTED", null], "parked and released");
+    assert.equal(await acme.claimRun("w-other"), null, "not claimable while the budget is used up");
+    await acme.setBudget("llm_steps", 3, { level: "run", runId: "r-budget", actor: "lead@acme", note: "go on" });
+    // The lookup uses up the workspace's tool_calls: the answer's llm step is refused, the model not called.
+    await waitFor("the run parked again", () => outcomes.length === 2);
+    assert.equal(outcomes[1]?.status, "paused");
+    assert.deepEqual(done, ["plan", "lookup"]);
+    assert.deepEqual(await run(), ["paused", "BUDGET_EXHAUSTED", null]);
+    assert.deepEqual(await db.sql("SELECT status, error_code FROM ledger.run_steps WHERE step_key = 'answer'"), [
+      { status: "paused", error_code: "BUDGET_EXHAUSTED" },
+    ]);
+    await acme.setBudget("tool_calls", 5, { actor: "lead@acme" });
+    await waitFor("the run to finish", () => outcomes.length === 3);
+  } finally {
+    stop.abort();
+    await loop;
+  }
+  assert.deepEqual(outcomes[2], { status: "succeeded", reply: "paid 3.00" });
+  assert.deepEqual(done, ["plan", "lookup", "paid 3.00"]);
+  const refusals = await db.sql(
+    "SELECT payload->>'decision' AS decision FROM ledger.run_events WHERE run_id = 'r-budget' AND event_type = 'budget.exhausted' ORDER BY seq",
+  );
+  assert.deepEqual(refusals.map((r) => r["decision"]), ["tool_call", "llm_step"]);
+});
+
 test("a worker over every scope (any_scope) drives each run in its own scope; a non-operator is refused", async (t) => {
   const db = await freshDb(t, "anyscope");
   await db.ledger.scoped("acme", "support").createRun("agent", { runId: "a-1" });

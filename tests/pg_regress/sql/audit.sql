@@ -16,6 +16,8 @@ INSERT INTO audit VALUES
   ('scope_workspace', 'stable',    false, 'safe',   'invoker', 'reads a GUC; used by the RLS policies'),
   ('scope_required',  'stable',    true,  'safe',   'invoker', 'reads the scope GUCs; used by the views'),
   ('set_scope',       'volatile',  false, 'unsafe', 'invoker', 'sets GUCs; a SET clause would undo is_local'),
+  ('budget_window',   'immutable', false, 'safe',   'invoker', 'pure: a budget window''s start; budget_usage and the claims call it'),
+  ('budget_spent',    'immutable', false, 'safe',   'invoker', 'pure: a budget''s spending in the window of its time argument'),
 -- Readers: explicit scope filters, and as ledger_owner forced RLS applies on top of them even
 -- when the caller is a superuser or has BYPASSRLS.
   ('events_since',    'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
@@ -35,6 +37,7 @@ INSERT INTO audit VALUES
   ('heartbeat_run',       'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('release_run',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('set_concurrency_limit', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('set_budget',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('retry_run',           'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('replay_run',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('create_step',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),

@@ -131,7 +131,34 @@ SELECT b->'trace_spec'->'charge_summary' AS charge_summary, b->'trace_spec'->'us
   FROM ledger.replay_bundle('run-demo-1') AS b;
 SELECT id, status, steps, tool_calls, cost FROM ledger.run_overview WHERE id = 'run-demo-1';
 
--- 11. Another workspace sees none of it.
+-- 11. Controls around runs. A worker takes the most urgent due run first; a concurrency key caps
+--     how many of a key's runs are in flight at once; a budget stops spending before it happens.
+SELECT id FROM ledger.create_run('agent', kind => 'report', run_id => 'run-later', not_before => now() + interval '1 hour');
+SELECT id FROM ledger.create_run('agent', kind => 'report', run_id => 'run-routine', concurrency_key => 'customer:42');
+SELECT id FROM ledger.create_run('agent', kind => 'report', run_id => 'run-urgent', concurrency_key => 'customer:42', priority => 10);
+SELECT ledger.set_concurrency_limit('customer:42', 1);
+-- The urgent run first; then nothing: run-routine's key is full and run-later is not due.
+SELECT run_id, run_token FROM ledger.claim_run('worker-1', kinds => '{report}');
+SELECT count(*) AS claimed FROM ledger.claim_run('worker-2', kinds => '{report}');
+-- A budget of one tool call for the urgent run: the first claim is handed out, the second is
+-- refused (returned, not raised) and parks the run for a person.
+SELECT level, unit, max_amount, remaining
+  FROM ledger.set_budget('tool_calls', 1, 'run', run_id => 'run-urgent', actor => 'ops@acme');
+SELECT (ledger.transition_run('run-urgent', 'running', run_token => 1)).status;
+SELECT ledger.claim_tool_call('run-urgent', 'search.web', '{"q": "refund policy"}', tool_call_id => 'call-u1',
+                              run_token => 1)->>'outcome' AS outcome;
+SELECT r->>'outcome' AS outcome, r->'budget'->>'unit' AS unit, r->'budget'->>'spent' AS spent
+  FROM ledger.claim_tool_call('run-urgent', 'search.web', '{"q": "chargebacks"}', tool_call_id => 'call-u2',
+                              run_token => 1) AS r;
+SELECT status, error_code FROM ledger.runs WHERE id = 'run-urgent';
+SELECT event_type, payload->>'decision' AS decision FROM ledger.events_since('run-urgent') WHERE event_type LIKE 'budget.%';
+-- Its worker lets it go; no worker gets it back until a person raises the budget (audited).
+SELECT ledger.release_run('run-urgent', 1);
+SELECT remaining, exhausted FROM ledger.set_budget('tool_calls', 2, 'run', run_id => 'run-urgent',
+                                                   actor => 'ops@acme', note => 'one more search');
+SELECT run_id, run_token, status FROM ledger.claim_run('worker-1', kinds => '{report}');
+
+-- 12. Another workspace sees none of it.
 SELECT ledger.set_scope('acme', 'billing');
 SELECT count(*) AS runs_visible FROM ledger.runs;
 SELECT ledger.transition_run('run-demo-1', 'failed');

@@ -21,6 +21,7 @@ from .encoding import NotEncodable, encode
 from .feed import Reconnect, afollow, follow
 from .outbox import OutboxConsumer
 from .tool_calls import (
+    BudgetExhausted,
     Busy,
     InDoubt,
     Purged,
@@ -37,6 +38,8 @@ from .tool_calls import (
 from .types import (
     Approval,
     ApprovalStatus,
+    Budget,
+    BudgetUsage,
     ClaimedRun,
     ClaimOutcome,
     CostEntry,
@@ -61,7 +64,7 @@ from .types import (
 from .worker import ModelReply, RunContext, Worker
 
 __all__ = [
-    "Approval", "ApprovalStatus", "AsyncLedger", "AsyncLedgerCalls", "AsyncScopedLedger", "AsyncTransaction", "Busy", "Calls", "ClaimOutcome", "ClaimedRun", "ConflictError", "CorruptedError",
+    "Approval", "ApprovalStatus", "AsyncLedger", "AsyncLedgerCalls", "AsyncScopedLedger", "AsyncTransaction", "Budget", "BudgetExhausted", "BudgetUsage", "Busy", "Calls", "ClaimOutcome", "ClaimedRun", "ConflictError", "CorruptedError",
     "CostEntry", "EvidenceItem", "IdempotencyMismatchError", "InDoubt", "InternalError", "InvalidArgumentError",
     "Ledger", "LedgerCalls", "LedgerError", "ModelReply", "NotEncodable", "NotFoundError", "OutboxConsumer", "OutboxEvent",
     "OutboxStatus", "PendingApproval", "Purged", "ReadOnlyError", "Reconnect", "Rejected", "ReplayReady", "ResultNotEncodable",

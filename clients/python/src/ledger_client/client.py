@@ -28,6 +28,7 @@ from .feed import follow
 from .statement import Row, Scope, Statement, SyncRunner, call, function, scoped, value
 from .types import (
     Approval,
+    BudgetUsage,
     ClaimedRun,
     CostEntry,
     EvidenceItem,
@@ -97,6 +98,12 @@ def _outbox_events(rows: list[Row]) -> list[OutboxEvent]:
     return [OutboxEvent.from_row(r) for r in rows]
 
 
+def _numeric(amount: Decimal | float | None) -> Decimal | None:
+    """An amount for a ``numeric`` argument (a float as its shortest decimal text: ``0.1`` is
+    ``0.1``); psycopg would send a float as ``float8``, which no ``numeric`` parameter takes."""
+    return None if amount is None else Decimal(str(amount))
+
+
 class Calls:
     """The ledger's functions, typed, each declared once as a statement builder (:class:`call`):
     :class:`LedgerCalls` runs them, :class:`~ledger_client.aio.AsyncLedgerCalls` awaits them."""
@@ -149,6 +156,44 @@ class Calls:
         """At most ``max_in_flight`` runs of ``concurrency_key`` in flight (0 pauses the key; None
         removes the limit); returns the limit in force."""
         return function(value, "set_concurrency_limit", concurrency_key, max_in_flight)
+
+    @call
+    def set_budget(
+        self,
+        unit: str,
+        max_amount: Decimal | float | None,
+        *,
+        level: str = "workspace",
+        run_id: str | None = None,
+        period: str = "total",
+        warn_ratio: Decimal | float | None = 0.8,
+        actor: str | None = None,
+        note: str | None = None,
+    ) -> Statement[BudgetUsage | None]:
+        """At most ``max_amount`` of ``unit`` (``tokens``, ``tool_calls``, ``llm_steps`` or a
+        currency code) per ``period`` (``total``, ``day``, ``month``: UTC) for the scope's
+        workspace, its ``tenant`` or one ``run`` (``level``, ``run_id``): tool-call claims and
+        ``llm`` steps are refused (``budget_exhausted``) while it is used up. ``warn_ratio`` of it
+        writes ``budget.warning`` (None: no warning); ``actor`` and ``note`` go to the audit record.
+        Returns the budget as :meth:`budgets` shows it, or None once removed (``max_amount`` None)."""
+        # By position, all: warn_ratio None means "no warning", which a left-out argument would not.
+        return function(lambda rows: BudgetUsage.from_row(rows[0]) if rows else None, "set_budget", unit,
+                        _numeric(max_amount), level, run_id, period, _numeric(warn_ratio), actor=actor, note=note)
+
+    @call
+    def budgets(self, run_id: str | None = None) -> Statement[list[BudgetUsage]]:
+        """``ledger.budget_usage``: the scope's budgets (its tenant's, its workspace's, its runs'),
+        or only those that apply to ``run_id`` (its tenant's, its workspace's and its own), each as
+        spent in the window of now, the broadest first."""
+        # The scope is stated in the query too: row-level security does not bind a superuser.
+        query = ("SELECT * FROM ledger.budget_usage WHERE tenant_id = ledger.scope_tenant()"
+                 " AND (workspace_id IS NULL OR workspace_id = ledger.scope_workspace())")
+        params: list[Any] = []
+        if run_id is not None:
+            query += " AND (run_id IS NULL OR run_id = %s)"
+            params.append(run_id)
+        return Statement(query + " ORDER BY workspace_id NULLS FIRST, run_id NULLS FIRST, unit, period", params,
+                         lambda rows: [BudgetUsage.from_row(r) for r in rows])
 
     @call
     def get_run(self, run_id: str) -> Statement[Run | None]:

@@ -6,7 +6,8 @@ one COMMITTED statement before the tool runs -> heartbeats while it runs -> comp
 (its result) or ``failed`` (the tool raised) -> a timeout after sending (``in_doubt_on``)
 completes ``unknown`` and raises :class:`InDoubt`; a result outside the encoding rule
 (:mod:`ledger_client.encoding`) completes ``unknown`` and raises :class:`ResultNotEncodable`.
-Every other outcome raises its own :class:`ToolCallStopped` subclass, and nothing is executed.
+Every other outcome (``budget_exhausted`` too) raises its own :class:`ToolCallStopped` subclass,
+and nothing is executed.
 
 ``repeatable=True`` (a tool safe to repeat: a read, an idempotent API) takes the single-commit
 path instead: a lookup that writes nothing (``find_tool_call``: ``replayed`` returns the recorded
@@ -38,7 +39,7 @@ from ._faults import again
 from .client import ScopedLedger
 from .encoding import NotEncodable, encode
 from .errors import LedgerError
-from .types import Approval, ClaimOutcome, ToolCall, ToolCallClaim, ToolCallTombstone
+from .types import Approval, Budget, ClaimOutcome, ToolCall, ToolCallClaim, ToolCallTombstone
 
 Execute = Callable[[dict[str, Any]], Any]
 """A tool: called with the call's arguments, returns its JSON result."""
@@ -56,17 +57,19 @@ class ToolCallStopped(Exception):
         tool_call: ToolCall | None = None,
         approval: Approval | None = None,
         tombstone: ToolCallTombstone | None = None,
+        budget: Budget | None = None,
     ) -> None:
         super().__init__(message)
         self.tool_call = tool_call
         self.approval = approval
         self.tombstone = tombstone
+        self.budget = budget
 
     @classmethod
     def from_claim(cls, claim: ToolCallClaim, tool_ref: str) -> ToolCallStopped:
         stopped = _STOPPED[claim.outcome]
         return stopped(f"tool call {tool_ref}: {claim.outcome}", tool_call=claim.tool_call,
-                       approval=claim.approval, tombstone=claim.tombstone)
+                       approval=claim.approval, tombstone=claim.tombstone, budget=claim.budget)
 
 
 class InDoubt(ToolCallStopped):
@@ -112,6 +115,16 @@ class Purged(ToolCallStopped):
     outcome = ClaimOutcome.PURGED
 
 
+class BudgetExhausted(ToolCallStopped):
+    """A budget that applies to the run is used up (``budget`` says which): the call is not
+    executed (``tool_call`` is None for a new call: nothing was created), and the ledger parked the
+    run ``paused`` with ``error_code`` ``BUDGET_EXHAUSTED`` until a person raises the budget
+    (``set_budget``) or ends the run. :meth:`~ledger_client.RunContext.llm_step` raises it too for
+    a refused ``llm`` step."""
+
+    outcome = ClaimOutcome.BUDGET_EXHAUSTED
+
+
 class ToolFailed(ToolCallStopped):
     """The call failed before and its failure was replayed (``error`` is the recorded error);
     pass ``retry_failed=True`` to execute it again."""
@@ -129,6 +142,7 @@ _STOPPED: dict[ClaimOutcome, type[ToolCallStopped]] = {
     ClaimOutcome.WAITING_APPROVAL: WaitingApproval,
     ClaimOutcome.REJECTED: Rejected,
     ClaimOutcome.PURGED: Purged,
+    ClaimOutcome.BUDGET_EXHAUSTED: BudgetExhausted,
 }
 
 

@@ -70,6 +70,7 @@ class ClaimOutcome(StrEnum):
     WAITING_APPROVAL = "waiting_approval"
     REJECTED = "rejected"
     PURGED = "purged"
+    BUDGET_EXHAUSTED = "budget_exhausted"
 
 
 class ToolCallStatus(StrEnum):
@@ -367,16 +368,62 @@ class ToolResponse:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """A budget as a refusal names it (the ``budget`` of a ``budget_exhausted`` answer, the
+    ``error_details`` of a refused ``llm`` step, the payload of ``budget.exhausted``): money and
+    counts are Decimals; the window is None for a ``total`` budget."""
+
+    level: str
+    run_id: str | None
+    unit: str
+    period: str
+    max_amount: Decimal
+    spent: Decimal
+    remaining: Decimal
+    window_start: datetime | None
+    window_end: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        # The JSON answers carry the amounts as decimal strings, the view's rows as Decimals.
+        return _build(
+            cls,
+            row,
+            max_amount=Decimal(row["max_amount"]),
+            spent=Decimal(row["spent"]),
+            remaining=Decimal(row["remaining"]),
+            window_start=_ts(row.get("window_start")),
+            window_end=_ts(row.get("window_end")),
+        )
+
+
+@dataclass(frozen=True)
+class BudgetUsage(Budget):
+    """A row of ``ledger.budget_usage``: the budget, spent in the window of now; ``workspace_id`` is
+    None for a tenant's budget; ``warn_ratio`` None: no warning."""
+
+    tenant_id: str
+    workspace_id: str | None
+    exhausted: bool
+    warn_ratio: Decimal | None
+    warned: bool
+    updated_by: str | None
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
 class ToolCallClaim:
     """``{outcome, tool_call, approval, response}``: ``tool_call`` is None only for ``purged``,
-    whose ``tombstone`` is the key's record instead, and for ``unrecorded`` without a record;
-    ``response`` is set only for ``replayed``."""
+    whose ``tombstone`` is the key's record instead, for ``unrecorded`` without a record, and for
+    ``budget_exhausted`` on a new call (nothing was created); ``response`` is set only for
+    ``replayed``, ``budget`` only for ``budget_exhausted`` (the budget that is used up)."""
 
     outcome: ClaimOutcome
     tool_call: ToolCall | None
     approval: Approval | None
     response: ToolResponse | None
     tombstone: ToolCallTombstone | None
+    budget: Budget | None
 
     @classmethod
     def from_json(cls, answer: Mapping[str, Any]) -> ToolCallClaim:
@@ -389,6 +436,7 @@ class ToolCallClaim:
             approval=Approval.from_row(answer["approval"]) if answer.get("approval") else None,
             response=_build(ToolResponse, answer["response"]) if answer.get("response") else None,
             tombstone=ToolCallTombstone.from_row(record) if record and purged else None,
+            budget=Budget.from_row(answer["budget"]) if answer.get("budget") else None,
         )
 
 

@@ -9,7 +9,9 @@ again by ``step_key`` (finished ones return their recorded output) and its tool 
 - on the agent's answer: records it as a ``message`` response event and moves the run to
   ``succeeded``, in one transaction;
 - on :class:`InDoubt`: parks the run ``paused``; on :class:`WaitingApproval`: ``waiting_approval``;
-  then releases it (a person's decision makes it claimable again);
+  on :class:`BudgetExhausted` (a tool call or an ``llm`` step refused: the ledger paused the run
+  with ``error_code`` ``BUDGET_EXHAUSTED``): ``paused``, as the ledger left it; then releases it (a
+  person's decision, or a budget raised, makes it claimable again);
 - on :class:`Busy` (another attempt, such as a previous owner's, holds a call): keeps the run and
   runs the agent again after ``idle_s`` (parked ``paused`` if the worker is stopping);
 - on :class:`Rejected` (a person rejected a call's approval and the agent did not catch it):
@@ -50,6 +52,7 @@ from ._signals import stop_on_signals
 from .client import Ledger, ScopedLedger, Transaction
 from .errors import ConflictError, LedgerError
 from .tool_calls import (
+    BudgetExhausted,
     Busy,
     Execute,
     InDoubt,
@@ -61,7 +64,7 @@ from .tool_calls import (
     tool_call,
     tool_calls,
 )
-from .types import ClaimedRun, RunStatus, Step, StepStatus
+from .types import Budget, ClaimedRun, RunStatus, Step, StepStatus
 
 log = logging.getLogger("ledger_client.worker")
 
@@ -146,9 +149,12 @@ class RunContext:
         return summary
 
     def _begin_step(self, step_key: str, step_type: str) -> Step:
-        """The step of ``step_key``, moved to ``running`` unless it succeeded before."""
+        """The step of ``step_key``, moved to ``running`` unless it succeeded before;
+        :class:`BudgetExhausted` when the ledger refused it (an ``llm`` step over a budget)."""
         step = again(f"step {step_key}", lambda: self.ledger.create_step(
             self.run_id, step_type, step_key=step_key, run_token=self.run_token))
+        if step.error_code == "BUDGET_EXHAUSTED":  # created (or found) paused: the work must not run
+            raise BudgetExhausted(f"step {step_key}: {step.error_message}", budget=Budget.from_row(step.error_details))
         if step.status is not StepStatus.SUCCEEDED:
             self._move_step(step.id, StepStatus.RUNNING)
         return step
@@ -319,7 +325,8 @@ class Worker:
                 run.run_id, RunStatus.FAILED, error_code="TOOL_APPROVAL_REJECTED", error_message=message,
                 run_token=run.run_token))
             log.info("run %s failed: %s", run.run_id, message)
-        elif isinstance(error, (InDoubt, Busy, WaitingApproval)):
+        elif isinstance(error, (InDoubt, Busy, WaitingApproval, BudgetExhausted)):
+            # A refusal by a budget paused the run already (BUDGET_EXHAUSTED): paused again keeps that.
             parked = RunStatus.WAITING_APPROVAL if isinstance(error, WaitingApproval) else RunStatus.PAUSED
 
             def park(tx: Transaction) -> None:  # parked and let go at once

@@ -56,7 +56,7 @@ from ..aio import AsyncScopedLedger, tool_call_async
 from ..client import Ledger
 from ..encoding import encode
 from ..errors import LedgerError
-from ..tool_calls import Busy, InDoubt, Purged, Rejected, ToolCallStopped, ToolFailed, WaitingApproval
+from ..tool_calls import BudgetExhausted, Busy, InDoubt, Purged, Rejected, ToolCallStopped, ToolFailed, WaitingApproval
 from ..types import RunStatus, StepStatus
 from ..worker import ModelReply
 
@@ -161,6 +161,8 @@ _STOPPED_TEXT: dict[type[ToolCallStopped], str] = {
     WaitingApproval: "the call waits for a person's approval (ledger.resolve_approval)",
     Rejected: "a person rejected the call: it was not executed",
     Purged: "the run was purged: the call is not executed",
+    BudgetExhausted: "a budget that applies to the run is used up: the call is not executed;"
+                     " a person raises it (ledger.set_budget)",
     ToolFailed: "the call failed before and is not executed again",
 }
 
