@@ -43,6 +43,24 @@ ALTER TABLE ledger.concurrency_limits OWNER TO ledger_owner;
 SELECT pg_catalog.pg_extension_config_dump('ledger.concurrency_limits', '');
 CREATE POLICY dispatch_read ON ledger.concurrency_limits FOR SELECT TO ledger_dispatcher USING (true);
 
+-- Turns of the operator's claim across scopes (claim_run with any_scope): when each scope was last
+-- served, so the scope served longest ago goes first and one scope's burst cannot hold up another.
+CREATE TABLE ledger.dispatch_turns (
+    tenant_id    text NOT NULL,
+    workspace_id text NOT NULL,
+    served_at    timestamptz NOT NULL,
+    PRIMARY KEY (tenant_id, workspace_id)
+);
+COMMENT ON TABLE ledger.dispatch_turns IS 'When claim_run(any_scope => true) last served each scope (picked one of its runs); the claim across scopes looks at the scope served longest ago (or never) first. Written only by claim_run.';
+ALTER TABLE ledger.dispatch_turns ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ledger.dispatch_turns FORCE ROW LEVEL SECURITY;
+CREATE POLICY scope ON ledger.dispatch_turns
+    USING (tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace())
+    WITH CHECK (tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace());
+ALTER TABLE ledger.dispatch_turns OWNER TO ledger_owner;
+SELECT pg_catalog.pg_extension_config_dump('ledger.dispatch_turns', '');
+CREATE POLICY dispatch_read ON ledger.dispatch_turns FOR SELECT TO ledger_dispatcher USING (true);
+
 -- Budgets: what the runs of a tenant (workspace_id NULL: every workspace of it), of a workspace
 -- or one run may spend in a window (everything, or a UTC calendar day or month). unit is a
 -- currency code (record_cost's amounts), tokens (record_cost's usage), tool_calls (executions
@@ -131,56 +149,79 @@ CREATE OR REPLACE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
     RETURNS TABLE (tenant_id text, workspace_id text, id text)
     LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT r.tenant_id, r.workspace_id, r.id FROM ledger.runs r
-     WHERE r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
-       AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= clock_timestamp())
-       AND (r.not_before IS NULL OR r.not_before <= clock_timestamp())
-       AND (r.status IN ('queued', 'retrying') OR r.run_token > 0)
-       AND (modes IS NULL OR r.mode = ANY (modes)) AND (kinds IS NULL OR r.kind = ANY (kinds))
-       AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
-            OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = r.tenant_id
-                          AND (g.workspace_id IS NULL OR g.workspace_id = r.workspace_id)))
-       AND NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t
-                        WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
-                          AND t.run_id = r.id AND t.status = 'in_doubt')
-       -- A re-run parked on a call in doubt in its lineage (it takes its ancestors' records)
-       -- waits for the same person as the ancestor.
-       AND NOT (r.status = 'paused' AND r.source_run_id IS NOT NULL AND EXISTS (
-             WITH RECURSIVE up (id, source_run_id) AS (
-                 SELECT s.id, s.source_run_id FROM ledger.runs s
-                  WHERE s.tenant_id = r.tenant_id AND s.workspace_id = r.workspace_id
-                    AND s.id = r.source_run_id
-                 UNION ALL
-                 SELECT s.id, s.source_run_id FROM up
-                   JOIN ledger.runs s ON s.tenant_id = r.tenant_id
-                    AND s.workspace_id = r.workspace_id AND s.id = up.source_run_id)
-             SELECT 1 FROM up JOIN ledger.run_step_tool_calls t
-                 ON t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
-                AND t.run_id = up.id AND t.status = 'in_doubt'))
-       AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
-                        WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
-                          AND a.run_id = r.id AND a.status = 'pending')
-       -- No budget that applies to it is used up (claim_run checks it again in the run's scope).
-       AND NOT EXISTS (SELECT 1 FROM ledger.budgets b
-                        WHERE b.tenant_id = r.tenant_id
-                          AND (b.workspace_id IS NULL OR b.workspace_id = r.workspace_id)
-                          AND (b.run_id IS NULL OR b.run_id = r.id)
-                          AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start, now()))
-       -- Its concurrency key has room (claim_run checks it again under the limit's lock); the
-       -- full keys are found once (an uncorrelated subquery), not once per candidate.
-       AND (r.concurrency_key IS NULL
-            OR (r.tenant_id, r.workspace_id, r.concurrency_key) NOT IN (
-                 SELECT l.tenant_id, l.workspace_id, l.concurrency_key
-                   FROM ledger.concurrency_limits l
-                  WHERE l.max_in_flight <= (SELECT count(*) FROM ledger.runs f
-                          WHERE f.tenant_id = l.tenant_id AND f.workspace_id = l.workspace_id
-                            AND f.concurrency_key = l.concurrency_key
-                            AND f.lease_expires_at > clock_timestamp()
-                            AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired'))))
-     ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
-       FOR NO KEY UPDATE SKIP LOCKED
+    -- The scopes with a live run, one index probe each (a skip scan of runs_live_idx), however
+    -- many runs are queued.
+    WITH RECURSIVE s (tenant_id, workspace_id) AS (
+        (SELECT r.tenant_id, r.workspace_id FROM ledger.runs r
+          WHERE r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
+          ORDER BY r.tenant_id, r.workspace_id LIMIT 1)
+        UNION ALL
+        SELECT n.tenant_id, n.workspace_id FROM s CROSS JOIN LATERAL (
+            SELECT r.tenant_id, r.workspace_id FROM ledger.runs r
+             WHERE r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
+               AND (r.tenant_id, r.workspace_id) > (s.tenant_id, s.workspace_id)
+             ORDER BY r.tenant_id, r.workspace_id LIMIT 1) n)
+    -- Scopes take turns: the one served longest ago (never: first) is looked at first, so one
+    -- scope's burst does not hold up another's run.
+    SELECT c.tenant_id, c.workspace_id, c.id
+      FROM (SELECT s.tenant_id, s.workspace_id FROM s
+              LEFT JOIN ledger.dispatch_turns d
+                ON d.tenant_id = s.tenant_id AND d.workspace_id = s.workspace_id
+             WHERE NOT EXISTS (SELECT FROM ledger.scope_bindings)
+                OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = s.tenant_id
+                              AND (g.workspace_id IS NULL OR g.workspace_id = s.workspace_id))
+             ORDER BY d.served_at NULLS FIRST, s.tenant_id, s.workspace_id) o
+     -- Then that scope's claimable run of the highest priority, oldest first.
+     CROSS JOIN LATERAL (
+        SELECT r.tenant_id, r.workspace_id, r.id FROM ledger.runs r
+         WHERE r.tenant_id = o.tenant_id AND r.workspace_id = o.workspace_id
+           AND r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
+           AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= clock_timestamp())
+           AND (r.not_before IS NULL OR r.not_before <= clock_timestamp())
+           AND (r.status IN ('queued', 'retrying') OR r.run_token > 0)
+           AND (modes IS NULL OR r.mode = ANY (modes)) AND (kinds IS NULL OR r.kind = ANY (kinds))
+           AND NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t
+                            WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
+                              AND t.run_id = r.id AND t.status = 'in_doubt')
+           -- A re-run parked on a call in doubt in its lineage (it takes its ancestors' records)
+           -- waits for the same person as the ancestor.
+           AND NOT (r.status = 'paused' AND r.source_run_id IS NOT NULL AND EXISTS (
+                 WITH RECURSIVE up (id, source_run_id) AS (
+                     SELECT s.id, s.source_run_id FROM ledger.runs s
+                      WHERE s.tenant_id = r.tenant_id AND s.workspace_id = r.workspace_id
+                        AND s.id = r.source_run_id
+                     UNION ALL
+                     SELECT s.id, s.source_run_id FROM up
+                       JOIN ledger.runs s ON s.tenant_id = r.tenant_id
+                        AND s.workspace_id = r.workspace_id AND s.id = up.source_run_id)
+                 SELECT 1 FROM up JOIN ledger.run_step_tool_calls t
+                     ON t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
+                    AND t.run_id = up.id AND t.status = 'in_doubt'))
+           AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
+                            WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
+                              AND a.run_id = r.id AND a.status = 'pending')
+           -- No budget that applies to it is used up (claim_run checks it again in the run's scope).
+           AND NOT EXISTS (SELECT 1 FROM ledger.budgets b
+                            WHERE b.tenant_id = r.tenant_id
+                              AND (b.workspace_id IS NULL OR b.workspace_id = r.workspace_id)
+                              AND (b.run_id IS NULL OR b.run_id = r.id)
+                              AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start, now()))
+           -- Its concurrency key has room (claim_run checks it again under the limit's lock); the
+           -- full keys are found once (an uncorrelated subquery), not once per candidate.
+           AND (r.concurrency_key IS NULL
+                OR (r.tenant_id, r.workspace_id, r.concurrency_key) NOT IN (
+                     SELECT l.tenant_id, l.workspace_id, l.concurrency_key
+                       FROM ledger.concurrency_limits l
+                      WHERE l.max_in_flight <= (SELECT count(*) FROM ledger.runs f
+                              WHERE f.tenant_id = l.tenant_id AND f.workspace_id = l.workspace_id
+                                AND f.concurrency_key = l.concurrency_key
+                                AND f.lease_expires_at > clock_timestamp()
+                                AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired'))))
+         ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
+           FOR NO KEY UPDATE SKIP LOCKED) c
+     LIMIT 1
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The claimable run (due: not_before passed) of the highest priority, oldest first, of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), with no budget used up and whose concurrency key has room, locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The next claimable run of any scope the session''s login role may state (see ledger.claim_run): scopes take turns (the one served longest ago first, ledger.dispatch_turns), and within the scope the due run (not_before passed) of the highest priority, oldest first, that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), with no budget used up and whose concurrency key has room, locked; skips runs another transaction holds.';
 
 -- Functions whose arguments changed (not_before, priority, concurrency_key) are dropped and created again; every
 -- other one is replaced below, which binds it to this version's library.
@@ -1261,7 +1302,7 @@ COMMENT ON FUNCTION ledger.set_concurrency_limit(text, integer) IS
 COMMENT ON FUNCTION ledger.set_budget(text, numeric, text, text, text, numeric, text, text) IS
     'Sets a budget: at most max_amount (>= 0; 22023 AMOUNT_INVALID) of unit (a currency code such as USD, tokens, tool_calls or llm_steps; 22023 UNIT_INVALID) per period (total, day or month in UTC; 22023 PERIOD_UNKNOWN) for level workspace (the scope''s), tenant (every workspace of it; 42501 TENANT_NOT_GRANTED for a role bound to some of them) or run (run_id). NULL max_amount removes it. A decision to spend (claim_tool_call(s), create_step of an llm step, claim_run) is refused while a budget that applies is used up; record_cost never refuses. warn_ratio (0 to 1, default 0.8; NULL: no warning) writes budget.warning once per window. Audited (budget.set) with actor and note. Returns the budget as ledger.budget_usage shows it (no row once removed).';
 COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
-    'Claims a run for lease_owner: run_id, or the claimable run of the scope (filtered by modes and kinds) with the highest priority, oldest first within it, FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, due (not_before NULL or passed), queued or retrying or claimed before (a run nobody ever claimed stays with its caller), and with room under its concurrency key''s limit (a full key''s runs are skipped, also by run_id); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
+    'Claims a run for lease_owner: run_id, or the claimable run of the scope (filtered by modes and kinds) with the highest priority, oldest first within it, FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, due (not_before NULL or passed), queued or retrying or claimed before (a run nobody ever claimed stays with its caller), and with room under its concurrency key''s limit (a full key''s runs are skipped, also by run_id); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED); scopes take turns (the one served longest ago first, then its highest priority, oldest first).';
 COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
     'Extends the owner''s lease by extend_seconds (default: the claim''s lease_seconds) from now and returns when it ends. Fenced by run_token (40001 LEASE_STALE), not by the clock: accepted after expiry until another worker takes the run over. A terminal run: 55000 RUN_TERMINAL.';
 COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
@@ -1296,6 +1337,7 @@ GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_a
 GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status) ON ledger.approval_requests TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight) ON ledger.concurrency_limits TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, served_at) ON ledger.dispatch_turns TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, period, max_amount, spent, window_start) ON ledger.budgets TO ledger_dispatcher;
 GRANT SELECT (grantee, tenant_id, workspace_id) ON ledger.scope_grants TO ledger_dispatcher;
 GRANT SELECT (grantee) ON ledger.scope_bindings TO ledger_dispatcher;

@@ -480,6 +480,16 @@ CREATE TABLE ledger.concurrency_limits (
 );
 COMMENT ON TABLE ledger.concurrency_limits IS 'At most max_in_flight runs of concurrency_key (ledger.runs.concurrency_key) hold a live lease at once; ledger.claim_run skips the key''s runs while it is full (0 pauses the key). claimed_at: the last claim under the limit. Written only through ledger.set_concurrency_limit and claim_run.';
 
+-- Turns of the operator's claim across scopes (claim_run with any_scope): when each scope was last
+-- served, so the scope served longest ago goes first and one scope's burst cannot hold up another.
+CREATE TABLE ledger.dispatch_turns (
+    tenant_id    text NOT NULL,
+    workspace_id text NOT NULL,
+    served_at    timestamptz NOT NULL,
+    PRIMARY KEY (tenant_id, workspace_id)
+);
+COMMENT ON TABLE ledger.dispatch_turns IS 'When claim_run(any_scope => true) last served each scope (picked one of its runs); the claim across scopes looks at the scope served longest ago (or never) first. Written only by claim_run.';
+
 -- Budgets: what the runs of a tenant (workspace_id NULL: every workspace of it), of a workspace
 -- or one run may spend in a window (everything, or a UTC calendar day or month). unit is a
 -- currency code (record_cost's amounts), tokens (record_cost's usage), tool_calls (executions
@@ -528,7 +538,7 @@ BEGIN
     FOREACH t IN ARRAY ARRAY['blobs', 'blob_locks', 'runs', 'run_steps', 'run_events', 'outbox', 'run_artifacts',
                              'approval_requests', 'run_step_tool_calls', 'audit_events', 'run_cost_entries',
                              'response_events', 'citations', 'run_feedback', 'tool_call_tombstones',
-                             'concurrency_limits'] LOOP
+                             'concurrency_limits', 'dispatch_turns'] LOOP
         EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
         EXECUTE format(
@@ -565,6 +575,7 @@ CREATE POLICY dispatch_lock ON ledger.outbox FOR UPDATE TO ledger_dispatcher USI
 CREATE POLICY dispatch_read ON ledger.run_step_tool_calls FOR SELECT TO ledger_dispatcher USING (true);
 CREATE POLICY dispatch_read ON ledger.approval_requests FOR SELECT TO ledger_dispatcher USING (true);
 CREATE POLICY dispatch_read ON ledger.concurrency_limits FOR SELECT TO ledger_dispatcher USING (true);
+CREATE POLICY dispatch_read ON ledger.dispatch_turns FOR SELECT TO ledger_dispatcher USING (true);
 CREATE POLICY dispatch_read ON ledger.budgets FOR SELECT TO ledger_dispatcher USING (true);
 CREATE INDEX outbox_dispatch_idx ON ledger.outbox (available_at, id) WHERE status IN ('pending', 'processing');
 
@@ -636,56 +647,79 @@ CREATE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
     RETURNS TABLE (tenant_id text, workspace_id text, id text)
     LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT r.tenant_id, r.workspace_id, r.id FROM ledger.runs r
-     WHERE r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
-       AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= clock_timestamp())
-       AND (r.not_before IS NULL OR r.not_before <= clock_timestamp())
-       AND (r.status IN ('queued', 'retrying') OR r.run_token > 0)
-       AND (modes IS NULL OR r.mode = ANY (modes)) AND (kinds IS NULL OR r.kind = ANY (kinds))
-       AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
-            OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = r.tenant_id
-                          AND (g.workspace_id IS NULL OR g.workspace_id = r.workspace_id)))
-       AND NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t
-                        WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
-                          AND t.run_id = r.id AND t.status = 'in_doubt')
-       -- A re-run parked on a call in doubt in its lineage (it takes its ancestors' records)
-       -- waits for the same person as the ancestor.
-       AND NOT (r.status = 'paused' AND r.source_run_id IS NOT NULL AND EXISTS (
-             WITH RECURSIVE up (id, source_run_id) AS (
-                 SELECT s.id, s.source_run_id FROM ledger.runs s
-                  WHERE s.tenant_id = r.tenant_id AND s.workspace_id = r.workspace_id
-                    AND s.id = r.source_run_id
-                 UNION ALL
-                 SELECT s.id, s.source_run_id FROM up
-                   JOIN ledger.runs s ON s.tenant_id = r.tenant_id
-                    AND s.workspace_id = r.workspace_id AND s.id = up.source_run_id)
-             SELECT 1 FROM up JOIN ledger.run_step_tool_calls t
-                 ON t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
-                AND t.run_id = up.id AND t.status = 'in_doubt'))
-       AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
-                        WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
-                          AND a.run_id = r.id AND a.status = 'pending')
-       -- No budget that applies to it is used up (claim_run checks it again in the run's scope).
-       AND NOT EXISTS (SELECT 1 FROM ledger.budgets b
-                        WHERE b.tenant_id = r.tenant_id
-                          AND (b.workspace_id IS NULL OR b.workspace_id = r.workspace_id)
-                          AND (b.run_id IS NULL OR b.run_id = r.id)
-                          AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start, now()))
-       -- Its concurrency key has room (claim_run checks it again under the limit's lock); the
-       -- full keys are found once (an uncorrelated subquery), not once per candidate.
-       AND (r.concurrency_key IS NULL
-            OR (r.tenant_id, r.workspace_id, r.concurrency_key) NOT IN (
-                 SELECT l.tenant_id, l.workspace_id, l.concurrency_key
-                   FROM ledger.concurrency_limits l
-                  WHERE l.max_in_flight <= (SELECT count(*) FROM ledger.runs f
-                          WHERE f.tenant_id = l.tenant_id AND f.workspace_id = l.workspace_id
-                            AND f.concurrency_key = l.concurrency_key
-                            AND f.lease_expires_at > clock_timestamp()
-                            AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired'))))
-     ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
-       FOR NO KEY UPDATE SKIP LOCKED
+    -- The scopes with a live run, one index probe each (a skip scan of runs_live_idx), however
+    -- many runs are queued.
+    WITH RECURSIVE s (tenant_id, workspace_id) AS (
+        (SELECT r.tenant_id, r.workspace_id FROM ledger.runs r
+          WHERE r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
+          ORDER BY r.tenant_id, r.workspace_id LIMIT 1)
+        UNION ALL
+        SELECT n.tenant_id, n.workspace_id FROM s CROSS JOIN LATERAL (
+            SELECT r.tenant_id, r.workspace_id FROM ledger.runs r
+             WHERE r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
+               AND (r.tenant_id, r.workspace_id) > (s.tenant_id, s.workspace_id)
+             ORDER BY r.tenant_id, r.workspace_id LIMIT 1) n)
+    -- Scopes take turns: the one served longest ago (never: first) is looked at first, so one
+    -- scope's burst does not hold up another's run.
+    SELECT c.tenant_id, c.workspace_id, c.id
+      FROM (SELECT s.tenant_id, s.workspace_id FROM s
+              LEFT JOIN ledger.dispatch_turns d
+                ON d.tenant_id = s.tenant_id AND d.workspace_id = s.workspace_id
+             WHERE NOT EXISTS (SELECT FROM ledger.scope_bindings)
+                OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = s.tenant_id
+                              AND (g.workspace_id IS NULL OR g.workspace_id = s.workspace_id))
+             ORDER BY d.served_at NULLS FIRST, s.tenant_id, s.workspace_id) o
+     -- Then that scope's claimable run of the highest priority, oldest first.
+     CROSS JOIN LATERAL (
+        SELECT r.tenant_id, r.workspace_id, r.id FROM ledger.runs r
+         WHERE r.tenant_id = o.tenant_id AND r.workspace_id = o.workspace_id
+           AND r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
+           AND (r.lease_expires_at IS NULL OR r.lease_expires_at <= clock_timestamp())
+           AND (r.not_before IS NULL OR r.not_before <= clock_timestamp())
+           AND (r.status IN ('queued', 'retrying') OR r.run_token > 0)
+           AND (modes IS NULL OR r.mode = ANY (modes)) AND (kinds IS NULL OR r.kind = ANY (kinds))
+           AND NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_calls t
+                            WHERE t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
+                              AND t.run_id = r.id AND t.status = 'in_doubt')
+           -- A re-run parked on a call in doubt in its lineage (it takes its ancestors' records)
+           -- waits for the same person as the ancestor.
+           AND NOT (r.status = 'paused' AND r.source_run_id IS NOT NULL AND EXISTS (
+                 WITH RECURSIVE up (id, source_run_id) AS (
+                     SELECT s.id, s.source_run_id FROM ledger.runs s
+                      WHERE s.tenant_id = r.tenant_id AND s.workspace_id = r.workspace_id
+                        AND s.id = r.source_run_id
+                     UNION ALL
+                     SELECT s.id, s.source_run_id FROM up
+                       JOIN ledger.runs s ON s.tenant_id = r.tenant_id
+                        AND s.workspace_id = r.workspace_id AND s.id = up.source_run_id)
+                 SELECT 1 FROM up JOIN ledger.run_step_tool_calls t
+                     ON t.tenant_id = r.tenant_id AND t.workspace_id = r.workspace_id
+                    AND t.run_id = up.id AND t.status = 'in_doubt'))
+           AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
+                            WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
+                              AND a.run_id = r.id AND a.status = 'pending')
+           -- No budget that applies to it is used up (claim_run checks it again in the run's scope).
+           AND NOT EXISTS (SELECT 1 FROM ledger.budgets b
+                            WHERE b.tenant_id = r.tenant_id
+                              AND (b.workspace_id IS NULL OR b.workspace_id = r.workspace_id)
+                              AND (b.run_id IS NULL OR b.run_id = r.id)
+                              AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start, now()))
+           -- Its concurrency key has room (claim_run checks it again under the limit's lock); the
+           -- full keys are found once (an uncorrelated subquery), not once per candidate.
+           AND (r.concurrency_key IS NULL
+                OR (r.tenant_id, r.workspace_id, r.concurrency_key) NOT IN (
+                     SELECT l.tenant_id, l.workspace_id, l.concurrency_key
+                       FROM ledger.concurrency_limits l
+                      WHERE l.max_in_flight <= (SELECT count(*) FROM ledger.runs f
+                              WHERE f.tenant_id = l.tenant_id AND f.workspace_id = l.workspace_id
+                                AND f.concurrency_key = l.concurrency_key
+                                AND f.lease_expires_at > clock_timestamp()
+                                AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired'))))
+         ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
+           FOR NO KEY UPDATE SKIP LOCKED) c
+     LIMIT 1
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The claimable run (due: not_before passed) of the highest priority, oldest first, of any scope the session''s login role may state (see ledger.claim_run) that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), with no budget used up and whose concurrency key has room, locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The next claimable run of any scope the session''s login role may state (see ledger.claim_run): scopes take turns (the one served longest ago first, ledger.dispatch_turns), and within the scope the due run (not_before passed) of the highest priority, oldest first, that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), with no budget used up and whose concurrency key has room, locked; skips runs another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
     RETURNS TABLE (tenant_id text, workspace_id text, id text)

@@ -206,6 +206,7 @@ fn claim_run(
         )?;
         match next {
             Some((scope, id)) => scope::within(&scope, || {
+                take_turn(&scope)?;
                 claim(&scope, Some(&id), None, None, owner, lease)
             })?,
             None => None,
@@ -218,6 +219,17 @@ fn claim_run(
         claim(&scope, run_id, modes, kinds, owner, lease)?
     };
     Ok(SetOfIterator::new(claimed))
+}
+
+/// Stamps the scope as served now: the claim across scopes looks at the others first next time.
+/// A candidate that is not taken after all (its key filled up meanwhile) counts as a turn too,
+/// so a scope that cannot be served does not stay first.
+fn take_turn(scope: &Scope) -> Result<()> {
+    db::execute(
+        "INSERT INTO ledger.dispatch_turns (tenant_id, workspace_id, served_at) VALUES ($1, $2, $3) \
+         ON CONFLICT (tenant_id, workspace_id) DO UPDATE SET served_at = EXCLUDED.served_at",
+        &scope.args([db::clock()?.into()]),
+    )
 }
 
 /// Locks the run and checks the owner's token (40001 `LEASE_STALE`).
