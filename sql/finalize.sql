@@ -197,6 +197,8 @@ COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
     'Extends the owner''s lease by extend_seconds (default: the claim''s lease_seconds) from now and returns when it ends. Fenced by run_token (40001 LEASE_STALE), not by the clock: accepted after expiry until another worker takes the run over. A terminal run: 55000 RUN_TERMINAL.';
 COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
     'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
+COMMENT ON FUNCTION ledger.wait_run(text, bigint, timestamp with time zone) IS
+    'Parks the owner''s run until wake_at (a durable wait): it moves to waiting_input (55000 TRANSITION_INVALID from a status that cannot), its lease is given up (run_token is over: 40001 LEASE_STALE on any later write carrying it), and claim_run hands it out again from wake_at on (not_before), so no worker holds or polls it meanwhile. Returns the run.';
 COMMENT ON FUNCTION ledger.grant_scope(text, text, text) IS
     'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. The first grant binds the role: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED), and any_scope => true reaches only its granted scopes. Returns false when the grant existed. For the extension''s owner and superusers only.';
 COMMENT ON FUNCTION ledger.revoke_scope(text, text, text) IS

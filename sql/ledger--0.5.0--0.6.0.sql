@@ -7,7 +7,7 @@ ALTER TABLE ledger.runs
     ADD COLUMN not_before timestamptz,
     ADD COLUMN priority integer NOT NULL DEFAULT 0,
     ADD COLUMN concurrency_key text;
-COMMENT ON COLUMN ledger.runs.not_before IS 'ledger.claim_run does not hand the run out before this time (create_run''s, retry_run''s or replay_run''s not_before); NULL: at once.';
+COMMENT ON COLUMN ledger.runs.not_before IS 'ledger.claim_run does not hand the run out before this time (create_run''s, retry_run''s or replay_run''s not_before, or wait_run''s wake_at); NULL: at once.';
 COMMENT ON COLUMN ledger.runs.priority IS 'ledger.claim_run hands out the highest priority first (-1000 to 1000, default 0; a retry or replay keeps its source''s), oldest first within one priority.';
 DROP INDEX ledger.runs_live_idx;
 DROP INDEX ledger.runs_live_dispatch_idx;
@@ -1108,6 +1108,17 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'unbind_scope_wrapper';
 
+CREATE OR REPLACE FUNCTION "wait_run"(
+	"run_id" TEXT, /* Option < & str > */
+	"run_token" bigint, /* Option < i64 > */
+	"wake_at" timestamp with time zone /* Option < TimestampWithTimeZone > */
+) RETURNS ledger.runs /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wait_run_wrapper';
+
 -- Ownership, privileges and comments, as sql/finalize.sql gives a fresh install.
 
 -- Every function belongs to ledger_owner, so SECURITY DEFINER functions run as a role that is
@@ -1307,6 +1318,8 @@ COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
     'Extends the owner''s lease by extend_seconds (default: the claim''s lease_seconds) from now and returns when it ends. Fenced by run_token (40001 LEASE_STALE), not by the clock: accepted after expiry until another worker takes the run over. A terminal run: 55000 RUN_TERMINAL.';
 COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
     'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
+COMMENT ON FUNCTION ledger.wait_run(text, bigint, timestamp with time zone) IS
+    'Parks the owner''s run until wake_at (a durable wait): it moves to waiting_input (55000 TRANSITION_INVALID from a status that cannot), its lease is given up (run_token is over: 40001 LEASE_STALE on any later write carrying it), and claim_run hands it out again from wake_at on (not_before), so no worker holds or polls it meanwhile. Returns the run.';
 COMMENT ON FUNCTION ledger.grant_scope(text, text, text) IS
     'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. The first grant binds the role: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED), and any_scope => true reaches only its granted scopes. Returns false when the grant existed. For the extension''s owner and superusers only.';
 COMMENT ON FUNCTION ledger.revoke_scope(text, text, text) IS

@@ -116,7 +116,7 @@ CREATE INDEX runs_status_idx ON ledger.runs (tenant_id, workspace_id, status, up
 COMMENT ON TABLE ledger.runs IS 'One row per run. status is one of queued, preparing, running, waiting_input, waiting_approval, paused, retrying, succeeded, failed, canceled, expired; see ledger.status_transitions(). Written only through ledger.create_run and ledger.transition_run.';
 COMMENT ON COLUMN ledger.runs.inputs IS 'The exact inputs when their JSON text is at most 8192 bytes; larger inputs live in ledger.blobs (inputs_sha256). Read them with ledger.run_inputs(run_id).';
 COMMENT ON COLUMN ledger.runs.last_seq IS 'The seq of the newest event in ledger.run_events; bumping it under the row lock makes seq gapless and commit-ordered.';
-COMMENT ON COLUMN ledger.runs.not_before IS 'ledger.claim_run does not hand the run out before this time (create_run''s, retry_run''s or replay_run''s not_before); NULL: at once.';
+COMMENT ON COLUMN ledger.runs.not_before IS 'ledger.claim_run does not hand the run out before this time (create_run''s, retry_run''s or replay_run''s not_before, or wait_run''s wake_at); NULL: at once.';
 COMMENT ON COLUMN ledger.runs.priority IS 'ledger.claim_run hands out the highest priority first (-1000 to 1000, default 0; a retry or replay keeps its source''s), oldest first within one priority.';
 COMMENT ON COLUMN ledger.runs.concurrency_key IS 'The key the run shares a limit with (ledger.set_concurrency_limit: at most so many runs of the key in flight); NULL: none. A retry or replay keeps its source''s.';
 COMMENT ON COLUMN ledger.runs.root_run_id IS 'The first run of a retry/replay chain (itself when the run has no source).';

@@ -30,6 +30,7 @@ mod steps;
 mod tasks;
 mod tool_calls;
 mod transition;
+mod waits;
 
 ::pgrx::pg_module_magic!();
 

@@ -20,7 +20,7 @@ use pgrx::prelude::*;
 /// Inputs whose JSON text is longer than this are kept in `ledger.blobs`.
 pub const INLINE_INPUT_BYTES: usize = 8192;
 
-fn row(scope: &Scope, run_id: &str) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
+pub fn row(scope: &Scope, run_id: &str) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
     rows::scoped_row(scope, "ledger.runs", run_id, Code::RunNotFound, "run")
 }
 

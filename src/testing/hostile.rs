@@ -479,6 +479,7 @@ mod tests {
             ("run_id", "SELECT * FROM ledger.claim_run('w', $MB)"),
             ("run_id", "SELECT ledger.heartbeat_run($MB, 1)"),
             ("run_id", "SELECT ledger.release_run($MB, 1)"),
+            ("run_id", "SELECT ledger.wait_run($MB, 1, now())"),
             (
                 "tenant_id",
                 "SELECT ledger.grant_scope('ledger_reader', $MB)",

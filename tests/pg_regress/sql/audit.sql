@@ -36,6 +36,7 @@ INSERT INTO audit VALUES
   ('claim_run',           'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('heartbeat_run',       'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('release_run',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('wait_run',            'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('set_concurrency_limit', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('set_budget',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('retry_run',           'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
