@@ -107,7 +107,7 @@ pub struct Ledger {
 }
 
 impl Ledger {
-    pub fn new(c: &mut Client, run_id: String) -> Ledger {
+    pub fn new(c: &mut Client, run_id: String, budgets: bool) -> Ledger {
         c.batch_execute(&format!(
             "SELECT ledger.set_scope('{TENANT}', '{WORKSPACE}')"
         ))
@@ -119,6 +119,14 @@ impl Ledger {
         .expect("create_run");
         c.execute("SELECT ledger.transition_run($1, 'running')", &[&run_id])
             .expect("transition_run");
+        if budgets {
+            c.execute(
+                "SELECT ledger.set_budget(u, 1e15, 'run', run_id => $1, warn_ratio => NULL)
+                   FROM unnest(ARRAY['tool_calls', 'USD']) u",
+                &[&run_id],
+            )
+            .expect("set_budget");
+        }
         let claim = c
             .prepare(&format!(
                 "SELECT r->>'outcome', r->'tool_call'->>'id', (r->'tool_call'->>'attempt')::bigint,
@@ -514,44 +522,60 @@ pub struct Design {
     pub name: &'static str,
     pub kind: Kind,
     pub notify: Option<&'static str>,
+    /// The run has budgets of tool calls and of money that never run out: every claim decides
+    /// and counts under the budget's lock, every cost is counted.
+    pub budgets: bool,
 }
 
 /// The designs, in the order of the tables' columns.
-pub const DESIGNS: [Design; 7] = [
+pub const DESIGNS: [Design; 8] = [
     Design {
         name: "floor",
         kind: Kind::Floor,
         notify: None,
+        budgets: false,
     },
     Design {
         name: "notifying floor",
         kind: Kind::NotifyingFloor,
         notify: None,
+        budgets: false,
     },
     Design {
         name: "ledger",
         kind: Kind::Ledger,
         notify: None,
+        budgets: false,
     },
     Design {
         name: "ledger, notify inline",
         kind: Kind::Ledger,
         notify: Some("inline"),
+        budgets: false,
     },
     Design {
         name: "ledger, notify off",
         kind: Kind::Ledger,
         notify: Some("off"),
+        budgets: false,
+    },
+    Design {
+        name: "ledger, budgets",
+        kind: Kind::Ledger,
+        notify: None,
+        budgets: true,
     },
     Design {
         name: "app-side",
         kind: Kind::App,
         notify: None,
+        budgets: false,
     },
     Design {
         name: "app-side + feed",
         kind: Kind::AppFeed,
         notify: None,
+        budgets: false,
     },
 ];
 
@@ -593,7 +617,8 @@ impl Clients {
                 .iter()
                 .enumerate()
                 .map(|(d, design)| {
-                    (design.kind == Kind::Ledger).then(|| Ledger::new(c, format!("{run_id}-d{d}")))
+                    (design.kind == Kind::Ledger)
+                        .then(|| Ledger::new(c, format!("{run_id}-d{d}"), design.budgets))
                 })
                 .collect(),
             app: App::new(c, run_id.to_owned(), false),

@@ -42,7 +42,7 @@ pub fn run(s: &Settings, clients: usize, targets: &mut Vec<Target>) {
     println!("| design | writers | events | median | p99 | max |");
     println!("|---|---:|---:|---:|---:|---:|");
     for (d, design) in DESIGNS.iter().enumerate() {
-        if design.kind != Kind::Ledger || design.notify == Some("off") {
+        if design.kind != Kind::Ledger || design.notify == Some("off") || design.budgets {
             continue;
         }
         let mut lat = measure(s, clients, d, secs);
@@ -114,7 +114,7 @@ fn measure(s: &Settings, clients: usize, d: usize, secs: f64) -> Vec<f64> {
             thread::spawn(move || {
                 let mut c = writer(&conn);
                 c.batch_execute(&setting).expect("ledger.notify");
-                let mut ledger = Ledger::new(&mut c, format!("follow-{d}-{i}"));
+                let mut ledger = Ledger::new(&mut c, format!("follow-{d}-{i}"), false);
                 let (args, result) = (arguments(), result_2kb());
                 ready.wait();
                 while !stop.load(Relaxed) {

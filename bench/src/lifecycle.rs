@@ -25,11 +25,11 @@ use crate::{follower, median, waits, Settings, Target};
 
 const N: usize = DESIGNS.len();
 
-/// The index of the first design of `kind` with `notify`.
+/// The index of the design of `kind` with `notify` (and no budgets).
 fn design(kind: Kind, notify: Option<&str>) -> usize {
     DESIGNS
         .iter()
-        .position(|d| d.kind == kind && d.notify == notify)
+        .position(|d| d.kind == kind && d.notify == notify && !d.budgets)
         .expect("design in the table")
 }
 
@@ -365,6 +365,10 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
         &|m| m.wal,
         0,
     );
+    let budgeted = DESIGNS
+        .iter()
+        .position(|d| d.budgets)
+        .expect("the budgets design");
     let [floor, notifying, ledger, inline, quiet, app, app_feed] = [
         design(Kind::Floor, None),
         design(Kind::NotifyingFloor, None),
@@ -375,12 +379,12 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
         design(Kind::AppFeed, None),
     ];
     println!("Ratios:\n");
-    println!("| clients | floor commits/s | ledger ÷ floor | ledger ÷ notifying floor | ledger ÷ app-side | ledger ÷ app-side + feed | ledger ÷ ledger inline | notify off ÷ floor | notify off ÷ app-side |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| clients | floor commits/s | ledger ÷ floor | ledger ÷ notifying floor | ledger ÷ app-side | ledger ÷ app-side + feed | ledger ÷ ledger inline | notify off ÷ floor | notify off ÷ app-side | budgets ÷ ledger |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (n, cell) in &rows {
         let r = &cell.rate;
         println!(
-            "| {n} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {n} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             r[floor] * TX_PER_LIFECYCLE,
             r[ledger] / r[floor],
             r[ledger] / r[notifying],
@@ -388,7 +392,8 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
             r[ledger] / r[app_feed],
             r[ledger] / r[inline],
             r[quiet] / r[floor],
-            r[quiet] / r[app]
+            r[quiet] / r[app],
+            r[budgeted] / r[ledger]
         );
     }
     println!();
@@ -432,6 +437,12 @@ pub fn run(s: &Settings, targets: &mut Vec<Target>) {
                 });
             }
         }
+        // Issue 29's: what a run's budgets cost a lifecycle (two decisions and a cost counted).
+        targets.push(Target {
+            what: format!("lifecycles with budgets ≥ 0.9 × without at {n} clients"),
+            measured: format!("{:.2} ×", r[budgeted] / r[ledger]),
+            met: r[budgeted] >= 0.9 * r[ledger],
+        });
         targets.push(Target {
             what: format!("WAL per lifecycle ≤ 8 KB at {n} clients"),
             measured: format!("{:.0} B", cell.wal[ledger]),
