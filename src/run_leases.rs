@@ -223,13 +223,23 @@ fn claim_run(
 
 /// Stamps the scope as served now: the claim across scopes looks at the others first next time.
 /// A candidate that is not taken after all (its key filled up meanwhile) counts as a turn too,
-/// so a scope that cannot be served does not stay first.
+/// so a scope that cannot be served does not stay first. Never waits on a turn another claim
+/// holds (that claim stamps it); only two claims taking a never-served scope's first turn at the
+/// same moment wait for each other's insert.
 fn take_turn(scope: &Scope) -> Result<()> {
-    db::execute(
+    let held = db::write_one(
+        "SELECT 1 FROM ledger.dispatch_turns WHERE tenant_id = $1 AND workspace_id = $2 \
+            FOR NO KEY UPDATE SKIP LOCKED",
+        &scope.args([]),
+        |_| Ok(()),
+    )?;
+    let stamp = if held.is_some() {
+        "UPDATE ledger.dispatch_turns SET served_at = $3 WHERE tenant_id = $1 AND workspace_id = $2"
+    } else {
         "INSERT INTO ledger.dispatch_turns (tenant_id, workspace_id, served_at) VALUES ($1, $2, $3) \
-         ON CONFLICT (tenant_id, workspace_id) DO UPDATE SET served_at = EXCLUDED.served_at",
-        &scope.args([db::clock()?.into()]),
-    )
+         ON CONFLICT (tenant_id, workspace_id) DO NOTHING"
+    };
+    db::execute(stamp, &scope.args([db::clock()?.into()]))
 }
 
 /// Locks the run and checks the owner's token (40001 `LEASE_STALE`).

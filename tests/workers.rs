@@ -1213,6 +1213,21 @@ fn a_burst_in_one_scope_does_not_hold_up_another_scopes_runs() {
             "burst/b1001"
         ]
     );
+    // A claim holding its scope's turn (its transaction open) holds up no other claim: the next
+    // one stamps nothing it cannot lock and takes the scope's next run.
+    exec(&mut op, "BEGIN");
+    let held: String = one(
+        &mut op,
+        "SELECT run_id FROM ledger.claim_run('pool', any_scope => true)",
+    );
+    let mut other = operator.connect();
+    exec(&mut other, "SET statement_timeout = '5s'");
+    let next: String = one(
+        &mut other,
+        "SELECT run_id FROM ledger.claim_run('pool-2', any_scope => true)",
+    );
+    assert_eq!((held.as_str(), next.as_str()), ("b1002", "b1003"));
+    exec(&mut op, "COMMIT");
     let waited = |run: &str| order.iter().position(|r| r.ends_with(run)).unwrap_or(9);
     println!(
         "fairness: 10,000 queued runs in one scope; the other scopes' first runs were claims {} and {} \

@@ -3,8 +3,10 @@ declarations; the people's queues; and the scope stated inside each call's state
 role that row-level security binds."""
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -186,8 +188,52 @@ async def budgets(h: Handle, person: psycopg.Connection[DictRow]) -> None:
     assert await got(h.budgets()) == []
 
 
+async def durable_waits(h: Handle, person: psycopg.Connection[DictRow]) -> None:
+    await got(h.create_run("agent", run_id="r-wait"))
+    first = await got(h.claim_run("worker-1", run_id="r-wait"))
+    assert first is not None and first.run_token == 1
+    await got(h.transition_run("r-wait", RunStatus.RUNNING, run_token=1))
+    wake_at = datetime.now(timezone.utc) + timedelta(seconds=1)
+    parked = await got(h.wait_run("r-wait", 1, wake_at))
+    assert isinstance(parked, Run) and parked.status is RunStatus.WAITING_INPUT
+    assert (parked.lease_owner, parked.lease_expires_at, parked.not_before, parked.run_token) == (None, None, wake_at, 1)
+    assert await got(h.claim_run("worker-2")) is None and await got(h.claim_run("worker-2", run_id="r-wait")) is None
+    with pytest.raises(ConflictError) as over:
+        await got(h.heartbeat_run("r-wait", 1))  # the lease was given up with the wait
+    assert (over.value.sqlstate, over.value.code, over.value.detail["lease_released"]) == ("40001", "LEASE_STALE", True)
+
+    deadline = time.monotonic() + 30  # only stops a hung test: the claim must come once wake_at passed
+    while (woken := await got(h.claim_run("worker-2", run_id="r-wait"))) is None:
+        assert time.monotonic() < deadline, "the run was not handed out after its wake time"
+        await asyncio.sleep(0.05)
+    assert datetime.now(timezone.utc) >= wake_at
+    assert (woken.run_token, woken.status, woken.takeover) == (2, RunStatus.WAITING_INPUT, False)
+    for stale in (lambda: h.wait_run("r-wait", 1, wake_at), lambda: h.transition_run("r-wait", "running", run_token=1)):
+        with pytest.raises(ConflictError) as refused:
+            await got(stale())
+        assert (refused.value.code, refused.value.detail["current_run_token"]) == ("LEASE_STALE", 2)
+    assert (await got(h.transition_run("r-wait", RunStatus.RUNNING, run_token=2))).status is RunStatus.RUNNING
+
+    # In a transaction, and a wake time already past: claimable at once.
+    async with transaction(h) as tx:
+        again = await got(tx.wait_run("r-wait", 2, datetime.now(timezone.utc) - timedelta(minutes=1)))
+    assert again.status is RunStatus.WAITING_INPUT
+    third = await got(h.claim_run("worker-3"))
+    assert third is not None and (third.run_id, third.run_token) == ("r-wait", 3)
+
+    # Only a preparing or running run waits; a NULL argument is refused; neither writes anything.
+    events = one(person, "SELECT count(*) FROM ledger.run_events WHERE run_id = 'r-wait'")
+    with pytest.raises(WrongStateError) as invalid:
+        await got(h.wait_run("r-wait", 3, wake_at))  # still waiting_input: the claim does not move it
+    assert (invalid.value.sqlstate, invalid.value.code) == ("55000", "TRANSITION_INVALID")
+    with pytest.raises(InvalidArgumentError) as required:
+        await got(h.wait_run("r-wait", 3, None))  # type: ignore[arg-type]
+    assert (required.value.sqlstate, required.value.code) == ("22023", "ARGUMENT_REQUIRED")
+    assert one(person, "SELECT count(*) FROM ledger.run_events WHERE run_id = 'r-wait'") == events
+
+
 @FACES
-@pytest.mark.parametrize("body", [typed_results, transactions_and_errors, the_peoples_queues, budgets])
+@pytest.mark.parametrize("body", [typed_results, transactions_and_errors, the_peoples_queues, budgets, durable_waits])
 def test_both_faces(face: str, body: Body, dsn: str, person: psycopg.Connection[DictRow]) -> None:
     through(face, dsn, person, body)
 

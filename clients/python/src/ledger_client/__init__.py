@@ -61,7 +61,7 @@ from .types import (
     ToolCallTombstone,
     ToolResponse,
 )
-from .worker import ModelReply, RunContext, Worker
+from .worker import ModelReply, RunContext, WaitingUntil, Worker
 
 __all__ = [
     "Approval", "ApprovalStatus", "AsyncLedger", "AsyncLedgerCalls", "AsyncScopedLedger", "AsyncTransaction", "Budget", "BudgetExhausted", "BudgetUsage", "Busy", "Calls", "ClaimOutcome", "ClaimedRun", "ConflictError", "CorruptedError",
@@ -71,7 +71,7 @@ __all__ = [
     "ResponseEvent", "Run", "RunContext",
     "RunEvent", "RunStatus", "ScopeError", "ScopedLedger", "Step", "StepStatus", "ToolCall", "ToolCallClaim", "ToolCallInDoubt",
     "ToolCallResult", "ToolCallStatus", "ToolCallStopped", "ToolCallTombstone", "ToolFailed", "ToolRequest",
-    "ToolResponse", "Transaction", "WaitingApproval", "Worker", "WrongStateError", "afollow", "encode", "follow", "is_transient", "tool_call",
+    "ToolResponse", "Transaction", "WaitingApproval", "WaitingUntil", "Worker", "WrongStateError", "afollow", "encode", "follow", "is_transient", "tool_call",
     "tool_call_async", "tool_calls",
     "translate", "translated",
 ]

@@ -268,6 +268,13 @@ class Calls:
         """Gives the run up: claimable at once, and ``run_token`` is over."""
         return function(_nothing, "release_run", run_id, run_token)
 
+    @call
+    def wait_run(self, run_id: str, run_token: int, wake_at: datetime) -> Statement[Run]:
+        """A durable wait: the owner's ``preparing`` or ``running`` run moves to ``waiting_input``,
+        its lease is given up (``run_token`` is over) and ``claim_run`` hands it out again, with a
+        new token, from ``wake_at`` (an aware datetime; one in the past: at once) on."""
+        return function(_run, "wait_run", run_id, run_token, wake_at)
+
     # Steps
 
     @call

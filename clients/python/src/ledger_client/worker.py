@@ -12,6 +12,9 @@ again by ``step_key`` (finished ones return their recorded output) and its tool 
   on :class:`BudgetExhausted` (a tool call or an ``llm`` step refused: the ledger paused the run
   with ``error_code`` ``BUDGET_EXHAUSTED``): ``paused``, as the ledger left it; then releases it (a
   person's decision, or a budget raised, makes it claimable again);
+- on :class:`WaitingUntil` (the agent called :meth:`RunContext.wait_until` before its wake time):
+  parks the run with ``wait_run`` until then, which gives the lease up itself (nothing is released
+  after it); a claim from the wake time on resumes it (``waiting_input`` to ``running``);
 - on :class:`Busy` (another attempt, such as a previous owner's, holds a call): keeps the run and
   runs the agent again after ``idle_s`` (parked ``paused`` if the worker is stopping);
 - on :class:`Rejected` (a person rejected a call's approval and the agent did not catch it):
@@ -42,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -204,6 +208,42 @@ class RunContext:
                           run_token=self.run_token, heartbeat_s=heartbeat_s)
 
 
+    def wait_until(self, step_key: str, wake_at: datetime) -> datetime:
+        """A durable wait found again by ``step_key``: a ``wait`` step records the first ``wake_at``
+        (an aware datetime). Before that time (by the database's clock) it raises
+        :class:`WaitingUntil`, which ends the agent's turn: a :class:`Worker` parks the run with
+        ``wait_run`` and a claim from then on runs the agent again. From that time on the step
+        succeeds and the recorded wake time is returned, so a resume that computes another
+        ``wake_at`` (``now() + 1h`` again) does not wait again."""
+        if wake_at.tzinfo is None:
+            raise ValueError(f"wait_until {step_key}: wake_at must be an aware datetime")
+        step = again(f"step {step_key}", lambda: self.ledger.create_step(
+            self.run_id, "wait", step_key=step_key, input_summary=wake_at.isoformat(),
+            status="waiting_input", run_token=self.run_token))
+        wake = datetime.fromisoformat(step.input_summary) if step.input_summary else wake_at
+        if step.status is StepStatus.SUCCEEDED:
+            return wake
+        # The database's clock, which claim_run's not_before follows: a worker whose clock is
+        # behind must not put a run that woke back to sleep.
+        [due] = again(f"step {step_key}: due", lambda: self.ledger.execute("SELECT now() >= %s AS due", (wake,)))
+        if not due["due"]:
+            raise WaitingUntil(step_key, wake)
+        if step.status is not StepStatus.RUNNING:
+            self._move_step(step.id, StepStatus.RUNNING)  # waiting_input cannot go to succeeded directly
+        self._move_step(step.id, StepStatus.SUCCEEDED, output_summary=wake.isoformat())
+        return wake
+
+
+class WaitingUntil(Exception):
+    """Raised by :meth:`RunContext.wait_until` before the wake time: let it escape the agent, and a
+    :class:`Worker` parks the run (``wait_run``) until ``wake_at``."""
+
+    def __init__(self, step_key: str, wake_at: datetime) -> None:
+        super().__init__(f"step {step_key}: waiting until {wake_at.isoformat()}")
+        self.step_key = step_key
+        self.wake_at = wake_at
+
+
 Agent = Callable[[RunContext], str]
 """Your agent: drives one run through its context and returns the answer shown to the user."""
 
@@ -334,6 +374,11 @@ class Worker:
                 tx.release_run(run.run_id, run.run_token)
             _end(ledger, run, parked, park)
             log.info("run %s parked %s: %s", run.run_id, parked, error)
+        elif isinstance(error, WaitingUntil):
+            wake_at = error.wake_at
+            # wait_run gives the lease up itself: nothing is released after it (its token is over).
+            _end(ledger, run, RunStatus.WAITING_INPUT, lambda tx: tx.wait_run(run.run_id, run.run_token, wake_at))
+            log.info("run %s waits until %s", run.run_id, wake_at.isoformat())
         elif isinstance(error, ConflictError) and error.code == "LEASE_STALE":
             raise error
         elif isinstance(error, Exception):
