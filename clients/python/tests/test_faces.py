@@ -208,10 +208,12 @@ async def durable_waits(h: Handle, person: psycopg.Connection[DictRow]) -> None:
         await asyncio.sleep(0.05)
     assert datetime.now(timezone.utc) >= wake_at
     assert (woken.run_token, woken.status, woken.takeover) == (2, RunStatus.WAITING_INPUT, False)
-    for stale in (lambda: h.wait_run("r-wait", 1, wake_at), lambda: h.transition_run("r-wait", "running", run_token=1)):
-        with pytest.raises(ConflictError) as refused:
-            await got(stale())
-        assert (refused.value.code, refused.value.detail["current_run_token"]) == ("LEASE_STALE", 2)
+    with pytest.raises(ConflictError) as stale_wait:
+        await got(h.wait_run("r-wait", 1, wake_at))  # the parking owner's token is over
+    with pytest.raises(ConflictError) as stale_move:
+        await got(h.transition_run("r-wait", "running", run_token=1))
+    for stale in (stale_wait.value, stale_move.value):
+        assert (stale.code, stale.detail["current_run_token"]) == ("LEASE_STALE", 2)
     assert (await got(h.transition_run("r-wait", RunStatus.RUNNING, run_token=2))).status is RunStatus.RUNNING
 
     # In a transaction, and a wake time already past: claimable at once.
@@ -221,15 +223,20 @@ async def durable_waits(h: Handle, person: psycopg.Connection[DictRow]) -> None:
     third = await got(h.claim_run("worker-3"))
     assert third is not None and (third.run_id, third.run_token) == ("r-wait", 3)
 
-    # Only a preparing or running run waits; a NULL argument is refused; neither writes anything.
-    events = one(person, "SELECT count(*) FROM ledger.run_events WHERE run_id = 'r-wait'")
+    # Only a preparing or running run waits (a claimed queued run does not); a NULL argument is
+    # refused; neither writes anything.
+    await got(h.create_run("agent", run_id="r-queued"))
+    queued = await got(h.claim_run("worker-4", run_id="r-queued"))
+    assert queued is not None and queued.status is RunStatus.QUEUED
+    events = one(person, "SELECT count(*) FROM ledger.run_events")
     with pytest.raises(WrongStateError) as invalid:
-        await got(h.wait_run("r-wait", 3, wake_at))  # still waiting_input: the claim does not move it
+        await got(h.wait_run("r-queued", queued.run_token, wake_at))
     assert (invalid.value.sqlstate, invalid.value.code) == ("55000", "TRANSITION_INVALID")
     with pytest.raises(InvalidArgumentError) as required:
         await got(h.wait_run("r-wait", 3, None))  # type: ignore[arg-type]
     assert (required.value.sqlstate, required.value.code) == ("22023", "ARGUMENT_REQUIRED")
-    assert one(person, "SELECT count(*) FROM ledger.run_events WHERE run_id = 'r-wait'") == events
+    assert one(person, "SELECT count(*) FROM ledger.run_events") == events
+    assert one(person, "SELECT status FROM ledger.runs WHERE id = 'r-queued'") == "queued"
 
 
 @FACES

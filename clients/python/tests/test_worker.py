@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from conftest import SCOPE, one, wait_for
 from psycopg.rows import DictRow
 from support_agent import count, lookup_order, refund, support_agent
 
-from ledger_client import InDoubt, Ledger, ModelReply, RunContext, ScopedLedger, ScopeError, Worker
+from ledger_client import InDoubt, Ledger, ModelReply, RunContext, ScopedLedger, ScopeError, WaitingUntil, Worker
 
 HERE = Path(__file__).parent
 
@@ -286,3 +287,52 @@ def test_three_retries_and_a_replay_make_each_side_effect_once(
     assert (count(effects, "lookup"), count(effects, "refund")) == (1, 1)  # once across five runs
     reused = scoped.replay_bundle(replay.id)["reused_tool_calls"]
     assert sorted(r["source_run_id"] for r in reused) == sorted(["r-first", runs[1]])
+
+
+def test_an_agent_that_waits_until_a_time_is_parked_and_resumed_by_a_later_claim(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped.create_run("agent", {"order": 4}, run_id="r-wait")
+    turns: list[datetime] = []
+
+    def agent(ctx: RunContext) -> str:
+        asked = datetime.now(timezone.utc) + timedelta(seconds=1)  # another time on every turn
+        turns.append(asked)
+        woke = ctx.wait_until("follow-up", asked)
+        return f"followed up on order {ctx.inputs['order']} at {woke.isoformat()}"
+
+    def run() -> dict[str, Any]:
+        row = person.execute("SELECT status, lease_owner, run_token, not_before FROM ledger.runs WHERE id = 'r-wait'").fetchone()
+        assert row is not None
+        return row
+
+    worker = Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1")
+    assert worker.run_once() and len(turns) == 1
+    # Parked by wait_run, lease given up (nothing released or moved after it), until the step's time.
+    assert run() == {"status": "waiting_input", "lease_owner": None, "run_token": 1, "not_before": turns[0]}
+    step = person.execute("SELECT step_type, status, input_summary FROM ledger.run_steps WHERE run_id = 'r-wait'").fetchone()
+    assert step == {"step_type": "wait", "status": "waiting_input", "input_summary": turns[0].isoformat()}
+    assert not worker.run_once() and len(turns) == 1  # not claimable before the wake time
+
+    wait_for("a claim after the wake time", worker.run_once)  # the next worker's claim resumes it
+    assert len(turns) == 2 and turns[1] > turns[0]
+    ended = person.execute("SELECT status, run_token, output_summary FROM ledger.runs WHERE id = 'r-wait'").fetchone()
+    assert ended == {"status": "succeeded", "run_token": 2,  # the first wake time, not the resume's
+                     "output_summary": f"followed up on order 4 at {turns[0].isoformat()}"}
+    moves = person.execute("SELECT payload->>'from' AS f, payload->>'to' AS t FROM ledger.run_events"
+                           " WHERE run_id = 'r-wait' AND event_type = 'run.status' ORDER BY seq").fetchall()
+    assert [(m["f"], m["t"]) for m in moves] == [
+        ("queued", "running"), ("running", "waiting_input"), ("waiting_input", "running"), ("running", "succeeded")]
+    assert one(person, "SELECT status FROM ledger.run_steps WHERE run_id = 'r-wait'") == "succeeded"
+
+    # Outside a worker the agent's turn ends with the exception; a naive time is refused.
+    scoped.create_run("agent", run_id="r-alone")
+    claimed = scoped.claim_run("worker-2", run_id="r-alone")
+    assert claimed is not None
+    ctx = RunContext(scoped, claimed)
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    with pytest.raises(WaitingUntil) as waiting:
+        ctx.wait_until("tomorrow", later)
+    assert (waiting.value.step_key, waiting.value.wake_at) == ("tomorrow", later)
+    with pytest.raises(ValueError):
+        ctx.wait_until("naive", datetime.now())

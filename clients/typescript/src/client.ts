@@ -407,6 +407,15 @@ export abstract class LedgerCalls {
   }
 
   /**
+   * `wait_run`: a durable wait. The owner's `preparing` or `running` run moves to `waiting_input`,
+   * its lease is given up (`runToken` is over) and `claimRun` hands it out again, with a new token,
+   * from `wakeAt` on (one in the past: at once). Returns the run.
+   */
+  async waitRun(runId: string, runToken: number, wakeAt: Date): Promise<Run> {
+    return parseRun(one(await this.select("wait_run", [runId, runToken, wakeAt])));
+  }
+
+  /**
    * `set_concurrency_limit`: at most `maxInFlight` runs of `concurrencyKey` in flight (0 pauses
    * the key; null removes the limit). Returns the limit in force.
    */

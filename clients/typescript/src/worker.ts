@@ -15,6 +15,9 @@
  * - a budget is used up (a tool call or an `llm` step refused: the ledger paused the run with
  *   `error_code` `BUDGET_EXHAUSTED`): the run stays `paused` and is released; it is claimable
  *   again once a person raises the budget;
+ * - the agent waits until a time (`ctx.waitUntil`, a {@link WaitingUntilError}): the run is parked
+ *   with `wait_run`, which gives the lease up itself (nothing is released after it); a claim from
+ *   the wake time on resumes it (`waiting_input` to `running`);
  * - a call is busy (another executor's live attempt): the run is released, to be claimed later;
  * - the run was taken over (40001 `LEASE_STALE`): it is dropped, the new owner has it;
  * - a rejected approval: the run fails with `error_code` `TOOL_APPROVAL_REJECTED`;
@@ -166,6 +169,30 @@ export class RunContext {
     });
   }
 
+  /**
+   * A durable wait found again by `key`: a `wait` step records the first `wakeAt`. Before that
+   * time (by the database's clock) it throws {@link WaitingUntilError}, which ends the agent's
+   * turn: the worker parks the run with `wait_run`, and a claim from then on runs the agent again.
+   * From that time on the step succeeds and the recorded wake time is returned, so a resume that
+   * computes another `wakeAt` (an hour from now, again) does not wait again.
+   */
+  async waitUntil(key: string, wakeAt: Date): Promise<Date> {
+    const runToken = this.run.runToken;
+    const step = await reconnecting(() =>
+      this.ledger.createStep(this.runId, "wait", { stepKey: key, inputSummary: wakeAt.toISOString(), status: "waiting_input", runToken }),
+    );
+    const wake = step.inputSummary ? new Date(step.inputSummary) : wakeAt;
+    if (step.status === "succeeded") return wake;
+    // The database's clock, which claim_run's not_before follows: a worker whose clock is behind
+    // must not put a run that woke back to sleep.
+    const [due] = await reconnecting(() => this.ledger.query("SELECT now() >= $1::timestamptz AS due", [wake]));
+    if (due?.["due"] !== true) throw new WaitingUntilError(key, wake);
+    // waiting_input cannot go to succeeded directly.
+    if (step.status !== "running") await reconnecting(() => this.ledger.transitionStep(step.id, "running", { runToken }));
+    await reconnecting(() => this.ledger.transitionStep(step.id, "succeeded", { outputSummary: wake.toISOString(), runToken }));
+    return wake;
+  }
+
   /** The step of `key`; {@link BudgetExhaustedError} when the ledger refused it (an `llm` step over a budget). */
   private async openStep(key: string, stepType: string): Promise<Step> {
     const step = await reconnecting(() => this.ledger.createStep(this.runId, stepType, { stepKey: key, runToken: this.run.runToken }));
@@ -190,6 +217,20 @@ export class RunContext {
       }
       throw error;
     }
+  }
+}
+
+/**
+ * Thrown by {@link RunContext.waitUntil} before the wake time: let it escape the agent, and the
+ * worker parks the run (`wait_run`) until `wakeAt`.
+ */
+export class WaitingUntilError extends Error {
+  constructor(
+    readonly stepKey: string,
+    readonly wakeAt: Date,
+  ) {
+    super(`step ${stepKey}: waiting until ${wakeAt.toISOString()}`);
+    this.name = new.target.name;
   }
 }
 
@@ -244,6 +285,7 @@ export interface WorkerOptions {
 export type RunOutcome =
   | { status: "succeeded"; reply: string }
   | { status: "paused" | "waiting_approval"; reason: string }
+  | { status: "waiting_input"; wakeAt: Date; reason: string }
   | { status: "released"; reason: string }
   | { status: "lost"; reason: string }
   | { status: "failed"; error: string };
@@ -368,9 +410,18 @@ export const DEFAULT_LEASE_SECONDS = 15;
  * by a release (the first try committed) is done.
  */
 async function release(ledger: ScopedLedger, run: ClaimedRun): Promise<void> {
+  await endLease(run, () => ledger.releaseRun(run.runId, run.runToken));
+}
+
+/**
+ * A write that gives the run's lease up (`release_run`, `wait_run`), repeated after a lost
+ * connection; a repeat refused because the lease of this very token was given up already (the
+ * first try committed) is done.
+ */
+async function endLease(run: ClaimedRun, write: () => Promise<unknown>): Promise<void> {
   await reconnecting(async (tryNo) => {
     try {
-      await ledger.releaseRun(run.runId, run.runToken);
+      await write();
     } catch (error) {
       const released = error instanceof ConflictError && error.detail["lease_released"] === true;
       if (!(tryNo > 1 && released && error.detail["current_run_token"] === run.runToken)) throw error;
@@ -400,6 +451,11 @@ async function conclude(ledger: ScopedLedger, run: ClaimedRun, error: unknown): 
     await reconnecting(() => ledger.transitionRun(run.runId, parked, { runToken: token }));
     await release(ledger, run);
     return { status: parked, reason };
+  }
+  if (error instanceof WaitingUntilError) {
+    // wait_run gives the lease up itself: nothing is released after it (its token is over).
+    await endLease(run, () => ledger.waitRun(run.runId, token, error.wakeAt));
+    return { status: "waiting_input", wakeAt: error.wakeAt, reason };
   }
   if (error instanceof BusyError) {
     await release(ledger, run);

@@ -1,6 +1,7 @@
 /** The scoped handle: typed results, typed errors, the transaction escape hatch, the conninfo reader. */
 import assert from "node:assert/strict";
 import { test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 
 import pg from "pg";
 
@@ -173,6 +174,68 @@ test("a stale run_token is the conflict error, and writes nothing", async (t) =>
   assert.equal(stale.detail["current_run_token"], first.runToken + 1);
   assert.deepEqual(await db.sql("SELECT count(*)::int AS n FROM ledger.run_steps"), [{ n: 0 }]);
   await assert.rejects(acme.heartbeatRun("r", first.runToken), (e: unknown) => e instanceof ConflictError && e.code === "LEASE_STALE");
+});
+
+test("waitRun parks the owner's run until its wake time; the claim after it hands it out with a new token", async (t) => {
+  const db = await freshDb(t, "wait");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "r-wait" });
+  const first = await acme.claimRun("w-1", { runId: "r-wait" });
+  assert.equal(first?.runToken, 1);
+  await acme.transitionRun("r-wait", "running", { runToken: 1 });
+  const wakeAt = new Date(Date.now() + 1000);
+  const parked = await acme.waitRun("r-wait", 1, wakeAt);
+  assert.equal(parked.status, "waiting_input");
+  assert.equal(parked.leaseOwner, null);
+  assert.equal(parked.runToken, 1);
+  assert.equal(parked.notBefore?.getTime(), wakeAt.getTime());
+  assert.equal(await acme.claimRun("w-2"), null, "not before its wake time");
+  assert.equal(await acme.claimRun("w-2", { runId: "r-wait" }), null, "not even by its id");
+  await assert.rejects(
+    acme.heartbeatRun("r-wait", 1),
+    (e: unknown) => e instanceof ConflictError && e.code === "LEASE_STALE" && e.detail["lease_released"] === true,
+    "the lease was given up with the wait",
+  );
+
+  let woken = null;
+  const deadline = Date.now() + 30_000; // only stops a hung test: the claim must come once wakeAt passed
+  while ((woken = await acme.claimRun("w-2", { runId: "r-wait" })) === null) {
+    assert.ok(Date.now() < deadline, "the run was not handed out after its wake time");
+    await sleep(50);
+  }
+  assert.ok(Date.now() >= wakeAt.getTime());
+  assert.equal(woken.runToken, 2);
+  assert.equal(woken.status, "waiting_input");
+  assert.equal(woken.takeover, false);
+  // The parking owner's token is over.
+  for (const stale of [() => acme.waitRun("r-wait", 1, wakeAt), () => acme.transitionRun("r-wait", "running", { runToken: 1 })]) {
+    await assert.rejects(stale(), (e: unknown) => e instanceof ConflictError && e.code === "LEASE_STALE" && e.detail["current_run_token"] === 2);
+  }
+  assert.equal((await acme.transitionRun("r-wait", "running", { runToken: 2 })).status, "running");
+
+  // In a transaction, and a wake time already past: claimable at once.
+  const again = await acme.transaction((tx) => tx.waitRun("r-wait", 2, new Date(Date.now() - 60_000)));
+  assert.equal(again.status, "waiting_input");
+  const third = await acme.claimRun("w-3");
+  assert.equal(third?.runId, "r-wait");
+  assert.equal(third?.runToken, 3);
+
+  // Only a preparing or running run waits (a claimed queued run does not); a null argument is
+  // refused; neither writes anything.
+  await acme.createRun("agent", { runId: "r-queued" });
+  const queued = await acme.claimRun("w-4", { runId: "r-queued" });
+  assert.equal(queued?.status, "queued");
+  const events = await db.sql("SELECT count(*)::int AS n FROM ledger.run_events");
+  const invalid = await acme.waitRun("r-queued", queued?.runToken ?? 0, wakeAt).catch((e: unknown) => e);
+  assert.ok(invalid instanceof WrongStateError);
+  assert.equal(invalid.sqlstate, "55000");
+  assert.equal(invalid.code, "TRANSITION_INVALID");
+  await assert.rejects(
+    acme.waitRun("r-wait", 3, null as unknown as Date),
+    (e: unknown) => e instanceof InvalidArgumentError && e.sqlstate === "22023" && e.code === "ARGUMENT_REQUIRED",
+  );
+  assert.deepEqual(await db.sql("SELECT count(*)::int AS n FROM ledger.run_events"), events);
+  assert.equal((await acme.getRun("r-queued"))?.status, "queued");
 });
 
 test("the escape hatch: any SQL in the scoped transaction, rolled back as a whole on error", async (t) => {

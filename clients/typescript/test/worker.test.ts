@@ -8,7 +8,7 @@ import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 
-import { Ledger, ScopeError, work, type ClaimedRun, type RunOutcome } from "../src/index.js";
+import { Ledger, RunContext, ScopeError, WaitingUntilError, work, type ClaimedRun, type RunOutcome } from "../src/index.js";
 import { supportAgent } from "./fixtures/support-agent.js";
 import { expireLeases, freshDb, waitFor } from "./helpers.js";
 
@@ -282,4 +282,63 @@ test("a worker over every scope (any_scope) drives each run in its own scope; a 
     await app.close();
     await db.sql("DROP ROLE ledger_ts_app");
   }
+});
+
+test("an agent that waits until a time: parked by waitRun, resumed by a claim after the wake time", async (t) => {
+  const db = await freshDb(t, "wait_worker");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "r-wait", inputs: { order: 4 } });
+  const turns: Date[] = [];
+  const outcomes: RunOutcome[] = [];
+  const stop = new AbortController();
+  const loop = work(
+    acme,
+    async (ctx) => {
+      const asked = new Date(Date.now() + 1000); // another time on every turn
+      turns.push(asked);
+      const woke = await ctx.waitUntil("follow-up", asked);
+      return `followed up on order ${String(ctx.inputs["order"])} at ${woke.toISOString()}`;
+    },
+    { leaseOwner: "worker-1", idleSeconds: 0.05, signal: stop.signal, stopOn: [], onRun: (_run, o) => outcomes.push(o) },
+  );
+  let parked: unknown[] = [];
+  try {
+    await waitFor("the run parked", () => outcomes.length === 1);
+    const run = await acme.getRun("r-wait");
+    parked = [run?.status, run?.leaseOwner, run?.runToken, run?.notBefore?.getTime()];
+    await waitFor("the run resumed after its wake time", () => outcomes.length === 2);
+  } finally {
+    stop.abort();
+    await loop;
+  }
+  const first = turns[0] ?? assert.fail("no turn");
+  // Parked by wait_run, its lease given up (nothing released or moved after it), until the step's time.
+  assert.deepEqual(parked, ["waiting_input", null, 1, first.getTime()]);
+  assert.deepEqual(outcomes[0], { status: "waiting_input", wakeAt: first, reason: `step follow-up: waiting until ${first.toISOString()}` });
+  assert.equal(turns.length, 2);
+  assert.ok(Date.now() >= first.getTime());
+  const reply = `followed up on order 4 at ${first.toISOString()}`; // the first wake time, not the resume's
+  assert.deepEqual(outcomes[1], { status: "succeeded", reply });
+  const ended = await acme.getRun("r-wait");
+  assert.deepEqual([ended?.status, ended?.runToken, ended?.outputSummary], ["succeeded", 2, reply]);
+  const moves = await db.sql(
+    "SELECT payload->>'from' AS f, payload->>'to' AS t FROM ledger.run_events WHERE run_id = 'r-wait' AND event_type = 'run.status' ORDER BY seq",
+  );
+  assert.deepEqual(
+    moves.map((m) => `${String(m["f"])}>${String(m["t"])}`),
+    ["queued>running", "running>waiting_input", "waiting_input>running", "running>succeeded"],
+  );
+  assert.deepEqual(await db.sql("SELECT step_type, status, input_summary FROM ledger.run_steps WHERE run_id = 'r-wait'"), [
+    { step_type: "wait", status: "succeeded", input_summary: first.toISOString() },
+  ]);
+
+  // Outside a worker the agent's turn ends with the error.
+  await acme.createRun("agent", { runId: "r-alone" });
+  const claimed = await acme.claimRun("worker-2", { runId: "r-alone" });
+  assert.ok(claimed);
+  const later = new Date(Date.now() + 3_600_000);
+  const waiting = await new RunContext(acme, claimed, new AbortController().signal).waitUntil("tomorrow", later).catch((e: unknown) => e);
+  assert.ok(waiting instanceof WaitingUntilError);
+  assert.equal(waiting.stepKey, "tomorrow");
+  assert.equal(waiting.wakeAt.getTime(), later.getTime());
 });
