@@ -227,17 +227,24 @@ fn claim_run(
 /// holds (that claim stamps it); only two claims taking a never-served scope's first turn at the
 /// same moment wait for each other's insert.
 fn take_turn(scope: &Scope) -> Result<()> {
-    let held = db::write_one(
-        "SELECT 1 FROM ledger.dispatch_turns WHERE tenant_id = $1 AND workspace_id = $2 \
-            FOR NO KEY UPDATE SKIP LOCKED",
+    let (held, exists) = db::write_one(
+        "SELECT (SELECT true FROM ledger.dispatch_turns WHERE tenant_id = $1 AND workspace_id = $2 \
+                    FOR NO KEY UPDATE SKIP LOCKED), \
+                EXISTS (SELECT 1 FROM ledger.dispatch_turns WHERE tenant_id = $1 AND workspace_id = $2)",
         &scope.args([]),
-        |_| Ok(()),
-    )?;
-    let stamp = if held.is_some() {
-        "UPDATE ledger.dispatch_turns SET served_at = $3 WHERE tenant_id = $1 AND workspace_id = $2"
-    } else {
-        "INSERT INTO ledger.dispatch_turns (tenant_id, workspace_id, served_at) VALUES ($1, $2, $3) \
-         ON CONFLICT (tenant_id, workspace_id) DO NOTHING"
+        |r| Ok((db::opt::<bool>(r, 1)?.is_some(), db::req::<bool>(r, 2)?)),
+    )?
+    .unwrap_or((false, false));
+    let stamp = match (held, exists) {
+        (true, _) => {
+            "UPDATE ledger.dispatch_turns SET served_at = $3 WHERE tenant_id = $1 AND workspace_id = $2"
+        }
+        // The insert's conflict check would wait for a claim that holds the row: leave it be.
+        (false, true) => return Ok(()),
+        (false, false) => {
+            "INSERT INTO ledger.dispatch_turns (tenant_id, workspace_id, served_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (tenant_id, workspace_id) DO NOTHING"
+        }
     };
     db::execute(stamp, &scope.args([db::clock()?.into()]))
 }
