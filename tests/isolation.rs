@@ -152,6 +152,11 @@ fn populate(app: &mut Client, s: Scope) {
         format!("SELECT ledger.begin_tool_call(id, 1) {}", tc("gone-call")),
         format!("SELECT ledger.complete_tool_call(id, 1, 'succeeded', '{{}}') {}", tc("gone-call")),
         format!("SELECT ledger.transition_run('{p}-gone', 'canceled')"),
+        // Budgets that never run out, of the workspace and of a run; and a queued run for the
+        // operator's claim across scopes (populate_all), which writes the scope's turn.
+        format!("SELECT ledger.set_budget('USD', 1000, actor => '{p}-ops')"),
+        format!("SELECT ledger.set_budget('tool_calls', 100, 'run', run_id => '{p}-r1')"),
+        format!("SELECT ledger.create_run('agent', run_id => '{p}-queued')"),
     ];
     for sql in &statements {
         exec(app, sql);
@@ -173,11 +178,19 @@ fn populate(app: &mut Client, s: Scope) {
     assert_eq!(held, 1);
 }
 
-/// Populates A, B and G, then expires the `stale` leases (as a crashed executor would leave them).
+/// Populates A, B and G, lets an operator (the superuser) claim their queued runs across scopes
+/// (one turn of each scope), then expires the `stale` leases (as a crashed executor would leave
+/// them).
 fn populate_all(app: &mut Client, su: &mut Client) {
     for s in [A, B, G] {
         populate(app, s);
     }
+    let claimed = strings(
+        su,
+        "SELECT c.run_id FROM generate_series(1, 3) i, \
+                LATERAL ledger.claim_run('operator-' || i, any_scope => true) c",
+    );
+    assert_eq!(claimed.len(), 3, "{claimed:?}");
     exec(
         su,
         "UPDATE ledger.run_step_tool_calls SET lease_expires_at = clock_timestamp() - interval '1 second' \
@@ -444,7 +457,12 @@ fn another_scopes_objects_are_not_found_through_any_function() {
 
 /// Each view, the query that reads it, and the same answer computed by the superuser from the
 /// tables for the scope ($1, $2).
-const VIEWS: [(&str, &str, &str); 4] = [
+const VIEWS: [(&str, &str, &str); 5] = [
+    (
+        "budget_usage",
+        "SELECT coalesce(string_agg(coalesce(run_id, '') || ':' || unit, ',' ORDER BY run_id, unit), '') FROM ledger.budget_usage",
+        "SELECT coalesce(string_agg(coalesce(run_id, '') || ':' || unit, ',' ORDER BY run_id, unit), '') FROM ledger.budgets WHERE tenant_id = $1 AND workspace_id = $2",
+    ),
     (
         "outbox_backlog",
         "SELECT coalesce(sum(events), 0)::text FROM ledger.outbox_backlog",
