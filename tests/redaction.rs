@@ -146,6 +146,7 @@ const TEXT_CALLS: &[(&[&str], &str)] = &[
     (&["record_tool_call.error_message"], "SELECT ledger.record_tool_call('r1', 'crm.lookup', '{}', 'failed', error_message => $T, tool_call_id => 'c-rec-e')"),
     (&["record_feedback.comment"], "SELECT ledger.record_feedback('r1', -1, comment => $T)"),
     (&["record_audit.actor"], "SELECT ledger.record_audit('r1', 'gw', 'deny', actor => $T)"),
+    (&["set_budget.actor", "set_budget.note"], "SELECT ledger.set_budget('USD', 10, actor => $T, note => $T)"),
     (&["request_tool_approval.title"], "SELECT ledger.request_tool_approval('r1', 'pay', '{}', tool_call_id => 'c-title', title => $T)"),
     (&["resolve_approval.actor", "resolve_approval.note"], "SELECT ledger.resolve_approval( \
       (SELECT approval_id FROM ledger.run_step_tool_calls WHERE tool_call_id = 'c-title'), 'rejected', actor => $T, note => $T)"),
