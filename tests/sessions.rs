@@ -338,8 +338,11 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
          SELECT ledger.record_cost('r2', 'tokens', 10, 0.01, 'USD'); \
          SELECT ledger.create_task('agent.stream', run_id => 'r2', task_id => 't1'); \
          SELECT ledger.set_concurrency_limit('customer-7', 4); \
+         SELECT ledger.set_budget('USD', 100, period => 'day'); \
+         SELECT ledger.set_budget('tokens', 1000000, 'tenant'); \
          SELECT ledger.set_scope('other', 'w'); \
          SELECT ledger.create_run('chat', run_id => 'r1'); \
+         SELECT ledger.claim_run('operator', any_scope => true); \
          SELECT ledger.grant_scope('ledger_reader', 'acme')",
     );
     exec(&mut c, "SELECT ledger.set_scope('acme', 'support')");
