@@ -250,7 +250,11 @@ fn take_turn(scope: &Scope) -> Result<()> {
 }
 
 /// Locks the run and checks the owner's token (40001 `LEASE_STALE`).
-fn owned(scope: &Scope, run_id: Option<&str>, run_token: Option<i64>) -> Result<rows::LockedRun> {
+pub fn owned(
+    scope: &Scope,
+    run_id: Option<&str>,
+    run_token: Option<i64>,
+) -> Result<rows::LockedRun> {
     let run_id = required_id("run_id", run_id)?;
     let token = run_token.ok_or_else(|| LedgerError::required("run_token"))?;
     let run = rows::lock_run(scope, "run_id", run_id)?;

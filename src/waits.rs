@@ -4,10 +4,9 @@
 
 use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
-use crate::rows;
+use crate::run_leases;
 use crate::runs::{self, RunEnd};
 use crate::scope;
-use ledger_model::args::required_id;
 use ledger_model::status::{check_transition, Resource, Status};
 use pgrx::prelude::*;
 
@@ -29,11 +28,9 @@ fn park(
     wake_at: Option<TimestampWithTimeZone>,
 ) -> Result<pgrx::composite_type!('static, "ledger.runs")> {
     let scope = scope::current()?;
-    let run_id = required_id("run_id", run_id)?;
-    let token = run_token.ok_or_else(|| LedgerError::required("run_token"))?;
     let wake_at = wake_at.ok_or_else(|| LedgerError::required("wake_at"))?;
-    let run = rows::lock_run(&scope, "run_id", run_id)?;
-    run.fence(Some(token))?;
+    let run = run_leases::owned(&scope, run_id, run_token)?;
+    let run_id = run.id.as_str();
     // Already waiting (moved there by transition_run under the lease): only the wake time and
     // the lease change.
     if let Some(from) = check_transition(
