@@ -143,6 +143,38 @@ CREATE VIEW ledger.budget_usage WITH (security_invoker = true) AS
      WHERE ledger.scope_required();
 COMMENT ON VIEW ledger.budget_usage IS 'The budgets of the scope (its workspace''s, its runs'' and its tenant''s) in the window of now: spent, remaining, exhausted (a decision to spend is refused: budget_exhausted), warned (the warning of this window was written), and when the window ends (NULL for total). Raise one with ledger.set_budget. Fails 42501 SCOPE_MISSING without a scope.';
 
+-- Approval deadlines: a pending approval past expires_at is expired (ledger.sweep_tool_calls, or
+-- the next claim of its call) and no longer keeps its run from being claimed.
+ALTER TABLE ledger.approval_requests ADD COLUMN expires_at timestamptz;
+-- The sweep finds the pending approvals whose deadline passed (few: most approvals have none).
+CREATE INDEX approval_requests_expiry_idx ON ledger.approval_requests (expires_at)
+    WHERE status = 'pending' AND expires_at IS NOT NULL;
+COMMENT ON TABLE ledger.approval_requests IS 'Human approvals a tool call waits for (status pending, approved, rejected, expired, canceled). Created by ledger.request_tool_approval, decided by ledger.resolve_approval; a pending approval past its expires_at is expired by ledger.sweep_tool_calls or by the next claim of its call, and no one may decide it any more.';
+CREATE OR REPLACE FUNCTION ledger_dispatch.expired_tool_call_scopes()
+    RETURNS TABLE (tenant_id text, workspace_id text)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT DISTINCT e.tenant_id, e.workspace_id
+      FROM (SELECT t.tenant_id, t.workspace_id FROM ledger.run_step_tool_calls t
+             WHERE t.completed_at IS NULL AND t.lease_expires_at <= clock_timestamp()
+            UNION ALL
+            SELECT a.tenant_id, a.workspace_id FROM ledger.approval_requests a
+             WHERE a.status = 'pending' AND a.expires_at <= clock_timestamp()) e
+     WHERE NOT EXISTS (SELECT FROM ledger.scope_bindings)
+        OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = e.tenant_id
+                      AND (g.workspace_id IS NULL OR g.workspace_id = e.workspace_id))
+$$;
+COMMENT ON FUNCTION ledger_dispatch.expired_tool_call_scopes() IS 'The scopes the session''s login role may state that have a tool call whose lease expired or a pending approval past its deadline (see ledger.sweep_tool_calls).';
+CREATE OR REPLACE VIEW ledger.pending_approvals WITH (security_invoker = true) AS
+    SELECT a.id, a.run_id, a.step_id, a.tool_call_record_id, t.tool_ref, a.title, a.policy_ref,
+           a.details, a.created_at, a.expires_at
+      FROM ledger.approval_requests a
+      LEFT JOIN ledger.run_step_tool_calls t
+        ON t.tenant_id = a.tenant_id AND t.workspace_id = a.workspace_id AND t.id = a.tool_call_record_id
+     WHERE ledger.scope_required() AND a.status = 'pending'
+       AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp());
+COMMENT ON VIEW ledger.pending_approvals IS 'Approvals waiting for a decision: ledger.resolve_approval(id, approved|rejected), before expires_at when they have one (past it they are expired, and no longer listed). Fails 42501 SCOPE_MISSING without a scope.';
+
 -- The operator's claim across scopes: due runs only, with room under their key and no budget
 -- used up, the highest priority first.
 CREATE OR REPLACE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
@@ -199,7 +231,8 @@ AS $$
                     AND t.run_id = up.id AND t.status = 'in_doubt'))
            AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
                             WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
-                              AND a.run_id = r.id AND a.status = 'pending')
+                              AND a.run_id = r.id AND a.status = 'pending'
+                              AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp()))
            -- No budget that applies to it is used up (claim_run checks it again in the run's scope).
            AND NOT EXISTS (SELECT 1 FROM ledger.budgets b
                             WHERE b.tenant_id = r.tenant_id
@@ -221,11 +254,13 @@ AS $$
            FOR NO KEY UPDATE SKIP LOCKED) c
      LIMIT 1
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The next claimable run of any scope the session''s login role may state (see ledger.claim_run): scopes take turns (the one served longest ago first, ledger.dispatch_turns), and within the scope the due run (not_before passed) of the highest priority, oldest first, that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), with no budget used up and whose concurrency key has room, locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The next claimable run of any scope the session''s login role may state (see ledger.claim_run): scopes take turns (the one served longest ago first, ledger.dispatch_turns), and within the scope the due run (not_before passed) of the highest priority, oldest first, that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval before its deadline), with no budget used up and whose concurrency key has room, locked; skips runs another transaction holds.';
 
--- Functions whose arguments changed (not_before, priority, concurrency_key) are dropped and created again; every
--- other one is replaced below, which binds it to this version's library.
+-- Functions whose arguments changed (not_before, priority, concurrency_key, expires_in_seconds)
+-- are dropped and created again; every other one is replaced below, which binds it to this
+-- version's library.
 DROP FUNCTION ledger.create_run(text, jsonb, text, text, text, text, text, text, text, integer, text, text, text, text);
+DROP FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint);
 DROP FUNCTION ledger.retry_run(text, jsonb);
 DROP FUNCTION ledger.replay_run(text, jsonb);
 CREATE OR REPLACE FUNCTION ledger.scope_tenant() RETURNS text LANGUAGE c STABLE PARALLEL SAFE
@@ -900,7 +935,8 @@ CREATE OR REPLACE FUNCTION "request_tool_approval"(
 	"title" TEXT DEFAULT NULL, /* Option < & str > */
 	"policy_ref" TEXT DEFAULT NULL, /* Option < & str > */
 	"details" jsonb DEFAULT NULL, /* Option < Jsonb > */
-	"run_token" bigint DEFAULT NULL /* Option < i64 > */
+	"run_token" bigint DEFAULT NULL, /* Option < i64 > */
+	"expires_in_seconds" INT DEFAULT NULL /* Option < i32 > */
 ) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
 VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
 SET search_path TO pg_catalog, ledger, pg_temp
@@ -1203,7 +1239,7 @@ COMMENT ON FUNCTION ledger.events_since(text, text, integer) IS
 COMMENT ON FUNCTION ledger.run_channel(text) IS
     'The LISTEN/NOTIFY channel of a run. Commits that append to the run notify it with {"run_id","seq"}: events up to seq are committed (ledger.notify = inline: one per event, with event_id and event_type too). The name is keyed with a secret of the database that only the ledger reads (ledger.channel_key), so it cannot be computed from the run''s names: ask this function for it.';
 COMMENT ON FUNCTION ledger.claim_tool_call(text, text, jsonb, text, text, text, text, integer, boolean, jsonb, bigint) IS
-    'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. The lease is timeout_seconds plus a tenth (at least 5 s), never under 10 s. With approval {title, policy_ref, details}, a new call is created waiting for it (as ledger.request_tool_approval does) and a known one answers its current outcome, so one call is right on every resume. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
+    'Claims a tool call for execution. Returns {outcome, tool_call, approval, response} with outcome claimed (execute it; tool_call.id is the tool_call_record_id the other tool-call functions take and tool_call.attempt your fencing token), replayed (response holds the last result; execute nothing), in_doubt (the request may have left; never retried automatically), busy (a live lease exists), waiting_approval or rejected. The lease is timeout_seconds plus a tenth (at least 5 s), never under 10 s. With approval {title, policy_ref, details, expires_in_seconds}, a new call is created waiting for it (as ledger.request_tool_approval does) and a known one answers its current outcome, so one call is right on every resume. Same key with another tool_ref or arguments: 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.claim_tool_calls(text, jsonb, text, boolean, bigint) IS
     'Claims the tool calls of one model turn in one statement (one commit instead of one per call): calls is a JSON array of at most 100 objects with claim_tool_call''s per-call arguments (tool_ref, arguments, tool_call_id, idempotency_key, step_id, timeout_seconds, retry_failed, approval; an absent key takes that function''s default). Returns one row per element, in input order: index (from 0) and claim, what claim_tool_call returns for that call (claimed, replayed, in_doubt, busy, waiting_approval, rejected, purged). The run is locked and fenced by run_token once (40001 LEASE_STALE unless current). begin => true also begins every call that comes back claimed (its tool_call.status is running): COMMIT before any request leaves; after a crash past that commit they are in_doubt, never executed twice. Any refusal refuses the whole batch and writes nothing, its DETAIL naming the element (index): 22023 CALLS_NOT_ARRAY, CALLS_TOO_MANY, CALL_INVALID (with the key), CALLS_DUPLICATE (one idempotency_key or tool_call_id twice), or what claim_tool_call refuses.';
 COMMENT ON FUNCTION ledger.begin_tool_call(text, bigint) IS
@@ -1219,11 +1255,11 @@ COMMENT ON FUNCTION ledger.record_tool_call(text, text, jsonb, text, jsonb, text
 COMMENT ON FUNCTION ledger.resolve_tool_call(text, text, jsonb, text, text) IS
     'Resolves an in_doubt tool call with a person''s decision: succeeded or failed (with the evidence as result), or retry (the next claim executes again with attempt + 1). actor and note are recorded with an audit event.';
 COMMENT ON FUNCTION ledger.sweep_tool_calls(boolean) IS
-    'Moves every expired lease in the scope to in_doubt (the request left) or back to claimable (it did not); returns how many. For pg_cron or a worker; never waits on busy rows. With any_scope => true (members of ledger_operator only), every scope''s.';
-COMMENT ON FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint) IS
-    'Creates a tool call in waiting_approval and its approval request (outbox approval.requested). Claims of the same identity return waiting_approval while pending, claimed once approved, rejected once rejected. On a known call it answers the current outcome without claiming it (waiting_approval also once approved, replayed, in_doubt, busy, rejected); another tool_ref or arguments fail 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
+    'Moves every expired lease in the scope to in_doubt (the request left) or back to claimable (it did not), and expires every pending approval past its deadline (the call is rejected, its step expired, approval.expired in the feed and the outbox); returns how many. For pg_cron or a worker; never waits on busy rows. With any_scope => true (members of ledger_operator only), every scope''s.';
+COMMENT ON FUNCTION ledger.request_tool_approval(text, text, jsonb, text, text, text, text, jsonb, bigint, integer) IS
+    'Creates a tool call in waiting_approval and its approval request (outbox approval.requested). Claims of the same identity return waiting_approval while pending, claimed once approved, rejected once rejected or expired (expires_in_seconds: 1 second to a year; past it the approval expires, and no one may decide it). On a known call it answers the current outcome without claiming it (waiting_approval also once approved, replayed, in_doubt, busy, rejected); another tool_ref or arguments fail 23505 IDEMPOTENCY_MISMATCH. run_token: the run owner''s fencing token (40001 LEASE_STALE unless current).';
 COMMENT ON FUNCTION ledger.resolve_approval(text, text, text, text) IS
-    'Decides a pending approval: approved or rejected, with the actor and a note. Repeating the same decision is a no-op; a different one fails 55000 APPROVAL_RESOLVED.';
+    'Decides a pending approval: approved or rejected, with the actor and a note. Repeating the same decision is a no-op; a different one fails 55000 APPROVAL_RESOLVED; past the approval''s deadline any fails 55000 APPROVAL_EXPIRED.';
 COMMENT ON FUNCTION ledger.put_artifact(text, bytea, text, text, text, jsonb) IS
     'Stores bytes in the scope''s content-addressed blob store and records them as an artifact (storage_key blob:sha256:<hex>).';
 COMMENT ON FUNCTION ledger.register_artifact(text, text, bigint, text, text, text, text, jsonb) IS
@@ -1348,7 +1384,7 @@ GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_
 GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, run_id, status) ON ledger.approval_requests TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, run_id, status, expires_at) ON ledger.approval_requests TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight) ON ledger.concurrency_limits TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, served_at) ON ledger.dispatch_turns TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, period, max_amount, spent, window_start) ON ledger.budgets TO ledger_dispatcher;

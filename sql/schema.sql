@@ -303,12 +303,16 @@ CREATE TABLE ledger.approval_requests (
     decided_at     timestamptz,
     created_at     timestamptz NOT NULL DEFAULT now(),
     updated_at     timestamptz NOT NULL DEFAULT now(),
+    expires_at     timestamptz,
     PRIMARY KEY (tenant_id, workspace_id, id),
     FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
     FOREIGN KEY (tenant_id, workspace_id, step_id) REFERENCES ledger.run_steps (tenant_id, workspace_id, id)
 );
 CREATE INDEX approval_requests_status_idx ON ledger.approval_requests (tenant_id, workspace_id, status, created_at);
-COMMENT ON TABLE ledger.approval_requests IS 'Human approvals a tool call waits for (status pending, approved, rejected, expired, canceled). Created by ledger.request_tool_approval, decided by ledger.resolve_approval.';
+-- The sweep finds the pending approvals whose deadline passed (few: most approvals have none).
+CREATE INDEX approval_requests_expiry_idx ON ledger.approval_requests (expires_at)
+    WHERE status = 'pending' AND expires_at IS NOT NULL;
+COMMENT ON TABLE ledger.approval_requests IS 'Human approvals a tool call waits for (status pending, approved, rejected, expired, canceled). Created by ledger.request_tool_approval, decided by ledger.resolve_approval; a pending approval past its expires_at is expired by ledger.sweep_tool_calls or by the next claim of its call, and no one may decide it any more.';
 
 CREATE TABLE ledger.run_step_tool_calls (
     tenant_id           text NOT NULL,
@@ -697,7 +701,8 @@ AS $$
                     AND t.run_id = up.id AND t.status = 'in_doubt'))
            AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a
                             WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id
-                              AND a.run_id = r.id AND a.status = 'pending')
+                              AND a.run_id = r.id AND a.status = 'pending'
+                              AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp()))
            -- No budget that applies to it is used up (claim_run checks it again in the run's scope).
            AND NOT EXISTS (SELECT 1 FROM ledger.budgets b
                             WHERE b.tenant_id = r.tenant_id
@@ -719,7 +724,7 @@ AS $$
            FOR NO KEY UPDATE SKIP LOCKED) c
      LIMIT 1
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The next claimable run of any scope the session''s login role may state (see ledger.claim_run): scopes take turns (the one served longest ago first, ledger.dispatch_turns), and within the scope the due run (not_before passed) of the highest priority, oldest first, that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval), with no budget used up and whose concurrency key has room, locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The next claimable run of any scope the session''s login role may state (see ledger.claim_run): scopes take turns (the one served longest ago first, ledger.dispatch_turns), and within the scope the due run (not_before passed) of the highest priority, oldest first, that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval before its deadline), with no budget used up and whose concurrency key has room, locked; skips runs another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
     RETURNS TABLE (tenant_id text, workspace_id text, id text)
@@ -740,13 +745,17 @@ CREATE FUNCTION ledger_dispatch.expired_tool_call_scopes()
     RETURNS TABLE (tenant_id text, workspace_id text)
     LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT DISTINCT t.tenant_id, t.workspace_id FROM ledger.run_step_tool_calls t
-     WHERE t.completed_at IS NULL AND t.lease_expires_at <= clock_timestamp()
-       AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
-            OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = t.tenant_id
-                          AND (g.workspace_id IS NULL OR g.workspace_id = t.workspace_id)))
+    SELECT DISTINCT e.tenant_id, e.workspace_id
+      FROM (SELECT t.tenant_id, t.workspace_id FROM ledger.run_step_tool_calls t
+             WHERE t.completed_at IS NULL AND t.lease_expires_at <= clock_timestamp()
+            UNION ALL
+            SELECT a.tenant_id, a.workspace_id FROM ledger.approval_requests a
+             WHERE a.status = 'pending' AND a.expires_at <= clock_timestamp()) e
+     WHERE NOT EXISTS (SELECT FROM ledger.scope_bindings)
+        OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = e.tenant_id
+                      AND (g.workspace_id IS NULL OR g.workspace_id = e.workspace_id))
 $$;
-COMMENT ON FUNCTION ledger_dispatch.expired_tool_call_scopes() IS 'The scopes the session''s login role may state that have a tool call whose lease expired (see ledger.sweep_tool_calls).';
+COMMENT ON FUNCTION ledger_dispatch.expired_tool_call_scopes() IS 'The scopes the session''s login role may state that have a tool call whose lease expired or a pending approval past its deadline (see ledger.sweep_tool_calls).';
 
 -- The key of the run channels' names (ledger.run_channel): any role may LISTEN on any channel,
 -- so a name must not be computable from a run's public names. Only ledger_owner (the functions)

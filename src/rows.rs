@@ -383,8 +383,10 @@ pub struct ToolCall {
     pub outbound_started: bool,
     pub result_artifact_id: Option<String>,
     pub result_sha256: Option<String>,
+    /// The approval's status; a pending one past its deadline reads `expired`.
     pub approval: Option<ApprovalStatus>,
     pub lease_owner: Option<String>,
+    pub approval_id: Option<String>,
 }
 
 /// How a tool call is found.
@@ -399,8 +401,10 @@ fn tool_call_by(scope: &Scope, by: By, lock: Lock) -> Result<Option<ToolCall>> {
     const SELECT: &str = "SELECT t.id, t.run_id, t.step_id, t.tool_call_id, t.tool_ref, \
             t.idempotency_key, t.request_hash, t.status, t.attempt, t.lease_seconds, \
             t.lease_expires_at IS NOT NULL, coalesce(t.lease_expires_at > clock_timestamp(), false), \
-            t.outbound_started_at IS NOT NULL, t.result_artifact_id, t.result_sha256, a.status, \
-            t.lease_owner \
+            t.outbound_started_at IS NOT NULL, t.result_artifact_id, t.result_sha256, \
+            CASE WHEN a.status = 'pending' AND a.expires_at <= clock_timestamp() THEN 'expired' \
+                 ELSE a.status END, \
+            t.lease_owner, t.approval_id \
        FROM ledger.run_step_tool_calls t \
        LEFT JOIN ledger.approval_requests a \
          ON a.tenant_id = t.tenant_id AND a.workspace_id = t.workspace_id AND a.id = t.approval_id \
@@ -435,6 +439,7 @@ fn tool_call_by(scope: &Scope, by: By, lock: Lock) -> Result<Option<ToolCall>> {
                 .as_deref()
                 .and_then(ApprovalStatus::from_name),
             lease_owner: db::opt(r, 17)?,
+            approval_id: db::opt(r, 18)?,
         })
     })
 }
@@ -504,11 +509,15 @@ pub struct ApprovalHead {
     pub run_id: String,
     pub status: String,
     pub tool_call_record_id: Option<String>,
+    /// Pending past its deadline: no one may decide it, it is to be expired.
+    pub due: bool,
 }
 
 fn approval_by(scope: &Scope, approval_id: &str, lock: Lock) -> Result<Option<ApprovalHead>> {
     first(
-        "SELECT run_id, status, tool_call_record_id FROM ledger.approval_requests \
+        "SELECT run_id, status, tool_call_record_id, \
+                status = 'pending' AND coalesce(expires_at <= clock_timestamp(), false) \
+           FROM ledger.approval_requests \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
         lock,
         &scope.args([approval_id.into()]),
@@ -517,9 +526,23 @@ fn approval_by(scope: &Scope, approval_id: &str, lock: Lock) -> Result<Option<Ap
                 run_id: db::req(r, 1)?,
                 status: db::req(r, 2)?,
                 tool_call_record_id: db::opt(r, 3)?,
+                due: db::req(r, 4)?,
             })
         },
     )
+}
+
+/// Locks the approval of `run` (held by this transaction) if it is pending past its deadline.
+pub fn lock_due_approval(
+    scope: &Scope,
+    run: &LockedRun,
+    approval_id: &str,
+) -> Result<Option<ApprovalHead>> {
+    let Some(approval) = approval_by(scope, approval_id, Lock::Update)? else {
+        return Ok(None);
+    };
+    check_held(run, &approval.run_id)?;
+    Ok(approval.due.then_some(approval))
 }
 
 /// Locks the approval's run, then the approval (P0002 `APPROVAL_NOT_FOUND`).

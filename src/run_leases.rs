@@ -53,7 +53,7 @@ const WAITS_FOR_NOBODY: &str = "NOT EXISTS (SELECT 1 FROM ledger.run_step_tool_c
           AND t.run_id = up.id AND t.status = 'in_doubt')) \
      AND NOT EXISTS (SELECT 1 FROM ledger.approval_requests a \
      WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id AND a.run_id = r.id \
-       AND a.status = 'pending')";
+       AND a.status = 'pending' AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp()))";
 
 /// The filters of a claim: the labels each list may hold (NULL: any).
 fn labels(argument: &str, list: Option<Vec<Option<String>>>) -> Result<Option<Vec<String>>> {

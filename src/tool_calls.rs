@@ -16,6 +16,7 @@
 mod approvals;
 mod batch;
 mod claim;
+mod decisions;
 mod execute;
 mod lookup;
 mod record;
@@ -195,6 +196,7 @@ struct ApprovalRequest {
     title: Option<String>,
     policy_ref: Option<String>,
     details: Value,
+    expires_in_seconds: Option<i32>,
 }
 
 /// `claim_tool_call`'s `approval` argument, checked like `request_tool_approval`'s arguments.
@@ -213,6 +215,7 @@ fn approval_request(parsed: &Value) -> Result<ApprovalRequest> {
             || json!({}),
             |d| redaction::redact(&guc::redaction_rules(), d.clone()),
         ),
+        expires_in_seconds: ask.expires_in_seconds,
     })
 }
 

@@ -20,7 +20,7 @@ SELECT ROW(r.tenant_id, r.workspace_id, r.id, r.run_token, r.lease_owner, r.leas
                                       ORDER BY a.created_at, a.id), '[]')
               FROM ledger.approval_requests a
              WHERE a.tenant_id = r.tenant_id AND a.workspace_id = r.workspace_id AND a.run_id = r.id
-               AND a.status = 'pending'),
+               AND a.status = 'pending' AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp())),
            (SELECT e.id FROM ledger.run_events e
              WHERE e.tenant_id = r.tenant_id AND e.workspace_id = r.workspace_id AND e.run_id = r.id
                AND e.seq = r.last_seq))::ledger.claimed_run

@@ -2,9 +2,10 @@
 //! `resolve_approval` records it.
 
 use super::claim::apply;
+use super::decisions::{self, Refusal};
 use super::lookup::{find_locked, tombstone};
 use super::record::create_waiting;
-use super::{arguments, event, identity, outcome, ApprovalRequest};
+use super::{arguments, identity, outcome, ApprovalRequest};
 use crate::audit;
 use crate::db;
 use crate::error::{raise, Code, LedgerError, Result, SqlError};
@@ -13,11 +14,9 @@ use crate::jsonb::Jsonb;
 use crate::redaction::{free_text, redacted_object};
 use crate::rows;
 use crate::scope::{self, Scope};
-use crate::steps::{self, StepChange};
 use ledger_model::args::{optional_label, required, required_id};
-use ledger_model::events::{ApprovalResolved, AuditKind, Event, ToolCallApproval};
-use ledger_model::status::Status;
-use ledger_model::tool_calls::{lease_seconds, ApprovalStatus, CallStatus};
+use ledger_model::events::{ApprovalResolved, AuditKind, Event};
+use ledger_model::tool_calls::{approval_expiry, lease_seconds, ApprovalStatus};
 use pgrx::prelude::*;
 use serde_json::json;
 
@@ -36,6 +35,7 @@ fn request_tool_approval(
     policy_ref: default!(Option<&str>, "NULL"),
     details: default!(Option<Jsonb>, "NULL"),
     run_token: default!(Option<i64>, "NULL"),
+    expires_in_seconds: default!(Option<i32>, "NULL"),
 ) -> std::result::Result<Jsonb, SqlError> {
     feed::collected(|| {
         let scope = scope::current()?;
@@ -45,6 +45,9 @@ fn request_tool_approval(
             details: redacted_object("details", details)?,
             title: free_text(title),
             policy_ref: optional_label("policy_ref", policy_ref)?.map(str::to_owned),
+            expires_in_seconds: expires_in_seconds
+                .map(|s| approval_expiry(s.into()))
+                .transpose()?,
         };
         let run = rows::lock_run(&scope, "run_id", who.run_id)?;
         run.fence(run_token)?;
@@ -64,7 +67,7 @@ fn request_tool_approval(
 }
 
 /// Decides a pending approval: `approved` (the next claim of the call gets `claimed`) or
-/// `rejected` (the call is rejected and its step canceled).
+/// `rejected` (the call is rejected and its step canceled). Past its deadline no one may.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
 #[search_path(pg_catalog, ledger, pg_temp)]
 fn resolve_approval(
@@ -98,6 +101,17 @@ fn resolve_approval(
         );
         let current = ApprovalStatus::from_name(&status)
             .ok_or_else(|| LedgerError::internal("unknown approval status"))?;
+        // The deadline passed: the decision came too late, whether or not a sweep expired the
+        // approval yet (it does, and the call is rejected; the run's feed tells it).
+        if current == ApprovalStatus::Expired || approval.due {
+            raise(
+                LedgerError::new(
+                    Code::ApprovalExpired,
+                    format!("approval {approval_id} expired before it was decided"),
+                )
+                .with("approval_id", approval_id),
+            );
+        }
         if current != ApprovalStatus::Pending {
             if current == decision {
                 return Ok(approval_json(&scope, approval_id)?);
@@ -110,15 +124,7 @@ fn resolve_approval(
                 .with("status", status),
             );
         }
-        db::execute(
-            include_str!("../../sql/queries/decide_approval.sql"),
-            &scope.args([
-                approval_id.into(),
-                decision.as_str().into(),
-                actor.into(),
-                note.as_deref().into(),
-            ]),
-        )?;
+        decisions::decide(&scope, approval_id, decision, actor, note.as_deref())?;
         let resolved = Event::ApprovalResolved(ApprovalResolved {
             approval_id,
             decision: decision.as_str(),
@@ -136,31 +142,7 @@ fn resolve_approval(
             json!({"approval_id": approval_id, "tool_call_record_id": record_id, "note": note}),
         )?;
         if let (ApprovalStatus::Rejected, Some(record_id)) = (decision, record_id) {
-            if let Some(mut rec) = rows::held_tool_call(&scope, &run, &record_id)? {
-                if rec.status == CallStatus::WaitingApproval {
-                    db::execute(
-                        include_str!("../../sql/queries/reject_tool_call.sql"),
-                        &scope.args([record_id.as_str().into()]),
-                    )?;
-                    rec.status = CallStatus::Rejected;
-                    steps::follow(
-                        &scope,
-                        &run,
-                        &rec.step_id,
-                        Status::Canceled,
-                        StepChange {
-                            error_code: Some("TOOL_APPROVAL_REJECTED"),
-                            ..StepChange::default()
-                        },
-                    )?;
-                    let rejected = Event::ToolCallRejected(ToolCallApproval {
-                        call: rec.ids(),
-                        approval_id,
-                        title: None,
-                    });
-                    event(&scope, &run, &rec, &rejected)?;
-                }
-            }
+            decisions::reject_call(&scope, &run, &record_id, approval_id, Refusal::Rejected)?;
         }
         Ok(approval_json(&scope, approval_id)?)
     })
@@ -179,7 +161,7 @@ fn approval_json(scope: &Scope, approval_id: &str) -> Result<Jsonb> {
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
-    use crate::testing::{assert_error, one, running_run};
+    use crate::testing::{assert_error, one, running_run, set_scope};
     use crate::tool_calls::tests::{field, outcome, record, request_pay, sent, step_status};
     use pgrx::prelude::*;
 
@@ -402,5 +384,159 @@ mod tests {
             one::<i64>("SELECT count(*) FROM ledger.approval_requests"),
             0
         );
+    }
+
+    /// Moves every deadline of the scope's pending approvals into the past.
+    fn deadlines_pass() {
+        Spi::run(
+            "UPDATE ledger.approval_requests SET expires_at = clock_timestamp() - interval '1 second' \
+              WHERE expires_at IS NOT NULL",
+        )
+        .unwrap();
+    }
+
+    fn count(query: &str) -> i64 {
+        one::<i64>(&format!("SELECT count(*) FROM {query}"))
+    }
+
+    /// An approval no one decided in time expires: no one may decide it any more, its call is
+    /// rejected and never runs, its step expires, and the run's feed and the outbox say so.
+    #[pg_test]
+    fn an_approval_past_its_deadline_expires_and_its_call_never_runs() {
+        running_run("t-tc-approval-expiry");
+        let out = one::<pgrx::JsonB>(
+            "SELECT ledger.request_tool_approval('r', 'wire_money', '{\"amount\": 100}', \
+                 tool_call_id => 'pay', expires_in_seconds => 3600)",
+        )
+        .0;
+        let approval = out["approval"]["id"].as_str().unwrap().to_owned();
+        assert!(one::<bool>(&format!(
+            "SELECT expires_at BETWEEN now() + interval '59 minutes' AND now() + interval '61 minutes' \
+               FROM ledger.approval_requests WHERE id = '{approval}'"
+        )));
+        assert_eq!(
+            count("ledger.pending_approvals WHERE expires_at IS NOT NULL"),
+            1
+        );
+        // Before the deadline nothing expires.
+        assert_eq!(one::<i32>("SELECT ledger.sweep_tool_calls()"), 0);
+
+        deadlines_pass();
+        // Past it, people no longer see it and cannot decide it, even before a sweep.
+        assert_eq!(count("ledger.pending_approvals"), 0);
+        let late =
+            format!("SELECT ledger.resolve_approval('{approval}', 'approved', actor => 'cfo')");
+        assert_error(&late, "55000", "APPROVAL_EXPIRED");
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT status FROM ledger.approval_requests WHERE id = '{approval}'"
+            )),
+            "pending"
+        );
+        assert_eq!(one::<i32>("SELECT ledger.sweep_tool_calls()"), 1);
+        assert_eq!(one::<i32>("SELECT ledger.sweep_tool_calls()"), 0);
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT concat_ws(':', status, actor IS NULL, decided_at IS NOT NULL) \
+                   FROM ledger.approval_requests WHERE id = '{approval}'"
+            )),
+            "expired:t:t"
+        );
+        assert_eq!(
+            (
+                field("pay", "status"),
+                field("pay", "error_code"),
+                step_status("pay")
+            ),
+            (
+                "rejected".into(),
+                "TOOL_APPROVAL_EXPIRED".into(),
+                "expired".into()
+            )
+        );
+        assert_error(&late, "55000", "APPROVAL_EXPIRED");
+        assert_error(
+            &format!("SELECT ledger.resolve_approval('{approval}', 'rejected')"),
+            "55000",
+            "APPROVAL_EXPIRED",
+        );
+        assert_eq!(
+            one::<String>(
+                "SELECT ledger.claim_tool_call('r', 'wire_money', '{\"amount\": 100}', tool_call_id => 'pay')->>'outcome'"
+            ),
+            "rejected"
+        );
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(event_type, ' ' ORDER BY seq) FROM ledger.run_events \
+                  WHERE event_type LIKE 'approval.%' OR event_type = 'tool_call.rejected'"
+            ),
+            "approval.requested approval.expired tool_call.rejected"
+        );
+        assert_eq!(
+            one::<String>(&format!(
+                "SELECT payload->>'approval_id' || ':' || (payload->>'tool_call_id') FROM ledger.outbox \
+                  WHERE event_type = 'approval.expired'"
+            )),
+            format!("{approval}:pay")
+        );
+        assert_eq!(
+            count("ledger.audit_events WHERE gateway_type = 'approval.decision' AND outcome = 'expired' AND actor IS NULL"),
+            1
+        );
+    }
+
+    /// The next claim of a call whose approval's deadline passed expires it then (no sweep ran),
+    /// and a run waiting only for such an approval may be claimed again.
+    #[pg_test]
+    fn a_claim_finds_an_expired_approval_without_a_sweep() {
+        set_scope("t-tc-approval-lazy", "w");
+        Spi::run("SELECT ledger.create_run('agent', run_id => 'r'); SELECT ledger.claim_run('w')")
+            .unwrap();
+        let ask = "SELECT ledger.claim_tool_call('r', 'wire_money', '{}', tool_call_id => 'pay', \
+                     run_token => {token}, approval => '{\"title\": \"Pay\", \"expires_in_seconds\": 60}')->>'outcome'";
+        assert_eq!(
+            one::<String>(&ask.replace("{token}", "1")),
+            "waiting_approval"
+        );
+        Spi::run("SELECT ledger.release_run('r', 1)").unwrap();
+        let claim = "SELECT coalesce((SELECT run_id FROM ledger.claim_run('w')), 'none')";
+        assert_eq!(one::<String>(claim), "none");
+        deadlines_pass();
+        assert_eq!(one::<String>(claim), "r");
+        assert_eq!(one::<String>(&ask.replace("{token}", "2")), "rejected");
+        assert_eq!(
+            (
+                count("ledger.approval_requests WHERE status = 'expired'"),
+                step_status("pay")
+            ),
+            (1, "expired".into())
+        );
+        assert_eq!(
+            count("ledger.outbox WHERE event_type = 'approval.expired'"),
+            1
+        );
+    }
+
+    /// A deadline is 1 second to a year; anything else is refused before anything is written.
+    #[pg_test]
+    fn a_deadline_out_of_range_is_refused() {
+        running_run("t-tc-approval-deadline");
+        for seconds in ["0", "-5", "31622401"] {
+            assert_error(
+                &format!(
+                    "SELECT ledger.request_tool_approval('r', 'pay', '{{}}', expires_in_seconds => {seconds})"
+                ),
+                "22023",
+                "TIMEOUT_INVALID",
+            );
+        }
+        assert_error(
+            "SELECT ledger.claim_tool_call('r', 'pay', '{}', approval => '{\"expires_in_seconds\": \"1h\"}')",
+            "22023",
+            "APPROVAL_INVALID",
+        );
+        assert_eq!(count("ledger.approval_requests"), 0);
+        assert_eq!(count("ledger.run_step_tool_calls"), 0);
     }
 }

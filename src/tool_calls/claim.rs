@@ -1,5 +1,6 @@
 //! `claim_tool_call`: hands a call out for execution, replays a finished one, or says why not.
 
+use super::decisions;
 use super::lookup::{find_locked, tombstone, Found};
 use super::record::{
     announce_claim, arm, create_waiting, insert, mark_in_doubt, replay_response, replayed_into,
@@ -15,7 +16,7 @@ use crate::rows::{self, LockedRun, ToolCall};
 use crate::scope::{self, Scope};
 use ledger_model::args::optional_id;
 use ledger_model::budgets::Meter;
-use ledger_model::tool_calls::{decide, lease_seconds, CallStatus, Decision};
+use ledger_model::tool_calls::{decide, lease_seconds, ApprovalStatus, CallStatus, Decision};
 use pgrx::prelude::*;
 use serde_json::json;
 
@@ -214,6 +215,15 @@ pub(super) fn apply(
         Found::Unheld(rec) => (None, rec),
         Found::Purging(rec) => return Ok(Answer::of(&rec, "busy")),
     };
+    // An approval past its deadline is expired by the first claim that holds the call's run, so
+    // the worker learns it now rather than after the next sweep.
+    if let (Some(run), Some(ApprovalStatus::Expired), CallStatus::WaitingApproval, Some(id)) =
+        (&run, rec.approval, rec.status, rec.approval_id.as_deref())
+    {
+        if decisions::expire(scope, run, id)? {
+            rec.status = CallStatus::Rejected;
+        }
+    }
     let retry_failed = terms.is_some_and(|(_, _, retry)| retry);
     let decision = decide(&rec.existing(), who.tool_ref, &args.hash, retry_failed)
         .map_err(|_| rec.reused(who, &args.hash))?;

@@ -488,14 +488,15 @@ pub(super) fn create_waiting(
     let policy_ref = request.policy_ref.as_deref();
     db::execute(
         "INSERT INTO ledger.approval_requests \
-            (tenant_id, workspace_id, id, run_id, title, policy_ref, details) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            (tenant_id, workspace_id, id, run_id, title, policy_ref, details, expires_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))",
         &scope.args([
             approval_id.as_str().into(),
             who.run_id.into(),
             title.into(),
             policy_ref.into(),
             Jsonb::from(&full_details).into(),
+            request.expires_in_seconds.into(),
         ]),
     )?;
     let rec = insert(

@@ -255,6 +255,7 @@ fn insert(
         result_sha256: None,
         approval: None,
         lease_owner: None,
+        approval_id: None,
     };
     let (summary, metrics) = finished_step(&rec, canonical.as_deref());
     let step_status = if done.success {

@@ -1,6 +1,7 @@
 //! Calls in doubt: `sweep_tool_calls` moves expired leases to in_doubt (or back to claimable),
 //! and `resolve_tool_call` records a person's decision on one.
 
+use super::decisions;
 use super::record::{finish, mark_in_doubt};
 use super::{event, outcome};
 use crate::audit;
@@ -93,7 +94,8 @@ fn resolve_tool_call(
 }
 
 /// Moves every expired lease in the scope to in_doubt (the request left) or back to claimable
-/// (it did not); returns how many. Never waits: rows and runs that are busy are left for the next sweep.
+/// (it did not), and expires every pending approval past its deadline (its call is rejected);
+/// returns how many. Never waits: rows and runs that are busy are left for the next sweep.
 /// With `any_scope` (members of ledger_operator only), every scope's (every granted one's, when
 /// the login role is bound), each in its own scope, which is taken back after.
 #[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
@@ -158,6 +160,23 @@ fn sweep(scope: &Scope) -> Result<i32> {
                 event(scope, &run, &rec, &Event::ToolCallLeaseExpired(rec.ids()))?;
             }
             swept += 1;
+        }
+        // Approvals past their deadline: the call will not run.
+        let due = db::select(
+            "SELECT id, run_id FROM ledger.approval_requests \
+              WHERE tenant_id = $1 AND workspace_id = $2 AND status = 'pending' \
+                AND expires_at <= clock_timestamp() \
+              ORDER BY expires_at",
+            &scope.args([]),
+            |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
+        )?;
+        for (id, run_id) in due {
+            let Some(run) = rows::try_lock_run(scope, &run_id)? else {
+                continue;
+            };
+            if decisions::expire(scope, &run, &id)? {
+                swept += 1;
+            }
         }
         Ok(swept)
     })

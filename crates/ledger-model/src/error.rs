@@ -149,6 +149,7 @@ codes! {
         UsageKeyUnknown = "USAGE_KEY_UNKNOWN",
     }
     WrongState {
+        ApprovalExpired = "APPROVAL_EXPIRED",
         ApprovalResolved = "APPROVAL_RESOLVED",
         ArtifactExternal = "ARTIFACT_EXTERNAL",
         OutboxNotFailed = "OUTBOX_NOT_FAILED",

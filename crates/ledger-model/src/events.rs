@@ -59,6 +59,7 @@ events! {
     ToolCallRejected(ToolCallApproval) = "tool_call.rejected", [Feed];
     ApprovalRequested(ToolCallApproval) = "approval.requested", [Feed, Outbox];
     ApprovalResolved(ApprovalResolved) = "approval.resolved", [Feed];
+    ApprovalExpired(ToolCallApproval) = "approval.expired", [Feed, Outbox];
     ArtifactCreated(ArtifactCreated) = "artifact.created", [Feed];
     CostRecorded(CostRecorded) = "cost.recorded", [Feed, Outbox];
     BudgetWarning(BudgetEvent) = "budget.warning", [Feed, Outbox];
@@ -171,7 +172,8 @@ pub struct ToolCallReplayed<'a> {
     pub source_run_id: &'a str,
 }
 
-/// `approval.requested` (the outbox row also carries the title) and `tool_call.rejected`.
+/// `approval.requested` (the outbox row also carries the title), `approval.expired` and
+/// `tool_call.rejected`.
 #[derive(Serialize, Debug)]
 pub struct ToolCallApproval<'a> {
     #[serde(flatten)]

@@ -234,6 +234,24 @@ pub struct ApprovalAsk<'a> {
     pub policy_ref: Option<&'a str>,
     /// A JSON object (the SPI layer redacts it).
     pub details: Option<&'a Value>,
+    /// How long the approval may stay pending (`approval_expiry`).
+    pub expires_in_seconds: Option<i32>,
+}
+
+/// The longest an approval may stay pending: a year.
+pub const MAX_APPROVAL_SECONDS: i64 = 366 * 86_400;
+
+/// An approval's deadline, 1 second to a year after it is requested (22023 `TIMEOUT_INVALID`).
+pub fn approval_expiry(expires_in_seconds: i64) -> Result<i32> {
+    if !(1..=MAX_APPROVAL_SECONDS).contains(&expires_in_seconds) {
+        return Err(LedgerError::new(
+            Code::TimeoutInvalid,
+            "expires_in_seconds must be between 1 and 31622400 (a year)",
+        )
+        .with("expires_in_seconds", expires_in_seconds));
+    }
+    // The range fits an i32.
+    Ok(expires_in_seconds as i32)
 }
 
 /// Reads `{"title", "policy_ref", "details"}`; any other key or shape fails 22023
@@ -247,10 +265,10 @@ pub fn approval_ask(value: &Value) -> Result<ApprovalAsk<'_>> {
     };
     if let Some(key) = map
         .keys()
-        .find(|k| !["title", "policy_ref", "details"].contains(&k.as_str()))
+        .find(|k| !["title", "policy_ref", "details", "expires_in_seconds"].contains(&k.as_str()))
     {
         return Err(invalid(
-            "approval takes only the keys title, policy_ref and details",
+            "approval takes only the keys title, policy_ref, details and expires_in_seconds",
             key,
         ));
     }
@@ -269,10 +287,29 @@ pub fn approval_ask(value: &Value) -> Result<ApprovalAsk<'_>> {
         Some(d @ Value::Object(_)) => Some(d),
         Some(_) => return Err(invalid("approval.details must be a JSON object", "details")),
     };
+    let expires_in_seconds = match map.get("expires_in_seconds") {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) => match n.as_i64() {
+            Some(seconds) => Some(approval_expiry(seconds)?),
+            None => {
+                return Err(invalid(
+                    "approval.expires_in_seconds must be a whole number of seconds",
+                    "expires_in_seconds",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(invalid(
+                "approval.expires_in_seconds must be a whole number of seconds",
+                "expires_in_seconds",
+            ))
+        }
+    };
     Ok(ApprovalAsk {
         title,
         policy_ref,
         details,
+        expires_in_seconds,
     })
 }
 
@@ -458,7 +495,7 @@ mod tests {
     }
 
     #[test]
-    fn an_approval_takes_title_policy_ref_and_details_only() {
+    fn an_approval_takes_title_policy_ref_details_and_a_deadline_only() {
         use serde_json::json;
         let full =
             json!({"title": "Pay 5 EUR", "policy_ref": "payments/v2", "details": {"amount": 5}});
@@ -477,14 +514,19 @@ mod tests {
             ApprovalAsk {
                 title: None,
                 policy_ref: None,
-                details: None
+                details: None,
+                expires_in_seconds: None,
             }
         );
+        let timed = json!({"expires_in_seconds": 3600});
+        assert_eq!(approval_ask(&timed).unwrap().expires_in_seconds, Some(3600));
         for (bad, key) in [
             (json!({"titel": "x"}), "titel"),
             (json!({"title": 5}), "title"),
             (json!({"policy_ref": ["p"]}), "policy_ref"),
             (json!({"details": "x"}), "details"),
+            (json!({"expires_in_seconds": "1h"}), "expires_in_seconds"),
+            (json!({"expires_in_seconds": 1.5}), "expires_in_seconds"),
             (json!(["title"]), ""),
         ] {
             let e = approval_ask(&bad).unwrap_err();
@@ -495,6 +537,18 @@ mod tests {
             );
             assert_eq!(e.detail["key"], key, "{bad}");
         }
+        for seconds in [0, -1, MAX_APPROVAL_SECONDS + 1] {
+            let e = approval_ask(&json!({"expires_in_seconds": seconds})).unwrap_err();
+            assert_eq!(
+                (e.class(), e.code, &e.detail["expires_in_seconds"]),
+                (
+                    Class::InvalidParameter,
+                    Code::TimeoutInvalid,
+                    &json!(seconds)
+                )
+            );
+        }
+        assert_eq!(approval_expiry(MAX_APPROVAL_SECONDS), Ok(31_622_400));
         let e = approval_ask(&json!({"policy_ref": "a\nb"})).unwrap_err();
         assert_eq!(
             (e.code, &e.detail["argument"]),
