@@ -175,6 +175,37 @@ CREATE OR REPLACE VIEW ledger.pending_approvals WITH (security_invoker = true) A
        AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp());
 COMMENT ON VIEW ledger.pending_approvals IS 'Approvals waiting for a decision: ledger.resolve_approval(id, approved|rejected), before expires_at when they have one (past it they are expired, and no longer listed). Fails 42501 SCOPE_MISSING without a scope.';
 
+-- The input mailbox: inputs sent to a run by key (ledger.send_input), and the keys its worker
+-- waits for (ledger.wait_for_input). One row per run and key: a wait creates it without a
+-- payload, the input fills it. payload is redacted; payload_sha256 hashes the input as sent, so
+-- the same key sent again is recognised (or refused with another payload).
+CREATE TABLE ledger.run_mailbox (
+    tenant_id      text NOT NULL,
+    workspace_id   text NOT NULL,
+    id             text NOT NULL,
+    run_id         text NOT NULL,
+    input_key      text NOT NULL,
+    payload        jsonb,
+    payload_sha256 text,
+    sender         text,
+    received_at    timestamptz,
+    waited_at      timestamptz,
+    wait_deadline  timestamptz,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    UNIQUE (tenant_id, workspace_id, run_id, input_key),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    CHECK ((received_at IS NULL) = (payload_sha256 IS NULL))
+);
+COMMENT ON TABLE ledger.run_mailbox IS 'Inputs sent to runs by key (ledger.send_input: payload redacted, sender, received_at) and the keys their workers wait for (ledger.wait_for_input: waited_at, wait_deadline). One row per run and input_key. Written only through those functions.';
+ALTER TABLE ledger.run_mailbox ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ledger.run_mailbox FORCE ROW LEVEL SECURITY;
+CREATE POLICY scope ON ledger.run_mailbox
+    USING (tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace())
+    WITH CHECK (tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace());
+ALTER TABLE ledger.run_mailbox OWNER TO ledger_owner;
+SELECT pg_catalog.pg_extension_config_dump('ledger.run_mailbox', '');
+
 -- The operator's claim across scopes: due runs only, with room under their key and no budget
 -- used up, the highest priority first.
 CREATE OR REPLACE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])

@@ -484,6 +484,30 @@ CREATE TABLE ledger.concurrency_limits (
 );
 COMMENT ON TABLE ledger.concurrency_limits IS 'At most max_in_flight runs of concurrency_key (ledger.runs.concurrency_key) hold a live lease at once; ledger.claim_run skips the key''s runs while it is full (0 pauses the key). claimed_at: the last claim under the limit. Written only through ledger.set_concurrency_limit and claim_run.';
 
+-- The input mailbox: inputs sent to a run by key (ledger.send_input), and the keys its worker
+-- waits for (ledger.wait_for_input). One row per run and key: a wait creates it without a
+-- payload, the input fills it. payload is redacted; payload_sha256 hashes the input as sent, so
+-- the same key sent again is recognised (or refused with another payload).
+CREATE TABLE ledger.run_mailbox (
+    tenant_id      text NOT NULL,
+    workspace_id   text NOT NULL,
+    id             text NOT NULL,
+    run_id         text NOT NULL,
+    input_key      text NOT NULL,
+    payload        jsonb,
+    payload_sha256 text,
+    sender         text,
+    received_at    timestamptz,
+    waited_at      timestamptz,
+    wait_deadline  timestamptz,
+    created_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id),
+    UNIQUE (tenant_id, workspace_id, run_id, input_key),
+    FOREIGN KEY (tenant_id, workspace_id, run_id) REFERENCES ledger.runs (tenant_id, workspace_id, id),
+    CHECK ((received_at IS NULL) = (payload_sha256 IS NULL))
+);
+COMMENT ON TABLE ledger.run_mailbox IS 'Inputs sent to runs by key (ledger.send_input: payload redacted, sender, received_at) and the keys their workers wait for (ledger.wait_for_input: waited_at, wait_deadline). One row per run and input_key. Written only through those functions.';
+
 -- Turns of the operator's claim across scopes (claim_run with any_scope): when each scope was last
 -- served, so the scope served longest ago goes first and one scope's burst cannot hold up another.
 CREATE TABLE ledger.dispatch_turns (
@@ -542,7 +566,7 @@ BEGIN
     FOREACH t IN ARRAY ARRAY['blobs', 'blob_locks', 'runs', 'run_steps', 'run_events', 'outbox', 'run_artifacts',
                              'approval_requests', 'run_step_tool_calls', 'audit_events', 'run_cost_entries',
                              'response_events', 'citations', 'run_feedback', 'tool_call_tombstones',
-                             'concurrency_limits', 'dispatch_turns'] LOOP
+                             'concurrency_limits', 'dispatch_turns', 'run_mailbox'] LOOP
         EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
         EXECUTE format(

@@ -18,6 +18,7 @@ mod feed;
 mod graph_checkpoints;
 mod guc;
 mod jsonb;
+mod mailbox;
 mod notifier;
 mod outbox;
 mod redaction;

@@ -26,8 +26,9 @@ fn candidates(scope: &Scope, older_than: &Interval, limit: i32) -> Result<Vec<St
 }
 
 /// The tables whose rows of a run go with it, in the order they are deleted (before the runs).
-const RUN_ROWS: [&str; 10] = [
+const RUN_ROWS: [&str; 11] = [
     "run_step_tool_calls",
+    "run_mailbox",
     "approval_requests",
     "run_cost_entries",
     "audit_events",

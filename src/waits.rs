@@ -4,9 +4,10 @@
 
 use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
+use crate::rows::LockedRun;
 use crate::run_leases;
 use crate::runs::{self, RunEnd};
-use crate::scope;
+use crate::scope::{self, Scope};
 use ledger_model::status::{check_transition, Resource, Status};
 use pgrx::prelude::*;
 
@@ -30,24 +31,34 @@ fn park(
     let scope = scope::current()?;
     let wake_at = wake_at.ok_or_else(|| LedgerError::required("wake_at"))?;
     let run = run_leases::owned(&scope, run_id, run_token)?;
-    let run_id = run.id.as_str();
+    park_owned(&scope, &run, Some(wake_at))?;
+    runs::row(&scope, &run.id)
+}
+
+/// Parks the owner's run (locked and fenced by the caller) in `waiting_input` without an owner,
+/// claimable from `wake_at` on (None: not before something wakes it).
+pub fn park_owned(
+    scope: &Scope,
+    run: &LockedRun,
+    wake_at: Option<TimestampWithTimeZone>,
+) -> Result<()> {
     // Already waiting (moved there by transition_run under the lease): only the wake time and
     // the lease change.
     if let Some(from) = check_transition(
         Resource::Run,
-        run_id,
+        &run.id,
         run.status,
         None,
         Status::WaitingInput,
     )? {
-        runs::move_run(&scope, &run, from, Status::WaitingInput, RunEnd::default())?;
+        runs::move_run(scope, run, from, Status::WaitingInput, RunEnd::default())?;
     }
     db::execute(
-        "UPDATE ledger.runs SET not_before = $4, lease_owner = NULL, lease_expires_at = NULL \
+        "UPDATE ledger.runs SET not_before = coalesce($4, 'infinity'), lease_owner = NULL, \
+                lease_expires_at = NULL \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
-        &scope.args([run_id.into(), wake_at.into()]),
-    )?;
-    runs::row(&scope, run_id)
+        &scope.args([run.id.as_str().into(), wake_at.into()]),
+    )
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -156,6 +156,8 @@ fn populate(app: &mut Client, s: Scope) {
         // operator's claim across scopes (populate_all), which writes the scope's turn.
         format!("SELECT ledger.set_budget('USD', 1000, actor => '{p}-ops')"),
         format!("SELECT ledger.set_budget('tool_calls', 100, 'run', run_id => '{p}-r1')"),
+        // An input in the run's mailbox.
+        format!("SELECT ledger.send_input('{p}-r1', 'answer', '{{\"text\": \"yes\"}}', sender => '{p}-ops')"),
         format!("SELECT ledger.create_run('agent', run_id => '{p}-queued')"),
     ];
     for sql in &statements {

@@ -110,7 +110,7 @@ const REUSED_CALLS: &str = "SELECT DISTINCT ON (payload->>'tool_call_record_id')
       WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 AND event_type = 'tool_call.replayed' \
       ORDER BY payload->>'tool_call_record_id', seq";
 
-/// Everything about a run, in one read: `run, steps, artifacts, costs, approvals, feedback,
+/// Everything about a run, in one read: `run, steps, artifacts, costs, approvals, feedback, mailbox,
 /// tool_calls, reused_tool_calls, budgets, budget_events, trace_spec`. Lists are complete and ordered (steps by
 /// creation, reused calls by first reuse, the rest by created_at, id).
 #[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema"])]
@@ -159,6 +159,15 @@ fn replay_bundle(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
         "ledger.run_feedback x",
         "x.created_at, x.id",
     )?;
+    // What people and systems sent the run, and the inputs it waited for (the hash of an input
+    // as sent is the ledger's own check, not evidence).
+    let mailbox = list(
+        &scope,
+        run_id,
+        &format!("{SCOPED} - 'payload_sha256'"),
+        "ledger.run_mailbox x",
+        "x.created_at, x.id",
+    )?;
     let tool_calls = list(
         &scope,
         run_id,
@@ -190,7 +199,7 @@ fn replay_bundle(run_id: Option<&str>) -> std::result::Result<Jsonb, SqlError> {
             AND e.run_id = $3 AND e.event_type IN ('budget.warning', 'budget.exhausted')",
     )?;
     Ok(Jsonb(format!(
-        r#"{{"run":{run},"steps":{steps},"artifacts":{artifacts},"costs":{costs},"approvals":{approvals},"feedback":{feedback},"tool_calls":{tool_calls},"reused_tool_calls":{reused},"budgets":{budgets},"budget_events":{budget_events},"trace_spec":{trace}}}"#
+        r#"{{"run":{run},"steps":{steps},"artifacts":{artifacts},"costs":{costs},"approvals":{approvals},"feedback":{feedback},"mailbox":{mailbox},"tool_calls":{tool_calls},"reused_tool_calls":{reused},"budgets":{budgets},"budget_events":{budget_events},"trace_spec":{trace}}}"#
     )))
 }
 
@@ -379,6 +388,7 @@ pub(crate) mod tests {
                 "budgets",
                 "costs",
                 "feedback",
+                "mailbox",
                 "reused_tool_calls",
                 "run",
                 "steps",

@@ -480,6 +480,8 @@ mod tests {
             ("run_id", "SELECT ledger.heartbeat_run($MB, 1)"),
             ("run_id", "SELECT ledger.release_run($MB, 1)"),
             ("run_id", "SELECT ledger.wait_run($MB, 1, now())"),
+            ("run_id", "SELECT ledger.send_input($MB, 'k')"),
+            ("run_id", "SELECT ledger.wait_for_input($MB, 1, 'k')"),
             (
                 "tenant_id",
                 "SELECT ledger.grant_scope('ledger_reader', $MB)",
@@ -754,6 +756,9 @@ mod tests {
                 "SELECT ledger.set_concurrency_limit($MB, 1)",
             ),
             ("actor", "SELECT ledger.set_budget('USD', 1, actor => $MB)"),
+            ("input_key", "SELECT ledger.send_input('r', $MB)"),
+            ("sender", "SELECT ledger.send_input('r', 'k', sender => $MB)"),
+            ("input_key", "SELECT ledger.wait_for_input('r', 1, $MB)"),
         ] {
             let before = rows();
             let e = assert_error(&sql(call), "22023", "LABEL_INVALID");

@@ -474,10 +474,10 @@ mod tests {
             "approval.requested approval.expired tool_call.rejected"
         );
         assert_eq!(
-            one::<String>(&format!(
+            one::<String>(
                 "SELECT payload->>'approval_id' || ':' || (payload->>'tool_call_id') FROM ledger.outbox \
                   WHERE event_type = 'approval.expired'"
-            )),
+            ),
             format!("{approval}:pay")
         );
         assert_eq!(

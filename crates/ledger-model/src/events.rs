@@ -64,6 +64,7 @@ events! {
     CostRecorded(CostRecorded) = "cost.recorded", [Feed, Outbox];
     BudgetWarning(BudgetEvent) = "budget.warning", [Feed, Outbox];
     BudgetExhausted(BudgetEvent) = "budget.exhausted", [Feed, Outbox];
+    InputReceived(InputReceived) = "input.received", [Feed];
     AuditRecorded(Recorded) = "audit.recorded", [Feed];
     ResponseEventRecorded(Recorded) = "response_event.recorded", [Feed];
     CitationRecorded(Recorded) = "citation.recorded", [Feed];
@@ -211,6 +212,16 @@ pub struct CostRecorded<'a> {
     pub source_ref: Option<&'a str>,
 }
 
+/// An input sent to a run's mailbox (`send_input`); the payload stays in `ledger.run_mailbox`.
+#[derive(Serialize, Debug)]
+pub struct InputReceived<'a> {
+    pub input_id: &'a str,
+    pub input_key: &'a str,
+    pub sender: Option<&'a str>,
+    /// The run was waiting for it (`wait_for_input`) and may be claimed again now.
+    pub woke_run: bool,
+}
+
 /// A budget that crossed its warning share, or refused a decision to spend (`decision`:
 /// `tool_call` or `llm_step`; `subject`: the call's `tool_call_id` or the step's key or id).
 #[derive(Serialize, Debug)]
@@ -318,6 +329,7 @@ pub enum AuditKind {
     ApprovalDecision,
     OutboxReplay,
     BudgetSet,
+    InputSend,
 }
 
 impl AuditKind {
@@ -331,6 +343,7 @@ impl AuditKind {
         AuditKind::ApprovalDecision,
         AuditKind::OutboxReplay,
         AuditKind::BudgetSet,
+        AuditKind::InputSend,
     ];
 
     pub fn gateway_type(self) -> &'static str {
@@ -344,6 +357,7 @@ impl AuditKind {
             AuditKind::ApprovalDecision => "approval.decision",
             AuditKind::OutboxReplay => "outbox.replay",
             AuditKind::BudgetSet => "budget.set",
+            AuditKind::InputSend => "input.send",
         }
     }
 }

@@ -37,6 +37,8 @@ INSERT INTO audit VALUES
   ('heartbeat_run',       'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('release_run',         'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('wait_run',            'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('send_input',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('wait_for_input',      'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('set_concurrency_limit', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('set_budget',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('retry_run',           'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
