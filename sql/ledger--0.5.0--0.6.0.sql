@@ -1057,6 +1057,17 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'scope_required_wrapper';
 
+CREATE OR REPLACE FUNCTION "send_input"(
+	"run_id" TEXT, /* Option < & str > */
+	"input_key" TEXT, /* Option < & str > */
+	"payload" jsonb DEFAULT '{}', /* Option < Jsonb > */
+	"sender" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'send_input_wrapper';
+
 CREATE OR REPLACE FUNCTION "set_budget"(
 	"unit" TEXT, /* Option < & str > */
 	"max_amount" NUMERIC, /* Option < AnyNumeric > */
@@ -1174,6 +1185,17 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'unbind_scope_wrapper';
+
+CREATE OR REPLACE FUNCTION "wait_for_input"(
+	"run_id" TEXT, /* Option < & str > */
+	"run_token" bigint, /* Option < i64 > */
+	"input_key" TEXT, /* Option < & str > */
+	"deadline" timestamp with time zone DEFAULT NULL /* Option < TimestampWithTimeZone > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wait_for_input_wrapper';
 
 CREATE OR REPLACE FUNCTION "wait_run"(
 	"run_id" TEXT, /* Option < & str > */
@@ -1318,7 +1340,7 @@ COMMENT ON FUNCTION ledger.record_citation(text, jsonb, text) IS
 COMMENT ON FUNCTION ledger.record_feedback(text, integer, text, text, text, jsonb) IS
     'Records a rating of a run (any integer scale) with an optional comment and metadata.';
 COMMENT ON FUNCTION ledger.replay_bundle(text) IS
-    'Everything about a run in one read (replay #1): {run, steps, artifacts, costs, approvals, feedback, tool_calls, reused_tool_calls, budgets, budget_events, trace_spec}. budgets are the budgets that apply to the run as they stand now, budget_events its budget warnings and stops; reused_tool_calls are the finished calls of its source run whose results a retry or replay reused. Lists are complete and ordered; money is decimal strings per currency.';
+    'Everything about a run in one read (replay #1): {run, steps, artifacts, costs, approvals, feedback, mailbox, tool_calls, reused_tool_calls, budgets, budget_events, trace_spec}. mailbox holds the inputs sent to the run and those it waits for; budgets are the budgets that apply to the run as they stand now, budget_events its budget warnings and stops; reused_tool_calls are the finished calls of its source run whose results a retry or replay reused. Lists are complete and ordered; money is decimal strings per currency.';
 COMMENT ON FUNCTION ledger.otel_trace(text, text) IS
     'A run as an OpenTelemetry trace: an OTLP/JSON ExportTraceServiceRequest following the GenAI semantic conventions (the run an invoke_agent span, llm steps chat spans with token usage, tool calls execute_tool spans, costs as ledger.cost.<currency> attributes, ledger ids on every span), for an OTLP/HTTP collector''s /v1/traces. Ids are derived from the run, so a second export is the same trace.';
 COMMENT ON FUNCTION ledger.run_evidence(text) IS
@@ -1380,13 +1402,17 @@ COMMENT ON FUNCTION ledger.set_concurrency_limit(text, integer) IS
 COMMENT ON FUNCTION ledger.set_budget(text, numeric, text, text, text, numeric, text, text) IS
     'Sets a budget: at most max_amount (>= 0; 22023 AMOUNT_INVALID) of unit (a currency code such as USD, tokens, tool_calls or llm_steps; 22023 UNIT_INVALID) per period (total, day or month in UTC; 22023 PERIOD_UNKNOWN) for level workspace (the scope''s), tenant (every workspace of it; 42501 TENANT_NOT_GRANTED for a role bound to some of them) or run (run_id). NULL max_amount removes it. A decision to spend (claim_tool_call(s), create_step of an llm step, claim_run) is refused while a budget that applies is used up; record_cost never refuses. warn_ratio (0 to 1, default 0.8; NULL: no warning) writes budget.warning once per window. Audited (budget.set) with actor and note. Returns the budget as ledger.budget_usage shows it (no row once removed).';
 COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
-    'Claims a run for lease_owner: run_id, or the claimable run of the scope (filtered by modes and kinds) with the highest priority, oldest first within it, FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, due (not_before NULL or passed), queued or retrying or claimed before (a run nobody ever claimed stays with its caller), and with room under its concurrency key''s limit (a full key''s runs are skipped, also by run_id); the oldest-first claim skips runs with a call in doubt or waiting for approval (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED); scopes take turns (the one served longest ago first, then its highest priority, oldest first).';
+    'Claims a run for lease_owner: run_id, or the claimable run of the scope (filtered by modes and kinds) with the highest priority, oldest first within it, FOR UPDATE SKIP LOCKED: never waits. Claimable: not terminal, no live lease, due (not_before NULL or passed), queued or retrying or claimed before (a run nobody ever claimed stays with its caller), and with room under its concurrency key''s limit (a full key''s runs are skipped, also by run_id); the oldest-first claim skips runs with a call in doubt or waiting for approval before its deadline (they wait for a person, whose decision makes them claimable). Each claim adds 1 to the run''s run_token, leases the run for lease_seconds (1 to 86400) and writes run.claimed to its feed; the status does not change. Returns no row when nothing is claimable, else a ledger.claimed_run (takeover: the lease of previous_owner had expired). any_scope => true: across scopes, for members of ledger_operator (42501 OPERATOR_REQUIRED); scopes take turns (the one served longest ago first, then its highest priority, oldest first).';
 COMMENT ON FUNCTION ledger.heartbeat_run(text, bigint, integer) IS
     'Extends the owner''s lease by extend_seconds (default: the claim''s lease_seconds) from now and returns when it ends. Fenced by run_token (40001 LEASE_STALE), not by the clock: accepted after expiry until another worker takes the run over. A terminal run: 55000 RUN_TERMINAL.';
 COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
     'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
 COMMENT ON FUNCTION ledger.wait_run(text, bigint, timestamp with time zone) IS
     'Parks the owner''s run until wake_at (a durable wait): it moves to waiting_input (55000 TRANSITION_INVALID from a status that cannot), its lease is given up (run_token is over: 40001 LEASE_STALE on any later write carrying it), and claim_run hands it out again from wake_at on (not_before), so no worker holds or polls it meanwhile. Returns the run.';
+COMMENT ON FUNCTION ledger.send_input(text, text, jsonb, text) IS
+    'Sends run run_id the input input_key (a label): payload (any JSON, redacted before it is stored) from sender, kept in ledger.run_mailbox. The same key again with the same payload returns the input already there; another payload fails 23505 IDEMPOTENCY_MISMATCH; a terminal run takes none (55000 RUN_TERMINAL). A run parked waiting for the key (ledger.wait_for_input) becomes claimable at once. Writes input.received to the run''s feed and an audit row (input.send) with the sender. Returns the mailbox row.';
+COMMENT ON FUNCTION ledger.wait_for_input(text, bigint, text, timestamp with time zone) IS
+    'The owner''s run waits for input input_key: returns {status: received, input} when it was sent, {status: timed_out} when deadline has passed without it, else {status: waiting, input}: the run moves to waiting_input (55000 TRANSITION_INVALID from a status that cannot), its lease is given up (run_token is over: 40001 LEASE_STALE on any later write carrying it), and claim_run hands it out again when the input arrives or at the deadline (none: only the input wakes it). Call it again with the same key and deadline on resume.';
 COMMENT ON FUNCTION ledger.grant_scope(text, text, text) IS
     'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. The first grant binds the role: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED), and any_scope => true reaches only its granted scopes. Returns false when the grant existed. For the extension''s owner and superusers only.';
 COMMENT ON FUNCTION ledger.revoke_scope(text, text, text) IS
