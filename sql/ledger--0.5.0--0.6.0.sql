@@ -1186,6 +1186,16 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'unbind_scope_wrapper';
 
+CREATE OR REPLACE FUNCTION "wait_for_children"(
+	"run_id" TEXT, /* Option < & str > */
+	"run_token" bigint, /* Option < i64 > */
+	"deadline" timestamp with time zone DEFAULT NULL /* Option < TimestampWithTimeZone > */
+) RETURNS jsonb /* std :: result :: Result < Jsonb, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'wait_for_children_wrapper';
+
 CREATE OR REPLACE FUNCTION "wait_for_input"(
 	"run_id" TEXT, /* Option < & str > */
 	"run_token" bigint, /* Option < i64 > */
@@ -1410,9 +1420,11 @@ COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
 COMMENT ON FUNCTION ledger.wait_run(text, bigint, timestamp with time zone) IS
     'Parks the owner''s run until wake_at (a durable wait): it moves to waiting_input (55000 TRANSITION_INVALID from a status that cannot), its lease is given up (run_token is over: 40001 LEASE_STALE on any later write carrying it), and claim_run hands it out again from wake_at on (not_before), so no worker holds or polls it meanwhile. Returns the run.';
 COMMENT ON FUNCTION ledger.send_input(text, text, jsonb, text) IS
-    'Sends run run_id the input input_key (a label): payload (any JSON, redacted before it is stored) from sender, kept in ledger.run_mailbox. The same key again with the same payload returns the input already there; another payload fails 23505 IDEMPOTENCY_MISMATCH; a terminal run takes none (55000 RUN_TERMINAL). A run parked waiting for the key (ledger.wait_for_input) becomes claimable at once. Writes input.received to the run''s feed and an audit row (input.send) with the sender. Returns the mailbox row.';
+    'Sends run run_id the input input_key (a label; keys starting with ledger: are the ledger''s own, 22023 INPUT_KEY_RESERVED): payload (any JSON, redacted before it is stored) from sender, kept in ledger.run_mailbox. The same key again with the same payload returns the input already there; another payload fails 23505 IDEMPOTENCY_MISMATCH; a terminal run takes none (55000 RUN_TERMINAL). A run parked waiting for the key (ledger.wait_for_input) becomes claimable at once. Writes input.received to the run''s feed and an audit row (input.send) with the sender. Returns the mailbox row.';
 COMMENT ON FUNCTION ledger.wait_for_input(text, bigint, text, timestamp with time zone) IS
     'The owner''s run waits for input input_key: returns {status: received, input} when it was sent, {status: timed_out} when deadline has passed without it, else {status: waiting, input}: the run moves to waiting_input (55000 TRANSITION_INVALID from a status that cannot), its lease is given up (run_token is over: 40001 LEASE_STALE on any later write carrying it), and claim_run hands it out again when the input arrives or at the deadline (none: only the input wakes it). Call it again with the same key and deadline on resume.';
+COMMENT ON FUNCTION ledger.wait_for_children(text, bigint, timestamp with time zone) IS
+    'The owner''s run waits for its children (the runs created with parent_run_id => run_id): returns {status: done, children} when every one has ended, {status: timed_out, children} when deadline has passed first, else {status: waiting, children}: the run is parked as ledger.wait_for_input parks it and claimable again when its last child ends or at the deadline. children: [{run_id, status, output_summary, error_code, error_message}] oldest first. Each child''s end is also put in the parent''s mailbox (input_key ledger:child:<run_id>).';
 COMMENT ON FUNCTION ledger.grant_scope(text, text, text) IS
     'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. The first grant binds the role: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED), and any_scope => true reaches only its granted scopes. Returns false when the grant existed. For the extension''s owner and superusers only.';
 COMMENT ON FUNCTION ledger.revoke_scope(text, text, text) IS

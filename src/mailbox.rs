@@ -1,7 +1,7 @@
-//! The input mailbox: a person or a system sends a run an input by key (`send_input`), and the
-//! run's worker waits for it (`wait_for_input`). A run waiting for an input is parked with no
-//! owner and claimable again when the input arrives or its deadline passes, so nothing holds or
-//! polls it meanwhile. Inputs are kept by key: sending the same key twice is one input.
+//! The input mailbox: a person or a system sends a run an input by key (`send_input`), and a
+//! run's children report their ends there (`child_ended`); the run's worker waits for them
+//! (`waits`). Inputs are kept by key: sending the same key twice is one input. Keys that start
+//! with `ledger:` are the ledger's own (a child's end, the wait for children).
 
 use crate::audit;
 use crate::db;
@@ -11,16 +11,30 @@ use crate::guc;
 use crate::jsonb::Jsonb;
 use crate::redaction::free_text;
 use crate::rows::{self, LockedRun};
-use crate::run_leases;
 use crate::scope::{self, Scope};
-use crate::waits;
 use ledger_model::args::{optional_label, required_id, required_label};
 use ledger_model::events::{AuditKind, Event, InputReceived};
 use ledger_model::ids;
 use ledger_model::json;
 use ledger_model::redaction;
 use pgrx::prelude::*;
-use serde_json::json;
+use serde_json::{json, Value};
+
+/// The key under which a parent waits for its children.
+pub const CHILDREN: &str = "ledger:children";
+
+/// A caller's input key: a label that does not start with `ledger:` (22023 `INPUT_KEY_RESERVED`).
+pub fn input_key(key: Option<&str>) -> Result<&str> {
+    let key = required_label("input_key", key)?;
+    if key.starts_with("ledger:") {
+        return Err(LedgerError::new(
+            Code::InputKeyReserved,
+            "input keys starting with ledger: are the ledger's own",
+        )
+        .with("input_key", key));
+    }
+    Ok(key)
+}
 
 /// The mailbox row of a run's key, as callers see it.
 const ROW_JSON: &str = "SELECT to_jsonb(m) - 'tenant_id' - 'workspace_id' - 'payload_sha256' \
@@ -28,13 +42,13 @@ const ROW_JSON: &str = "SELECT to_jsonb(m) - 'tenant_id' - 'workspace_id' - 'pay
       WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 AND input_key = $4";
 
 /// What the mailbox holds for a key of a run this transaction holds, locked.
-struct Slot {
+pub struct Slot {
     id: String,
     /// The hash of the input as sent (before redaction); None while the run only waits for it.
-    sha256: Option<String>,
+    pub sha256: Option<String>,
 }
 
-fn slot(scope: &Scope, run: &LockedRun, key: &str) -> Result<Option<Slot>> {
+pub fn slot(scope: &Scope, run: &LockedRun, key: &str) -> Result<Option<Slot>> {
     db::write_one(
         "SELECT id, payload_sha256 FROM ledger.run_mailbox \
           WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 AND input_key = $4 FOR UPDATE",
@@ -48,12 +62,33 @@ fn slot(scope: &Scope, run: &LockedRun, key: &str) -> Result<Option<Slot>> {
     )
 }
 
-fn row_json(scope: &Scope, run_id: &str, key: &str) -> Result<serde_json::Value> {
+pub fn row_json(scope: &Scope, run_id: &str, key: &str) -> Result<Value> {
     db::select_one(ROW_JSON, &scope.args([run_id.into(), key.into()]), |r| {
         db::req::<Jsonb>(r, 1)
     })?
     .ok_or_else(|| LedgerError::internal("a mailbox row vanished under its run's lock"))?
     .value()
+}
+
+/// Records that the run (held by the caller) waits for `key` until `deadline` (None: no end).
+pub fn mark_waiting(
+    scope: &Scope,
+    run: &LockedRun,
+    key: &str,
+    deadline: Option<TimestampWithTimeZone>,
+) -> Result<()> {
+    db::execute(
+        "INSERT INTO ledger.run_mailbox (tenant_id, workspace_id, id, run_id, input_key, waited_at, wait_deadline) \
+         VALUES ($1, $2, $3, $4, $5, now(), $6) \
+         ON CONFLICT (tenant_id, workspace_id, run_id, input_key) DO UPDATE \
+            SET waited_at = excluded.waited_at, wait_deadline = excluded.wait_deadline",
+        &scope.args([
+            ids::new_id("inp").as_str().into(),
+            run.id.as_str().into(),
+            key.into(),
+            deadline.into(),
+        ]),
+    )
 }
 
 /// Sends run `run_id` the input `input_key` (a JSON value, redacted before it is stored). The
@@ -75,21 +110,34 @@ fn send(
     input_key: Option<&str>,
     payload: Option<Jsonb>,
     sender: Option<&str>,
-) -> Result<serde_json::Value> {
+) -> Result<Value> {
     let scope = scope::current()?;
     let run_id = required_id("run_id", run_id)?;
-    let key = required_label("input_key", input_key)?;
+    let key = self::input_key(input_key)?;
     let payload = json::parse(
         payload
             .ok_or_else(|| LedgerError::required("payload"))?
             .as_str(),
     )?;
-    let sha256 = json::request_hash(&payload);
-    let stored = redaction::redact(&guc::redaction_rules(), payload);
     let sender = free_text(optional_label("sender", sender)?);
-    let sender = sender.as_deref();
     let run = rows::lock_run(&scope, "run_id", run_id)?;
-    let waiting = match slot(&scope, &run, key)? {
+    deliver(&scope, &run, key, payload, sender.as_deref(), true)?;
+    row_json(&scope, run_id, key)
+}
+
+/// Puts `payload` in the mailbox of `run` (held by the caller) under `key`, unless the same
+/// input is there already; a run waiting for the key may be claimed from now on. A person's
+/// input (`audited`) is on record with its sender.
+fn deliver(
+    scope: &Scope,
+    run: &LockedRun,
+    key: &str,
+    payload: Value,
+    sender: Option<&str>,
+    audited: bool,
+) -> Result<()> {
+    let sha256 = json::request_hash(&payload);
+    let waiting = match slot(scope, run, key)? {
         Some(Slot {
             sha256: Some(sent), ..
         }) => {
@@ -100,12 +148,13 @@ fn send(
                 )
                 .with("input_key", key));
             }
-            return row_json(&scope, run_id, key);
+            return Ok(());
         }
         Some(waiting) => Some(waiting.id),
         None => None,
     };
     run.ensure_live("inputs")?;
+    let stored = redaction::redact(&guc::redaction_rules(), payload);
     let id = waiting.clone().unwrap_or_else(|| ids::new_id("inp"));
     db::execute(
         "INSERT INTO ledger.run_mailbox \
@@ -116,7 +165,7 @@ fn send(
                 sender = excluded.sender, received_at = excluded.received_at",
         &scope.args([
             id.as_str().into(),
-            run_id.into(),
+            run.id.as_str().into(),
             key.into(),
             Jsonb::from(&stored).into(),
             sha256.as_str().into(),
@@ -126,11 +175,7 @@ fn send(
     // The run waits for this key: it may be claimed from now on (it stays in waiting_input until
     // its next owner moves it on).
     if waiting.is_some() {
-        db::execute(
-            "UPDATE ledger.runs SET not_before = now() \
-              WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND not_before > now()",
-            &scope.args([run_id.into()]),
-        )?;
+        wake(scope, &run.id)?;
     }
     let received = Event::InputReceived(InputReceived {
         input_id: &id,
@@ -138,74 +183,91 @@ fn send(
         sender,
         woke_run: waiting.is_some(),
     });
-    feed::append(&scope, run.held(), None, &received)?;
-    audit::write(
-        &scope,
-        Some(run_id),
-        None,
-        AuditKind::InputSend,
-        "received",
-        sender,
-        json!({"input_id": id, "input_key": key}),
-    )?;
-    row_json(&scope, run_id, key)
+    feed::append(scope, run.held(), None, &received)?;
+    if audited {
+        audit::write(
+            scope,
+            Some(&run.id),
+            None,
+            AuditKind::InputSend,
+            "received",
+            sender,
+            json!({"input_id": id, "input_key": key}),
+        )?;
+    }
+    Ok(())
 }
 
-/// The owner's run waits for input `input_key`: `received` (with the input) when it is there,
-/// `timed_out` when `deadline` passed without it, otherwise `waiting`: the run is parked in
-/// `waiting_input` with no owner (the token is over), claimable again when the input arrives or
-/// at the deadline (none: only the input wakes it).
-#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
-#[search_path(pg_catalog, ledger, pg_temp)]
-fn wait_for_input(
-    run_id: Option<&str>,
-    run_token: Option<i64>,
-    input_key: Option<&str>,
-    deadline: default!(Option<TimestampWithTimeZone>, "NULL"),
-) -> std::result::Result<Jsonb, SqlError> {
-    feed::collected(|| Ok(Jsonb::from(&wait(run_id, run_token, input_key, deadline)?)))
-}
-
-fn wait(
-    run_id: Option<&str>,
-    run_token: Option<i64>,
-    input_key: Option<&str>,
-    deadline: Option<TimestampWithTimeZone>,
-) -> Result<serde_json::Value> {
-    let scope = scope::current()?;
-    let key = required_label("input_key", input_key)?;
-    let run = run_leases::owned(&scope, run_id, run_token)?;
-    if let Some(Slot {
-        sha256: Some(_), ..
-    }) = slot(&scope, &run, key)?
-    {
-        return Ok(json!({"status": "received", "input": row_json(&scope, &run.id, key)?}));
-    }
-    let passed = match deadline {
-        Some(at) => db::select_one("SELECT $1 <= now()", &[at.into()], |r| {
-            db::req::<bool>(r, 1)
-        })?
-        .unwrap_or(false),
-        None => false,
-    };
-    if passed {
-        return Ok(json!({"status": "timed_out", "input_key": key}));
-    }
-    run.ensure_live("waits")?;
+/// Makes a parked run claimable from now on.
+fn wake(scope: &Scope, run_id: &str) -> Result<()> {
     db::execute(
-        "INSERT INTO ledger.run_mailbox (tenant_id, workspace_id, id, run_id, input_key, waited_at, wait_deadline) \
-         VALUES ($1, $2, $3, $4, $5, now(), $6) \
-         ON CONFLICT (tenant_id, workspace_id, run_id, input_key) DO UPDATE \
-            SET waited_at = excluded.waited_at, wait_deadline = excluded.wait_deadline",
-        &scope.args([
-            ids::new_id("inp").as_str().into(),
-            run.id.as_str().into(),
-            key.into(),
-            deadline.into(),
-        ]),
+        "UPDATE ledger.runs SET not_before = now() \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND not_before > now()",
+        &scope.args([run_id.into()]),
+    )
+}
+
+/// A child run (`child`, just moved to the terminal `status`) reports its end to its parent's
+/// mailbox (`ledger:child:<id>`: status, summary, error), and wakes the parent when it waits for
+/// its children and none is left running. A parent that has ended or is gone is not told.
+pub fn child_ended(scope: &Scope, parent_id: &str, child: &str) -> Result<()> {
+    let Some(parent) = rows::lock_run_if_any(scope, parent_id)? else {
+        return Ok(());
+    };
+    if parent.status.is_terminal() {
+        return Ok(());
+    }
+    let outcome = db::select_one(
+        "SELECT jsonb_build_object('run_id', id, 'status', status, 'output_summary', output_summary, \
+                'error_code', error_code, 'error_message', error_message) \
+           FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
+        &scope.args([child.into()]),
+        |r| db::req::<Jsonb>(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::internal("a child run vanished under its lock"))?
+    .value()?;
+    deliver(
+        scope,
+        &parent,
+        &format!("ledger:child:{child}"),
+        outcome,
+        None,
+        false,
     )?;
-    waits::park_owned(&scope, &run, deadline)?;
-    Ok(json!({"status": "waiting", "input": row_json(&scope, &run.id, key)?}))
+    let waits = matches!(
+        slot(scope, &parent, CHILDREN)?,
+        Some(Slot { sha256: None, .. })
+    );
+    if waits && running_children(scope, parent_id)? == 0 {
+        wake(scope, parent_id)?;
+    }
+    Ok(())
+}
+
+/// How many children of the run have not ended.
+pub fn running_children(scope: &Scope, run_id: &str) -> Result<i64> {
+    Ok(db::select_one(
+        "SELECT count(*) FROM ledger.runs \
+          WHERE tenant_id = $1 AND workspace_id = $2 AND parent_run_id = $3 \
+            AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired')",
+        &scope.args([run_id.into()]),
+        |r| db::req::<i64>(r, 1),
+    )?
+    .unwrap_or(0))
+}
+
+/// The run's children, oldest first, each with how it ended so far.
+pub fn children(scope: &Scope, run_id: &str) -> Result<Value> {
+    db::select_one(
+        "SELECT coalesce(jsonb_agg(jsonb_build_object('run_id', id, 'status', status, \
+                  'output_summary', output_summary, 'error_code', error_code, \
+                  'error_message', error_message) ORDER BY created_at, id), '[]') \
+           FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2 AND parent_run_id = $3",
+        &scope.args([run_id.into()]),
+        |r| db::req::<Jsonb>(r, 1),
+    )?
+    .ok_or_else(|| LedgerError::internal("no answer"))?
+    .value()
 }
 
 #[cfg(any(test, feature = "pg_test"))]

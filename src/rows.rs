@@ -100,6 +100,7 @@ pub struct RunHead {
     pub status: Status,
     pub attempt_no: i32,
     pub root_run_id: String,
+    pub parent_run_id: Option<String>,
 }
 
 impl RunHead {
@@ -157,7 +158,7 @@ impl std::ops::Deref for LockedRun {
 }
 
 const RUN: &str = "SELECT id, mode, subject_kind, subject_id, status, attempt_no, root_run_id, \
-                          last_seq, run_token, lease_owner IS NOT NULL, lease_seconds \
+                          last_seq, run_token, lease_owner IS NOT NULL, lease_seconds, parent_run_id \
                      FROM ledger.runs WHERE tenant_id = $1 AND workspace_id = $2";
 
 /// The run whose `column` (`id` or `request_id`) is `key`, read under `lock`.
@@ -176,6 +177,7 @@ fn run_by(scope: &Scope, column: &str, key: &str, lock: Lock) -> Result<Option<L
                     status: Status::parse(Resource::Run, &db::req::<String>(r, 5)?)?,
                     attempt_no: db::req(r, 6)?,
                     root_run_id: db::req(r, 7)?,
+                    parent_run_id: db::opt(r, 12)?,
                 },
                 last_seq: db::req(r, 8)?,
                 run_token: db::req(r, 9)?,
@@ -184,6 +186,11 @@ fn run_by(scope: &Scope, column: &str, key: &str, lock: Lock) -> Result<Option<L
             })
         },
     )
+}
+
+/// The run `run_id` in scope, locked, if it exists (a run a child names as its parent).
+pub fn lock_run_if_any(scope: &Scope, run_id: &str) -> Result<Option<LockedRun>> {
+    run_by(scope, "id", run_id, Lock::NoKeyUpdate)
 }
 
 /// The run `run_id` in scope, if any (not locked).

@@ -5,6 +5,7 @@ use crate::db;
 use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
+use crate::mailbox;
 use crate::outbox;
 use crate::redaction::{free_text, redacted_json};
 use crate::rows::{self, HeldRun, LockedRun};
@@ -470,6 +471,9 @@ pub fn move_run(
             None,
             &format!("run:{}", run.id),
         )?;
+        if let Some(parent) = &run.parent_run_id {
+            mailbox::child_ended(scope, parent, &run.id)?;
+        }
     }
     Ok(())
 }

@@ -1,15 +1,21 @@
-//! Durable waits: a worker parks its run until a time (`wait_run`). The run waits in
-//! `waiting_input` with no owner and `not_before` set to the wake time, and `claim_run` hands it
-//! out again from then on, so no worker holds it, or polls it, while it waits.
+//! Durable waits: a worker parks its run until a time (`wait_run`), until an input arrives in its
+//! mailbox (`wait_for_input`) or until its children have ended (`wait_for_children`). The run
+//! waits in `waiting_input` with no owner and `not_before` set to the wake time (infinity when
+//! only the mailbox wakes it), and `claim_run` hands it out again from then on, so no worker
+//! holds it, or polls it, while it waits.
 
 use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
+use crate::feed;
+use crate::jsonb::Jsonb;
+use crate::mailbox;
 use crate::rows::LockedRun;
 use crate::run_leases;
 use crate::runs::{self, RunEnd};
 use crate::scope::{self, Scope};
 use ledger_model::status::{check_transition, Resource, Status};
 use pgrx::prelude::*;
+use serde_json::{json, Value};
 
 /// Parks the owner's run until `wake_at`: `waiting_input`, its lease given up (the token is
 /// over), claimable from `wake_at` on. Returns the run.
@@ -59,6 +65,95 @@ pub fn park_owned(
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
         &scope.args([run.id.as_str().into(), wake_at.into()]),
     )
+}
+
+/// Whether `deadline` has passed.
+fn passed(deadline: Option<TimestampWithTimeZone>) -> Result<bool> {
+    let Some(at) = deadline else { return Ok(false) };
+    Ok(db::select_one("SELECT $1 <= now()", &[at.into()], |r| {
+        db::req::<bool>(r, 1)
+    })?
+    .unwrap_or(false))
+}
+
+/// The owner's run waits for input `input_key`: `received` (with the input) when it is there,
+/// `timed_out` when `deadline` passed without it, otherwise `waiting`: the run is parked in
+/// `waiting_input` with no owner (the token is over), claimable again when the input arrives or
+/// at the deadline (none: only the input wakes it).
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn wait_for_input(
+    run_id: Option<&str>,
+    run_token: Option<i64>,
+    input_key: Option<&str>,
+    deadline: default!(Option<TimestampWithTimeZone>, "NULL"),
+) -> std::result::Result<Jsonb, SqlError> {
+    feed::collected(|| {
+        Ok(Jsonb::from(&for_input(
+            run_id, run_token, input_key, deadline,
+        )?))
+    })
+}
+
+fn for_input(
+    run_id: Option<&str>,
+    run_token: Option<i64>,
+    input_key: Option<&str>,
+    deadline: Option<TimestampWithTimeZone>,
+) -> Result<Value> {
+    let scope = scope::current()?;
+    let key = mailbox::input_key(input_key)?;
+    let run = run_leases::owned(&scope, run_id, run_token)?;
+    if let Some(mailbox::Slot {
+        sha256: Some(_), ..
+    }) = mailbox::slot(&scope, &run, key)?
+    {
+        let input = mailbox::row_json(&scope, &run.id, key)?;
+        return Ok(json!({"status": "received", "input": input}));
+    }
+    if passed(deadline)? {
+        return Ok(json!({"status": "timed_out", "input_key": key}));
+    }
+    run.ensure_live("waits")?;
+    mailbox::mark_waiting(&scope, &run, key, deadline)?;
+    park_owned(&scope, &run, deadline)?;
+    Ok(json!({"status": "waiting", "input": mailbox::row_json(&scope, &run.id, key)?}))
+}
+
+/// The owner's run waits for its children (the runs created with it as `parent_run_id`):
+/// `done` when every one has ended, `timed_out` when `deadline` passed first, otherwise
+/// `waiting`: parked as `wait_for_input` parks it, claimable again when the last child ends or at
+/// the deadline. Each answer lists the children with their status, summary and error.
+#[pg_extern(volatile, parallel_unsafe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn wait_for_children(
+    run_id: Option<&str>,
+    run_token: Option<i64>,
+    deadline: default!(Option<TimestampWithTimeZone>, "NULL"),
+) -> std::result::Result<Jsonb, SqlError> {
+    feed::collected(|| Ok(Jsonb::from(&for_children(run_id, run_token, deadline)?)))
+}
+
+fn for_children(
+    run_id: Option<&str>,
+    run_token: Option<i64>,
+    deadline: Option<TimestampWithTimeZone>,
+) -> Result<Value> {
+    let scope = scope::current()?;
+    let run = run_leases::owned(&scope, run_id, run_token)?;
+    // The run's lock orders this read after every child end that locked it first: a child that
+    // ends later finds the wait below and wakes the run.
+    let status = if mailbox::running_children(&scope, &run.id)? == 0 {
+        "done"
+    } else if passed(deadline)? {
+        "timed_out"
+    } else {
+        run.ensure_live("waits")?;
+        mailbox::mark_waiting(&scope, &run, mailbox::CHILDREN, deadline)?;
+        park_owned(&scope, &run, deadline)?;
+        "waiting"
+    };
+    Ok(json!({"status": status, "children": mailbox::children(&scope, &run.id)?}))
 }
 
 #[cfg(any(test, feature = "pg_test"))]
@@ -153,5 +248,106 @@ mod tests {
             ),
             "queued:w:true"
         );
+    }
+
+    /// A parent parked on its children is nobody's until the last one ends, whatever order they
+    /// end in; then the next claim takes it and the wait answers how each ended. Each end is in
+    /// the parent's mailbox too.
+    #[pg_test]
+    fn a_parent_waits_for_its_children_and_reads_how_they_ended() {
+        set_scope("t-children", "w");
+        Spi::run(
+            "SELECT ledger.create_run('agent', run_id => 'p'); \
+             SELECT ledger.claim_run('w', 'p'); \
+             SELECT ledger.transition_run('p', 'running', run_token => 1); \
+             SELECT ledger.create_run('agent', run_id => 'c1', parent_run_id => 'p'); \
+             SELECT ledger.create_run('agent', run_id => 'c2', parent_run_id => 'p')",
+        )
+        .unwrap();
+        let wait = one::<pgrx::JsonB>("SELECT ledger.wait_for_children('p', 1)").0;
+        assert_eq!(wait["status"], "waiting");
+        assert_eq!(wait["children"][1]["status"], "queued");
+        let parent = "SELECT coalesce((SELECT run_id || ':' || run_token FROM ledger.claim_run('w', 'p')), 'none')";
+        assert_eq!(one::<String>(parent), "none");
+        Spi::run(
+            "SELECT ledger.transition_run('c2', 'running'); \
+             SELECT ledger.transition_run('c2', 'failed', error_code => 'CARRIER_DOWN')",
+        )
+        .unwrap();
+        assert_eq!(one::<String>(parent), "none");
+        Spi::run(
+            "SELECT ledger.transition_run('c1', 'running'); \
+             SELECT ledger.transition_run('c1', 'succeeded', output_summary => 'refunded')",
+        )
+        .unwrap();
+        assert_eq!(one::<String>(parent), "p:2");
+        let done = one::<pgrx::JsonB>("SELECT ledger.wait_for_children('p', 2)").0;
+        assert_eq!(done["status"], "done");
+        let ended: Vec<String> = done["children"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}:{}:{}",
+                    c["run_id"].as_str().unwrap(),
+                    c["status"].as_str().unwrap(),
+                    c["output_summary"]
+                        .as_str()
+                        .or(c["error_code"].as_str())
+                        .unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(ended, ["c1:succeeded:refunded", "c2:failed:CARRIER_DOWN"]);
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(input_key || '=' || (payload->>'status'), ' ' ORDER BY input_key) \
+                   FROM ledger.run_mailbox WHERE run_id = 'p' AND received_at IS NOT NULL"
+            ),
+            "ledger:child:c1=succeeded ledger:child:c2=failed"
+        );
+        // The ledger's keys are its own.
+        assert_error(
+            "SELECT ledger.send_input('p', 'ledger:child:c1', '{}')",
+            "22023",
+            "INPUT_KEY_RESERVED",
+        );
+        assert_error(
+            "SELECT ledger.wait_for_input('p', 2, 'ledger:children')",
+            "22023",
+            "INPUT_KEY_RESERVED",
+        );
+    }
+
+    /// No children: done at once. A deadline that passed while a child runs: timed_out, and the
+    /// owner keeps the run. A child that ends after its parent ended tells no one.
+    #[pg_test]
+    fn a_wait_for_children_without_children_or_past_its_deadline_returns_at_once() {
+        set_scope("t-children-deadline", "w");
+        Spi::run(
+            "SELECT ledger.create_run('agent', run_id => 'p'); \
+             SELECT ledger.claim_run('w', 'p'); \
+             SELECT ledger.transition_run('p', 'running', run_token => 1)",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<String>("SELECT ledger.wait_for_children('p', 1)::text"),
+            r#"{"status": "done", "children": []}"#
+        );
+        Spi::run("SELECT ledger.create_run('agent', run_id => 'c', parent_run_id => 'p')").unwrap();
+        assert_eq!(
+            one::<String>(
+                "SELECT ledger.wait_for_children('p', 1, clock_timestamp() - interval '1 second')->>'status'"
+            ),
+            "timed_out"
+        );
+        Spi::run(
+            "SELECT ledger.heartbeat_run('p', 1); \
+             SELECT ledger.transition_run('p', 'canceled', run_token => 1); \
+             SELECT ledger.transition_run('c', 'canceled')",
+        )
+        .unwrap();
+        assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_mailbox"), 0);
     }
 }

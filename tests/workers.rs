@@ -1237,3 +1237,72 @@ fn a_burst_in_one_scope_does_not_hold_up_another_scopes_runs() {
         order[..waited("/q2")].iter().filter(|r| r.starts_with("burst/")).count()
     );
 }
+
+/// A parent parking on its children and its last child ending, in two sessions, in both orders:
+/// whichever commits second sees the other, so the parent is never left asleep with every child
+/// ended (the run's lock orders them). Each order is forced by holding one transaction open
+/// until the other blocks on the parent's lock.
+#[test]
+#[ignore]
+fn a_parent_and_its_last_child_never_miss_each_other() {
+    let db = database("ledger_children_race");
+    for (i, parent_first) in [true, false].into_iter().enumerate() {
+        let (p, c) = (format!("p{i}"), format!("c{i}"));
+        let mut setup = session(&db);
+        exec(
+            &mut setup,
+            &format!(
+                "SELECT ledger.create_run('agent', run_id => '{p}'); \
+                 SELECT ledger.claim_run('w', '{p}'); \
+                 SELECT ledger.transition_run('{p}', 'running', run_token => 1); \
+                 SELECT ledger.create_run('agent', run_id => '{c}', parent_run_id => '{p}'); \
+                 SELECT ledger.transition_run('{c}', 'running')"
+            ),
+        );
+        let (mut first, mut second) = (session(&db), session(&db));
+        let park = format!("SELECT ledger.wait_for_children('{p}', 1)->>'status'");
+        let end = format!("SELECT ledger.transition_run('{c}', 'succeeded')");
+        let (hold, then) = if parent_first {
+            (&park, &end)
+        } else {
+            (&end, &park)
+        };
+        exec(&mut first, "BEGIN");
+        first.query(hold.as_str(), &[]).unwrap();
+        let pid: i32 = one(&mut second, "SELECT pg_backend_pid()");
+        let then = then.clone();
+        let waiter = thread::spawn(move || {
+            second
+                .query_one(then.as_str(), &[])
+                .ok()
+                .and_then(|r| r.try_get::<_, String>(0).ok())
+        });
+        wait_until_blocked(&mut setup, pid);
+        exec(&mut first, "COMMIT");
+        let answered = waiter.join().unwrap();
+        if parent_first {
+            let claimed: Option<String> = setup
+                .query_opt(
+                    &format!("SELECT run_id FROM ledger.claim_run('w', '{p}')"),
+                    &[],
+                )
+                .unwrap()
+                .map(|r| r.get(0));
+            assert_eq!(
+                claimed.as_deref(),
+                Some(p.as_str()),
+                "the last child woke its parent"
+            );
+            assert_eq!(
+                one::<String>(
+                    &mut setup,
+                    &format!("SELECT ledger.wait_for_children('{p}', 2)->>'status'")
+                ),
+                "done"
+            );
+        } else {
+            // The parent asked after the child's end committed: every child has ended.
+            assert_eq!(answered.as_deref(), Some("done"));
+        }
+    }
+}

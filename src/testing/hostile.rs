@@ -482,6 +482,7 @@ mod tests {
             ("run_id", "SELECT ledger.wait_run($MB, 1, now())"),
             ("run_id", "SELECT ledger.send_input($MB, 'k')"),
             ("run_id", "SELECT ledger.wait_for_input($MB, 1, 'k')"),
+            ("run_id", "SELECT ledger.wait_for_children($MB, 1)"),
             (
                 "tenant_id",
                 "SELECT ledger.grant_scope('ledger_reader', $MB)",

@@ -123,6 +123,7 @@ codes! {
         EventTypeReserved = "EVENT_TYPE_RESERVED",
         GraphBlobsInvalid = "GRAPH_BLOBS_INVALID",
         IdInvalid = "ID_INVALID",
+        InputKeyReserved = "INPUT_KEY_RESERVED",
         InputTooDeep = "INPUT_TOO_DEEP",
         InputTooLarge = "INPUT_TOO_LARGE",
         InputsNotObject = "INPUTS_NOT_OBJECT",

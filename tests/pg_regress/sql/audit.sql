@@ -39,6 +39,7 @@ INSERT INTO audit VALUES
   ('wait_run',            'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('send_input',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('wait_for_input',      'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('wait_for_children',   'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('set_concurrency_limit', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('set_budget',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('retry_run',           'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
