@@ -205,6 +205,14 @@ COMMENT ON FUNCTION ledger.wait_for_input(text, bigint, text, timestamp with tim
     'The owner''s run waits for input input_key: returns {status: received, input} when it was sent, {status: timed_out} when deadline has passed without it, else {status: waiting, input}: the run moves to waiting_input (55000 TRANSITION_INVALID from a status that cannot), its lease is given up (run_token is over: 40001 LEASE_STALE on any later write carrying it), and claim_run hands it out again when the input arrives or at the deadline (none: only the input wakes it). Call it again with the same key and deadline on resume.';
 COMMENT ON FUNCTION ledger.wait_for_children(text, bigint, timestamp with time zone) IS
     'The owner''s run waits for its children (the runs created with parent_run_id => run_id): returns {status: done, children} when every one has ended, {status: timed_out, children} when deadline has passed first, else {status: waiting, children}: the run is parked as ledger.wait_for_input parks it and claimable again when its last child ends or at the deadline. children: [{run_id, status, output_summary, error_code, error_message}] oldest first. Each child''s end is also put in the parent''s mailbox (input_key ledger:child:<run_id>).';
+COMMENT ON FUNCTION ledger.set_schedule(text, text, text, jsonb, text, text, text, integer, text, text) IS
+    'Creates or replaces schedule schedule_id: at every time cron names (five fields, minute hour day-of-month month day-of-week, or @hourly, @daily, @weekly, @monthly, @yearly; 22023 CRON_INVALID) in time_zone (a name from pg_timezone_names; 22023 TIME_ZONE_UNKNOWN), ledger.fire_schedules creates a run of mode with kind, inputs (a JSON object, redacted when set), priority and concurrency_key, request_id schedule:<schedule_id>:<firing in UTC>. catch_up (latest or all; 22023 CATCH_UP_UNKNOWN): what a sweep does with firings it finds missed (one run for the most recent, or one per firing, at most 100 per sweep). The next firing counts from now; a paused schedule stays paused. Audited (schedule.set) with actor. Returns the schedule.';
+COMMENT ON FUNCTION ledger.pause_schedule(text, boolean, text) IS
+    'Pauses (paused true, the default) or resumes a schedule (P0002 SCHEDULE_NOT_FOUND): paused, it fires nothing; resumed, it fires from the next time its expression names, the firings while paused skipped. Audited (schedule.set, paused or resumed) with actor. Returns the schedule.';
+COMMENT ON FUNCTION ledger.drop_schedule(text, text) IS
+    'Removes a schedule (the runs it created stay); returns whether it existed. Audited (schedule.set, dropped) with actor.';
+COMMENT ON FUNCTION ledger.fire_schedules(boolean) IS
+    'Creates the runs of every due firing of the scope''s schedules (not paused, next_fire_at passed) and moves each to its next firing; returns how many firings it ran. A firing creates one run however many sweepers fire it (its request_id), and a schedule another sweeper holds is skipped, never waited for. Run it every minute (pg_cron, or a worker''s loop). With any_scope => true (members of ledger_operator only), every scope''s.';
 COMMENT ON FUNCTION ledger.grant_scope(text, text, text) IS
     'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. The first grant binds the role: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED), and any_scope => true reaches only its granted scopes. Returns false when the grant existed. For the extension''s owner and superusers only.';
 COMMENT ON FUNCTION ledger.revoke_scope(text, text, text) IS
@@ -221,6 +229,7 @@ REVOKE EXECUTE ON FUNCTION ledger.grant_scope(text, text, text), ledger.revoke_s
 ALTER FUNCTION ledger_dispatch.next_run(text[], text[]) OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.due_outbox_events(integer) OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.due_schedule_scopes() OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
 ALTER FUNCTION ledger_dispatch.tenant_granted(text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
@@ -237,6 +246,7 @@ GRANT SELECT (tenant_id, workspace_id, run_id, status, expires_at) ON ledger.app
 GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight) ON ledger.concurrency_limits TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, served_at) ON ledger.dispatch_turns TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, period, max_amount, spent, window_start) ON ledger.budgets TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, paused, next_fire_at) ON ledger.schedules TO ledger_dispatcher;
 GRANT SELECT (grantee, tenant_id, workspace_id) ON ledger.scope_grants TO ledger_dispatcher;
 GRANT SELECT (grantee) ON ledger.scope_bindings TO ledger_dispatcher;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;
@@ -244,11 +254,12 @@ GRANT USAGE ON SCHEMA ledger_dispatch TO ledger_owner, ledger_reader;
 GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),
     ledger_dispatch.due_outbox_events(integer),
     ledger_dispatch.expired_tool_call_scopes(),
+    ledger_dispatch.due_schedule_scopes(),
     ledger_dispatch.scope_granted(text, text),
     ledger_dispatch.tenant_granted(text) TO ledger_owner;
 -- set_scope runs as its caller.
 GRANT EXECUTE ON FUNCTION ledger_dispatch.scope_granted(text, text) TO ledger_reader;
 
--- An operator is a writer that may also claim runs and outbox events and sweep leases across
--- scopes (any_scope => true).
+-- An operator is a writer that may also claim runs and outbox events, sweep leases and fire
+-- schedules across scopes (any_scope => true).
 GRANT ledger_writer TO ledger_operator;

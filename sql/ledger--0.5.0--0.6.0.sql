@@ -206,6 +206,54 @@ CREATE POLICY scope ON ledger.run_mailbox
 ALTER TABLE ledger.run_mailbox OWNER TO ledger_owner;
 SELECT pg_catalog.pg_extension_config_dump('ledger.run_mailbox', '');
 
+-- Schedules: a cron expression read in a time zone creates a run at each firing
+-- (ledger.fire_schedules, driven by pg_cron or a worker). next_fire_at is the next firing still
+-- to run; a firing's run has request_id schedule:<id>:<firing in UTC>, so a firing creates one run
+-- whoever fires it and however often. inputs are stored redacted, as the runs get them.
+CREATE TABLE ledger.schedules (
+    tenant_id       text NOT NULL,
+    workspace_id    text NOT NULL,
+    id              text NOT NULL,
+    cron            text NOT NULL,
+    time_zone       text NOT NULL,
+    mode            text NOT NULL,
+    kind            text,
+    inputs          jsonb,
+    priority        integer NOT NULL DEFAULT 0,
+    concurrency_key text,
+    catch_up        text NOT NULL CHECK (catch_up IN ('latest', 'all')),
+    paused          boolean NOT NULL DEFAULT false,
+    next_fire_at    timestamptz,
+    last_fired_at   timestamptz,
+    last_run_id     text,
+    updated_by      text,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id)
+);
+-- The sweep finds the due schedules of every scope (few rows: one per schedule).
+CREATE INDEX schedules_due_idx ON ledger.schedules (next_fire_at) WHERE NOT paused;
+COMMENT ON TABLE ledger.schedules IS 'Named schedules (ledger.set_schedule): a cron expression in time_zone creates a run of mode, kind and inputs (redacted) at each firing, through ledger.fire_schedules. next_fire_at: the next firing still to run (NULL: the expression names no later time); catch_up: what a sweep does with firings missed while none ran (latest: one run for the most recent; all: one per firing, at most 100 per sweep). A paused schedule fires nothing, and its firings while paused are skipped.';
+ALTER TABLE ledger.schedules ENABLE ROW LEVEL SECURITY;
+ALTER TABLE ledger.schedules FORCE ROW LEVEL SECURITY;
+CREATE POLICY scope ON ledger.schedules
+    USING (tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace())
+    WITH CHECK (tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace());
+ALTER TABLE ledger.schedules OWNER TO ledger_owner;
+SELECT pg_catalog.pg_extension_config_dump('ledger.schedules', '');
+CREATE POLICY dispatch_read ON ledger.schedules FOR SELECT TO ledger_dispatcher USING (true);
+CREATE FUNCTION ledger_dispatch.due_schedule_scopes()
+    RETURNS TABLE (tenant_id text, workspace_id text)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT DISTINCT s.tenant_id, s.workspace_id FROM ledger.schedules s
+     WHERE NOT s.paused AND s.next_fire_at <= clock_timestamp()
+       AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+            OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = s.tenant_id
+                          AND (g.workspace_id IS NULL OR g.workspace_id = s.workspace_id)))
+$$;
+COMMENT ON FUNCTION ledger_dispatch.due_schedule_scopes() IS 'The scopes the session''s login role may state that have a schedule due (see ledger.fire_schedules).';
+
 -- The operator's claim across scopes: due runs only, with room under their key and no budget
 -- used up, the highest priority first.
 CREATE OR REPLACE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
@@ -496,6 +544,15 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'delete_graph_thread_wrapper';
 
+CREATE OR REPLACE FUNCTION "drop_schedule"(
+	"schedule_id" TEXT, /* Option < & str > */
+	"actor" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS bool /* std :: result :: Result < bool, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'drop_schedule_wrapper';
+
 CREATE OR REPLACE FUNCTION "events_since"(
 	"run_id" TEXT, /* Option < & str > */
 	"after_event_id" TEXT DEFAULT NULL, /* Option < & str > */
@@ -526,6 +583,14 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'find_tool_call_wrapper';
+
+CREATE OR REPLACE FUNCTION "fire_schedules"(
+	"any_scope" bool DEFAULT false /* Option < bool > */
+) RETURNS INT /* std :: result :: Result < i32, SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'fire_schedules_wrapper';
 
 CREATE OR REPLACE FUNCTION "get_artifact"(
 	"artifact_id" TEXT /* Option < & str > */
@@ -646,6 +711,17 @@ STABLE SECURITY DEFINER PARALLEL SAFE
 SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'otel_trace_wrapper';
+
+CREATE OR REPLACE FUNCTION "pause_schedule"(
+	"schedule_id" TEXT, /* Option < & str > */
+	"paused" bool DEFAULT true, /* Option < bool > */
+	"actor" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS ledger.schedules /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'pause_schedule_wrapper';
 
 CREATE OR REPLACE FUNCTION "prune_graph_threads"(
 	"thread_ids" TEXT[], /* :: std :: option :: Option < Vec < Option < String > > > */
@@ -1093,6 +1169,24 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'set_concurrency_limit_wrapper';
 
+CREATE OR REPLACE FUNCTION "set_schedule"(
+	"schedule_id" TEXT, /* Option < & str > */
+	"cron" TEXT, /* Option < & str > */
+	"mode" TEXT, /* Option < & str > */
+	"inputs" jsonb DEFAULT NULL, /* Option < Jsonb > */
+	"time_zone" TEXT DEFAULT 'UTC', /* Option < & str > */
+	"kind" TEXT DEFAULT NULL, /* Option < & str > */
+	"catch_up" TEXT DEFAULT 'latest', /* Option < & str > */
+	"priority" INT DEFAULT 0, /* Option < i32 > */
+	"concurrency_key" TEXT DEFAULT NULL, /* Option < & str > */
+	"actor" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS ledger.schedules /* std :: result :: Result < :: pgrx :: heap_tuple :: PgHeapTuple < '_, :: pgrx
+:: pgbox :: AllocatedByRust > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_schedule_wrapper';
+
 CREATE OR REPLACE FUNCTION "set_scope"(
 	"tenant_id" TEXT, /* Option < & str > */
 	"workspace_id" TEXT, /* Option < & str > */
@@ -1425,6 +1519,14 @@ COMMENT ON FUNCTION ledger.wait_for_input(text, bigint, text, timestamp with tim
     'The owner''s run waits for input input_key: returns {status: received, input} when it was sent, {status: timed_out} when deadline has passed without it, else {status: waiting, input}: the run moves to waiting_input (55000 TRANSITION_INVALID from a status that cannot), its lease is given up (run_token is over: 40001 LEASE_STALE on any later write carrying it), and claim_run hands it out again when the input arrives or at the deadline (none: only the input wakes it). Call it again with the same key and deadline on resume.';
 COMMENT ON FUNCTION ledger.wait_for_children(text, bigint, timestamp with time zone) IS
     'The owner''s run waits for its children (the runs created with parent_run_id => run_id): returns {status: done, children} when every one has ended, {status: timed_out, children} when deadline has passed first, else {status: waiting, children}: the run is parked as ledger.wait_for_input parks it and claimable again when its last child ends or at the deadline. children: [{run_id, status, output_summary, error_code, error_message}] oldest first. Each child''s end is also put in the parent''s mailbox (input_key ledger:child:<run_id>).';
+COMMENT ON FUNCTION ledger.set_schedule(text, text, text, jsonb, text, text, text, integer, text, text) IS
+    'Creates or replaces schedule schedule_id: at every time cron names (five fields, minute hour day-of-month month day-of-week, or @hourly, @daily, @weekly, @monthly, @yearly; 22023 CRON_INVALID) in time_zone (a name from pg_timezone_names; 22023 TIME_ZONE_UNKNOWN), ledger.fire_schedules creates a run of mode with kind, inputs (a JSON object, redacted when set), priority and concurrency_key, request_id schedule:<schedule_id>:<firing in UTC>. catch_up (latest or all; 22023 CATCH_UP_UNKNOWN): what a sweep does with firings it finds missed (one run for the most recent, or one per firing, at most 100 per sweep). The next firing counts from now; a paused schedule stays paused. Audited (schedule.set) with actor. Returns the schedule.';
+COMMENT ON FUNCTION ledger.pause_schedule(text, boolean, text) IS
+    'Pauses (paused true, the default) or resumes a schedule (P0002 SCHEDULE_NOT_FOUND): paused, it fires nothing; resumed, it fires from the next time its expression names, the firings while paused skipped. Audited (schedule.set, paused or resumed) with actor. Returns the schedule.';
+COMMENT ON FUNCTION ledger.drop_schedule(text, text) IS
+    'Removes a schedule (the runs it created stay); returns whether it existed. Audited (schedule.set, dropped) with actor.';
+COMMENT ON FUNCTION ledger.fire_schedules(boolean) IS
+    'Creates the runs of every due firing of the scope''s schedules (not paused, next_fire_at passed) and moves each to its next firing; returns how many firings it ran. A firing creates one run however many sweepers fire it (its request_id), and a schedule another sweeper holds is skipped, never waited for. Run it every minute (pg_cron, or a worker''s loop). With any_scope => true (members of ledger_operator only), every scope''s.';
 COMMENT ON FUNCTION ledger.grant_scope(text, text, text) IS
     'Lets login role role_name state the tenant''s workspace (NULL: every workspace of the tenant) with ledger.set_scope. The first grant binds the role: set_scope refuses it any other scope (42501 SCOPE_NOT_GRANTED), and any_scope => true reaches only its granted scopes. Returns false when the grant existed. For the extension''s owner and superusers only.';
 COMMENT ON FUNCTION ledger.revoke_scope(text, text, text) IS
@@ -1441,6 +1543,7 @@ REVOKE EXECUTE ON FUNCTION ledger.grant_scope(text, text, text), ledger.revoke_s
 ALTER FUNCTION ledger_dispatch.next_run(text[], text[]) OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.due_outbox_events(integer) OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.due_schedule_scopes() OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
 ALTER FUNCTION ledger_dispatch.tenant_granted(text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
@@ -1457,6 +1560,7 @@ GRANT SELECT (tenant_id, workspace_id, run_id, status, expires_at) ON ledger.app
 GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight) ON ledger.concurrency_limits TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, served_at) ON ledger.dispatch_turns TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, period, max_amount, spent, window_start) ON ledger.budgets TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, paused, next_fire_at) ON ledger.schedules TO ledger_dispatcher;
 GRANT SELECT (grantee, tenant_id, workspace_id) ON ledger.scope_grants TO ledger_dispatcher;
 GRANT SELECT (grantee) ON ledger.scope_bindings TO ledger_dispatcher;
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA ledger_dispatch FROM PUBLIC;
@@ -1464,11 +1568,12 @@ GRANT USAGE ON SCHEMA ledger_dispatch TO ledger_owner, ledger_reader;
 GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),
     ledger_dispatch.due_outbox_events(integer),
     ledger_dispatch.expired_tool_call_scopes(),
+    ledger_dispatch.due_schedule_scopes(),
     ledger_dispatch.scope_granted(text, text),
     ledger_dispatch.tenant_granted(text) TO ledger_owner;
 -- set_scope runs as its caller.
 GRANT EXECUTE ON FUNCTION ledger_dispatch.scope_granted(text, text) TO ledger_reader;
 
--- An operator is a writer that may also claim runs and outbox events and sweep leases across
--- scopes (any_scope => true).
+-- An operator is a writer that may also claim runs and outbox events, sweep leases and fire
+-- schedules across scopes (any_scope => true).
 GRANT ledger_writer TO ledger_operator;

@@ -508,6 +508,35 @@ CREATE TABLE ledger.run_mailbox (
 );
 COMMENT ON TABLE ledger.run_mailbox IS 'Inputs sent to runs by key (ledger.send_input: payload redacted, sender, received_at) and the keys their workers wait for (ledger.wait_for_input: waited_at, wait_deadline). One row per run and input_key. Written only through those functions.';
 
+-- Schedules: a cron expression read in a time zone creates a run at each firing
+-- (ledger.fire_schedules, driven by pg_cron or a worker). next_fire_at is the next firing still
+-- to run; a firing's run has request_id schedule:<id>:<firing in UTC>, so a firing creates one run
+-- whoever fires it and however often. inputs are stored redacted, as the runs get them.
+CREATE TABLE ledger.schedules (
+    tenant_id       text NOT NULL,
+    workspace_id    text NOT NULL,
+    id              text NOT NULL,
+    cron            text NOT NULL,
+    time_zone       text NOT NULL,
+    mode            text NOT NULL,
+    kind            text,
+    inputs          jsonb,
+    priority        integer NOT NULL DEFAULT 0,
+    concurrency_key text,
+    catch_up        text NOT NULL CHECK (catch_up IN ('latest', 'all')),
+    paused          boolean NOT NULL DEFAULT false,
+    next_fire_at    timestamptz,
+    last_fired_at   timestamptz,
+    last_run_id     text,
+    updated_by      text,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (tenant_id, workspace_id, id)
+);
+-- The sweep finds the due schedules of every scope (few rows: one per schedule).
+CREATE INDEX schedules_due_idx ON ledger.schedules (next_fire_at) WHERE NOT paused;
+COMMENT ON TABLE ledger.schedules IS 'Named schedules (ledger.set_schedule): a cron expression in time_zone creates a run of mode, kind and inputs (redacted) at each firing, through ledger.fire_schedules. next_fire_at: the next firing still to run (NULL: the expression names no later time); catch_up: what a sweep does with firings missed while none ran (latest: one run for the most recent; all: one per firing, at most 100 per sweep). A paused schedule fires nothing, and its firings while paused are skipped.';
+
 -- Turns of the operator's claim across scopes (claim_run with any_scope): when each scope was last
 -- served, so the scope served longest ago goes first and one scope's burst cannot hold up another.
 CREATE TABLE ledger.dispatch_turns (
@@ -566,7 +595,7 @@ BEGIN
     FOREACH t IN ARRAY ARRAY['blobs', 'blob_locks', 'runs', 'run_steps', 'run_events', 'outbox', 'run_artifacts',
                              'approval_requests', 'run_step_tool_calls', 'audit_events', 'run_cost_entries',
                              'response_events', 'citations', 'run_feedback', 'tool_call_tombstones',
-                             'concurrency_limits', 'dispatch_turns', 'run_mailbox'] LOOP
+                             'concurrency_limits', 'dispatch_turns', 'run_mailbox', 'schedules'] LOOP
         EXECUTE format('ALTER TABLE ledger.%I ENABLE ROW LEVEL SECURITY', t);
         EXECUTE format('ALTER TABLE ledger.%I FORCE ROW LEVEL SECURITY', t);
         EXECUTE format(
@@ -604,6 +633,7 @@ CREATE POLICY dispatch_read ON ledger.run_step_tool_calls FOR SELECT TO ledger_d
 CREATE POLICY dispatch_read ON ledger.approval_requests FOR SELECT TO ledger_dispatcher USING (true);
 CREATE POLICY dispatch_read ON ledger.concurrency_limits FOR SELECT TO ledger_dispatcher USING (true);
 CREATE POLICY dispatch_read ON ledger.dispatch_turns FOR SELECT TO ledger_dispatcher USING (true);
+CREATE POLICY dispatch_read ON ledger.schedules FOR SELECT TO ledger_dispatcher USING (true);
 CREATE POLICY dispatch_read ON ledger.budgets FOR SELECT TO ledger_dispatcher USING (true);
 CREATE INDEX outbox_dispatch_idx ON ledger.outbox (available_at, id) WHERE status IN ('pending', 'processing');
 
@@ -764,6 +794,18 @@ AS $$
        FOR NO KEY UPDATE SKIP LOCKED
 $$;
 COMMENT ON FUNCTION ledger_dispatch.due_outbox_events(integer) IS 'Up to max_events due outbox events of any scope the session''s login role may state (see ledger.claim_outbox_events), oldest first, locked; skips events another transaction holds.';
+
+CREATE FUNCTION ledger_dispatch.due_schedule_scopes()
+    RETURNS TABLE (tenant_id text, workspace_id text)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT DISTINCT s.tenant_id, s.workspace_id FROM ledger.schedules s
+     WHERE NOT s.paused AND s.next_fire_at <= clock_timestamp()
+       AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+            OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = s.tenant_id
+                          AND (g.workspace_id IS NULL OR g.workspace_id = s.workspace_id)))
+$$;
+COMMENT ON FUNCTION ledger_dispatch.due_schedule_scopes() IS 'The scopes the session''s login role may state that have a schedule due (see ledger.fire_schedules).';
 
 CREATE FUNCTION ledger_dispatch.expired_tool_call_scopes()
     RETURNS TABLE (tenant_id text, workspace_id text)

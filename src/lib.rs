@@ -26,6 +26,7 @@ mod retention;
 mod rows;
 mod run_leases;
 mod runs;
+mod schedules;
 mod scope;
 mod steps;
 mod tasks;

@@ -158,6 +158,8 @@ fn populate(app: &mut Client, s: Scope) {
         format!("SELECT ledger.set_budget('tool_calls', 100, 'run', run_id => '{p}-r1')"),
         // An input in the run's mailbox.
         format!("SELECT ledger.send_input('{p}-r1', 'answer', '{{\"text\": \"yes\"}}', sender => '{p}-ops')"),
+        // A schedule (never due here).
+        format!("SELECT ledger.set_schedule('{p}-nightly', '@daily', 'agent', actor => '{p}-ops')"),
         format!("SELECT ledger.create_run('agent', run_id => '{p}-queued')"),
     ];
     for sql in &statements {

@@ -119,6 +119,7 @@ const JSON_CALLS: &[(&str, &str)] = &[
     ("record_tool_call.metadata", "SELECT ledger.record_tool_call('r1', 'crm.lookup', '{}', 'failed', metadata => $J, tool_call_id => 'c-rec-m')"),
     ("set_task_snapshot.snapshot", "SELECT ledger.set_task_snapshot('t1', $J)"),
     ("send_input.payload", "SELECT ledger.send_input('r1', 'k-json', $J)"),
+    ("set_schedule.inputs", "SELECT ledger.set_schedule('s-json', '@daily', 'chat', $J)"),
     ("transition_step.metrics", "SELECT ledger.create_step('r1', 'llm', step_id => 's-m'); \
       SELECT ledger.transition_step('s-m', 'running', metrics => $J)"),
     ("transition_step.error_details", "SELECT ledger.create_step('r1', 'llm', step_id => 's-e'); \
@@ -149,6 +150,9 @@ const TEXT_CALLS: &[(&[&str], &str)] = &[
     (&["record_audit.actor"], "SELECT ledger.record_audit('r1', 'gw', 'deny', actor => $T)"),
     (&["set_budget.actor", "set_budget.note"], "SELECT ledger.set_budget('USD', 10, actor => $T, note => $T)"),
     (&["send_input.sender"], "SELECT ledger.send_input('r1', 'k-text', sender => $T)"),
+    (&["set_schedule.actor"], "SELECT ledger.set_schedule('s-text', '@daily', 'chat', actor => $T)"),
+    (&["pause_schedule.actor"], "SELECT ledger.pause_schedule('s-text', actor => $T)"),
+    (&["drop_schedule.actor"], "SELECT ledger.drop_schedule('s-text', actor => $T)"),
     (&["request_tool_approval.title"], "SELECT ledger.request_tool_approval('r1', 'pay', '{}', tool_call_id => 'c-title', title => $T)"),
     (&["resolve_approval.actor", "resolve_approval.note"], "SELECT ledger.resolve_approval( \
       (SELECT approval_id FROM ledger.run_step_tool_calls WHERE tool_call_id = 'c-title'), 'rejected', actor => $T, note => $T)"),

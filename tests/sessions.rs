@@ -341,6 +341,7 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
          SELECT ledger.set_budget('USD', 100, period => 'day'); \
          SELECT ledger.set_budget('tokens', 1000000, 'tenant'); \
          SELECT ledger.send_input('r2', 'answer', '{\"text\": \"yes\"}', sender => 'ana'); \
+         SELECT ledger.set_schedule('nightly', '30 2 * * *', 'chat', time_zone => 'Europe/Berlin'); \
          SELECT ledger.set_scope('other', 'w'); \
          SELECT ledger.create_run('chat', run_id => 'r1'); \
          SELECT ledger.claim_run('operator', any_scope => true); \

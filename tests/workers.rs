@@ -1306,3 +1306,33 @@ fn a_parent_and_its_last_child_never_miss_each_other() {
         }
     }
 }
+
+/// Two sweepers firing one schedule: the one that holds it creates every due firing's run, the
+/// other skips it without waiting (a statement_timeout proves it), and nothing fires twice.
+#[test]
+#[ignore]
+fn two_sweepers_fire_each_firing_once_and_never_wait() {
+    let db = database("ledger_schedule_race");
+    let mut setup = session(&db);
+    exec(
+        &mut setup,
+        "SELECT ledger.set_schedule('every-10', '*/10 * * * *', 'agent', catch_up => 'all'); \
+         UPDATE ledger.schedules SET next_fire_at = next_fire_at - interval '25 minutes'",
+    );
+    let (mut first, mut second) = (session(&db), session(&db));
+    exec(&mut first, "BEGIN");
+    let fired: i32 = one(&mut first, "SELECT ledger.fire_schedules()");
+    assert_eq!(fired, 3);
+    exec(&mut second, "SET statement_timeout = '5s'");
+    let skipped: i32 = one(&mut second, "SELECT ledger.fire_schedules()");
+    assert_eq!(skipped, 0, "the held schedule is skipped");
+    exec(&mut first, "COMMIT");
+    let again: i32 = one(&mut second, "SELECT ledger.fire_schedules()");
+    assert_eq!(again, 0, "nothing is due any more");
+    let runs: i64 = one(
+        &mut setup,
+        "SELECT count(DISTINCT request_id) FILTER (WHERE request_id LIKE 'schedule:every-10:%') FROM ledger.runs",
+    );
+    let all: i64 = one(&mut setup, "SELECT count(*) FROM ledger.runs");
+    assert_eq!((runs, all), (3, 3));
+}

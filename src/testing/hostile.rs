@@ -484,6 +484,12 @@ mod tests {
             ("run_id", "SELECT ledger.wait_for_input($MB, 1, 'k')"),
             ("run_id", "SELECT ledger.wait_for_children($MB, 1)"),
             (
+                "schedule_id",
+                "SELECT ledger.set_schedule($MB, '@daily', 'a')",
+            ),
+            ("schedule_id", "SELECT ledger.pause_schedule($MB)"),
+            ("schedule_id", "SELECT ledger.drop_schedule($MB)"),
+            (
                 "tenant_id",
                 "SELECT ledger.grant_scope('ledger_reader', $MB)",
             ),
@@ -760,6 +766,25 @@ mod tests {
             ("input_key", "SELECT ledger.send_input('r', $MB)"),
             ("sender", "SELECT ledger.send_input('r', 'k', sender => $MB)"),
             ("input_key", "SELECT ledger.wait_for_input('r', 1, $MB)"),
+            ("mode", "SELECT ledger.set_schedule('s', '@daily', $MB)"),
+            (
+                "kind",
+                "SELECT ledger.set_schedule('s', '@daily', 'a', kind => $MB)",
+            ),
+            (
+                "time_zone",
+                "SELECT ledger.set_schedule('s', '@daily', 'a', time_zone => $MB)",
+            ),
+            (
+                "concurrency_key",
+                "SELECT ledger.set_schedule('s', '@daily', 'a', concurrency_key => $MB)",
+            ),
+            (
+                "actor",
+                "SELECT ledger.set_schedule('s', '@daily', 'a', actor => $MB)",
+            ),
+            ("actor", "SELECT ledger.pause_schedule('s', actor => $MB)"),
+            ("actor", "SELECT ledger.drop_schedule('s', actor => $MB)"),
         ] {
             let before = rows();
             let e = assert_error(&sql(call), "22023", "LABEL_INVALID");
@@ -865,6 +890,16 @@ mod tests {
                 "period",
                 "PERIOD_UNKNOWN",
                 "SELECT ledger.set_budget('USD', 1, period => $MB)",
+            ),
+            (
+                "cron",
+                "CRON_INVALID",
+                "SELECT ledger.set_schedule('s', $MB, 'a')",
+            ),
+            (
+                "catch_up",
+                "CATCH_UP_UNKNOWN",
+                "SELECT ledger.set_schedule('s', '@daily', 'a', catch_up => $MB)",
             ),
         ] {
             let before = rows();

@@ -89,6 +89,7 @@ codes! {
     }
     NotFound {
         ApprovalNotFound = "APPROVAL_NOT_FOUND",
+        ScheduleNotFound = "SCHEDULE_NOT_FOUND",
         ArtifactNotFound = "ARTIFACT_NOT_FOUND",
         AuditNotFound = "AUDIT_NOT_FOUND",
         BlobNotFound = "BLOB_NOT_FOUND",
@@ -117,6 +118,8 @@ codes! {
         CallsDuplicate = "CALLS_DUPLICATE",
         CallsNotArray = "CALLS_NOT_ARRAY",
         CallsTooMany = "CALLS_TOO_MANY",
+        CatchUpUnknown = "CATCH_UP_UNKNOWN",
+        CronInvalid = "CRON_INVALID",
         CurrencyInvalid = "CURRENCY_INVALID",
         CurrencyRequired = "CURRENCY_REQUIRED",
         DecisionUnknown = "DECISION_UNKNOWN",
@@ -144,6 +147,7 @@ codes! {
         StepNotTool = "STEP_NOT_TOOL",
         StorageKeyReserved = "STORAGE_KEY_RESERVED",
         StrategyUnknown = "STRATEGY_UNKNOWN",
+        TimeZoneUnknown = "TIME_ZONE_UNKNOWN",
         TimeoutInvalid = "TIMEOUT_INVALID",
         UnitInvalid = "UNIT_INVALID",
         UsageInvalid = "USAGE_INVALID",

@@ -330,6 +330,7 @@ pub enum AuditKind {
     OutboxReplay,
     BudgetSet,
     InputSend,
+    ScheduleSet,
 }
 
 impl AuditKind {
@@ -344,6 +345,7 @@ impl AuditKind {
         AuditKind::OutboxReplay,
         AuditKind::BudgetSet,
         AuditKind::InputSend,
+        AuditKind::ScheduleSet,
     ];
 
     pub fn gateway_type(self) -> &'static str {
@@ -358,6 +360,7 @@ impl AuditKind {
             AuditKind::OutboxReplay => "outbox.replay",
             AuditKind::BudgetSet => "budget.set",
             AuditKind::InputSend => "input.send",
+            AuditKind::ScheduleSet => "schedule.set",
         }
     }
 }

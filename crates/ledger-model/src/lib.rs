@@ -18,6 +18,7 @@ pub mod outbox;
 pub mod redaction;
 pub mod retention;
 pub mod run_leases;
+pub mod schedules;
 pub mod status;
 pub mod text;
 pub mod tool_calls;
