@@ -158,7 +158,37 @@ SELECT remaining, exhausted FROM ledger.set_budget('tool_calls', 2, 'run', run_i
                                                    actor => 'ops@acme', note => 'one more search');
 SELECT run_id, run_token, status FROM ledger.claim_run('worker-1', kinds => '{report}');
 
--- 12. Another workspace sees none of it.
+-- 12. Waiting without holding a worker. A run asks the customer and parks until the answer comes
+--     (or its deadline); the answer, sent twice by a retrying web app, is one input.
+SELECT id FROM ledger.create_run('agent', kind => 'refund', run_id => 'run-ask');
+SELECT run_token FROM ledger.claim_run('worker-1', 'run-ask');
+SELECT (ledger.transition_run('run-ask', 'running', run_token => 1)).status;
+SELECT ledger.wait_for_input('run-ask', 1, 'refund-ok', now() + interval '2 days')->>'status' AS status;
+SELECT count(*) AS claimed FROM ledger.claim_run('worker-2', 'run-ask');
+SELECT i->'payload' AS payload, i->>'sender' AS sender
+  FROM ledger.send_input('run-ask', 'refund-ok', '{"answer": "yes"}', sender => 'customer') AS i;
+SELECT count(*) AS inputs
+  FROM ledger.send_input('run-ask', 'refund-ok', '{"answer": "yes"}', sender => 'customer') AS i
+  JOIN ledger.run_mailbox m ON m.id = i->>'id';
+SELECT run_token, status FROM ledger.claim_run('worker-2', 'run-ask');
+SELECT (ledger.transition_run('run-ask', 'running', run_token => 2)).status;
+SELECT ledger.wait_for_input('run-ask', 2, 'refund-ok', now() + interval '2 days')->'input'->'payload' AS answer;
+-- It hands the shipping label to a child run and waits for it; the child's end wakes it.
+SELECT id FROM ledger.create_run('agent', kind => 'label', run_id => 'run-label', parent_run_id => 'run-ask');
+SELECT ledger.wait_for_children('run-ask', 2)->>'status' AS status;
+SELECT (ledger.transition_run('run-label', 'running')).status;
+SELECT (ledger.transition_run('run-label', 'succeeded', output_summary => 'label printed')).status;
+SELECT run_token FROM ledger.claim_run('worker-1', 'run-ask');
+SELECT c->>'run_id' AS child, c->>'status' AS status, c->>'output_summary' AS summary
+  FROM jsonb_array_elements(ledger.wait_for_children('run-ask', 3)->'children') AS c;
+-- A schedule creates a run at each firing, once whoever fires it (pg_cron calls
+-- ledger.fire_schedules every minute); this one is not due yet.
+SELECT to_char(next_fire_at AT TIME ZONE 'Europe/Berlin', 'HH24:MI') AS berlin, catch_up
+  FROM ledger.set_schedule('nightly-digest', '30 2 * * *', 'agent', time_zone => 'Europe/Berlin',
+                           actor => 'ops@acme');
+SELECT ledger.fire_schedules() AS fired;
+
+-- 13. Another workspace sees none of it.
 SELECT ledger.set_scope('acme', 'billing');
 SELECT count(*) AS runs_visible FROM ledger.runs;
 SELECT ledger.transition_run('run-demo-1', 'failed');
