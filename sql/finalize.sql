@@ -189,6 +189,8 @@ COMMENT ON FUNCTION ledger.replay_task(text) IS
 -- Run leases, the operator role and scope grants (0.5.0).
 COMMENT ON FUNCTION ledger.set_concurrency_limit(text, integer) IS
     'Lets at most max_in_flight (0 to 100000; 0 pauses the key; 22023 LIMIT_INVALID) runs of concurrency_key hold a live lease at once: ledger.claim_run skips the key''s runs while it is full, never waits, and no two claims can both take the last place. NULL max_in_flight removes the limit. Returns the limit in force.';
+COMMENT ON FUNCTION ledger.set_rate_limit(text, integer, integer) IS
+    'Lets at most max_claims (0 to 1000000; 0 pauses the key) claims of concurrency_key''s runs fall in one window of per_seconds (1 to 86400; 22023 LIMIT_INVALID): a window starts at the first claim after the last one ended, and while it is full ledger.claim_run skips the key''s runs (also by run_id) and never waits; no two claims can both take its last claim. It stands beside the key''s concurrency limit. NULL max_claims removes it. Returns the rate in force.';
 COMMENT ON FUNCTION ledger.set_budget(text, numeric, text, text, text, numeric, text, text) IS
     'Sets a budget: at most max_amount (>= 0; 22023 AMOUNT_INVALID) of unit (a currency code such as USD, tokens, tool_calls or llm_steps; 22023 UNIT_INVALID) per period (total, day or month in UTC; 22023 PERIOD_UNKNOWN) for level workspace (the scope''s), tenant (every workspace of it; 42501 TENANT_NOT_GRANTED for a role bound to some of them) or run (run_id). NULL max_amount removes it. A decision to spend (claim_tool_call(s), create_step of an llm step, claim_run) is refused while a budget that applies is used up; record_cost never refuses. warn_ratio (0 to 1, default 0.8; NULL: no warning) writes budget.warning once per window. Audited (budget.set) with actor and note. Returns the budget as ledger.budget_usage shows it (no row once removed).';
 COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
@@ -243,7 +245,8 @@ GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_a
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status, expires_at) ON ledger.approval_requests TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight) ON ledger.concurrency_limits TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight, max_per_window, window_seconds,
+              window_start, window_claims) ON ledger.concurrency_limits TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, served_at) ON ledger.dispatch_turns TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, period, max_amount, spent, window_start) ON ledger.budgets TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, paused, next_fire_at) ON ledger.schedules TO ledger_dispatcher;

@@ -21,19 +21,26 @@ COMMENT ON COLUMN ledger.runs.concurrency_key IS 'The key the run shares a limit
 CREATE INDEX runs_concurrency_idx ON ledger.runs (tenant_id, workspace_id, concurrency_key, lease_expires_at)
     WHERE concurrency_key IS NOT NULL AND lease_expires_at IS NOT NULL;
 
--- Concurrency limits: at most max_in_flight runs of a key hold a live lease (ledger.claim_run
--- skips the key's runs while it is full). A claim under a limit locks its row (SKIP LOCKED: a
--- claim never waits) and stamps claimed_at, so two claims cannot both take the last place.
+-- Concurrency limits: at most max_in_flight runs of a key hold a live lease, and at most
+-- max_per_window claims of its runs fall in one window of window_seconds (ledger.claim_run skips
+-- the key's runs while either is full). A claim under a limit locks its row (SKIP LOCKED: a
+-- claim never waits), counts and stamps it, so two claims cannot both take the last place.
 CREATE TABLE ledger.concurrency_limits (
     tenant_id       text NOT NULL,
     workspace_id    text NOT NULL,
     concurrency_key text NOT NULL,
-    max_in_flight   integer NOT NULL CHECK (max_in_flight BETWEEN 0 AND 100000),
+    max_in_flight   integer CHECK (max_in_flight BETWEEN 0 AND 100000),
     claimed_at      timestamptz,
     updated_at      timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (tenant_id, workspace_id, concurrency_key)
+    max_per_window  integer CHECK (max_per_window BETWEEN 0 AND 1000000),
+    window_seconds  integer CHECK (window_seconds BETWEEN 1 AND 86400),
+    window_start    timestamptz,
+    window_claims   integer NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant_id, workspace_id, concurrency_key),
+    CONSTRAINT concurrency_limits_some_limit CHECK (max_in_flight IS NOT NULL OR max_per_window IS NOT NULL),
+    CONSTRAINT concurrency_limits_rate CHECK ((max_per_window IS NULL) = (window_seconds IS NULL))
 );
-COMMENT ON TABLE ledger.concurrency_limits IS 'At most max_in_flight runs of concurrency_key (ledger.runs.concurrency_key) hold a live lease at once; ledger.claim_run skips the key''s runs while it is full (0 pauses the key). claimed_at: the last claim under the limit. Written only through ledger.set_concurrency_limit and claim_run.';
+COMMENT ON TABLE ledger.concurrency_limits IS 'Limits of a concurrency_key (ledger.runs.concurrency_key): at most max_in_flight of its runs hold a live lease at once (ledger.set_concurrency_limit), and at most max_per_window claims of its runs in each window of window_seconds (ledger.set_rate_limit; a window starts at the first claim after the last one ended: window_start, window_claims so far). ledger.claim_run skips the key''s runs while either is full (0 pauses the key). claimed_at: the last claim under the limits. Written only through those functions and claim_run.';
 ALTER TABLE ledger.concurrency_limits ENABLE ROW LEVEL SECURITY;
 ALTER TABLE ledger.concurrency_limits FORCE ROW LEVEL SECURITY;
 CREATE POLICY scope ON ledger.concurrency_limits
@@ -328,12 +335,14 @@ AS $$
                               WHERE f.tenant_id = l.tenant_id AND f.workspace_id = l.workspace_id
                                 AND f.concurrency_key = l.concurrency_key
                                 AND f.lease_expires_at > clock_timestamp()
-                                AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired'))))
+                                AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired'))
+                         OR (l.max_per_window <= l.window_claims
+                             AND l.window_start + make_interval(secs => l.window_seconds) > clock_timestamp())))
          ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
            FOR NO KEY UPDATE SKIP LOCKED) c
      LIMIT 1
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The next claimable run of any scope the session''s login role may state (see ledger.claim_run): scopes take turns (the one served longest ago first, ledger.dispatch_turns), and within the scope the due run (not_before passed) of the highest priority, oldest first, that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval before its deadline), with no budget used up and whose concurrency key has room, locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The next claimable run of any scope the session''s login role may state (see ledger.claim_run): scopes take turns (the one served longest ago first, ledger.dispatch_turns), and within the scope the due run (not_before passed) of the highest priority, oldest first, that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval before its deadline), with no budget used up and whose concurrency key has room (in flight and in its rate window), locked; skips runs another transaction holds.';
 
 -- Functions whose arguments changed (not_before, priority, concurrency_key, expires_in_seconds)
 -- are dropped and created again; every other one is replaced below, which binds it to this
@@ -1169,6 +1178,16 @@ SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'set_concurrency_limit_wrapper';
 
+CREATE OR REPLACE FUNCTION "set_rate_limit"(
+	"concurrency_key" TEXT, /* Option < & str > */
+	"max_claims" INT, /* Option < i32 > */
+	"per_seconds" INT DEFAULT 60 /* Option < i32 > */
+) RETURNS INT /* std :: result :: Result < Option < i32 > , SqlError > */
+VOLATILE SECURITY DEFINER PARALLEL UNSAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'set_rate_limit_wrapper';
+
 CREATE OR REPLACE FUNCTION "set_schedule"(
 	"schedule_id" TEXT, /* Option < & str > */
 	"cron" TEXT, /* Option < & str > */
@@ -1503,6 +1522,8 @@ COMMENT ON FUNCTION ledger.replay_task(text) IS
 -- Run leases, the operator role and scope grants (0.5.0).
 COMMENT ON FUNCTION ledger.set_concurrency_limit(text, integer) IS
     'Lets at most max_in_flight (0 to 100000; 0 pauses the key; 22023 LIMIT_INVALID) runs of concurrency_key hold a live lease at once: ledger.claim_run skips the key''s runs while it is full, never waits, and no two claims can both take the last place. NULL max_in_flight removes the limit. Returns the limit in force.';
+COMMENT ON FUNCTION ledger.set_rate_limit(text, integer, integer) IS
+    'Lets at most max_claims (0 to 1000000; 0 pauses the key) claims of concurrency_key''s runs fall in one window of per_seconds (1 to 86400; 22023 LIMIT_INVALID): a window starts at the first claim after the last one ended, and while it is full ledger.claim_run skips the key''s runs (also by run_id) and never waits; no two claims can both take its last claim. It stands beside the key''s concurrency limit. NULL max_claims removes it. Returns the rate in force.';
 COMMENT ON FUNCTION ledger.set_budget(text, numeric, text, text, text, numeric, text, text) IS
     'Sets a budget: at most max_amount (>= 0; 22023 AMOUNT_INVALID) of unit (a currency code such as USD, tokens, tool_calls or llm_steps; 22023 UNIT_INVALID) per period (total, day or month in UTC; 22023 PERIOD_UNKNOWN) for level workspace (the scope''s), tenant (every workspace of it; 42501 TENANT_NOT_GRANTED for a role bound to some of them) or run (run_id). NULL max_amount removes it. A decision to spend (claim_tool_call(s), create_step of an llm step, claim_run) is refused while a budget that applies is used up; record_cost never refuses. warn_ratio (0 to 1, default 0.8; NULL: no warning) writes budget.warning once per window. Audited (budget.set) with actor and note. Returns the budget as ledger.budget_usage shows it (no row once removed).';
 COMMENT ON FUNCTION ledger.claim_run(text, text, text[], text[], integer, boolean) IS
@@ -1557,7 +1578,8 @@ GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_a
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, status, expires_at) ON ledger.approval_requests TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight) ON ledger.concurrency_limits TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight, max_per_window, window_seconds,
+              window_start, window_claims) ON ledger.concurrency_limits TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, served_at) ON ledger.dispatch_turns TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, run_id, period, max_amount, spent, window_start) ON ledger.budgets TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, paused, next_fire_at) ON ledger.schedules TO ledger_dispatcher;

@@ -470,19 +470,26 @@ CREATE TABLE ledger.run_feedback (
 CREATE INDEX run_feedback_run_idx ON ledger.run_feedback (tenant_id, workspace_id, run_id, created_at);
 COMMENT ON TABLE ledger.run_feedback IS 'Ratings and comments people gave a run.';
 
--- Concurrency limits: at most max_in_flight runs of a key hold a live lease (ledger.claim_run
--- skips the key's runs while it is full). A claim under a limit locks its row (SKIP LOCKED: a
--- claim never waits) and stamps claimed_at, so two claims cannot both take the last place.
+-- Concurrency limits: at most max_in_flight runs of a key hold a live lease, and at most
+-- max_per_window claims of its runs fall in one window of window_seconds (ledger.claim_run skips
+-- the key's runs while either is full). A claim under a limit locks its row (SKIP LOCKED: a
+-- claim never waits), counts and stamps it, so two claims cannot both take the last place.
 CREATE TABLE ledger.concurrency_limits (
     tenant_id       text NOT NULL,
     workspace_id    text NOT NULL,
     concurrency_key text NOT NULL,
-    max_in_flight   integer NOT NULL CHECK (max_in_flight BETWEEN 0 AND 100000),
+    max_in_flight   integer CHECK (max_in_flight BETWEEN 0 AND 100000),
     claimed_at      timestamptz,
     updated_at      timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (tenant_id, workspace_id, concurrency_key)
+    max_per_window  integer CHECK (max_per_window BETWEEN 0 AND 1000000),
+    window_seconds  integer CHECK (window_seconds BETWEEN 1 AND 86400),
+    window_start    timestamptz,
+    window_claims   integer NOT NULL DEFAULT 0,
+    PRIMARY KEY (tenant_id, workspace_id, concurrency_key),
+    CONSTRAINT concurrency_limits_some_limit CHECK (max_in_flight IS NOT NULL OR max_per_window IS NOT NULL),
+    CONSTRAINT concurrency_limits_rate CHECK ((max_per_window IS NULL) = (window_seconds IS NULL))
 );
-COMMENT ON TABLE ledger.concurrency_limits IS 'At most max_in_flight runs of concurrency_key (ledger.runs.concurrency_key) hold a live lease at once; ledger.claim_run skips the key''s runs while it is full (0 pauses the key). claimed_at: the last claim under the limit. Written only through ledger.set_concurrency_limit and claim_run.';
+COMMENT ON TABLE ledger.concurrency_limits IS 'Limits of a concurrency_key (ledger.runs.concurrency_key): at most max_in_flight of its runs hold a live lease at once (ledger.set_concurrency_limit), and at most max_per_window claims of its runs in each window of window_seconds (ledger.set_rate_limit; a window starts at the first claim after the last one ended: window_start, window_claims so far). ledger.claim_run skips the key''s runs while either is full (0 pauses the key). claimed_at: the last claim under the limits. Written only through those functions and claim_run.';
 
 -- The input mailbox: inputs sent to a run by key (ledger.send_input), and the keys its worker
 -- waits for (ledger.wait_for_input). One row per run and key: a wait creates it without a
@@ -773,12 +780,14 @@ AS $$
                               WHERE f.tenant_id = l.tenant_id AND f.workspace_id = l.workspace_id
                                 AND f.concurrency_key = l.concurrency_key
                                 AND f.lease_expires_at > clock_timestamp()
-                                AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired'))))
+                                AND f.status NOT IN ('succeeded', 'failed', 'canceled', 'expired'))
+                         OR (l.max_per_window <= l.window_claims
+                             AND l.window_start + make_interval(secs => l.window_seconds) > clock_timestamp())))
          ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
            FOR NO KEY UPDATE SKIP LOCKED) c
      LIMIT 1
 $$;
-COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The next claimable run of any scope the session''s login role may state (see ledger.claim_run): scopes take turns (the one served longest ago first, ledger.dispatch_turns), and within the scope the due run (not_before passed) of the highest priority, oldest first, that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval before its deadline), with no budget used up and whose concurrency key has room, locked; skips runs another transaction holds.';
+COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The next claimable run of any scope the session''s login role may state (see ledger.claim_run): scopes take turns (the one served longest ago first, ledger.dispatch_turns), and within the scope the due run (not_before passed) of the highest priority, oldest first, that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval before its deadline), with no budget used up and whose concurrency key has room (in flight and in its rate window), locked; skips runs another transaction holds.';
 
 CREATE FUNCTION ledger_dispatch.due_outbox_events(max_events integer)
     RETURNS TABLE (tenant_id text, workspace_id text, id text)

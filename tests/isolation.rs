@@ -138,6 +138,7 @@ fn populate(app: &mut Client, s: Scope) {
         format!("SELECT ledger.put_artifact('{p}-r1', convert_to('same bytes in every scope', 'UTF8'), 'file', step_id => '{p}-s1')"),
         format!("SELECT ledger.register_artifact('{p}-r1', 's3://bucket/{p}', 3, repeat('a', 64))"),
         format!("SELECT ledger.set_concurrency_limit('{p}-key', 2)"),
+        format!("SELECT ledger.set_rate_limit('{p}-key', 100, 60)"),
         format!("SELECT ledger.create_task('index', '{{\"q\": 1}}', run_id => '{p}-r1', task_id => '{p}-t1')"),
         format!("SELECT ledger.set_task_snapshot('{p}-t1', '{{\"payload\": {{\"thread\": 7}}}}')"),
         format!("SELECT ledger.add_task_checkpoint('{p}-t1', '{{\"cursor\": 1}}')"),

@@ -338,6 +338,7 @@ fn pg_dump_and_restore_keep_every_row_and_the_feed_goes_on() {
          SELECT ledger.record_cost('r2', 'tokens', 10, 0.01, 'USD'); \
          SELECT ledger.create_task('agent.stream', run_id => 'r2', task_id => 't1'); \
          SELECT ledger.set_concurrency_limit('customer-7', 4); \
+         SELECT ledger.set_rate_limit('customer-7', 30, 60); \
          SELECT ledger.set_budget('USD', 100, period => 'day'); \
          SELECT ledger.set_budget('tokens', 1000000, 'tenant'); \
          SELECT ledger.send_input('r2', 'answer', '{\"text\": \"yes\"}', sender => 'ana'); \

@@ -1336,3 +1336,50 @@ fn two_sweepers_fire_each_firing_once_and_never_wait() {
     let all: i64 = one(&mut setup, "SELECT count(*) FROM ledger.runs");
     assert_eq!((runs, all), (3, 3));
 }
+
+/// A rate limit holds under racing claims: eight workers, each claim in a transaction held open
+/// until all have claimed, drain 20 runs of a key allowed 3 claims an hour. Exactly 3 runs are
+/// claimed, no claim waits (2 s statement timeout), and the window counts 3.
+#[test]
+#[ignore]
+fn racing_claims_never_pass_the_rate_limit() {
+    let db = database("ledger_workers_rate");
+    let mut setup = session(&db);
+    exec(
+        &mut setup,
+        "SELECT ledger.set_rate_limit('api', 3, 3600); \
+         SELECT count(ledger.create_run('agent', run_id => 'r' || i, concurrency_key => 'api')) \
+           FROM generate_series(1, 20) i",
+    );
+    let claimed_once = Arc::new(Barrier::new(8));
+    let workers: Vec<_> = (0..8)
+        .map(|i| {
+            let (db, claimed_once) = (db.clone(), claimed_once.clone());
+            thread::spawn(move || {
+                let mut c = session(&db);
+                exec(&mut c, "SET statement_timeout = '2s'");
+                exec(&mut c, "BEGIN");
+                let first = c
+                    .query(
+                        "SELECT run_id FROM ledger.claim_run($1)",
+                        &[&format!("w{i}")],
+                    )
+                    .unwrap()
+                    .len();
+                claimed_once.wait();
+                exec(&mut c, "COMMIT");
+                first + drain(&mut c, &format!("w{i}")).len()
+            })
+        })
+        .collect();
+    let got: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+    let claimed: i64 = one(
+        &mut setup,
+        "SELECT count(*) FROM ledger.runs WHERE run_token > 0",
+    );
+    let window: i32 = one(
+        &mut setup,
+        "SELECT window_claims FROM ledger.concurrency_limits",
+    );
+    assert_eq!((got, claimed, window), (3, 3, 3));
+}

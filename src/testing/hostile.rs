@@ -762,6 +762,10 @@ mod tests {
                 "concurrency_key",
                 "SELECT ledger.set_concurrency_limit($MB, 1)",
             ),
+            (
+                "concurrency_key",
+                "SELECT ledger.set_rate_limit($MB, 1)",
+            ),
             ("actor", "SELECT ledger.set_budget('USD', 1, actor => $MB)"),
             ("input_key", "SELECT ledger.send_input('r', $MB)"),
             ("sender", "SELECT ledger.send_input('r', 'k', sender => $MB)"),

@@ -45,6 +45,7 @@ INSERT INTO audit VALUES
   ('drop_schedule',       'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('fire_schedules',      'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('set_concurrency_limit', 'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
+  ('set_rate_limit',        'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('set_budget',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('retry_run',           'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
   ('replay_run',          'volatile', false, 'unsafe', 'definer', 'writer: the only write path'),
