@@ -126,9 +126,7 @@ fn set_concurrency_limit(
     Ok(set(
         &scope,
         key,
-        "max_in_flight = EXCLUDED.max_in_flight",
-        "max_in_flight = NULL",
-        "max_per_window",
+        Limit::InFlight,
         max.is_none(),
         [max, None, None],
     )
@@ -158,16 +156,7 @@ fn set_rate_limit(
         )?),
         None => None,
     };
-    Ok(set(
-        &scope,
-        key,
-        "max_per_window = EXCLUDED.max_per_window, window_seconds = EXCLUDED.window_seconds",
-        "max_per_window = NULL, window_seconds = NULL, window_start = NULL, window_claims = 0",
-        "max_in_flight",
-        max.is_none(),
-        [None, max, window],
-    )
-    .map(|()| max)?)
+    Ok(set(&scope, key, Limit::Rate, max.is_none(), [None, max, window]).map(|()| max)?)
 }
 
 /// A limit's value in range (22023 `LIMIT_INVALID` naming the argument).
@@ -183,52 +172,72 @@ fn within(argument: &str, value: i32, min: i32, max: i32) -> Result<i32> {
     Ok(value)
 }
 
-/// Sets one of the key's limits (`assign`), or removes it (`clear`, `removing`; the row goes when
-/// the `other` limit's column is NULL too). `values`: max_in_flight, max_per_window,
-/// window_seconds for a new row.
-#[allow(clippy::too_many_arguments)]
+/// Which of a key's two limits a call sets or removes.
+#[derive(Clone, Copy)]
+enum Limit {
+    InFlight,
+    Rate,
+}
+
+/// Sets one of the key's limits (`values`: max_in_flight, or max_per_window and window_seconds),
+/// or removes it (`removing`; the row goes with its last limit).
 fn set(
     scope: &Scope,
     key: &str,
-    assign: &str,
-    clear: &str,
-    other: &str,
+    limit: Limit,
     removing: bool,
     values: [Option<i32>; 3],
 ) -> Result<()> {
     let [in_flight, per_window, window] = values;
+    let now = db::now()?;
     if removing {
-        // The row goes with its last limit; otherwise only this limit is cleared.
-        db::execute(
-            &format!(
+        let (drop, clear) = match limit {
+            Limit::InFlight => (
                 "DELETE FROM ledger.concurrency_limits \
-                  WHERE tenant_id = $1 AND workspace_id = $2 AND concurrency_key = $3 AND {other} IS NULL"
+                  WHERE tenant_id = $1 AND workspace_id = $2 AND concurrency_key = $3 \
+                    AND max_per_window IS NULL",
+                "UPDATE ledger.concurrency_limits SET max_in_flight = NULL, updated_at = $4 \
+                  WHERE tenant_id = $1 AND workspace_id = $2 AND concurrency_key = $3",
             ),
-            &scope.args([key.into()]),
-        )?;
-        return db::execute(
-            &format!(
-                "UPDATE ledger.concurrency_limits SET {clear}, updated_at = $4 \
-                  WHERE tenant_id = $1 AND workspace_id = $2 AND concurrency_key = $3"
+            Limit::Rate => (
+                "DELETE FROM ledger.concurrency_limits \
+                  WHERE tenant_id = $1 AND workspace_id = $2 AND concurrency_key = $3 \
+                    AND max_in_flight IS NULL",
+                "UPDATE ledger.concurrency_limits SET max_per_window = NULL, window_seconds = NULL, \
+                        window_start = NULL, window_claims = 0, updated_at = $4 \
+                  WHERE tenant_id = $1 AND workspace_id = $2 AND concurrency_key = $3",
             ),
-            &scope.args([key.into(), db::now()?.into()]),
-        );
+        };
+        db::execute(drop, &scope.args([key.into()]))?;
+        return db::execute(clear, &scope.args([key.into(), now.into()]));
     }
-    db::execute(
-        &format!(
+    let upsert = match limit {
+        Limit::InFlight => {
             "INSERT INTO ledger.concurrency_limits \
                     (tenant_id, workspace_id, concurrency_key, max_in_flight, max_per_window, \
                      window_seconds, updated_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT (tenant_id, workspace_id, concurrency_key) \
-             DO UPDATE SET {assign}, updated_at = EXCLUDED.updated_at"
-        ),
+             DO UPDATE SET max_in_flight = EXCLUDED.max_in_flight, updated_at = EXCLUDED.updated_at"
+        }
+        Limit::Rate => {
+            "INSERT INTO ledger.concurrency_limits \
+                    (tenant_id, workspace_id, concurrency_key, max_in_flight, max_per_window, \
+                     window_seconds, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             ON CONFLICT (tenant_id, workspace_id, concurrency_key) \
+             DO UPDATE SET max_per_window = EXCLUDED.max_per_window, \
+                           window_seconds = EXCLUDED.window_seconds, updated_at = EXCLUDED.updated_at"
+        }
+    };
+    db::execute(
+        upsert,
         &scope.args([
             key.into(),
             in_flight.into(),
             per_window.into(),
             window.into(),
-            db::now()?.into(),
+            now.into(),
         ]),
     )
 }

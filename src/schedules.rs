@@ -119,14 +119,14 @@ fn set_schedule(
     let next = next_fire(&parsed, tz, local(tz, now()?)?)?;
     db::execute(
         "INSERT INTO ledger.schedules (tenant_id, workspace_id, id, cron, time_zone, mode, kind, inputs, \
-                priority, concurrency_key, catch_up, next_fire_at, updated_by) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+                priority, concurrency_key, catch_up, next_fire_at, updated_by, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
          ON CONFLICT (tenant_id, workspace_id, id) DO UPDATE \
             SET cron = excluded.cron, time_zone = excluded.time_zone, mode = excluded.mode, \
                 kind = excluded.kind, inputs = excluded.inputs, priority = excluded.priority, \
                 concurrency_key = excluded.concurrency_key, catch_up = excluded.catch_up, \
                 next_fire_at = excluded.next_fire_at, updated_by = excluded.updated_by, \
-                updated_at = now()",
+                updated_at = excluded.updated_at",
         &scope.args([
             id.into(),
             expr.into(),
@@ -139,6 +139,7 @@ fn set_schedule(
             catch_up.as_str().into(),
             next.into(),
             actor.as_deref().into(),
+            db::now()?.into(),
         ]),
     )?;
     audited(

@@ -489,14 +489,18 @@ pub(super) fn create_waiting(
     db::execute(
         "INSERT INTO ledger.approval_requests \
             (tenant_id, workspace_id, id, run_id, title, policy_ref, details, expires_at) \
-     VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))",
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         &scope.args([
             approval_id.as_str().into(),
             who.run_id.into(),
             title.into(),
             policy_ref.into(),
             Jsonb::from(&full_details).into(),
-            request.expires_in_seconds.into(),
+            request
+                .expires_in_seconds
+                .map(|s| db::clock_plus(s.into()))
+                .transpose()?
+                .into(),
         ]),
     )?;
     let rec = insert(
