@@ -82,7 +82,8 @@ async def polite(ctx: RunContextWrapper[Any], agent: Agent[Any], input: Any) -> 
 
 
 def agent(*, approval: bool) -> Agent[Any]:
-    tool = guard(refund, approval={"title": "Refund", "policy_ref": "refunds/v1"} if approval else None,
+    tool = guard(refund, approval={"title": "Refund", "policy_ref": "refunds/v1", "expires_in_seconds": 3600}
+                 if approval else None,
                  timeout_seconds=5)
     return Agent(name="support", instructions="Help the customer.", tools=[tool, track],
                  input_guardrails=[InputGuardrail(polite, name="polite")],

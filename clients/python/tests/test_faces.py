@@ -17,6 +17,7 @@ from psycopg.rows import DictRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ledger_client import (
+    ApprovalStatus,
     AsyncLedger,
     AsyncScopedLedger,
     AsyncTransaction,
@@ -239,8 +240,66 @@ async def durable_waits(h: Handle, person: psycopg.Connection[DictRow]) -> None:
     assert one(person, "SELECT status FROM ledger.runs WHERE id = 'r-queued'") == "queued"
 
 
+async def approval_deadlines(h: Handle, person: psycopg.Connection[DictRow]) -> None:
+    await got(h.create_run("agent", run_id="r-late"))
+    asked = await got(h.request_tool_approval("r-late", "payments.wire", {"amount": 100}, tool_call_id="c-wire",
+                                              title="Wire 100?", expires_in_seconds=3600))
+    assert asked.outcome is ClaimOutcome.WAITING_APPROVAL and asked.approval is not None
+    approval = asked.approval
+    assert approval.expires_at is not None and approval.expires_at - approval.created_at == timedelta(hours=1)
+    # The claim's approval takes a deadline too.
+    claimed = await got(h.claim_tool_call("r-late", "payments.refund", {"amount": 5}, tool_call_id="c-refund",
+                                          approval={"title": "Refund 5?", "expires_in_seconds": 60}))
+    assert claimed.outcome is ClaimOutcome.WAITING_APPROVAL and claimed.approval is not None
+    assert claimed.approval.expires_at is not None
+    assert claimed.approval.expires_at - claimed.approval.created_at == timedelta(minutes=1)
+    queue = await got(h.pending_approvals("r-late"))
+    assert [(p.id, p.expires_at) for p in queue] == [(approval.id, approval.expires_at),
+                                                     (claimed.approval.id, claimed.approval.expires_at)]
+    with pytest.raises(InvalidArgumentError) as too_long:
+        await got(h.request_tool_approval("r-late", "payments.wire", {"amount": 1}, tool_call_id="c-year",
+                                          expires_in_seconds=31622401))
+    assert (too_long.value.code, too_long.value.detail["expires_in_seconds"]) == ("TIMEOUT_INVALID", 31622401)
+    with pytest.raises(InvalidArgumentError) as not_whole:
+        await got(h.claim_tool_call("r-late", "payments.wire", {"amount": 1}, tool_call_id="c-hour",
+                                    approval={"expires_in_seconds": "1h"}))
+    assert (not_whole.value.code, not_whole.value.detail["key"]) == ("APPROVAL_INVALID", "expires_in_seconds")
+    assert await got(h.sweep_tool_calls()) == 0  # no deadline has passed
+
+    # No one decided the wire in time.
+    person.execute("UPDATE ledger.approval_requests SET expires_at = clock_timestamp() - interval '1 second'"
+                   " WHERE id = %s", (approval.id,))
+    assert [p.id for p in await got(h.pending_approvals("r-late"))] == [claimed.approval.id]
+    with pytest.raises(WrongStateError) as late:
+        await got(h.resolve_approval(approval.id, "approved", actor="cfo@acme"))
+    assert (late.value.sqlstate, late.value.code, late.value.detail["approval_id"]) == (
+        "55000", "APPROVAL_EXPIRED", approval.id)
+    assert await got(h.sweep_tool_calls()) == 1
+    with pytest.raises(WrongStateError) as still_late:
+        await got(h.resolve_approval(approval.id, "rejected"))
+    assert still_late.value.code == "APPROVAL_EXPIRED"
+    wire = await got(h.claim_tool_call("r-late", "payments.wire", {"amount": 100}, tool_call_id="c-wire"))
+    assert wire.outcome is ClaimOutcome.REJECTED and wire.tool_call is not None and wire.approval is not None
+    assert (wire.tool_call.status, wire.tool_call.error_code) == (ToolCallStatus.REJECTED, "TOOL_APPROVAL_EXPIRED")
+    assert (wire.approval.status, wire.approval.actor) == (ApprovalStatus.EXPIRED, None)
+    assert wire.approval.decided_at is not None
+    events = [e for e in await got(h.events_since("r-late")) if e.step_id == wire.tool_call.step_id]
+    assert [e.event_type for e in events][-3:] == ["step.status", "approval.expired", "tool_call.rejected"]
+    assert events[-2].payload["approval_id"] == approval.id and events[-2].payload["tool_call_id"] == "c-wire"
+
+    # Nor the refund, and no sweep ran: its next claim expires it and answers rejected.
+    person.execute("UPDATE ledger.approval_requests SET expires_at = clock_timestamp() - interval '1 second'"
+                   " WHERE id = %s", (claimed.approval.id,))
+    refund = await got(h.claim_tool_call("r-late", "payments.refund", {"amount": 5}, tool_call_id="c-refund",
+                                         approval={"title": "Refund 5?", "expires_in_seconds": 60}))
+    assert refund.outcome is ClaimOutcome.REJECTED and refund.approval is not None
+    assert refund.approval.status is ApprovalStatus.EXPIRED
+    assert await got(h.sweep_tool_calls()) == 0 and await got(h.pending_approvals()) == []
+
+
 @FACES
-@pytest.mark.parametrize("body", [typed_results, transactions_and_errors, the_peoples_queues, budgets, durable_waits])
+@pytest.mark.parametrize("body", [typed_results, transactions_and_errors, the_peoples_queues, budgets, durable_waits,
+                                  approval_deadlines])
 def test_both_faces(face: str, body: Body, dsn: str, person: psycopg.Connection[DictRow]) -> None:
     through(face, dsn, person, body)
 

@@ -268,3 +268,32 @@ def test_a_rejected_approval_ends_the_run_failed_with_its_code(
     assert run.error_message == "tool call refund-1: approval rejected: not refundable"
 
 
+def test_an_approval_no_one_decided_in_time_ends_the_run_failed_with_its_code(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped.create_run("agent", run_id="r-expire")
+    refunded: list[Any] = []
+
+    def refund(arguments: dict[str, Any]) -> Any:
+        refunded.append(arguments)
+        return {"ok": True}
+
+    def agent(ctx: RunContext) -> str:
+        ctx.tool_call("refund-1", "payments.refund", {"amount": "9.00"}, refund,
+                      approval={"title": "Refund 9.00", "expires_in_seconds": 3600})
+        return "refunded"
+
+    stop = threading.Event()
+    with running(Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1", idle_s=0.05, stopping=stop)):
+        wait_for("the approval request", lambda: status(person, "r-expire") == "waiting_approval")
+        # The deadline passes with no decision and no sweep: the run is claimable again, and the
+        # worker's claim of the call expires the approval.
+        person.execute("UPDATE ledger.approval_requests SET expires_at = clock_timestamp() - interval '1 second'")
+        wait_for("the run to end", lambda: status(person, "r-expire") in ("succeeded", "failed"))
+    run = scoped.get_run("r-expire")
+    assert run is not None and run.status == "failed" and refunded == []
+    assert run.error_code == "TOOL_APPROVAL_EXPIRED"
+    assert run.error_message == "tool call refund-1: approval expired"
+    assert one(person, "SELECT status FROM ledger.approval_requests") == "expired"
+
+

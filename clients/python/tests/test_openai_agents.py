@@ -1,6 +1,6 @@
 """The OpenAI Agents SDK adapter against the real extension, offline with the SDK's own scripted
 model (agents.testing.ScriptedModel; tests/openai_agents_support.py is the agent): a guarded call
-executed once and replayed, an approval decided in SQL between two processes, a process killed
+executed once and replayed, an approval decided in SQL (or left to expire) between two processes, a process killed
 while its tool runs and the run finished by others after a person's decision, the tracing
 processor's steps and costs, and replay_ready."""
 
@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +132,7 @@ def test_the_processor_records_handoffs_and_guardrails_of_a_ledger_trace_only(
     assert [tuple(s.values()) for s in steps] == [("r-spans", "handoff", "triage -> refunds", "refunds")]
 
 
-@pytest.mark.parametrize("decision", ["approved", "rejected"])
+@pytest.mark.parametrize("decision", ["approved", "rejected", "expired"])
 def test_an_approval_is_asked_in_the_ledger_decided_in_sql_and_applied_by_another_process(
     dsn: str, scoped: ScopedLedger, person: psycopg.Connection[DictRow], effects: Path,
     processor: LedgerTracingProcessor, decision: str,
@@ -144,20 +145,30 @@ def test_an_approval_is_asked_in_the_ledger_decided_in_sql_and_applied_by_anothe
     assert one(person, "SELECT status FROM ledger.runs WHERE id = 'r-approve'") == "waiting_approval"
     assert one(person, "SELECT count(*) FROM ledger.run_artifacts WHERE meta->>'kind' = 'openai_agents.run_state'") == 1
     assert executions(effects) == []
+    assert one(person, "SELECT expires_at - created_at FROM ledger.approval_requests") == timedelta(hours=1)
     # Nothing decided yet: a resume finds the call still waiting and executes nothing.
     assert asyncio.run(drive(dsn, SCOPE[1], "r-approve", "refund:8", True))["status"] == "waiting_approval"
 
-    person.execute("SELECT ledger.resolve_approval(id, %s, actor => 'ops@acme', note => 'checked')"
-                   " FROM ledger.pending_approvals", (decision,))
+    if decision == "expired":  # no one decides before the deadline, and no sweep has run yet
+        person.execute("UPDATE ledger.approval_requests SET expires_at = clock_timestamp() - interval '1 second'")
+    else:
+        person.execute("SELECT ledger.resolve_approval(id, %s, actor => 'ops@acme', note => 'checked')"
+                       " FROM ledger.pending_approvals", (decision,))
     last = drive_elsewhere(dsn, "r-approve", "refund:8", True, effects)
     assert last["status"] == "succeeded"
     if decision == "approved":
         assert last["final_output"] == "done: {'refund_id': 'rf-8'}"
         assert executions(effects) == ["8"]
-    else:  # the SDK's rejection path: the model is told, the tool never ran
+    elif decision == "rejected":  # the SDK's rejection path: the model is told, the tool never ran
         assert last["final_output"] == (f"done: ledger: a person rejected tool call call-refund-8 ({record['id']}):"
                                         " checked; it was not executed")
         assert executions(effects) == []
+    else:  # the same path, told why; the sweep then settles the ledger's record
+        assert last["final_output"] == (f"done: ledger: the approval of tool call call-refund-8 ({record['id']})"
+                                        " expired before anyone decided it; it was not executed")
+        assert executions(effects) == []
+        assert one(person, "SELECT ledger.sweep_tool_calls()") == 1
+        assert tool_call(person, "call-refund-8")["status"] == "rejected"
     # The pause and the run are the guarded call's only trace: no function step besides its tool step.
     assert one(person, "SELECT count(*) FROM ledger.run_steps WHERE step_type = 'function'") == 0
     assert one(person, "SELECT ledger.replay_ready('r-approve')") == {"status": "pass", "missing": []}

@@ -1,7 +1,7 @@
 """The pydantic-ai adapter (ledger_client.integrations.pydantic_ai) against the real extension,
 driven by pydantic-ai's own FunctionModel through the example agent (examples/pydantic_ai_agent.py,
 whose scripted model calls its tools with fixed ids): a call executed once and replayed on a
-repeat, the approval round trip (approved and rejected) through ApprovalRequired and
+repeat, the approval round trip (approved, rejected and expired) through ApprovalRequired and
 DeferredToolRequests, a process killed while its tool runs and the turn resumed by another
 process through CallDeferred (busy while the lease lasts, then in doubt) and a person's
 resolve_tool_call, the calls of one response resumed together, the runs replay-ready; the manual
@@ -128,6 +128,21 @@ def test_a_rejected_approval_is_denied_to_the_model(dsn: str, tmp_path: Path,
     assert denied.outcome == "denied", "pydantic-ai's own denial (ToolDenied)"
     assert refunds(state) == []
     assert one(person, "SELECT status FROM ledger.run_step_tool_calls WHERE tool_call_id = 'call-refund'") == "rejected"
+    assert ledger_run(person)["status"] == "succeeded"
+
+
+def test_an_approval_no_one_decided_in_time_is_denied_to_the_model(dsn: str, tmp_path: Path,
+                                                                   person: psycopg.Connection[DictRow]) -> None:
+    state = tmp_path / "state.json"
+    turn(dsn, state, "Refund order 1042", approval=example.large_refunds)
+    # Its deadline passes with no decision and no sweep: the resumed call's claim expires it.
+    person.execute("UPDATE ledger.approval_requests SET expires_at = clock_timestamp() - interval '1 second'")
+    answer = turn(dsn, state, approval=example.large_refunds)
+    assert answer == "Order 1042: No one approved the call before its approval expired."
+    assert refunds(state) == []
+    call = person.execute("SELECT status, error_code FROM ledger.run_step_tool_calls"
+                          " WHERE tool_call_id = 'call-refund'").fetchone()
+    assert call == {"status": "rejected", "error_code": "TOOL_APPROVAL_EXPIRED"}
     assert ledger_run(person)["status"] == "succeeded"
 
 

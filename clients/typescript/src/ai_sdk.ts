@@ -229,7 +229,7 @@ export class LedgerAi {
 
   /** The ledger's answer to an approval for the call: asked for on the first time, its state after. */
   private async requestApproval(toolName: string, toolCallId: string, input: unknown, approval: ApprovalRequest): Promise<ToolCallClaim> {
-    const { title, policyRef, details } = approval;
+    const { title, policyRef, details, expiresInSeconds } = approval;
     const runToken = this.options.runToken;
     return reconnecting(() =>
       this.ledger.requestToolApproval(this.runId, toolName, argumentsOf(input), {
@@ -238,6 +238,7 @@ export class LedgerAi {
         ...(title !== undefined ? { title } : {}),
         ...(policyRef !== undefined ? { policyRef } : {}),
         ...(details !== undefined ? { details } : {}),
+        ...(expiresInSeconds !== undefined ? { expiresInSeconds } : {}),
         ...(runToken !== undefined ? { runToken } : {}),
       }),
     );
@@ -361,7 +362,7 @@ function approvalStatus(answer: ToolCallClaim): Exclude<ToolApprovalStatus, unde
   const approval = answer.approval;
   const by = approval?.actor ? ` by ${approval.actor}` : "";
   const note = approval?.note ? `: ${approval.note}` : "";
-  if (answer.outcome === "rejected") return { type: "denied", reason: `rejected${by}${note}` };
+  if (answer.outcome === "rejected") return { type: "denied", reason: `${approval?.status ?? "rejected"}${by}${note}` };
   if (approval?.status === "pending") {
     return { type: "user-approval", reason: `ledger approval ${approval.id} (ledger.resolve_approval)` };
   }

@@ -216,11 +216,13 @@ export interface ClaimRunOptions {
   anyScope?: boolean;
 }
 
-/** An approval request attached to a claim: `{title, policy_ref, details}`. */
+/** An approval request attached to a claim: `{title, policy_ref, details, expires_in_seconds}`. */
 export interface ApprovalRequest {
   title?: string;
   policyRef?: string;
   details?: Json;
+  /** The deadline, 1 s to a year: past it undecided the approval expires and the call is rejected. */
+  expiresInSeconds?: number;
 }
 
 /** Options of `claim_tool_call` besides the run, the tool and its arguments. */
@@ -541,18 +543,32 @@ export abstract class LedgerCalls {
     });
   }
 
-  /** `request_tool_approval`: a call that waits for a person's decision. */
+  /**
+   * `request_tool_approval`: a call that waits for a person's decision; with `expiresInSeconds`
+   * (1 s to a year) the approval expires unless decided by then, and the call is rejected.
+   */
   async requestToolApproval(
     runId: string,
     toolRef: string,
     args: Json,
-    options: { toolCallId?: string; idempotencyKey?: string; title?: string; policyRef?: string; details?: Json; runToken?: number } = {},
+    options: {
+      toolCallId?: string;
+      idempotencyKey?: string;
+      title?: string;
+      policyRef?: string;
+      details?: Json;
+      runToken?: number;
+      expiresInSeconds?: number;
+    } = {},
   ): Promise<ToolCallClaim> {
     const { details, ...rest } = options;
     return this.answer("request_tool_approval", [runId, toolRef, json(args)], { ...snakeKeys({ ...rest }), details: json(details) });
   }
 
-  /** `resolve_approval`: `approved` or `rejected`, by whom and why. */
+  /**
+   * `resolve_approval`: `approved` or `rejected`, by whom and why. Past the approval's deadline
+   * either throws a `WrongStateError` with `code` `APPROVAL_EXPIRED`.
+   */
   async resolveApproval(
     approvalId: string,
     decision: "approved" | "rejected",
@@ -682,7 +698,10 @@ export abstract class LedgerCalls {
     return this.query(text, values);
   }
 
-  /** `sweep_tool_calls`: expired leases to in_doubt (or claimable); returns how many moved. */
+  /**
+   * `sweep_tool_calls`: expired leases to in_doubt (or claimable), and approvals past their
+   * deadline expired (their calls rejected); returns how many.
+   */
   async sweepToolCalls(): Promise<number> {
     return Number(await this.value("sweep_tool_calls", []));
   }

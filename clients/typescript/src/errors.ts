@@ -119,9 +119,10 @@ export class BusyError extends ToolCallStopped {}
 /** The call waits for a person's approval (`claim.approval` is the request). */
 export class WaitingApprovalError extends ToolCallStopped {}
 /**
- * The approval was rejected: the call is never executed. The message names the call, who
- * rejected it and their note. Escaping an agent, it fails the run with `error_code`
- * `TOOL_APPROVAL_REJECTED` ({@link REJECTED_ERROR_CODE}).
+ * The approval was rejected, or expired before anyone decided it (`claim.approval.status`
+ * `expired`): the call is never executed. The message names the call, who rejected it and their
+ * note. Escaping an agent, it fails the run with `error_code` `TOOL_APPROVAL_REJECTED`
+ * ({@link REJECTED_ERROR_CODE}), or `TOOL_APPROVAL_EXPIRED` ({@link EXPIRED_ERROR_CODE}).
  */
 export class RejectedError extends ToolCallStopped {
   constructor(claim: ToolCallClaim) {
@@ -134,6 +135,8 @@ export class RejectedError extends ToolCallStopped {
 
 /** The run's `error_code` when a {@link RejectedError} escapes the agent. */
 export const REJECTED_ERROR_CODE = "TOOL_APPROVAL_REJECTED";
+/** The run's `error_code` when a {@link RejectedError} of an approval that expired undecided escapes the agent. */
+export const EXPIRED_ERROR_CODE = "TOOL_APPROVAL_EXPIRED";
 
 /**
  * The tool ran, and its result cannot be encoded as JSON (a function, a symbol, a cycle, see

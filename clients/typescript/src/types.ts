@@ -194,6 +194,8 @@ export interface Approval {
   note: string | null;
   decidedAt: Date | null;
   createdAt: Date;
+  /** The deadline: past it no one may decide the approval, and it expires (null: none). */
+  expiresAt: Date | null;
 }
 
 /** The recorded result a `replayed` claim carries. */
@@ -328,6 +330,8 @@ export interface PendingApproval {
   policyRef: string | null;
   details: Json;
   createdAt: Date;
+  /** Decide it before then (null: no deadline). */
+  expiresAt: Date | null;
 }
 
 /** A row of `ledger.run_cost_entries` as far as a worker needs it. */
@@ -552,6 +556,7 @@ export function parseApproval(row: Row): Approval {
     note: optStr(row, "note"),
     decidedAt: optDate(row, "decided_at"),
     createdAt: date(row, "created_at"),
+    expiresAt: optDate(row, "expires_at"),
   };
 }
 
@@ -678,6 +683,7 @@ export function parsePendingApproval(row: Row): PendingApproval {
     policyRef: optStr(row, "policy_ref"),
     details: obj(row, "details"),
     createdAt: date(row, "created_at"),
+    expiresAt: optDate(row, "expires_at"),
   };
 }
 

@@ -20,7 +20,8 @@
  *   the wake time on resumes it (`waiting_input` to `running`);
  * - a call is busy (another executor's live attempt): the run is released, to be claimed later;
  * - the run was taken over (40001 `LEASE_STALE`): it is dropped, the new owner has it;
- * - a rejected approval: the run fails with `error_code` `TOOL_APPROVAL_REJECTED`;
+ * - a rejected approval: the run fails with `error_code` `TOOL_APPROVAL_REJECTED` (one that expired
+ *   before anyone decided it: `TOOL_APPROVAL_EXPIRED`);
  * - a lost database connection: never the agent's failure; the run is released for a retry;
  * - anything else: the run fails with the error's message.
  *
@@ -38,13 +39,14 @@ import {
   BudgetExhaustedError,
   BusyError,
   ConflictError,
+  EXPIRED_ERROR_CODE,
   InDoubtError,
   REJECTED_ERROR_CODE,
   RejectedError,
   WaitingApprovalError,
 } from "./errors.js";
 import { isConnectionError, reconnecting } from "./faults.js";
-import { Ledger, type ScopedLedger } from "./client.js";
+import { Ledger, type ApprovalRequest, type ScopedLedger } from "./client.js";
 import { positiveSeconds } from "./options.js";
 import { succeedWith } from "./reply.js";
 import { toolCall, toolCalls, type ToolCallResult, type ToolFn, type TurnCall } from "./tool_calls.js";
@@ -73,7 +75,7 @@ export interface RunToolCallOptions {
   /** The key to find the call by, instead of `tool:<run_id>:<tool_call_id>` (a re-run passes its source's: replayed). */
   idempotencyKey?: string;
   /** A call that needs a person's approval: asked for on the first run, claimed once approved. */
-  approval?: { title?: string; policyRef?: string; details?: Json };
+  approval?: ApprovalRequest;
   retryFailed?: boolean;
   heartbeatSeconds?: number;
   /** The tool is safe to repeat: looked up, run, and recorded once in one commit ({@link toolCall}). */
@@ -461,7 +463,14 @@ async function conclude(ledger: ScopedLedger, run: ClaimedRun, error: unknown): 
     await release(ledger, run);
     return { status: "released", reason };
   }
-  const errorCode = error instanceof RejectedError ? REJECTED_ERROR_CODE : error instanceof Error ? error.name : "Error";
+  const errorCode =
+    error instanceof RejectedError
+      ? error.claim.approval?.status === "expired"
+        ? EXPIRED_ERROR_CODE
+        : REJECTED_ERROR_CODE
+      : error instanceof Error
+        ? error.name
+        : "Error";
   await reconnecting(() => ledger.transitionRun(run.runId, "failed", { errorCode, errorMessage: reason, runToken: token }));
   return { status: "failed", error: reason };
 }

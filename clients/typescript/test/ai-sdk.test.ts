@@ -1,6 +1,6 @@
 /**
  * The AI SDK adapter (`ledger-client/ai-sdk`) with the SDK's own mock model, against the real
- * extension: executed once and replayed, the approval round trip (approved and rejected, and the
+ * extension: executed once and replayed, the approval round trip (approved, rejected and expired, and the
  * continuation by approval responses), a driving process killed while its tool runs, replay_ready.
  */
 import assert from "node:assert/strict";
@@ -147,7 +147,7 @@ test("approval round trip: pending is user-approval, a person's decision in SQL 
   const db = await freshDb(t, "ai_approval");
   const acme = db.ledger.scoped("acme", "ts");
   const ship = shipTool();
-  const options = { approvals: { ship: { title: "Ship an order", policyRef: "shipping" } } };
+  const options = { approvals: { ship: { title: "Ship an order", policyRef: "shipping", expiresInSeconds: 3600 } } };
 
   // approved
   let ai = await LedgerAi.start(acme, "approve-me", options);
@@ -160,6 +160,7 @@ test("approval round trip: pending is user-approval, a person's decision in SQL 
   assert.equal((await acme.getRun(ai.runId))?.status, "waiting_approval");
   const [pending] = await acme.pendingApprovals({ runId: ai.runId });
   assert.equal(pending?.toolCallId, "call-ship-7");
+  assert.equal((pending?.expiresAt?.getTime() ?? 0) - (pending?.createdAt.getTime() ?? 0), 3_600_000, "the deadline asked for");
   await acme.query("SELECT ledger.resolve_approval($1, 'approved', actor => 'lead@acme', note => 'address checked')", [pending?.id]);
 
   ai = await LedgerAi.start(acme, "approve-me", options);
@@ -179,6 +180,17 @@ test("approval round trip: pending is user-approval, a person's decision in SQL 
   ai = await LedgerAi.start(acme, "reject-me", options);
   result = await turn(ai, { ship: ship.tool });
   assert.equal(result.text, "Not shipped: rejected by lead@acme: no stock");
+  assert.equal(ship.runs, 1);
+  assert.equal((await ai.finish(result)).status, "succeeded");
+  assert.deepEqual((await story(acme, ai.runId)).calls, [["call-ship-7", "rejected", "0"]]);
+
+  // expired: no one decided before the deadline (and no sweep ran); the model sees the denial.
+  ai = await LedgerAi.start(acme, "expire-me", options);
+  await ai.finish(await turn(ai, { ship: ship.tool }));
+  await db.sql("UPDATE ledger.approval_requests SET expires_at = clock_timestamp() - interval '1 second' WHERE run_id = $1", [ai.runId]);
+  ai = await LedgerAi.start(acme, "expire-me", options);
+  result = await turn(ai, { ship: ship.tool });
+  assert.equal(result.text, "Not shipped: expired");
   assert.equal(ship.runs, 1);
   assert.equal((await ai.finish(result)).status, "succeeded");
   assert.deepEqual((await story(acme, ai.runId)).calls, [["call-ship-7", "rejected", "0"]]);

@@ -157,6 +157,63 @@ test("bad input: a typed error with its SQLSTATE and code, and nothing written",
   assert.equal(syntax.code, "42P01");
 });
 
+test("approval deadlines: a deadline asked and claimed; past it, no decision, the sweep or the claim expires it, the call is rejected", async (t) => {
+  const db = await freshDb(t, "deadlines");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "r" });
+  const asked = await acme.requestToolApproval("r", "payments.wire", { amount: 100 }, { toolCallId: "c-wire", title: "Wire 100?", expiresInSeconds: 3600 });
+  assert.equal(asked.outcome, "waiting_approval");
+  const approval = asked.approval;
+  assert.ok(approval?.expiresAt);
+  assert.equal(approval.expiresAt.getTime() - approval.createdAt.getTime(), 3_600_000);
+  // The claim's approval takes a deadline too.
+  const claimed = await acme.claimToolCall("r", "payments.refund", { amount: 5 }, { toolCallId: "c-refund", approval: { title: "Refund 5?", expiresInSeconds: 60 } });
+  assert.equal(claimed.outcome, "waiting_approval");
+  assert.ok(claimed.approval?.expiresAt);
+  assert.equal(claimed.approval.expiresAt.getTime() - claimed.approval.createdAt.getTime(), 60_000);
+  assert.deepEqual(
+    (await acme.pendingApprovals({ runId: "r" })).map((p) => [p.id, p.expiresAt?.getTime()]),
+    [
+      [approval.id, approval.expiresAt.getTime()],
+      [claimed.approval.id, claimed.approval.expiresAt.getTime()],
+    ],
+  );
+  await assert.rejects(
+    acme.requestToolApproval("r", "payments.wire", { amount: 1 }, { toolCallId: "c-year", expiresInSeconds: 31_622_401 }),
+    (e: unknown) => e instanceof InvalidArgumentError && e.code === "TIMEOUT_INVALID" && e.detail["expires_in_seconds"] === 31_622_401,
+  );
+  await assert.rejects(
+    acme.claimToolCall("r", "payments.wire", { amount: 1 }, { toolCallId: "c-half", approval: { expiresInSeconds: 1.5 } }),
+    (e: unknown) => e instanceof InvalidArgumentError && e.code === "APPROVAL_INVALID" && e.detail["key"] === "expires_in_seconds",
+  );
+  assert.equal(await acme.sweepToolCalls(), 0, "no deadline has passed");
+
+  // No one decided the wire in time.
+  await db.sql("UPDATE ledger.approval_requests SET expires_at = clock_timestamp() - interval '1 second' WHERE id = $1", [approval.id]);
+  assert.deepEqual((await acme.pendingApprovals({ runId: "r" })).map((p) => p.id), [claimed.approval.id]);
+  await assert.rejects(
+    acme.resolveApproval(approval.id, "approved", { actor: "cfo@acme" }),
+    (e: unknown) => e instanceof WrongStateError && e.sqlstate === "55000" && e.code === "APPROVAL_EXPIRED" && e.detail["approval_id"] === approval.id,
+  );
+  assert.equal(await acme.sweepToolCalls(), 1);
+  await assert.rejects(acme.resolveApproval(approval.id, "rejected"), (e: unknown) => e instanceof WrongStateError && e.code === "APPROVAL_EXPIRED");
+  const wire = await acme.claimToolCall("r", "payments.wire", { amount: 100 }, { toolCallId: "c-wire" });
+  assert.equal(wire.outcome, "rejected");
+  assert.deepEqual([wire.toolCall?.status, wire.toolCall?.errorCode], ["rejected", "TOOL_APPROVAL_EXPIRED"]);
+  assert.deepEqual([wire.approval?.status, wire.approval?.actor], ["expired", null]);
+  assert.ok(wire.approval?.decidedAt);
+  const events = (await acme.eventsSince("r")).filter((e) => e.stepId === wire.toolCall?.stepId);
+  assert.deepEqual(events.slice(-3).map((e) => e.eventType), ["step.status", "approval.expired", "tool_call.rejected"]);
+  assert.deepEqual([events.at(-2)?.payload["approval_id"], events.at(-2)?.payload["tool_call_id"]], [approval.id, "c-wire"]);
+
+  // Nor the refund, and no sweep ran: its next claim expires it and answers rejected.
+  await db.sql("UPDATE ledger.approval_requests SET expires_at = clock_timestamp() - interval '1 second' WHERE id = $1", [claimed.approval.id]);
+  const refund = await acme.claimToolCall("r", "payments.refund", { amount: 5 }, { toolCallId: "c-refund", approval: { title: "Refund 5?", expiresInSeconds: 60 } });
+  assert.deepEqual([refund.outcome, refund.approval?.status], ["rejected", "expired"]);
+  assert.equal(await acme.sweepToolCalls(), 0);
+  assert.deepEqual(await acme.pendingApprovals(), []);
+});
+
 test("a stale run_token is the conflict error, and writes nothing", async (t) => {
   const db = await freshDb(t, "stale");
   const acme = db.ledger.scoped("acme", "ts");

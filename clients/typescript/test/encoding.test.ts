@@ -1,4 +1,4 @@
-/** The JSON rule for arguments and results, a rejected approval's default, the people's queues, round trips per call. */
+/** The JSON rule for arguments and results, a rejected (or expired) approval's default, the people's queues, round trips per call. */
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
@@ -97,6 +97,32 @@ test("a rejected approval escaping the agent fails the run with TOOL_APPROVAL_RE
   const failed = await acme.failedOutboxEvents({ limit: 5 });
   assert.deepEqual(failed.map((e) => [e.eventType, e.runId, e.status]), [["run.created", "a-1", "failed"]]);
   assert.deepEqual(await db.ledger.scoped("acme", "other").failedOutboxEvents(), [], "another scope sees none");
+});
+
+test("an approval no one decided in time, escaping the agent, fails the run with TOOL_APPROVAL_EXPIRED", async (t) => {
+  const db = await freshDb(t, "expired");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "a-1" });
+  let refunds = 0;
+  const agent = async (ctx: Parameters<Parameters<typeof work>[1]>[0]): Promise<string> =>
+    String(await ctx.toolCall("refund", "payments.refund", { amount: "9.00" }, async () => (refunds += 1), { approval: { title: "Refund", expiresInSeconds: 3600 } }));
+  const stop = new AbortController();
+  await work(acme, async (ctx) => (stop.abort(), agent(ctx)), { idleSeconds: 0.05, signal: stop.signal });
+  assert.equal((await acme.getRun("a-1"))?.status, "waiting_approval");
+  // The deadline passes with no decision and no sweep: the run is claimable again, and the
+  // worker's claim of the call expires the approval.
+  await db.sql("UPDATE ledger.approval_requests SET expires_at = clock_timestamp() - interval '1 second'");
+
+  const outcomes: RunOutcome[] = [];
+  const stop2 = new AbortController();
+  await work(acme, async (ctx) => (stop2.abort(), agent(ctx)), { idleSeconds: 0.05, signal: stop2.signal, onRun: (_r, o) => outcomes.push(o) });
+  const run = await acme.getRun("a-1");
+  assert.equal(run?.status, "failed");
+  assert.equal(run?.errorCode, "TOOL_APPROVAL_EXPIRED");
+  assert.equal(run?.errorMessage, "payments.refund (refund): approval expired");
+  assert.deepEqual(outcomes, [{ status: "failed", error: run?.errorMessage }]);
+  assert.equal(refunds, 0);
+  assert.deepEqual(await db.sql("SELECT status FROM ledger.approval_requests"), [{ status: "expired" }]);
 });
 
 test("round trips: one statement per scoped call, two per tool call (claim and begin, complete)", async (t) => {

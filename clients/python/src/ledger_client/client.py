@@ -524,24 +524,31 @@ class Calls:
         policy_ref: str | None = None,
         details: Mapping[str, Any] | None = None,
         run_token: int | None = None,
+        expires_in_seconds: int | None = None,
     ) -> Statement[ToolCallClaim]:
+        """A call that waits for a person's decision (``waiting_approval``); with
+        ``expires_in_seconds`` (1 to a year) the approval expires unless decided by then, and the
+        call is rejected."""
         return function(
             _claim, "request_tool_approval", run_id, tool_ref, Jsonb(dict(arguments)), tool_call_id=tool_call_id,
             idempotency_key=idempotency_key, title=title, policy_ref=policy_ref,
             details=dict(details) if details is not None else None, run_token=run_token,
+            expires_in_seconds=expires_in_seconds,
         )
 
     @call
     def resolve_approval(
         self, approval_id: str, decision: str, *, actor: str | None = None, note: str | None = None
     ) -> Statement[Approval]:
-        """``approved`` (the next claim gets ``claimed``) or ``rejected``."""
+        """``approved`` (the next claim gets ``claimed``) or ``rejected``; past the approval's
+        deadline either is a ``WrongStateError`` (55000 ``APPROVAL_EXPIRED``)."""
         return function(lambda rows: Approval.from_row(value(rows)), "resolve_approval", approval_id, decision,
                         actor=actor, note=note)
 
     @call
     def sweep_tool_calls(self) -> Statement[int]:
-        """Marks expired leases in doubt (begun) or claimable again (not begun); returns how many."""
+        """Marks expired leases in doubt (begun) or claimable again (not begun), and expires the
+        approvals past their deadline (their calls rejected); returns how many."""
         return function(value, "sweep_tool_calls")
 
     # Outbox

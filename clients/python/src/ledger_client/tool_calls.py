@@ -104,7 +104,8 @@ class WaitingApproval(ToolCallStopped):
 
 
 class Rejected(ToolCallStopped):
-    """The approval was rejected: the call is never executed."""
+    """The approval was rejected, or expired before anyone decided it (``approval.status``
+    ``expired``): the call is never executed."""
 
     outcome = ClaimOutcome.REJECTED
 
@@ -360,7 +361,8 @@ def tool_call(
     ``in_doubt_on`` (your HTTP client's timeout) means the request left and no answer came: the
     call is completed ``unknown`` and :class:`InDoubt` is raised; any other exception completes it
     ``failed`` and propagates.
-    ``approval`` (``{title, policy_ref, details}``): the call waits for a person first.
+    ``approval`` (``{title, policy_ref, details, expires_in_seconds}``): the call waits for a
+    person first (past ``expires_in_seconds`` undecided, the approval expires: :class:`Rejected`).
     ``repeatable``: the tool is safe to repeat; it runs after a lookup and is recorded once after
     it returns, in one commit (see the module's docstring), with no lease, heartbeat or doubt.
     """

@@ -344,6 +344,7 @@ class Approval:
     decided_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    expires_at: datetime | None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Approval:
@@ -354,6 +355,7 @@ class Approval:
             decided_at=_ts(row.get("decided_at")),
             created_at=_ts(row["created_at"]),
             updated_at=_ts(row["updated_at"]),
+            expires_at=_ts(row.get("expires_at")),
         )
 
 
@@ -583,7 +585,7 @@ class ToolCallInDoubt(_FromRow):
 class PendingApproval(_FromRow):
     """A row of ``ledger.pending_approvals`` with the call's ``tool_call_id`` and ``arguments`` as
     stored (redacted), or None for an approval without a tool call; decide it with
-    ``resolve_approval``."""
+    ``resolve_approval`` (before ``expires_at``, when it has one)."""
 
     id: str
     run_id: str
@@ -596,3 +598,4 @@ class PendingApproval(_FromRow):
     policy_ref: str | None
     details: dict[str, Any]
     created_at: datetime
+    expires_at: datetime | None

@@ -19,7 +19,8 @@ again by ``step_key`` (finished ones return their recorded output) and its tool 
   runs the agent again after ``idle_s`` (parked ``paused`` if the worker is stopping);
 - on :class:`Rejected` (a person rejected a call's approval and the agent did not catch it):
   moves the run to ``failed`` with ``error_code`` ``TOOL_APPROVAL_REJECTED``, the call and the
-  approver's note in the message;
+  approver's note in the message (``TOOL_APPROVAL_EXPIRED`` when no one decided before the
+  approval's deadline);
 - on a lost connection (:func:`is_transient`; never the agent's failure): releases the run, to be
   claimed again at once and resumed where its records say; if the release is lost too, the
   lease runs out (``lease_seconds``);
@@ -68,7 +69,7 @@ from .tool_calls import (
     tool_call,
     tool_calls,
 )
-from .types import Budget, ClaimedRun, RunStatus, Step, StepStatus
+from .types import ApprovalStatus, Budget, ClaimedRun, RunStatus, Step, StepStatus
 
 log = logging.getLogger("ledger_client.worker")
 
@@ -360,10 +361,12 @@ class Worker:
         elif isinstance(error, Rejected):
             call = error.tool_call.tool_call_id if error.tool_call is not None else None
             note = error.approval.note if error.approval is not None else None
-            message = f"tool call {call or '?'}: approval rejected" + (f": {note}" if note else "")
+            expired = error.approval is not None and error.approval.status is ApprovalStatus.EXPIRED
+            message = f"tool call {call or '?'}: approval {'expired' if expired else 'rejected'}" + (
+                f": {note}" if note else "")
+            code = "TOOL_APPROVAL_EXPIRED" if expired else "TOOL_APPROVAL_REJECTED"
             _end(ledger, run, RunStatus.FAILED, lambda tx: tx.transition_run(
-                run.run_id, RunStatus.FAILED, error_code="TOOL_APPROVAL_REJECTED", error_message=message,
-                run_token=run.run_token))
+                run.run_id, RunStatus.FAILED, error_code=code, error_message=message, run_token=run.run_token))
             log.info("run %s failed: %s", run.run_id, message)
         elif isinstance(error, (InDoubt, Busy, WaitingApproval, BudgetExhausted)):
             # A refusal by a budget paused the run already (BUDGET_EXHAUSTED): paused again keeps that.

@@ -38,8 +38,8 @@ RUN_ID_KEY = "ledger_run_id"
 """Where the guard finds the ledger run: ``config["configurable"][RUN_ID_KEY]``."""
 
 Approvals = Mapping[str, Mapping[str, Any]] | Callable[[ModelToolCall], Mapping[str, Any] | None]
-"""Which calls wait for a person: tool name -> ``{title, policy_ref, details}``, or a function of
-the model's tool call returning that (None: no approval)."""
+"""Which calls wait for a person: tool name -> ``{title, policy_ref, details, expires_in_seconds}``,
+or a function of the model's tool call returning that (None: no approval)."""
 
 Price = Callable[[str | None, Mapping[str, Any]], Decimal | None]
 """A model call's price from its model name and usage (None: not priced)."""

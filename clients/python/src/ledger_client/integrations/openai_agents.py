@@ -101,11 +101,13 @@ def ledger_run_of(ctx: RunContextWrapper[Any]) -> LedgerRun:
 
 
 Approval = Mapping[str, Any] | Callable[[dict[str, Any]], Mapping[str, Any] | None]
-"""A call's approval request (``{title, policy_ref, details}``), or a function of the call's
-arguments that returns one (None: this call needs no approval)."""
+"""A call's approval request (``{title, policy_ref, details, expires_in_seconds}``), or a function
+of the call's arguments that returns one (None: this call needs no approval)."""
 
+# An approval past its deadline reads expired before a sweep expires it: no one may decide it any more.
 _RECORD = """SELECT tc.id, tc.status, tc.lease_expires_at > now() AS live, a.id AS approval_id,
-                    a.status AS approval, a.note
+                    CASE WHEN a.status = 'pending' AND a.expires_at <= clock_timestamp() THEN 'expired'
+                         ELSE a.status END AS approval, a.note
                FROM ledger.run_step_tool_calls tc LEFT JOIN ledger.approval_requests a ON a.id = tc.approval_id
               WHERE tc.run_id = %s AND tc.tool_call_id = %s"""
 
@@ -121,7 +123,7 @@ def _decision(record: Mapping[str, Any]) -> str:
     ``reject``, or ``wait`` (a person acts first: an approval pending, a call in doubt, or an
     attempt that may still be sending it)."""
     status = record["status"]
-    if status == "rejected" or record["approval"] == "rejected":
+    if status == "rejected" or record["approval"] in ("rejected", "expired"):
         return "reject"
     if status in ("succeeded", "failed"):
         return "run"
@@ -217,7 +219,8 @@ def guard(
             return False
         await run.ledger.request_tool_approval(run.run_id, ref, arguments, tool_call_id=call_id,
                                                title=wanted.get("title"), policy_ref=wanted.get("policy_ref"),
-                                               details=wanted.get("details"), run_token=run.run_token)
+                                               details=wanted.get("details"), run_token=run.run_token,
+                                               expires_in_seconds=wanted.get("expires_in_seconds"))
         return True
 
     async def on_invoke_tool(ctx: ToolContext[Any], input: str) -> Any:
@@ -267,8 +270,8 @@ class AgentOutcome:
 
 async def apply_decisions(state: RunState[Any], run: LedgerRun) -> list[Waiting]:
     """Approves (``state.approve``) the interruptions the ledger lets run (approved, resolved,
-    finished, released for a retry), rejects (``state.reject``) those a person rejected, and
-    returns the others."""
+    finished, released for a retry), rejects (``state.reject``) those a person rejected or whose
+    approval expired, and returns the others."""
     waiting = []
     for item in state.get_interruptions():
         call_id = item.call_id
@@ -279,8 +282,11 @@ async def apply_decisions(state: RunState[Any], run: LedgerRun) -> list[Waiting]
         elif decision == "reject":
             assert record is not None
             note = f": {record['note']}" if record["note"] else ""
-            state.reject(item, rejection_message=f"ledger: a person rejected tool call {call_id}"
-                                                 f" ({record['id']}){note}; it was not executed")
+            if record["approval"] == "expired":
+                told = f"the approval of tool call {call_id} ({record['id']}) expired before anyone decided it"
+            else:
+                told = f"a person rejected tool call {call_id} ({record['id']}){note}"
+            state.reject(item, rejection_message=f"ledger: {told}; it was not executed")
         else:
             known = record or {}
             waiting.append(Waiting(item, known.get("id"), known.get("status"), known.get("approval_id")))

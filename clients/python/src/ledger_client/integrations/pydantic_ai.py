@@ -8,7 +8,8 @@ pydantic-ai's own construct:
 - ``replayed``: ``SkipToolExecution(result)``, the recorded result, nothing runs; a recorded
   failure is pydantic-ai's ``ToolFailed`` (the model sees it);
 - ``waiting_approval``: ``ApprovalRequired``, so the run ends with ``DeferredToolRequests``;
-- ``rejected``: ``ToolDenied`` (the model sees a denied call, with the approver's note);
+- ``rejected``: ``ToolDenied`` (the model sees a denied call, with the approver's note, or that
+  its approval expired undecided);
 - ``in_doubt``, ``busy``: ``CallDeferred`` with the ledger's record in its metadata.
 
 A person decides in the ledger (``resolve_approval``, ``resolve_tool_call``); the agent resumes
@@ -43,10 +44,11 @@ from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults, ToolApp
 from ..aio import AsyncScopedLedger, tool_call_async
 from ..encoding import encode
 from ..tool_calls import Busy, InDoubt, Rejected, ToolCallStopped, ToolFailed, WaitingApproval
-from ..types import ClaimOutcome, Run, RunStatus, StepStatus
+from ..types import ApprovalStatus, ClaimOutcome, Run, RunStatus, StepStatus
 
 Approval = Callable[[ToolCallPart], Mapping[str, Any] | None]
-"""Which calls wait for a person: the call's ``approval`` (``{title, policy_ref, details}``), or None."""
+"""Which calls wait for a person: the call's ``approval`` (``{title, policy_ref, details,
+expires_in_seconds}``), or None."""
 
 RunKey = Callable[[RunContext[Any]], str]
 """The ledger run of an agent run, from its context (its deps, say)."""
@@ -168,6 +170,8 @@ class LedgerCapability(AbstractCapability[Any]):
         except WaitingApproval as e:
             raise ApprovalRequired(metadata=_metadata(run, e)) from e
         except Rejected as e:
+            if e.approval is not None and e.approval.status is ApprovalStatus.EXPIRED:
+                return ToolDenied("No one approved the call before its approval expired.")
             note = e.approval.note if e.approval is not None else None
             return ToolDenied("A person rejected the call" + (f": {note}" if note else "."))
         except (InDoubt, Busy) as e:  # InDoubt too when this attempt's request got no answer
