@@ -471,6 +471,13 @@ pub fn move_run(
             None,
             &format!("run:{}", run.id),
         )?;
+        // No one decides for a run that has ended: its pending approvals are canceled, so no
+        // sweep expires them (and writes to its feed) after its end.
+        db::execute(
+            "UPDATE ledger.approval_requests SET status = 'canceled', decided_at = $4, updated_at = $4 \
+              WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 AND status = 'pending'",
+            &scope.args([run.id.as_str().into(), db::now()?.into()]),
+        )?;
         if let Some(parent) = &run.parent_run_id {
             mailbox::child_ended(scope, parent, &run.id)?;
         }

@@ -539,4 +539,29 @@ mod tests {
         assert_eq!(count("ledger.approval_requests"), 0);
         assert_eq!(count("ledger.run_step_tool_calls"), 0);
     }
+
+    /// A run that ends has no approval left pending: no one decides for it, and no sweep writes
+    /// to its feed after its end when the deadline passes.
+    #[pg_test]
+    fn a_run_that_ends_cancels_its_pending_approvals() {
+        running_run("t-tc-approval-run-ended");
+        Spi::run(
+            "SELECT ledger.request_tool_approval('r', 'wire_money', '{}', tool_call_id => 'pay', \
+                 expires_in_seconds => 60); \
+             SELECT ledger.transition_run('r', 'canceled')",
+        )
+        .unwrap();
+        assert_eq!(
+            one::<String>(
+                "SELECT status || ':' || (decided_at IS NOT NULL) FROM ledger.approval_requests"
+            ),
+            "canceled:true"
+        );
+        assert_eq!(count("ledger.pending_approvals"), 0);
+        deadlines_pass();
+        assert_eq!(one::<i32>("SELECT ledger.sweep_tool_calls()"), 0);
+        assert!(one::<bool>(
+            "SELECT ends_run FROM ledger.events_since('r') ORDER BY seq DESC LIMIT 1"
+        ));
+    }
 }

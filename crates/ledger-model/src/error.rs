@@ -89,7 +89,6 @@ codes! {
     }
     NotFound {
         ApprovalNotFound = "APPROVAL_NOT_FOUND",
-        ScheduleNotFound = "SCHEDULE_NOT_FOUND",
         ArtifactNotFound = "ARTIFACT_NOT_FOUND",
         AuditNotFound = "AUDIT_NOT_FOUND",
         BlobNotFound = "BLOB_NOT_FOUND",
@@ -101,6 +100,7 @@ codes! {
         ResponseEventNotFound = "RESPONSE_EVENT_NOT_FOUND",
         RoleNotFound = "ROLE_NOT_FOUND",
         RunNotFound = "RUN_NOT_FOUND",
+        ScheduleNotFound = "SCHEDULE_NOT_FOUND",
         StepNotFound = "STEP_NOT_FOUND",
         TaskNotFound = "TASK_NOT_FOUND",
         ToolCallNotFound = "TOOL_CALL_NOT_FOUND",

@@ -289,7 +289,12 @@ pub fn approval_ask(value: &Value) -> Result<ApprovalAsk<'_>> {
     };
     let expires_in_seconds = match map.get("expires_in_seconds") {
         None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => match n.as_i64() {
+        // A whole number, also when a client's JSON writes it as 3.0.
+        Some(Value::Number(n)) => match n.as_i64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && f.abs() < 1e15)
+                .map(|f| f as i64)
+        }) {
             Some(seconds) => Some(approval_expiry(seconds)?),
             None => {
                 return Err(invalid(
@@ -520,6 +525,8 @@ mod tests {
         );
         let timed = json!({"expires_in_seconds": 3600});
         assert_eq!(approval_ask(&timed).unwrap().expires_in_seconds, Some(3600));
+        let whole = json!({"expires_in_seconds": 3.0});
+        assert_eq!(approval_ask(&whole).unwrap().expires_in_seconds, Some(3));
         for (bad, key) in [
             (json!({"titel": "x"}), "titel"),
             (json!({"title": 5}), "title"),
