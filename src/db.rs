@@ -130,8 +130,15 @@ pub fn execute(query: &str, args: &[DatumWithOid]) -> Result<()> {
 /// `now()`, the transaction's start, as a statement's parameter. Write statements take their times
 /// as parameters: a distributed engine refuses `now()` inside CASE or COALESCE of a write.
 pub fn now() -> Result<TimestampWithTimeZone> {
+    now_plus(0)
+}
+
+/// `now() + make_interval(secs => seconds)`: a deadline counted from the transaction's start, as
+/// the rows it writes record their creation.
+pub fn now_plus(seconds: i64) -> Result<TimestampWithTimeZone> {
     // SAFETY: reads the backend's transaction start time, set when the transaction began.
-    timestamp(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() })
+    let start = unsafe { pg_sys::GetCurrentTransactionStartTimestamp() };
+    timestamp(start.saturating_add(seconds.saturating_mul(1_000_000)))
 }
 
 /// `clock_timestamp()`, the time of this call, as a statement's parameter (lease arithmetic):

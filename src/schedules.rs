@@ -460,8 +460,8 @@ mod tests {
         )
         .unwrap();
         // Three firings were missed.
-        elapse("latest", 25);
-        elapse("all", 25);
+        elapse("latest", 30);
+        elapse("all", 30);
         assert_eq!(one::<i32>("SELECT ledger.fire_schedules()"), 4);
         assert_eq!(
             text("SELECT string_agg(mode || ':' || n, ' ' ORDER BY mode) FROM (SELECT mode, count(*) n FROM ledger.runs GROUP BY mode) x"),

@@ -1317,7 +1317,7 @@ fn two_sweepers_fire_each_firing_once_and_never_wait() {
     exec(
         &mut setup,
         "SELECT ledger.set_schedule('every-10', '*/10 * * * *', 'agent', catch_up => 'all'); \
-         UPDATE ledger.schedules SET next_fire_at = next_fire_at - interval '25 minutes'",
+         UPDATE ledger.schedules SET next_fire_at = next_fire_at - interval '30 minutes'",
     );
     let (mut first, mut second) = (session(&db), session(&db));
     exec(&mut first, "BEGIN");

@@ -498,7 +498,7 @@ pub(super) fn create_waiting(
             Jsonb::from(&full_details).into(),
             request
                 .expires_in_seconds
-                .map(|s| db::clock_plus(s.into()))
+                .map(|s| db::now_plus(s.into()))
                 .transpose()?
                 .into(),
         ]),
