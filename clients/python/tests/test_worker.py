@@ -529,7 +529,8 @@ def test_a_worker_fires_the_due_schedules_when_asked_to(
     assert not Worker(ledger, agent, scope=SCOPE).run_once()  # by default a worker fires nothing
     with pytest.raises(ValueError):
         Worker(ledger, agent, scope=SCOPE, fire_schedules_s=0)
-    worker = Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1", fire_schedules_s=60)
+    # A worker of every scope fires every scope's schedules (fire_schedules(any_scope => true)).
+    worker = Worker(ledger, agent, lease_owner="worker-1", fire_schedules_s=60)
     assert worker.run_once()
     run = person.execute("SELECT request_id, status, output_summary FROM ledger.runs").fetchone()
     assert run is not None and run["request_id"].startswith("schedule:nightly:")

@@ -569,16 +569,16 @@ test("a parent waits for its two children, driven by the same worker, and resume
   );
 });
 
-test("fireSchedulesSeconds: the worker fires the due schedules before it claims", async (t) => {
+test("fireSchedulesSeconds: the worker fires the due schedules (here every scope's) before it claims", async (t) => {
   const db = await freshDb(t, "schedule_worker");
   const acme = db.ledger.scoped("acme", "ts");
   await acme.setSchedule("nightly", "30 1 * * *", "digest", { inputs: { team: "support" } });
   await db.sql("UPDATE ledger.schedules SET next_fire_at = now() - interval '1 minute'"); // the night came
   const agent = async (ctx: RunContext): Promise<string> => `digest for ${String(ctx.inputs["team"])}`;
   const outcomes: RunOutcome[] = [];
-  const run = async (options: { fireSchedulesSeconds?: number }): Promise<void> => {
+  const run = async (source: Ledger | typeof acme, options: { fireSchedulesSeconds?: number }): Promise<void> => {
     const stop = new AbortController();
-    const loop = work(acme, agent, { idleSeconds: 0.05, signal: stop.signal, onRun: (_run, o) => outcomes.push(o), ...options });
+    const loop = work(source, agent, { idleSeconds: 0.05, signal: stop.signal, onRun: (_run, o) => outcomes.push(o), ...options });
     try {
       if (options.fireSchedulesSeconds === undefined) await sleep(300);
       else await waitFor("the firing's run", () => outcomes.length === 1);
@@ -587,10 +587,11 @@ test("fireSchedulesSeconds: the worker fires the due schedules before it claims"
       await loop;
     }
   };
-  await run({});
+  await run(acme, {});
   assert.deepEqual(outcomes, [], "by default a worker fires nothing");
   await assert.rejects(work(acme, agent, { fireSchedulesSeconds: 0 }), RangeError);
-  await run({ fireSchedulesSeconds: 60 });
+  // A worker of every scope fires every scope's schedules (fire_schedules(any_scope => true)).
+  await run(db.ledger, { fireSchedulesSeconds: 60 });
   assert.deepEqual(outcomes, [{ status: "succeeded", reply: "digest for support" }]);
   const [fired] = await db.sql("SELECT request_id FROM ledger.runs");
   assert.match(String(fired?.["request_id"]), /^schedule:nightly:/);
