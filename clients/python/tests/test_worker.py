@@ -451,6 +451,8 @@ def test_a_wait_for_an_input_that_does_not_come_times_out_at_its_first_deadline(
         ctx.wait_for_input("both", "form", deadline=later, timeout=timedelta(hours=1))
     with pytest.raises(ValueError):
         ctx.wait_for_children("naive", deadline=datetime.now())
+    with pytest.raises(ValueError):
+        ctx.wait_for_children("zero", timeout=timedelta(0))
 
 
 def test_a_parent_waits_for_its_two_children_and_resumes_with_their_outcomes(

@@ -299,6 +299,8 @@ class RunContext:
             raise ValueError(f"wait {step_key}: a deadline or a timeout, not both")
         if deadline is not None and deadline.tzinfo is None:
             raise ValueError(f"wait {step_key}: deadline must be an aware datetime")
+        if timeout is not None:
+            positive_seconds("timeout", timeout.total_seconds())
         until = datetime.now(timezone.utc) + timeout if timeout is not None else deadline
         return again(f"step {step_key}", lambda: self.ledger.create_step(
             self.run_id, "wait", step_key=step_key, input_summary=until.isoformat() if until else None,
