@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any, TypeVar
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -21,21 +22,26 @@ from ledger_client import (
     AsyncLedger,
     AsyncScopedLedger,
     AsyncTransaction,
+    ChildRun,
     ClaimedRun,
     ClaimOutcome,
     ConflictError,
+    IdempotencyMismatchError,
     InvalidArgumentError,
     Ledger,
+    MailboxInput,
     NotFoundError,
     OutboxStatus,
     PendingApproval,
     Run,
     RunStatus,
+    Schedule,
     ScopedLedger,
     ScopeError,
     ToolCallInDoubt,
     ToolCallStatus,
     Transaction,
+    WaitStatus,
     WrongStateError,
 )
 
@@ -297,9 +303,127 @@ async def approval_deadlines(h: Handle, person: psycopg.Connection[DictRow]) -> 
     assert await got(h.sweep_tool_calls()) == 0 and await got(h.pending_approvals()) == []
 
 
+async def mailbox_and_children(h: Handle, person: psycopg.Connection[DictRow]) -> None:
+    await got(h.create_run("agent", run_id="r-mail"))
+    form = {"iban": "DE89370400440532013000", "api_key": "sk-live-0123456789abcdefghij"}
+    sent = await got(h.send_input("r-mail", "form", form, sender="ana"))
+    assert isinstance(sent, MailboxInput) and (sent.run_id, sent.input_key, sent.sender) == ("r-mail", "form", "ana")
+    assert sent.payload == {"iban": "DE89370400440532013000", "api_key": "[REDACTED]"}  # as stored
+    assert sent.received_at is not None and (sent.waited_at, sent.wait_deadline) == (None, None)
+    assert await got(h.send_input("r-mail", "form", dict(reversed(form.items())), sender="ana")) == sent  # the same input
+    with pytest.raises(IdempotencyMismatchError) as other:
+        await got(h.send_input("r-mail", "form", {"iban": "another"}))
+    assert (other.value.sqlstate, other.value.code, other.value.detail["input_key"]) == ("23505", "IDEMPOTENCY_MISMATCH", "form")
+    with pytest.raises(InvalidArgumentError) as reserved:
+        await got(h.send_input("r-mail", "ledger:child:r-x", {}))
+    assert (reserved.value.sqlstate, reserved.value.code) == ("22023", "INPUT_KEY_RESERVED")
+    assert (await got(h.send_input("r-mail", "ping"))).payload == {}  # the SQL default
+    assert (await got(h.send_input("r-mail", "note", "call me back"))).payload == "call me back"  # any JSON value
+
+    claimed = await got(h.claim_run("worker-1", run_id="r-mail"))
+    assert claimed is not None and claimed.run_token == 1
+    await got(h.transition_run("r-mail", RunStatus.RUNNING, run_token=1))
+    early = await got(h.wait_for_input("r-mail", 1, "form"))  # sent before the wait: at once
+    assert (early.status, early.input_key, early.input) == (WaitStatus.RECEIVED, "form", sent)
+    late = await got(h.wait_for_input("r-mail", 1, "missing", datetime.now(timezone.utc) - timedelta(minutes=1)))
+    assert (late.status, late.input_key, late.input) == (WaitStatus.TIMED_OUT, "missing", None)
+    deadline = datetime.now(timezone.utc) + timedelta(hours=1)
+    parked = await got(h.wait_for_input("r-mail", 1, "answer", deadline))
+    assert parked.status is WaitStatus.WAITING and parked.input is not None
+    assert (parked.input.payload, parked.input.received_at, parked.input.wait_deadline) == (None, None, deadline)
+    with pytest.raises(ConflictError) as over:
+        await got(h.heartbeat_run("r-mail", 1))  # the lease was given up with the wait
+    assert (over.value.code, over.value.detail["lease_released"]) == ("LEASE_STALE", True)
+    assert await got(h.claim_run("worker-2", run_id="r-mail")) is None
+    await got(h.send_input("r-mail", "answer", {"refund": True}, sender="lead@acme"))
+    woken = await got(h.claim_run("worker-2", run_id="r-mail"))
+    assert woken is not None and (woken.run_token, woken.status) == (2, RunStatus.WAITING_INPUT)
+    await got(h.transition_run("r-mail", RunStatus.RUNNING, run_token=2))
+    answer = await got(h.wait_for_input("r-mail", 2, "answer", deadline))
+    assert answer.status is WaitStatus.RECEIVED and answer.input is not None
+    assert (answer.input.payload, answer.input.sender, answer.input.wait_deadline) == ({"refund": True}, "lead@acme", deadline)
+
+    none = await got(h.wait_for_children("r-mail", 2))
+    assert (none.status, none.children) == (WaitStatus.DONE, ())
+    await got(h.create_run("agent", run_id="r-kid", parent_run_id="r-mail"))
+    waiting = await got(h.wait_for_children("r-mail", 2))
+    assert waiting.status is WaitStatus.WAITING
+    assert waiting.children == (ChildRun("r-kid", RunStatus.QUEUED, None, None, None),)
+    await got(h.transition_run("r-kid", RunStatus.RUNNING))
+    await got(h.transition_run("r-kid", RunStatus.FAILED, error_code="CARRIER_DOWN", error_message="no pickup"))
+    parent = await got(h.claim_run("worker-3", run_id="r-mail"))  # the last child's end woke it
+    assert parent is not None and parent.run_token == 3
+    await got(h.transition_run("r-mail", RunStatus.RUNNING, run_token=3))
+    done = await got(h.wait_for_children("r-mail", 3))
+    assert done.status is WaitStatus.DONE
+    assert done.children == (ChildRun("r-kid", RunStatus.FAILED, None, "CARRIER_DOWN", "no pickup"),)
+
+    await got(h.transition_run("r-mail", RunStatus.SUCCEEDED, run_token=3))
+    with pytest.raises(WrongStateError) as ended:
+        await got(h.send_input("r-mail", "too-late", {}))
+    assert (ended.value.sqlstate, ended.value.code) == ("55000", "RUN_TERMINAL")
+
+
+async def schedules_and_rates(h: Handle, person: psycopg.Connection[DictRow]) -> None:
+    weekday = await got(h.set_schedule("weekday", "0 9 * * MON-FRI", "report", {"team": "support"},
+                                       time_zone="Europe/Berlin", actor="ana"))
+    assert isinstance(weekday, Schedule)
+    assert (weekday.id, weekday.cron, weekday.time_zone, weekday.mode, weekday.inputs, weekday.catch_up,
+            weekday.paused, weekday.updated_by) == ("weekday", "0 9 * * MON-FRI", "Europe/Berlin", "report",
+                                                    {"team": "support"}, "latest", False, "ana")
+    assert weekday.next_fire_at is not None and weekday.next_fire_at > datetime.now(timezone.utc)
+    assert weekday.next_fire_at.astimezone(ZoneInfo("Europe/Berlin")).strftime("%H:%M") == "09:00"
+    assert (await got(h.pause_schedule("weekday", actor="ana"))).paused
+    assert not (await got(h.pause_schedule("weekday", False))).paused
+    with pytest.raises(NotFoundError) as unknown:
+        await got(h.pause_schedule("no-such"))
+    assert (unknown.value.sqlstate, unknown.value.code) == ("P0002", "SCHEDULE_NOT_FOUND")
+    with pytest.raises(InvalidArgumentError) as bad:
+        await got(h.set_schedule("bad", "61 * * * *", "report"))
+    assert (bad.value.sqlstate, bad.value.code) == ("22023", "CRON_INVALID")
+
+    every = await got(h.set_schedule("every-10", "*/10 * * * *", "report", catch_up="all", priority=5,
+                                     concurrency_key="reports", kind="digest"))
+    assert (every.catch_up, every.priority, every.concurrency_key, every.kind) == ("all", 5, "reports", "digest")
+    assert await got(h.fire_schedules()) == 0  # nothing is due yet
+    # As if no sweeper had run for half an hour: three firings missed, each gets its run.
+    person.execute("UPDATE ledger.schedules SET next_fire_at = next_fire_at - interval '30 minutes' WHERE id = 'every-10'")
+    assert await got(h.fire_schedules()) == 3 and await got(h.fire_schedules()) == 0
+    runs = person.execute("SELECT mode, kind, priority, concurrency_key, status FROM ledger.runs"
+                          " WHERE request_id LIKE 'schedule:every-10:%'").fetchall()
+    assert runs == [{"mode": "report", "kind": "digest", "priority": 5, "concurrency_key": "reports",
+                     "status": "queued"}] * 3
+    assert await got(h.execute("SELECT id FROM ledger.schedules WHERE last_run_id IS NOT NULL")) == [{"id": "every-10"}]
+    # Paused, a due firing is skipped.
+    await got(h.pause_schedule("every-10"))
+    person.execute("UPDATE ledger.schedules SET next_fire_at = now() - interval '1 minute' WHERE id = 'every-10'")
+    assert await got(h.fire_schedules()) == 0
+    assert await got(h.drop_schedule("every-10", actor="ana")) is True
+    assert await got(h.drop_schedule("every-10")) is False
+
+    assert await got(h.set_concurrency_limit("supplier-api", 4)) == 4
+    assert await got(h.set_rate_limit("supplier-api", 1, 3600)) == 1
+    assert await got(h.set_rate_limit("plan-free", 10)) == 10  # per minute, the SQL's default window
+    limits = "SELECT concurrency_key, max_in_flight, max_per_window, window_seconds FROM ledger.concurrency_limits"
+    assert person.execute(limits + " ORDER BY concurrency_key").fetchall() == [
+        {"concurrency_key": "plan-free", "max_in_flight": None, "max_per_window": 10, "window_seconds": 60},
+        {"concurrency_key": "supplier-api", "max_in_flight": 4, "max_per_window": 1, "window_seconds": 3600}]
+    for n in (1, 2):
+        await got(h.create_run("agent", run_id=f"r-rate-{n}", concurrency_key="supplier-api"))
+    assert await got(h.claim_run("worker-1", run_id="r-rate-1")) is not None
+    assert await got(h.claim_run("worker-1", run_id="r-rate-2")) is None  # one claim an hour, in flight or not
+    with pytest.raises(InvalidArgumentError) as too_many:
+        await got(h.set_rate_limit("supplier-api", -1))
+    assert (too_many.value.code, too_many.value.detail["argument"]) == ("LIMIT_INVALID", "max_claims")
+    assert await got(h.set_rate_limit("supplier-api", None)) is None and await got(h.set_rate_limit("plan-free", None)) is None
+    # The key's concurrency limit stays; a key with only a rate is gone.
+    assert person.execute(limits).fetchall() == [
+        {"concurrency_key": "supplier-api", "max_in_flight": 4, "max_per_window": None, "window_seconds": None}]
+
+
 @FACES
 @pytest.mark.parametrize("body", [typed_results, transactions_and_errors, the_peoples_queues, budgets, durable_waits,
-                                  approval_deadlines])
+                                  approval_deadlines, mailbox_and_children, schedules_and_rates])
 def test_both_faces(face: str, body: Body, dsn: str, person: psycopg.Connection[DictRow]) -> None:
     through(face, dsn, person, body)
 

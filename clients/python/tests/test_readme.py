@@ -10,8 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -81,6 +83,21 @@ def test_the_manuals_budgets_example_runs(scoped: ScopedLedger, capsys: pytest.C
     assert run is not None and (run.status, run.error_code) == ("paused", "BUDGET_EXHAUSTED")
     assert [(b.unit, b.max_amount, b.exhausted) for b in scoped.budgets(run_id)] == [
         ("USD", Decimal(50), False), ("tool_calls", Decimal(2), False)]
+
+
+def test_the_manuals_schedules_example_runs(scoped: ScopedLedger, capsys: pytest.CaptureFixture[str]) -> None:
+    section = re.search(r"^### Schedules\n(.*?)(?=^##)", MANUAL.read_text(encoding="utf-8"), re.S | re.M)
+    assert section, "clients/python/README.md has no section \"Schedules\""
+    (block,) = re.findall(r"```python\n(.*?)```", section.group(1), re.S)
+    exec(block, {"support": scoped})  # noqa: S102 - the manual's own code is what is under test
+    next_fire, fired = capsys.readouterr().out.splitlines()
+    local = datetime.fromisoformat(next_fire).astimezone(ZoneInfo("Europe/Berlin"))
+    assert (local.strftime("%H:%M"), local.weekday() < 5, fired) == ("09:00", True, "0")
+    assert scoped.execute("SELECT id FROM ledger.schedules") == []  # dropped at the end
+    changes = scoped.execute("SELECT outcome, actor FROM ledger.audit_events WHERE gateway_type = 'schedule.set'"
+                             " ORDER BY created_at, id")
+    assert [(c["outcome"], c["actor"]) for c in changes] == [
+        ("set", "ops@acme"), ("paused", "ops@acme"), ("resumed", "ops@acme"), ("dropped", "ops@acme")]
 
 
 def test_the_top_readme_worker_works_its_run_to_the_end(dsn: str) -> None:

@@ -29,6 +29,7 @@ NOT_CONSTRUCTED = {
     "RunEvent", "Step", "ToolCall", "ToolCallClaim", "ToolCallResult", "ToolCallTombstone", "ToolResponse",
     "LedgerCalls", "ScopedLedger", "Transaction", "Calls", "AsyncLedgerCalls", "AsyncScopedLedger",
     "AsyncTransaction", "PendingApproval", "ToolCallInDoubt", "RunContext", "RunStream",
+    "MailboxInput", "InputWait", "ChildRun", "ChildrenWait", "Schedule",
 }
 
 # The "### " subsections of the manual's Reference, and the public callables whose parameters each
@@ -38,7 +39,10 @@ REFERENCED: dict[str, list[Callable[..., Any]]] = {
     "Worker": [ledger_client.Worker, ledger_client.Worker.run],
     "RunContext": [ledger_client.RunContext.step, ledger_client.RunContext.llm_step,
                    ledger_client.RunContext.tool_calls, ledger_client.RunContext.wait_until,
-                   ledger_client.WaitingUntil, ledger_client.ModelReply],
+                   ledger_client.WaitingUntil, ledger_client.RunContext.wait_for_input,
+                   ledger_client.RunContext.wait_for_children, ledger_client.WaitingForInput,
+                   ledger_client.InputTimedOut, ledger_client.WaitingForChildren, ledger_client.ChildrenTimedOut,
+                   ledger_client.ModelReply],
     "tool_call, tool_calls, ToolRequest": [ledger_client.tool_call, ledger_client.tool_calls,
                                            ledger_client.ToolRequest, ledger_client.RunContext.tool_call,
                                            ledger_client.tool_call_async],

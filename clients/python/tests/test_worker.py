@@ -19,7 +19,24 @@ from conftest import SCOPE, one, wait_for
 from psycopg.rows import DictRow
 from support_agent import count, lookup_order, refund, support_agent
 
-from ledger_client import InDoubt, Ledger, ModelReply, RunContext, ScopedLedger, ScopeError, WaitingUntil, Worker
+from ledger_client import (
+    ChildRun,
+    ChildrenTimedOut,
+    ConflictError,
+    InDoubt,
+    InputTimedOut,
+    Ledger,
+    ModelReply,
+    RunContext,
+    RunStatus,
+    ScopedLedger,
+    ScopeError,
+    WaitingForChildren,
+    WaitingForInput,
+    WaitingUntil,
+    Worker,
+    WrongStateError,
+)
 
 HERE = Path(__file__).parent
 
@@ -336,3 +353,190 @@ def test_an_agent_that_waits_until_a_time_is_parked_and_resumed_by_a_later_claim
     assert (waiting.value.step_key, waiting.value.wake_at) == ("tomorrow", later)
     with pytest.raises(ValueError):
         ctx.wait_until("naive", datetime.now())
+
+
+def test_an_agent_that_waits_for_an_input_is_parked_until_it_is_sent_and_reads_it_on_every_resume(
+    dsn: str, ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped.create_run("agent", {"order": 5}, run_id="r-ask")
+    asked: list[datetime] = []
+    answers: list[Any] = []
+
+    def agent(ctx: RunContext) -> str:
+        ctx.step("ask", "message", lambda: "asked the customer")
+        asked.append(datetime.now(timezone.utc))  # the timeout counts from here on every turn
+        answer = ctx.wait_for_input("refund-ok", "refund-ok", timeout=timedelta(hours=1))
+        answers.append(answer)
+        ctx.wait_until("cool-off", datetime.now(timezone.utc) + timedelta(seconds=0.5))
+        return f"refund {answer['answer']}"
+
+    def run() -> dict[str, Any]:
+        row = person.execute("SELECT status, lease_owner, run_token FROM ledger.runs WHERE id = 'r-ask'").fetchone()
+        assert row is not None
+        return row
+
+    worker = Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1")
+    assert worker.run_once() and len(asked) == 1 and answers == []
+    # Parked by the wait itself, its lease given up; the step records the first turn's deadline.
+    assert run() == {"status": "waiting_input", "lease_owner": None, "run_token": 1}
+    step = person.execute("SELECT status, input_summary FROM ledger.run_steps WHERE step_key = 'refund-ok'").fetchone()
+    assert step is not None and step["status"] == "waiting_input"
+    deadline = datetime.fromisoformat(step["input_summary"])
+    assert abs(asked[0] + timedelta(hours=1) - deadline) < timedelta(seconds=1)
+    assert one(person, "SELECT wait_deadline FROM ledger.run_mailbox WHERE input_key = 'refund-ok'") == deadline
+    assert not worker.run_once() and not worker.run_once()  # not claimable while it waits
+
+    # Someone answers through another connection: the run is claimable at once and resumed.
+    Ledger(dsn).scoped(*SCOPE).send_input("r-ask", "refund-ok", {"answer": "yes"}, sender="lead@acme")
+    assert worker.run_once() and answers == [{"answer": "yes"}]
+    assert run() == {"status": "waiting_input", "lease_owner": None, "run_token": 2}  # now the cool-off
+    wait_for("a claim after the cool-off", worker.run_once)
+    # The third turn read the same input again without waiting (the step had succeeded).
+    assert answers == [{"answer": "yes"}] * 2 and len(asked) == 3
+    ended = person.execute("SELECT status, run_token, output_summary FROM ledger.runs WHERE id = 'r-ask'").fetchone()
+    assert ended == {"status": "succeeded", "run_token": 3, "output_summary": "refund yes"}
+    steps = person.execute("SELECT step_key, status, input_summary FROM ledger.run_steps WHERE run_id = 'r-ask'"
+                           " AND step_type = 'wait' ORDER BY step_no").fetchall()
+    assert [(s["step_key"], s["status"]) for s in steps] == [("refund-ok", "succeeded"), ("cool-off", "succeeded")]
+    assert steps[0]["input_summary"] == deadline.isoformat()  # the later turns' deadlines did not move it
+    moves = person.execute("SELECT payload->>'from' AS f, payload->>'to' AS t FROM ledger.run_events"
+                           " WHERE run_id = 'r-ask' AND event_type = 'run.status' ORDER BY seq").fetchall()
+    assert [(m["f"], m["t"]) for m in moves] == [
+        ("queued", "running"), ("running", "waiting_input"), ("waiting_input", "running"),
+        ("running", "waiting_input"), ("waiting_input", "running"), ("running", "succeeded")]
+
+
+def test_a_wait_for_an_input_that_does_not_come_times_out_at_its_first_deadline(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped.create_run("agent", run_id="r-silent")
+    deadlines: list[datetime | None] = []
+
+    def agent(ctx: RunContext) -> str:
+        try:
+            ctx.wait_for_input("confirm", "confirmed", timeout=timedelta(seconds=1))  # another deadline each turn
+        except InputTimedOut as late:
+            deadlines.append(late.deadline)
+            return "no answer: closed"
+        return "confirmed"
+
+    worker = Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1")
+    assert worker.run_once() and deadlines == []
+    parked = person.execute("SELECT status, not_before FROM ledger.runs WHERE id = 'r-silent'").fetchone()
+    assert parked is not None and parked["status"] == "waiting_input"
+    wait_for("a claim at the deadline", worker.run_once)
+    assert deadlines == [parked["not_before"]]  # the resume asked with the first deadline: timed out
+    ended = person.execute("SELECT status, output_summary, run_token FROM ledger.runs WHERE id = 'r-silent'").fetchone()
+    assert ended == {"status": "succeeded", "output_summary": "no answer: closed", "run_token": 2}
+    assert one(person, "SELECT status FROM ledger.run_steps WHERE step_key = 'confirm'") == "expired"
+    # Too late now: the run has ended.
+    with pytest.raises(WrongStateError) as closed:
+        scoped.send_input("r-silent", "confirmed", {"ok": True})
+    assert closed.value.code == "RUN_TERMINAL"
+
+    # Outside a worker: the wait parks the run (its token is over) and raises; its arguments are checked.
+    scoped.create_run("agent", run_id="r-alone")
+    claimed = scoped.claim_run("worker-2", run_id="r-alone")
+    assert claimed is not None
+    scoped.transition_run("r-alone", "running", run_token=claimed.run_token)
+    ctx = RunContext(scoped, claimed)
+    later = datetime.now(timezone.utc) + timedelta(days=1)
+    with pytest.raises(WaitingForInput) as waiting:
+        ctx.wait_for_input("ask", "form", deadline=later)
+    assert (waiting.value.step_key, waiting.value.input_key, waiting.value.deadline) == ("ask", "form", later)
+    with pytest.raises(ConflictError) as over:
+        scoped.heartbeat_run("r-alone", claimed.run_token)
+    assert over.value.code == "LEASE_STALE"
+    with pytest.raises(ValueError):
+        ctx.wait_for_input("both", "form", deadline=later, timeout=timedelta(hours=1))
+    with pytest.raises(ValueError):
+        ctx.wait_for_children("naive", deadline=datetime.now())
+    with pytest.raises(ValueError):
+        ctx.wait_for_children("zero", timeout=timedelta(0))
+
+
+def test_a_parent_waits_for_its_two_children_and_resumes_with_their_outcomes(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped.create_run("parent", {"orders": [1, 2]}, run_id="r-parent")
+    turns: list[int] = []
+
+    def agent(ctx: RunContext) -> str:
+        if ctx.run.mode == "child":
+            if ctx.inputs["order"] == 2:
+                raise RuntimeError("the carrier is down")
+            return f"label for order {ctx.inputs['order']}"
+        turns.append(ctx.run_token)
+        for order in ctx.inputs["orders"]:  # found again by run_id on a resume
+            ctx.ledger.create_run("child", {"order": order}, run_id=f"r-child-{order}", parent_run_id=ctx.run_id)
+        children = ctx.wait_for_children("labels")
+        return "; ".join(f"{c.run_id} {c.status}: {c.output_summary or c.error_message}" for c in children)
+
+    def status(run_id: str) -> str:
+        value: str = one(person, "SELECT status FROM ledger.runs WHERE id = %s", (run_id,))
+        return value
+
+    worker = Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1")
+    assert worker.run_once() and turns == [1] and status("r-parent") == "waiting_input"
+    assert worker.run_once() and status("r-child-1") == "succeeded"  # the worker drives the children too
+    assert scoped.claim_run("probe", run_id="r-parent") is None  # one child still runs
+    assert worker.run_once() and status("r-child-2") == "failed"
+    assert worker.run_once() and turns == [1, 2]  # the last end woke the parent
+    assert not worker.run_once()
+    ended = person.execute("SELECT status, output_summary FROM ledger.runs WHERE id = 'r-parent'").fetchone()
+    assert ended == {"status": "succeeded", "output_summary":
+                     "r-child-1 succeeded: label for order 1; r-child-2 failed: the carrier is down"}
+    step = person.execute("SELECT status, metrics FROM ledger.run_steps WHERE step_key = 'labels'").fetchone()
+    assert step is not None and step["status"] == "succeeded"
+    assert [(c["run_id"], c["status"], c["error_code"]) for c in step["metrics"]["children"]] == [
+        ("r-child-1", "succeeded", None), ("r-child-2", "failed", "RuntimeError")]
+
+    # A deadline that passes first: the step expires with the children as they stood, and a resume
+    # raises again from the step (not asking the ledger, whose answer changed); a wait that ended
+    # keeps its children's outcomes the same way.
+    scoped.create_run("parent", run_id="r-late")
+    claimed = scoped.claim_run("worker-2", run_id="r-late")
+    assert claimed is not None
+    scoped.transition_run("r-late", "running", run_token=claimed.run_token)
+    scoped.create_run("child", run_id="r-slow", parent_run_id="r-late")
+    ctx = RunContext(scoped, claimed)
+    past = datetime.now(timezone.utc) - timedelta(seconds=1)
+    stood = (ChildRun("r-slow", RunStatus.QUEUED, None, None, None),)
+    with pytest.raises(ChildrenTimedOut) as late:
+        ctx.wait_for_children("slow", deadline=past)
+    assert (late.value.deadline, late.value.children) == (past, stood)
+    scoped.transition_run("r-slow", "canceled", error_message="too slow")
+    with pytest.raises(ChildrenTimedOut) as again:
+        ctx.wait_for_children("slow", deadline=past)
+    assert again.value.children == stood
+    assert one(person, "SELECT status FROM ledger.run_steps WHERE step_key = 'slow'") == "expired"
+    outcomes = ctx.wait_for_children("ended")
+    assert outcomes == (ChildRun("r-slow", RunStatus.CANCELED, None, None, "too slow"),)
+    scoped.create_run("child", run_id="r-next", parent_run_id="r-late")
+    assert ctx.wait_for_children("ended") == outcomes  # the recorded outcomes: r-next is another wait's
+    with pytest.raises(WaitingForChildren) as waiting:
+        ctx.wait_for_children("next")
+    assert [c.run_id for c in waiting.value.children] == ["r-slow", "r-next"]
+
+
+def test_a_worker_fires_the_due_schedules_when_asked_to(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped.set_schedule("nightly", "30 1 * * *", "digest", {"team": "support"})
+    person.execute("UPDATE ledger.schedules SET next_fire_at = now() - interval '1 minute'")  # the night came
+
+    def agent(ctx: RunContext) -> str:
+        return f"digest for {ctx.inputs['team']}"
+
+    assert not Worker(ledger, agent, scope=SCOPE).run_once()  # by default a worker fires nothing
+    with pytest.raises(ValueError):
+        Worker(ledger, agent, scope=SCOPE, fire_schedules_s=0)
+    # A worker of every scope fires every scope's schedules (fire_schedules(any_scope => true)).
+    worker = Worker(ledger, agent, lease_owner="worker-1", fire_schedules_s=60)
+    assert worker.run_once()
+    run = person.execute("SELECT request_id, status, output_summary FROM ledger.runs").fetchone()
+    assert run is not None and run["request_id"].startswith("schedule:nightly:")
+    assert (run["status"], run["output_summary"]) == ("succeeded", "digest for support")
+    # Not before fire_schedules_s has passed: a firing due now waits for the next sweep.
+    person.execute("UPDATE ledger.schedules SET next_fire_at = now() - interval '1 minute'")
+    assert not worker.run_once()

@@ -18,24 +18,32 @@ import { isConnectionError } from "./faults.js";
 import {
   parseApproval,
   parseBudgetUsage,
+  parseChildrenWait,
   parseClaim,
   parseClaimedRun,
   parseCostEntry,
   parseEvent,
   parseEvidenceItem,
+  parseInputWait,
+  parseMailboxInput,
   parseToolCallInDoubt,
   parseOutboxEvent,
   parsePendingApproval,
   parseRun,
+  parseSchedule,
   parseStep,
   type Approval,
   type BudgetLevel,
   type BudgetPeriod,
   type BudgetUsage,
+  type CatchUp,
+  type ChildrenWait,
   type ClaimedRun,
   type CompleteOutcome,
   type CostEntry,
   type EvidenceItem,
+  type InputWait,
+  type MailboxInput,
   type ToolCallInDoubt,
   type OutboxEvent,
   type PendingApproval,
@@ -43,6 +51,7 @@ import {
   type Run,
   type RunEvent,
   type RunStatus,
+  type Schedule,
   type Step,
   type StepStatus,
   type ToolCallClaim,
@@ -183,6 +192,23 @@ export interface SetBudgetOptions {
   actor?: string;
   /** Why, for the audit record (redacted). */
   note?: string;
+}
+
+/** Options of `set_schedule` besides the id, the expression and the mode. */
+export interface SetScheduleOptions {
+  /** Each firing's run's inputs, a JSON object (redacted when set). */
+  inputs?: Json;
+  /** A name from `pg_timezone_names` the expression is read in; default `UTC`. */
+  timeZone?: string;
+  kind?: string;
+  /** What a sweep does with missed firings: `latest` (the default: one run) or `all` (one each, at most 100 a sweep). */
+  catchUp?: CatchUp;
+  /** Each firing's run's priority (-1000 to 1000, default 0). */
+  priority?: number;
+  /** Each firing's run's concurrency key. */
+  concurrencyKey?: string;
+  /** Who set it, for the audit record (`schedule.set`). */
+  actor?: string;
 }
 
 /** Options of the people's queues ({@link LedgerCalls.toolCallsInDoubt} and the others). */
@@ -418,12 +444,49 @@ export abstract class LedgerCalls {
   }
 
   /**
+   * `wait_for_input`: the owner's run waits for input `inputKey`: `received` (the input),
+   * `timed_out` (`deadline` passed without it) or `waiting`: parked like `waitRun` (`runToken` is
+   * over) until the input arrives or the deadline (none: only the input wakes it). On resume ask
+   * again with the same key and deadline.
+   */
+  async waitForInput(runId: string, runToken: number, inputKey: string, deadline?: Date): Promise<InputWait> {
+    return parseInputWait(await this.value("wait_for_input", [runId, runToken, inputKey], { deadline }));
+  }
+
+  /**
+   * `send_input`: puts `payload` (any JSON value; absent: `{}`) in the run's mailbox under
+   * `inputKey` and wakes the run if it waits for it. The same key and payload again return the
+   * same input; another payload throws an `IdempotencyMismatchError`.
+   */
+  async sendInput(runId: string, inputKey: string, payload?: unknown, options: { sender?: string } = {}): Promise<MailboxInput> {
+    return parseMailboxInput((await this.value("send_input", [runId, inputKey], { payload: json(payload), ...options })) as Row);
+  }
+
+  /**
+   * `wait_for_children`: the owner's run waits for its children (runs created with `parentRunId`
+   * = `runId`): `done`, `timed_out`, or `waiting` (parked as by `waitForInput` until the last
+   * child ends or the deadline); each answer lists the children with how they stand.
+   */
+  async waitForChildren(runId: string, runToken: number, deadline?: Date): Promise<ChildrenWait> {
+    return parseChildrenWait(await this.value("wait_for_children", [runId, runToken], { deadline }));
+  }
+
+  /**
    * `set_concurrency_limit`: at most `maxInFlight` runs of `concurrencyKey` in flight (0 pauses
    * the key; null removes the limit). Returns the limit in force.
    */
   async setConcurrencyLimit(concurrencyKey: string, maxInFlight: number | null): Promise<number | null> {
     const limit = await this.value("set_concurrency_limit", [concurrencyKey, maxInFlight]);
     return limit === null ? null : Number(limit);
+  }
+
+  /**
+   * `set_rate_limit`: at most `maxClaims` claims of `concurrencyKey`'s runs per window of
+   * `perSeconds` (default 60; 0 claims pauses the key; null removes the rate). Returns the rate in force.
+   */
+  async setRateLimit(concurrencyKey: string, maxClaims: number | null, perSeconds?: number): Promise<number | null> {
+    const rate = await this.value("set_rate_limit", [concurrencyKey, maxClaims], { per_seconds: perSeconds });
+    return rate === null ? null : Number(rate);
   }
 
   /**
@@ -458,6 +521,33 @@ export abstract class LedgerCalls {
     return (await this.query(`${text} ORDER BY b.workspace_id NULLS FIRST, b.run_id NULLS FIRST, b.unit, b.period`, values)).map(
       parseBudgetUsage,
     );
+  }
+
+  /**
+   * `set_schedule`: creates or replaces a schedule; at each time `cron` names (five fields, or
+   * `@daily` and the like) in its time zone, `fireSchedules` creates a run of `mode`.
+   */
+  async setSchedule(scheduleId: string, cron: string, mode: string, options: SetScheduleOptions = {}): Promise<Schedule> {
+    const { inputs, ...rest } = options;
+    return parseSchedule(one(await this.select("set_schedule", [scheduleId, cron, mode], { inputs: json(inputs), ...snakeKeys({ ...rest }) })));
+  }
+
+  /** `pause_schedule`: pauses (or, `paused: false`, resumes) a schedule; resumed, it skips the firings it missed. */
+  async pauseSchedule(scheduleId: string, options: { paused?: boolean; actor?: string } = {}): Promise<Schedule> {
+    return parseSchedule(one(await this.select("pause_schedule", [scheduleId], snakeKeys({ ...options }))));
+  }
+
+  /** `drop_schedule`: removes a schedule (its runs stay); whether it existed. */
+  async dropSchedule(scheduleId: string, options: { actor?: string } = {}): Promise<boolean> {
+    return (await this.value("drop_schedule", [scheduleId], snakeKeys({ ...options }))) === true;
+  }
+
+  /**
+   * `fire_schedules`: creates the runs of the scope's due firings (one per firing, however many
+   * sweepers fire it); returns how many firings it ran. Every minute, or let pg_cron.
+   */
+  async fireSchedules(): Promise<number> {
+    return Number(await this.value("fire_schedules", []));
   }
 
   /** `claim_tool_call`: the executor protocol's first step; the outcome is returned, not raised. */
@@ -863,6 +953,15 @@ export class Ledger {
    */
   async claimRun(leaseOwner: string, options: Omit<ClaimRunOptions, "runId" | "anyScope"> = {}): Promise<ClaimedRun | null> {
     return new Transaction(this.pool).claimRun(leaseOwner, { ...options, anyScope: true });
+  }
+
+  /**
+   * `fire_schedules(any_scope => true)`: the due firings of every scope's schedules (a member of
+   * `ledger_operator`); returns how many it ran.
+   */
+  async fireSchedules(): Promise<number> {
+    const [row] = await new Transaction(this.pool).query("SELECT ledger.fire_schedules(any_scope => true) AS n");
+    return Number(row?.["n"]);
   }
 
   /** The handle of one (tenant, workspace). */

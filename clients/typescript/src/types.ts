@@ -61,6 +61,8 @@ export type BudgetLevel = "tenant" | "workspace" | "run";
 export type BudgetPeriod = "total" | "day" | "month";
 /** The statuses of a `run_evidence` item. */
 export type EvidenceStatus = "pass" | "warning" | "fail" | "not_applicable";
+/** What a schedule's sweep does with missed firings: one run for the most recent, or one each. */
+export type CatchUp = "latest" | "all";
 
 type Json = { [key: string]: unknown };
 
@@ -354,6 +356,71 @@ export interface EvidenceItem {
   summary: string;
   evidenceRefs: unknown[];
   missing: unknown[];
+}
+
+/**
+ * A row of `ledger.run_mailbox` as `send_input` and `wait_for_input` return it: the input of
+ * `inputKey` (`payload` as stored, redacted; `receivedAt` null while the run only waits for it) and
+ * the run's wait for it (`waitedAt`, `waitDeadline`).
+ */
+export interface MailboxInput {
+  id: string;
+  runId: string;
+  inputKey: string;
+  payload: unknown;
+  sender: string | null;
+  receivedAt: Date | null;
+  waitedAt: Date | null;
+  waitDeadline: Date | null;
+  createdAt: Date;
+}
+
+/**
+ * `wait_for_input`'s answer: `received` (the input), `waiting` (the run was parked: its token is
+ * over; `input` is the mailbox row of the wait) or `timed_out` (its deadline passed without it).
+ */
+export type InputWait =
+  | { status: "received" | "waiting"; inputKey: string; input: MailboxInput }
+  | { status: "timed_out"; inputKey: string; input: null };
+
+/** A child run as `wait_for_children` lists it: how it stands (or ended). */
+export interface ChildRun {
+  runId: string;
+  status: RunStatus;
+  outputSummary: string | null;
+  errorCode: string | null;
+  errorMessage: string | null;
+}
+
+/**
+ * `wait_for_children`'s answer: `done` (every child ended), `timed_out` (its deadline passed first)
+ * or `waiting` (the run was parked: its token is over); the children oldest first.
+ */
+export interface ChildrenWait {
+  status: "done" | "timed_out" | "waiting";
+  children: ChildRun[];
+}
+
+/** A row of `ledger.schedules` (without the scope columns). */
+export interface Schedule {
+  id: string;
+  cron: string;
+  timeZone: string;
+  /** What each firing creates: a run of `mode`, `kind`, `inputs`, `priority`, `concurrencyKey`. */
+  mode: string;
+  kind: string | null;
+  inputs: Json | null;
+  priority: number;
+  concurrencyKey: string | null;
+  catchUp: CatchUp;
+  paused: boolean;
+  /** The next firing still to run; null: the expression names no later time. */
+  nextFireAt: Date | null;
+  lastFiredAt: Date | null;
+  lastRunId: string | null;
+  updatedBy: string | null;
+  createdAt: Date;
+  updatedAt: Date;
 }
 
 // Parsers. Columns come from node-postgres (timestamps as Date, bigint and numeric as strings,
@@ -711,5 +778,67 @@ export function parseCostEntry(row: Row): CostEntry {
     amount: optStr(row, "amount"),
     currency: optStr(row, "currency"),
     usage: obj(row, "usage"),
+  };
+}
+
+/** Parses a mailbox row: `send_input`'s answer, the `input` of `wait_for_input`'s. */
+export function parseMailboxInput(row: Row): MailboxInput {
+  return {
+    id: str(row, "id"),
+    runId: str(row, "run_id"),
+    inputKey: str(row, "input_key"),
+    payload: value(row, "payload"),
+    sender: optStr(row, "sender"),
+    receivedAt: optDate(row, "received_at"),
+    waitedAt: optDate(row, "waited_at"),
+    waitDeadline: optDate(row, "wait_deadline"),
+    createdAt: date(row, "created_at"),
+  };
+}
+
+/** Parses `wait_for_input`'s answer. */
+export function parseInputWait(answer: unknown): InputWait {
+  const raw = typeof answer === "object" && answer !== null ? (answer as Row) : {};
+  const input = value(raw, "input") as Row | null;
+  if (input === null) return { status: "timed_out", inputKey: str(raw, "input_key"), input: null };
+  return { status: str(raw, "status") as "received" | "waiting", inputKey: str(input, "input_key"), input: parseMailboxInput(input) };
+}
+
+/** Parses a child of `wait_for_children`'s answer. */
+export function parseChildRun(row: Row): ChildRun {
+  return {
+    runId: str(row, "run_id"),
+    status: str(row, "status") as RunStatus,
+    outputSummary: optStr(row, "output_summary"),
+    errorCode: optStr(row, "error_code"),
+    errorMessage: optStr(row, "error_message"),
+  };
+}
+
+/** Parses `wait_for_children`'s answer. */
+export function parseChildrenWait(answer: unknown): ChildrenWait {
+  const raw = typeof answer === "object" && answer !== null ? (answer as Row) : {};
+  return { status: str(raw, "status") as ChildrenWait["status"], children: list(raw, "children").map(parseChildRun) };
+}
+
+/** Parses a `ledger.schedules` row. */
+export function parseSchedule(row: Row): Schedule {
+  return {
+    id: str(row, "id"),
+    cron: str(row, "cron"),
+    timeZone: str(row, "time_zone"),
+    mode: str(row, "mode"),
+    kind: optStr(row, "kind"),
+    inputs: value(row, "inputs") === null ? null : obj(row, "inputs"),
+    priority: num(row, "priority"),
+    concurrencyKey: optStr(row, "concurrency_key"),
+    catchUp: str(row, "catch_up") as CatchUp,
+    paused: value(row, "paused") === true,
+    nextFireAt: optDate(row, "next_fire_at"),
+    lastFiredAt: optDate(row, "last_fired_at"),
+    lastRunId: optStr(row, "last_run_id"),
+    updatedBy: optStr(row, "updated_by"),
+    createdAt: date(row, "created_at"),
+    updatedAt: date(row, "updated_at"),
   };
 }

@@ -18,6 +18,10 @@
  * - the agent waits until a time (`ctx.waitUntil`, a {@link WaitingUntilError}): the run is parked
  *   with `wait_run`, which gives the lease up itself (nothing is released after it); a claim from
  *   the wake time on resumes it (`waiting_input` to `running`);
+ * - the agent waits for an input or for its children (`ctx.waitForInput`, `ctx.waitForChildren`: a
+ *   {@link WaitingForInputError} or {@link WaitingForChildrenError}): the wait parked the run in
+ *   the agent's call, its lease given up; nothing more is written; the input, the last child's end
+ *   or the deadline makes it claimable again;
  * - a call is busy (another executor's live attempt): the run is released, to be claimed later;
  * - the run was taken over (40001 `LEASE_STALE`): it is dropped, the new owner has it;
  * - a rejected approval: the run fails with `error_code` `TOOL_APPROVAL_REJECTED` (one that expired
@@ -28,6 +32,9 @@
  * The worker's own writes and the context's (steps, tool calls) are repeated on a fresh
  * connection after a lost one (see `reconnecting`): each is fenced by the run token or the call's
  * attempt, or found again by key, so a repeat changes nothing.
+ *
+ * With `fireSchedulesSeconds` the loop also fires the due schedules (`fire_schedules`, of its scope
+ * or of every scope) at most that often, before a claim: for a deployment without pg_cron.
  *
  * A stop (the signal, or SIGTERM/SIGINT when `stopOn` names them) ends the claims; the run in
  * hand may finish within `shutdownGraceSeconds`, after which it is released for another worker.
@@ -50,7 +57,7 @@ import { Ledger, type ApprovalRequest, type ScopedLedger } from "./client.js";
 import { positiveSeconds } from "./options.js";
 import { succeedWith } from "./reply.js";
 import { toolCall, toolCalls, type ToolCallResult, type ToolFn, type TurnCall } from "./tool_calls.js";
-import { parseClaim, type ClaimedRun, type Step } from "./types.js";
+import { parseChildRun, parseClaim, TERMINAL_STATUSES, type ChildRun, type ClaimedRun, type Step } from "./types.js";
 
 type Json = { [key: string]: unknown };
 
@@ -80,6 +87,14 @@ export interface RunToolCallOptions {
   heartbeatSeconds?: number;
   /** The tool is safe to repeat: looked up, run, and recorded once in one commit ({@link toolCall}). */
   repeatable?: boolean;
+}
+
+/** When a wait of {@link RunContext} ends at the latest: one of the two, or neither (no deadline). */
+export interface WaitOptions {
+  /** The deadline. */
+  deadline?: Date;
+  /** The deadline, this many seconds from the first call. */
+  timeoutSeconds?: number;
 }
 
 /** What an agent gets: the claimed run and helpers fenced by its token. */
@@ -189,10 +204,91 @@ export class RunContext {
     // must not put a run that woke back to sleep.
     const [due] = await reconnecting(() => this.ledger.query("SELECT now() >= $1::timestamptz AS due", [wake]));
     if (due?.["due"] !== true) throw new WaitingUntilError(key, wake);
-    // waiting_input cannot go to succeeded directly.
-    if (step.status !== "running") await reconnecting(() => this.ledger.transitionStep(step.id, "running", { runToken }));
-    await reconnecting(() => this.ledger.transitionStep(step.id, "succeeded", { outputSummary: wake.toISOString(), runToken }));
+    await this.endWait(step, { outputSummary: wake.toISOString() });
     return wake;
+  }
+
+  /**
+   * A durable wait for the input `inputKey` (`send_input`), found again by `key`: a `wait` step
+   * records the first call's deadline (`deadline`, or `timeoutSeconds` from now; neither: none), so
+   * a resume does not move it. Resolves to the input's payload (as stored: redacted) once it was
+   * sent, on every later resume too. Until then the wait parks the run (`wait_for_input`: its lease
+   * given up) and throws {@link WaitingForInputError}, which ends the agent's turn: the input, or
+   * the deadline, makes the run claimable and the agent runs again. Past the deadline without it
+   * the step expires and {@link InputTimedOutError} is thrown, on every later resume too.
+   */
+  async waitForInput(key: string, inputKey: string, options: WaitOptions = {}): Promise<unknown> {
+    const step = await this.beginWait(key, options);
+    const until = deadlineOf(step);
+    if (step.status === "expired") throw new InputTimedOutError(key, inputKey, until);
+    const answer = await park(() => this.ledger.waitForInput(this.runId, this.run.runToken, inputKey, until ?? undefined));
+    if (answer.status === "waiting") throw new WaitingForInputError(key, inputKey, until);
+    if (answer.status === "timed_out") {
+      await reconnecting(() => this.ledger.transitionStep(step.id, "expired", { runToken: this.run.runToken }));
+      throw new InputTimedOutError(key, inputKey, until);
+    }
+    // A resume reads the payload again from the mailbox.
+    if (step.status !== "succeeded") await this.endWait(step, { outputSummary: answer.input.id });
+    return answer.input.payload;
+  }
+
+  /**
+   * A durable wait for the run's children (runs created with `parentRunId` = `ctx.runId`), found
+   * again by `key`, its deadline recorded as {@link waitForInput} records it. Resolves to each
+   * child's outcome (oldest first) once every one has ended; the step keeps them (its `metrics`),
+   * so a resume gets the same ones. Until then the wait parks the run and throws
+   * {@link WaitingForChildrenError}: the last child's end, or the deadline, makes the run claimable
+   * again. Past the deadline first: {@link ChildrenTimedOutError}, with the children as they stood.
+   */
+  async waitForChildren(key: string, options: WaitOptions = {}): Promise<ChildRun[]> {
+    const step = await this.beginWait(key, options);
+    const until = deadlineOf(step);
+    if (step.status === "succeeded" || step.status === "expired") {
+      const kept = Array.isArray(step.metrics["children"]) ? (step.metrics["children"] as Json[]).map(parseChildRun) : [];
+      if (step.status === "expired") throw new ChildrenTimedOutError(key, until, kept);
+      return kept;
+    }
+    const answer = await park(() => this.ledger.waitForChildren(this.runId, this.run.runToken, until ?? undefined));
+    if (answer.status === "waiting") throw new WaitingForChildrenError(key, until, answer.children);
+    const metrics = {
+      children: answer.children.map((c) => ({
+        run_id: c.runId,
+        status: c.status,
+        output_summary: c.outputSummary,
+        error_code: c.errorCode,
+        error_message: c.errorMessage,
+      })),
+    };
+    if (answer.status === "timed_out") {
+      await reconnecting(() => this.ledger.transitionStep(step.id, "expired", { metrics, runToken: this.run.runToken }));
+      throw new ChildrenTimedOutError(key, until, answer.children);
+    }
+    await this.endWait(step, { outputSummary: `${answer.children.length} children ended`, metrics });
+    return answer.children;
+  }
+
+  /** The `wait` step of `key`, created `waiting_input` with the deadline as its input summary (a resume finds the first call's). */
+  private async beginWait(key: string, options: WaitOptions): Promise<Step> {
+    const { deadline, timeoutSeconds } = options;
+    if (deadline !== undefined && timeoutSeconds !== undefined) throw new TypeError(`wait ${key}: a deadline or a timeout, not both`);
+    positiveSeconds("timeoutSeconds", timeoutSeconds);
+    const until = timeoutSeconds !== undefined ? new Date(Date.now() + timeoutSeconds * 1000) : deadline;
+    const runToken = this.run.runToken;
+    return reconnecting(() =>
+      this.ledger.createStep(this.runId, "wait", {
+        stepKey: key,
+        status: "waiting_input",
+        runToken,
+        ...(until !== undefined ? { inputSummary: until.toISOString() } : {}),
+      }),
+    );
+  }
+
+  /** A wait step's success (`waiting_input` cannot go to `succeeded` directly). */
+  private async endWait(step: Step, fields: { outputSummary: string; metrics?: Json }): Promise<void> {
+    const runToken = this.run.runToken;
+    if (step.status !== "running") await reconnecting(() => this.ledger.transitionStep(step.id, "running", { runToken }));
+    await reconnecting(() => this.ledger.transitionStep(step.id, "succeeded", { ...fields, runToken }));
   }
 
   /** The step of `key`; {@link BudgetExhaustedError} when the ledger refused it (an `llm` step over a budget). */
@@ -236,6 +332,82 @@ export class WaitingUntilError extends Error {
   }
 }
 
+/**
+ * A wait's call of the ledger, repeated after a lost connection. A try whose commit was lost with
+ * its answer may have parked the run: the repeat is then `LEASE_STALE`, and the worker writes
+ * nothing more, as for a parked run.
+ */
+function park<T>(ask: () => Promise<T>): Promise<T> {
+  return reconnecting(ask);
+}
+
+/** The deadline a wait step recorded. */
+function deadlineOf(step: Step): Date | null {
+  return step.inputSummary ? new Date(step.inputSummary) : null;
+}
+
+const untilText = (deadline: Date | null): string => (deadline ? ` until ${deadline.toISOString()}` : "");
+
+/**
+ * Thrown by {@link RunContext.waitForInput} while the input has not come: the run is parked
+ * already (its lease given up); let it escape the agent, and the worker writes nothing more for it.
+ */
+export class WaitingForInputError extends Error {
+  constructor(
+    readonly stepKey: string,
+    readonly inputKey: string,
+    readonly deadline: Date | null,
+  ) {
+    super(`step ${stepKey}: waiting for input ${inputKey}${untilText(deadline)}`);
+    this.name = new.target.name;
+  }
+}
+
+/**
+ * Thrown by {@link RunContext.waitForInput} when its deadline passed without the input: the agent
+ * decides (another wait under another key, an answer without it); escaping the agent, it fails the run.
+ */
+export class InputTimedOutError extends Error {
+  constructor(
+    readonly stepKey: string,
+    readonly inputKey: string,
+    readonly deadline: Date | null,
+  ) {
+    super(`step ${stepKey}: no input ${inputKey} by ${deadline?.toISOString() ?? "?"}`);
+    this.name = new.target.name;
+  }
+}
+
+const running = (children: ChildRun[]): number => children.filter((c) => !TERMINAL_STATUSES.includes(c.status)).length;
+
+/** Thrown by {@link RunContext.waitForChildren} while a child runs: the run is parked already; let it escape the agent. */
+export class WaitingForChildrenError extends Error {
+  constructor(
+    readonly stepKey: string,
+    readonly deadline: Date | null,
+    /** How they stood. */
+    readonly children: ChildRun[],
+  ) {
+    super(`step ${stepKey}: waiting for ${running(children)} of ${children.length} children${untilText(deadline)}`);
+    this.name = new.target.name;
+  }
+}
+
+/**
+ * Thrown by {@link RunContext.waitForChildren} when its deadline passed before every child ended;
+ * `children` says how each stood (the agent may cancel the rest, or wait again under another key).
+ */
+export class ChildrenTimedOutError extends Error {
+  constructor(
+    readonly stepKey: string,
+    readonly deadline: Date | null,
+    readonly children: ChildRun[],
+  ) {
+    super(`step ${stepKey}: ${running(children)} of ${children.length} children still running at the deadline`);
+    this.name = new.target.name;
+  }
+}
+
 /** Billed tokens of a usage object: its total, else input + output (either naming). */
 function tokens(usage: Usage): number {
   const n = (key: string): number => (typeof usage[key] === "number" ? (usage[key] as number) : 0);
@@ -274,6 +446,11 @@ export interface WorkerOptions {
    * worker (its token is over) and the agent's signal aborts. Default 30.
    */
   shutdownGraceSeconds?: number;
+  /**
+   * Fire the due schedules (`fire_schedules`, of the scope, or of every scope for a `Ledger`) at
+   * most this often, before a claim; default never (pg_cron's job).
+   */
+  fireSchedulesSeconds?: number;
   /** Called with what happened to each run (for logs). */
   onRun?: (run: ClaimedRun, outcome: RunOutcome) => void;
   /**
@@ -287,7 +464,7 @@ export interface WorkerOptions {
 export type RunOutcome =
   | { status: "succeeded"; reply: string }
   | { status: "paused" | "waiting_approval"; reason: string }
-  | { status: "waiting_input"; wakeAt: Date; reason: string }
+  | { status: "waiting_input"; wakeAt: Date | null; reason: string }
   | { status: "released"; reason: string }
   | { status: "lost"; reason: string }
   | { status: "failed"; error: string };
@@ -300,6 +477,8 @@ export type RunOutcome =
  */
 export async function work(source: Ledger | ScopedLedger, agent: Agent, options: WorkerOptions = {}): Promise<void> {
   positiveSeconds("heartbeatSeconds", options.heartbeatSeconds);
+  const fireEvery = positiveSeconds("fireSchedulesSeconds", options.fireSchedulesSeconds);
+  let nextFire = 0;
   const leaseOwner = options.leaseOwner ?? `${hostname()}:${process.pid}`;
   const stop = new AbortController();
   const stopOn = options.stopOn ?? [];
@@ -315,6 +494,10 @@ export async function work(source: Ledger | ScopedLedger, agent: Agent, options:
     while (!stop.signal.aborted) {
       let busy = false;
       try {
+        if (fireEvery !== undefined && Date.now() >= nextFire) {
+          nextFire = Date.now() + fireEvery * 1000;
+          await source.fireSchedules();
+        }
         const run = await source.claimRun(leaseOwner, {
           leaseSeconds: options.leaseSeconds ?? DEFAULT_LEASE_SECONDS,
           ...(options.modes !== undefined ? { modes: options.modes } : {}),
@@ -458,6 +641,10 @@ async function conclude(ledger: ScopedLedger, run: ClaimedRun, error: unknown): 
     // wait_run gives the lease up itself: nothing is released after it (its token is over).
     await endLease(run, () => ledger.waitRun(run.runId, token, error.wakeAt));
     return { status: "waiting_input", wakeAt: error.wakeAt, reason };
+  }
+  if (error instanceof WaitingForInputError || error instanceof WaitingForChildrenError) {
+    // The agent's wait parked the run and gave its lease up: nothing is written after it.
+    return { status: "waiting_input", wakeAt: error.deadline, reason };
   }
   if (error instanceof BusyError) {
     await release(ledger, run);

@@ -295,6 +295,144 @@ test("waitRun parks the owner's run until its wake time; the claim after it hand
   assert.equal((await acme.getRun("r-queued"))?.status, "queued");
 });
 
+test("the mailbox: sendInput is idempotent by key and payload; waitForInput answers, parks, and is woken; waitForChildren", async (t) => {
+  const db = await freshDb(t, "mailbox");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "r-mail" });
+  const form = { iban: "DE89370400440532013000", api_key: "sk-live-0123456789abcdefghij" };
+  const sent = await acme.sendInput("r-mail", "form", form, { sender: "ana" });
+  assert.deepEqual([sent.runId, sent.inputKey, sent.sender], ["r-mail", "form", "ana"]);
+  assert.deepEqual(sent.payload, { iban: "DE89370400440532013000", api_key: "[REDACTED]" }, "as stored");
+  assert.ok(sent.receivedAt instanceof Date && sent.waitedAt === null && sent.waitDeadline === null);
+  const again = await acme.sendInput("r-mail", "form", { api_key: form.api_key, iban: form.iban }, { sender: "ana" });
+  assert.deepEqual(again, sent, "the same input");
+  await assert.rejects(
+    acme.sendInput("r-mail", "form", { iban: "another" }),
+    (e: unknown) => e instanceof IdempotencyMismatchError && e.sqlstate === "23505" && e.code === "IDEMPOTENCY_MISMATCH" && e.detail["input_key"] === "form",
+  );
+  await assert.rejects(
+    acme.sendInput("r-mail", "ledger:child:r-x", {}),
+    (e: unknown) => e instanceof InvalidArgumentError && e.sqlstate === "22023" && e.code === "INPUT_KEY_RESERVED",
+  );
+  assert.deepEqual((await acme.sendInput("r-mail", "ping")).payload, {}, "the SQL default");
+  assert.equal((await acme.sendInput("r-mail", "note", "call me back")).payload, "call me back", "any JSON value");
+
+  assert.equal((await acme.claimRun("w-1", { runId: "r-mail" }))?.runToken, 1);
+  await acme.transitionRun("r-mail", "running", { runToken: 1 });
+  assert.deepEqual(await acme.waitForInput("r-mail", 1, "form"), { status: "received", inputKey: "form", input: sent });
+  assert.deepEqual(await acme.waitForInput("r-mail", 1, "missing", new Date(Date.now() - 60_000)), {
+    status: "timed_out",
+    inputKey: "missing",
+    input: null,
+  });
+  const deadline = new Date(Date.now() + 3_600_000);
+  const parked = await acme.waitForInput("r-mail", 1, "answer", deadline);
+  assert.equal(parked.status, "waiting");
+  assert.deepEqual([parked.input?.payload, parked.input?.receivedAt, parked.input?.waitDeadline], [null, null, deadline]);
+  await assert.rejects(
+    acme.heartbeatRun("r-mail", 1),
+    (e: unknown) => e instanceof ConflictError && e.code === "LEASE_STALE" && e.detail["lease_released"] === true,
+  );
+  assert.equal(await acme.claimRun("w-2", { runId: "r-mail" }), null, "it waits");
+  await acme.sendInput("r-mail", "answer", { refund: true }, { sender: "lead@acme" });
+  const woken = await acme.claimRun("w-2", { runId: "r-mail" });
+  assert.deepEqual([woken?.runToken, woken?.status], [2, "waiting_input"]);
+  await acme.transitionRun("r-mail", "running", { runToken: 2 });
+  const answer = await acme.waitForInput("r-mail", 2, "answer", deadline);
+  assert.equal(answer.status, "received");
+  assert.deepEqual([answer.input?.payload, answer.input?.sender, answer.input?.waitDeadline], [{ refund: true }, "lead@acme", deadline]);
+
+  assert.deepEqual(await acme.waitForChildren("r-mail", 2), { status: "done", children: [] });
+  await acme.createRun("agent", { runId: "r-kid", parentRunId: "r-mail" });
+  const waiting = await acme.waitForChildren("r-mail", 2);
+  assert.deepEqual(waiting, {
+    status: "waiting",
+    children: [{ runId: "r-kid", status: "queued", outputSummary: null, errorCode: null, errorMessage: null }],
+  });
+  await acme.transitionRun("r-kid", "running");
+  await acme.transitionRun("r-kid", "failed", { errorCode: "CARRIER_DOWN", errorMessage: "no pickup" });
+  assert.equal((await acme.claimRun("w-3", { runId: "r-mail" }))?.runToken, 3, "the last child's end woke it");
+  await acme.transitionRun("r-mail", "running", { runToken: 3 });
+  assert.deepEqual(await acme.waitForChildren("r-mail", 3), {
+    status: "done",
+    children: [{ runId: "r-kid", status: "failed", outputSummary: null, errorCode: "CARRIER_DOWN", errorMessage: "no pickup" }],
+  });
+
+  await acme.transitionRun("r-mail", "succeeded", { runToken: 3 });
+  await assert.rejects(
+    acme.sendInput("r-mail", "too-late", {}),
+    (e: unknown) => e instanceof WrongStateError && e.sqlstate === "55000" && e.code === "RUN_TERMINAL",
+  );
+});
+
+test("schedules: set, pause, fire (each missed firing once), drop; rate limits set and removed", async (t) => {
+  const db = await freshDb(t, "schedules");
+  const acme = db.ledger.scoped("acme", "ts");
+  const weekday = await acme.setSchedule("weekday", "0 9 * * MON-FRI", "report", {
+    inputs: { team: "support" },
+    timeZone: "Europe/Berlin",
+    actor: "ana",
+  });
+  assert.deepEqual(
+    [weekday.id, weekday.cron, weekday.timeZone, weekday.mode, weekday.inputs, weekday.catchUp, weekday.paused, weekday.updatedBy],
+    ["weekday", "0 9 * * MON-FRI", "Europe/Berlin", "report", { team: "support" }, "latest", false, "ana"],
+  );
+  assert.ok(weekday.nextFireAt !== null && weekday.nextFireAt.getTime() > Date.now());
+  const local = new Intl.DateTimeFormat("en-GB", { timeZone: "Europe/Berlin", hour: "2-digit", minute: "2-digit" });
+  assert.equal(local.format(weekday.nextFireAt), "09:00");
+  assert.equal((await acme.pauseSchedule("weekday", { actor: "ana" })).paused, true);
+  assert.equal((await acme.pauseSchedule("weekday", { paused: false })).paused, false);
+  await assert.rejects(
+    acme.pauseSchedule("no-such"),
+    (e: unknown) => e instanceof NotFoundError && e.sqlstate === "P0002" && e.code === "SCHEDULE_NOT_FOUND",
+  );
+  await assert.rejects(
+    acme.setSchedule("bad", "61 * * * *", "report"),
+    (e: unknown) => e instanceof InvalidArgumentError && e.code === "CRON_INVALID",
+  );
+
+  const every = await acme.setSchedule("every-10", "*/10 * * * *", "report", {
+    catchUp: "all",
+    priority: 5,
+    concurrencyKey: "reports",
+    kind: "digest",
+  });
+  assert.deepEqual([every.catchUp, every.priority, every.concurrencyKey, every.kind], ["all", 5, "reports", "digest"]);
+  assert.equal(await acme.fireSchedules(), 0, "nothing is due yet");
+  // As if no sweeper had run for half an hour: three firings missed, each gets its run.
+  await db.sql("UPDATE ledger.schedules SET next_fire_at = next_fire_at - interval '30 minutes' WHERE id = 'every-10'");
+  assert.equal(await acme.fireSchedules(), 3);
+  assert.equal(await acme.fireSchedules(), 0);
+  const runs = await db.sql("SELECT mode, kind, priority, concurrency_key, status FROM ledger.runs WHERE request_id LIKE 'schedule:every-10:%'");
+  assert.deepEqual(runs, Array(3).fill({ mode: "report", kind: "digest", priority: 5, concurrency_key: "reports", status: "queued" }));
+  // Paused, a due firing is skipped.
+  await acme.pauseSchedule("every-10");
+  await db.sql("UPDATE ledger.schedules SET next_fire_at = now() - interval '1 minute' WHERE id = 'every-10'");
+  assert.equal(await acme.fireSchedules(), 0);
+  assert.equal(await acme.dropSchedule("every-10", { actor: "ana" }), true);
+  assert.equal(await acme.dropSchedule("every-10"), false);
+
+  assert.equal(await acme.setConcurrencyLimit("supplier-api", 4), 4);
+  assert.equal(await acme.setRateLimit("supplier-api", 1, 3600), 1);
+  assert.equal(await acme.setRateLimit("plan-free", 10), 10, "per minute, the SQL's default window");
+  const limits = "SELECT concurrency_key, max_in_flight, max_per_window, window_seconds FROM ledger.concurrency_limits ORDER BY concurrency_key";
+  assert.deepEqual(await db.sql(limits), [
+    { concurrency_key: "plan-free", max_in_flight: null, max_per_window: 10, window_seconds: 60 },
+    { concurrency_key: "supplier-api", max_in_flight: 4, max_per_window: 1, window_seconds: 3600 },
+  ]);
+  for (const n of [1, 2]) await acme.createRun("agent", { runId: `r-rate-${n}`, concurrencyKey: "supplier-api" });
+  assert.notEqual(await acme.claimRun("w-1", { runId: "r-rate-1" }), null);
+  assert.equal(await acme.claimRun("w-1", { runId: "r-rate-2" }), null, "one claim an hour, in flight or not");
+  await assert.rejects(
+    acme.setRateLimit("supplier-api", -1),
+    (e: unknown) => e instanceof InvalidArgumentError && e.code === "LIMIT_INVALID" && e.detail["argument"] === "max_claims",
+  );
+  assert.equal(await acme.setRateLimit("supplier-api", null), null);
+  assert.equal(await acme.setRateLimit("plan-free", null), null);
+  // The key's concurrency limit stays; a key with only a rate is gone.
+  assert.deepEqual(await db.sql(limits), [{ concurrency_key: "supplier-api", max_in_flight: 4, max_per_window: null, window_seconds: null }]);
+});
+
 test("the escape hatch: any SQL in the scoped transaction, rolled back as a whole on error", async (t) => {
   const db = await freshDb(t, "tx");
   const acme = db.ledger.scoped("acme", "ts");

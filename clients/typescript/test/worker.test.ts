@@ -8,7 +8,21 @@ import { test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 import { fileURLToPath } from "node:url";
 
-import { Ledger, RunContext, ScopeError, WaitingUntilError, work, type ClaimedRun, type RunOutcome } from "../src/index.js";
+import {
+  ChildrenTimedOutError,
+  ConflictError,
+  InputTimedOutError,
+  Ledger,
+  RunContext,
+  ScopeError,
+  WaitingForChildrenError,
+  WaitingForInputError,
+  WaitingUntilError,
+  WrongStateError,
+  work,
+  type ClaimedRun,
+  type RunOutcome,
+} from "../src/index.js";
 import { supportAgent } from "./fixtures/support-agent.js";
 import { expireLeases, freshDb, waitFor } from "./helpers.js";
 
@@ -341,4 +355,244 @@ test("an agent that waits until a time: parked by waitRun, resumed by a claim af
   assert.ok(waiting instanceof WaitingUntilError);
   assert.equal(waiting.stepKey, "tomorrow");
   assert.equal(waiting.wakeAt.getTime(), later.getTime());
+});
+
+test("an agent that waits for an input: parked until another connection sends it, resumed with the payload, read again on a later resume", async (t) => {
+  const db = await freshDb(t, "input_worker");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "r-ask" });
+  const answers: unknown[] = [];
+  const asked: number[] = [];
+  const outcomes: RunOutcome[] = [];
+  const stop = new AbortController();
+  const loop = work(
+    acme,
+    async (ctx) => {
+      await ctx.step("ask", "message", async () => "asked the customer");
+      asked.push(Date.now()); // the timeout counts from here on every turn
+      const answer = (await ctx.waitForInput("refund-ok", "refund-ok", { timeoutSeconds: 3600 })) as { answer: string };
+      answers.push(answer);
+      await ctx.waitUntil("cool-off", new Date(Date.now() + 500));
+      return `refund ${answer.answer}`;
+    },
+    { leaseOwner: "worker-1", idleSeconds: 0.05, signal: stop.signal, onRun: (_run, o) => outcomes.push(o) },
+  );
+  const run = async (): Promise<unknown[]> => {
+    const [row] = await db.sql("SELECT status, lease_owner, run_token FROM ledger.runs WHERE id = 'r-ask'");
+    return [row?.["status"], row?.["lease_owner"], row?.["run_token"]];
+  };
+  let deadline = new Date(0);
+  try {
+    await waitFor("the run parked", () => outcomes.length === 1);
+    // Parked by the wait itself, its lease given up; the step records the first turn's deadline.
+    assert.deepEqual(await run(), ["waiting_input", null, "1"]);
+    const [step] = await db.sql("SELECT status, input_summary FROM ledger.run_steps WHERE step_key = 'refund-ok'");
+    assert.equal(step?.["status"], "waiting_input");
+    deadline = new Date(String(step?.["input_summary"]));
+    assert.ok(Math.abs((asked[0] ?? 0) + 3_600_000 - deadline.getTime()) < 1000);
+    const [mailbox] = await db.sql("SELECT wait_deadline FROM ledger.run_mailbox WHERE input_key = 'refund-ok'");
+    assert.deepEqual(mailbox?.["wait_deadline"], deadline);
+    await sleep(300);
+    assert.equal(asked.length, 1, "not claimable while it waits");
+    // Someone answers through another connection: the run is claimable at once and resumed.
+    const other = Ledger.connect(db.dsn);
+    t.after(() => other.close());
+    await other.scoped("acme", "ts").sendInput("r-ask", "refund-ok", { answer: "yes" }, { sender: "lead@acme" });
+    await waitFor("the run to finish", () => outcomes.length === 3);
+  } finally {
+    stop.abort();
+    await loop;
+  }
+  assert.deepEqual(outcomes[0], {
+    status: "waiting_input",
+    wakeAt: deadline,
+    reason: `step refund-ok: waiting for input refund-ok until ${deadline.toISOString()}`,
+  });
+  assert.equal(outcomes[1]?.status, "waiting_input"); // the cool-off
+  assert.deepEqual(outcomes[2], { status: "succeeded", reply: "refund yes" });
+  // The third turn read the same input again without waiting (the step had succeeded).
+  assert.deepEqual(answers, [{ answer: "yes" }, { answer: "yes" }]);
+  assert.equal(asked.length, 3);
+  assert.deepEqual(await db.sql("SELECT status, run_token::int AS t, output_summary FROM ledger.runs WHERE id = 'r-ask'"), [
+    { status: "succeeded", t: 3, output_summary: "refund yes" },
+  ]);
+  const steps = await db.sql("SELECT step_key, status, input_summary FROM ledger.run_steps WHERE step_type = 'wait' ORDER BY step_no");
+  assert.deepEqual(
+    steps.map((r) => [r["step_key"], r["status"]]),
+    [
+      ["refund-ok", "succeeded"],
+      ["cool-off", "succeeded"],
+    ],
+  );
+  assert.equal(steps[0]?.["input_summary"], deadline.toISOString(), "the later turns' deadlines did not move it");
+  const moves = await db.sql(
+    "SELECT payload->>'from' AS f, payload->>'to' AS t FROM ledger.run_events WHERE run_id = 'r-ask' AND event_type = 'run.status' ORDER BY seq",
+  );
+  assert.deepEqual(
+    moves.map((m) => `${String(m["f"])}>${String(m["t"])}`),
+    ["queued>running", "running>waiting_input", "waiting_input>running", "running>waiting_input", "waiting_input>running", "running>succeeded"],
+  );
+});
+
+test("a wait for an input that does not come times out at its first deadline; outside a worker the wait parks and throws", async (t) => {
+  const db = await freshDb(t, "input_timeout");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "r-silent" });
+  const deadlines: (Date | null)[] = [];
+  const outcomes: RunOutcome[] = [];
+  const stop = new AbortController();
+  const loop = work(
+    acme,
+    async (ctx) => {
+      try {
+        await ctx.waitForInput("confirm", "confirmed", { timeoutSeconds: 1 }); // another deadline each turn
+      } catch (error) {
+        if (!(error instanceof InputTimedOutError)) throw error;
+        deadlines.push(error.deadline);
+        return "no answer: closed";
+      }
+      return "confirmed";
+    },
+    { leaseOwner: "worker-1", idleSeconds: 0.05, signal: stop.signal, onRun: (_run, o) => outcomes.push(o) },
+  );
+  let notBefore: Date | null | undefined;
+  try {
+    await waitFor("the run parked", () => outcomes.length === 1);
+    notBefore = (await acme.getRun("r-silent"))?.notBefore;
+    await waitFor("the run resumed at its deadline", () => outcomes.length === 2);
+  } finally {
+    stop.abort();
+    await loop;
+  }
+  assert.ok(notBefore instanceof Date);
+  assert.deepEqual(deadlines, [notBefore], "the resume asked with the first deadline: timed out");
+  assert.deepEqual(outcomes[1], { status: "succeeded", reply: "no answer: closed" });
+  assert.deepEqual(await db.sql("SELECT status FROM ledger.run_steps WHERE step_key = 'confirm'"), [{ status: "expired" }]);
+  await assert.rejects(
+    acme.sendInput("r-silent", "confirmed", { ok: true }),
+    (e: unknown) => e instanceof WrongStateError && e.code === "RUN_TERMINAL",
+  );
+
+  await acme.createRun("agent", { runId: "r-alone" });
+  const claimed = await acme.claimRun("worker-2", { runId: "r-alone" });
+  assert.ok(claimed);
+  await acme.transitionRun("r-alone", "running", { runToken: claimed.runToken });
+  const ctx = new RunContext(acme, claimed, new AbortController().signal);
+  const later = new Date(Date.now() + 86_400_000);
+  const waiting = await ctx.waitForInput("ask", "form", { deadline: later }).catch((e: unknown) => e);
+  assert.ok(waiting instanceof WaitingForInputError);
+  assert.deepEqual([waiting.stepKey, waiting.inputKey, waiting.deadline], ["ask", "form", later]);
+  await assert.rejects(acme.heartbeatRun("r-alone", claimed.runToken), (e: unknown) => e instanceof ConflictError && e.code === "LEASE_STALE");
+  await assert.rejects(ctx.waitForInput("both", "form", { deadline: later, timeoutSeconds: 60 }), TypeError);
+  await assert.rejects(ctx.waitForChildren("zero", { timeoutSeconds: 0 }), RangeError);
+});
+
+test("a parent waits for its two children, driven by the same worker, and resumes with their outcomes", async (t) => {
+  const db = await freshDb(t, "children_worker");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("parent", { runId: "r-parent", inputs: { orders: [1, 2] } });
+  const turns: number[] = [];
+  const outcomes: [string, RunOutcome][] = [];
+  const stop = new AbortController();
+  const loop = work(
+    acme,
+    async (ctx) => {
+      if (ctx.run.mode === "child") {
+        if (ctx.inputs["order"] === 2) throw new Error("the carrier is down");
+        return `label for order ${String(ctx.inputs["order"])}`;
+      }
+      turns.push(ctx.run.runToken);
+      for (const order of ctx.inputs["orders"] as number[]) {
+        // Found again by runId on a resume.
+        await ctx.ledger.createRun("child", { runId: `r-child-${order}`, parentRunId: ctx.runId, inputs: { order } });
+      }
+      const children = await ctx.waitForChildren("labels");
+      return children.map((c) => `${c.runId} ${c.status}: ${c.outputSummary ?? c.errorMessage ?? ""}`).join("; ");
+    },
+    { leaseOwner: "worker-1", idleSeconds: 0.05, signal: stop.signal, onRun: (run, o) => outcomes.push([run.runId, o]) },
+  );
+  try {
+    await waitFor("the parent to finish", () => outcomes.length === 4);
+  } finally {
+    stop.abort();
+    await loop;
+  }
+  assert.deepEqual(
+    outcomes.map(([id, o]) => `${id} ${o.status}`),
+    ["r-parent waiting_input", "r-child-1 succeeded", "r-child-2 failed", "r-parent succeeded"],
+    "the parent was not handed out before its last child ended",
+  );
+  assert.deepEqual(turns, [1, 2]);
+  assert.deepEqual(outcomes[3]?.[1], {
+    status: "succeeded",
+    reply: "r-child-1 succeeded: label for order 1; r-child-2 failed: the carrier is down",
+  });
+  const [step] = await db.sql("SELECT status, metrics FROM ledger.run_steps WHERE step_key = 'labels'");
+  assert.equal(step?.["status"], "succeeded");
+  const kept = (step?.["metrics"] as { children: Record<string, unknown>[] }).children;
+  assert.deepEqual(
+    kept.map((c) => [c["run_id"], c["status"], c["error_code"]]),
+    [
+      ["r-child-1", "succeeded", null],
+      ["r-child-2", "failed", "Error"],
+    ],
+  );
+
+  // A deadline that passes first: the step expires with the children as they stood, and a resume
+  // throws again from the step (not asking the ledger, whose answer changed); a wait that ended
+  // keeps its children's outcomes the same way.
+  await acme.createRun("parent", { runId: "r-late" });
+  const claimed = await acme.claimRun("worker-2", { runId: "r-late" });
+  assert.ok(claimed);
+  await acme.transitionRun("r-late", "running", { runToken: claimed.runToken });
+  await acme.createRun("child", { runId: "r-slow", parentRunId: "r-late" });
+  const ctx = new RunContext(acme, claimed, new AbortController().signal);
+  const past = new Date(Date.now() - 1000);
+  const stood = [{ runId: "r-slow", status: "queued", outputSummary: null, errorCode: null, errorMessage: null }];
+  const late = await ctx.waitForChildren("slow", { deadline: past }).catch((e: unknown) => e);
+  assert.ok(late instanceof ChildrenTimedOutError);
+  assert.deepEqual([late.deadline, late.children], [past, stood]);
+  await acme.transitionRun("r-slow", "canceled", { errorMessage: "too slow" });
+  const again = await ctx.waitForChildren("slow", { deadline: past }).catch((e: unknown) => e);
+  assert.ok(again instanceof ChildrenTimedOutError);
+  assert.deepEqual(again.children, stood);
+  assert.deepEqual(await db.sql("SELECT status FROM ledger.run_steps WHERE step_key = 'slow'"), [{ status: "expired" }]);
+  const ended = await ctx.waitForChildren("ended");
+  assert.deepEqual(ended, [{ runId: "r-slow", status: "canceled", outputSummary: null, errorCode: null, errorMessage: "too slow" }]);
+  await acme.createRun("child", { runId: "r-next", parentRunId: "r-late" });
+  assert.deepEqual(await ctx.waitForChildren("ended"), ended, "the recorded outcomes: r-next is another wait's");
+  const waiting = await ctx.waitForChildren("next").catch((e: unknown) => e);
+  assert.ok(waiting instanceof WaitingForChildrenError);
+  assert.deepEqual(
+    waiting.children.map((c) => c.runId),
+    ["r-slow", "r-next"],
+  );
+});
+
+test("fireSchedulesSeconds: the worker fires the due schedules (here every scope's) before it claims", async (t) => {
+  const db = await freshDb(t, "schedule_worker");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.setSchedule("nightly", "30 1 * * *", "digest", { inputs: { team: "support" } });
+  await db.sql("UPDATE ledger.schedules SET next_fire_at = now() - interval '1 minute'"); // the night came
+  const agent = async (ctx: RunContext): Promise<string> => `digest for ${String(ctx.inputs["team"])}`;
+  const outcomes: RunOutcome[] = [];
+  const run = async (source: Ledger | typeof acme, options: { fireSchedulesSeconds?: number }): Promise<void> => {
+    const stop = new AbortController();
+    const loop = work(source, agent, { idleSeconds: 0.05, signal: stop.signal, onRun: (_run, o) => outcomes.push(o), ...options });
+    try {
+      if (options.fireSchedulesSeconds === undefined) await sleep(300);
+      else await waitFor("the firing's run", () => outcomes.length === 1);
+    } finally {
+      stop.abort();
+      await loop;
+    }
+  };
+  await run(acme, {});
+  assert.deepEqual(outcomes, [], "by default a worker fires nothing");
+  await assert.rejects(work(acme, agent, { fireSchedulesSeconds: 0 }), RangeError);
+  // A worker of every scope fires every scope's schedules (fire_schedules(any_scope => true)).
+  await run(db.ledger, { fireSchedulesSeconds: 60 });
+  assert.deepEqual(outcomes, [{ status: "succeeded", reply: "digest for support" }]);
+  const [fired] = await db.sql("SELECT request_id FROM ledger.runs");
+  assert.match(String(fired?.["request_id"]), /^schedule:nightly:/);
 });

@@ -29,15 +29,19 @@ from .statement import Row, Scope, Statement, SyncRunner, call, function, scoped
 from .types import (
     Approval,
     BudgetUsage,
+    ChildrenWait,
     ClaimedRun,
     CostEntry,
     EvidenceItem,
+    InputWait,
+    MailboxInput,
     OutboxEvent,
     PendingApproval,
     ReplayReady,
     ResponseEvent,
     Run,
     RunEvent,
+    Schedule,
     Step,
     ToolCall,
     ToolCallClaim,
@@ -75,6 +79,10 @@ def _claimed(rows: list[Row]) -> ClaimedRun | None:
 
 def _nothing(rows: list[Row]) -> None:
     return None
+
+
+def _schedule(rows: list[Row]) -> Schedule:
+    return Schedule.from_row(rows[0])
 
 
 def _replay_ready(rows: list[Row]) -> ReplayReady:
@@ -156,6 +164,12 @@ class Calls:
         """At most ``max_in_flight`` runs of ``concurrency_key`` in flight (0 pauses the key; None
         removes the limit); returns the limit in force."""
         return function(value, "set_concurrency_limit", concurrency_key, max_in_flight)
+
+    @call
+    def set_rate_limit(self, concurrency_key: str, max_claims: int | None, per_seconds: int = 60) -> Statement[int | None]:
+        """At most ``max_claims`` claims of ``concurrency_key``'s runs per window of ``per_seconds``
+        (0 pauses the key; None removes the rate); returns the rate in force."""
+        return function(value, "set_rate_limit", concurrency_key, max_claims, per_seconds=per_seconds)
 
     @call
     def set_budget(
@@ -274,6 +288,80 @@ class Calls:
         its lease is given up (``run_token`` is over) and ``claim_run`` hands it out again, with a
         new token, from ``wake_at`` (an aware datetime; one in the past: at once) on."""
         return function(_run, "wait_run", run_id, run_token, wake_at)
+
+    @call
+    def wait_for_input(
+        self, run_id: str, run_token: int, input_key: str, deadline: datetime | None = None
+    ) -> Statement[InputWait]:
+        """The owner's run waits for input ``input_key``: ``received`` (the input), ``timed_out``
+        (``deadline`` passed without it), or ``waiting``: parked like ``wait_run`` (``run_token``
+        is over) until the input arrives or the deadline (None: only the input wakes it). On resume
+        ask again with the same key and deadline."""
+        return function(lambda rows: InputWait.from_json(value(rows)), "wait_for_input", run_id, run_token,
+                        input_key, deadline=deadline)
+
+    @call
+    def send_input(
+        self, run_id: str, input_key: str, payload: Any = None, *, sender: str | None = None
+    ) -> Statement[MailboxInput]:
+        """Puts ``payload`` (any JSON value; None: ``{}``) in the run's mailbox under ``input_key``
+        and wakes the run if it waits for it; the same key and payload again return the same input,
+        another payload is an ``IdempotencyMismatchError``."""
+        return function(lambda rows: MailboxInput.from_row(value(rows)), "send_input", run_id, input_key,
+                        payload=Jsonb(payload) if payload is not None else None, sender=sender)
+
+    @call
+    def wait_for_children(
+        self, run_id: str, run_token: int, deadline: datetime | None = None
+    ) -> Statement[ChildrenWait]:
+        """The owner's run waits for its children (runs created with ``parent_run_id=run_id``):
+        ``done``, ``timed_out``, or ``waiting`` (parked as by ``wait_for_input`` until the last child
+        ends or the deadline); each answer lists the children with how they stand."""
+        return function(lambda rows: ChildrenWait.from_json(value(rows)), "wait_for_children", run_id, run_token,
+                        deadline=deadline)
+
+    # Schedules
+
+    @call
+    def set_schedule(
+        self,
+        schedule_id: str,
+        cron: str,
+        mode: str,
+        inputs: Mapping[str, Any] | None = None,
+        *,
+        time_zone: str = "UTC",
+        kind: str | None = None,
+        catch_up: str = "latest",
+        priority: int = 0,
+        concurrency_key: str | None = None,
+        actor: str | None = None,
+    ) -> Statement[Schedule]:
+        """Creates or replaces a schedule: at each time ``cron`` names in ``time_zone``,
+        ``fire_schedules`` creates a run of ``mode`` (``kind``, ``inputs``, ``priority``,
+        ``concurrency_key``); ``catch_up`` (``latest`` or ``all``) says what a sweep does with missed
+        firings."""
+        return function(
+            _schedule, "set_schedule", schedule_id, cron, mode, inputs=dict(inputs) if inputs is not None else None,
+            time_zone=time_zone, kind=kind, catch_up=catch_up, priority=priority, concurrency_key=concurrency_key,
+            actor=actor,
+        )
+
+    @call
+    def pause_schedule(self, schedule_id: str, paused: bool = True, *, actor: str | None = None) -> Statement[Schedule]:
+        """Pauses (or, ``paused=False``, resumes) a schedule; resumed, it skips the firings it missed."""
+        return function(_schedule, "pause_schedule", schedule_id, paused, actor=actor)
+
+    @call
+    def drop_schedule(self, schedule_id: str, *, actor: str | None = None) -> Statement[bool]:
+        """Removes a schedule (its runs stay); returns whether it existed."""
+        return function(value, "drop_schedule", schedule_id, actor=actor)
+
+    @call
+    def fire_schedules(self) -> Statement[int]:
+        """Creates the runs of the scope's due firings (one per firing, however many sweepers fire
+        it); returns how many firings it ran. Call it every minute, or let pg_cron."""
+        return function(value, "fire_schedules")
 
     # Steps
 
@@ -670,6 +758,11 @@ class OperatorCalls:
             _claimed, "claim_run", lease_owner, modes=list(modes) if modes is not None else None,
             kinds=list(kinds) if kinds is not None else None, lease_seconds=lease_seconds, any_scope=True,
         )
+
+    @call
+    def fire_schedules(self) -> Statement[int]:
+        """The due firings of every scope's schedules (``fire_schedules(any_scope => true)``)."""
+        return function(value, "fire_schedules", any_scope=True)
 
     @call
     def claim_outbox_events(

@@ -100,6 +100,17 @@ class OutboxStatus(StrEnum):
     FAILED = "failed"
 
 
+class WaitStatus(StrEnum):
+    """What ``wait_for_input`` (``received``, ``timed_out``, ``waiting``) and
+    ``wait_for_children`` (``done``, ``timed_out``, ``waiting``) answer; on ``waiting`` the run was
+    parked and its ``run_token`` is over."""
+
+    RECEIVED = "received"
+    DONE = "done"
+    TIMED_OUT = "timed_out"
+    WAITING = "waiting"
+
+
 T = TypeVar("T")
 
 
@@ -599,3 +610,91 @@ class PendingApproval(_FromRow):
     details: dict[str, Any]
     created_at: datetime
     expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class MailboxInput:
+    """A row of ``ledger.run_mailbox`` as ``send_input`` and ``wait_for_input`` return it: the input
+    of ``input_key`` (``payload`` as stored, redacted; ``received_at`` None while the run only waits
+    for it) and the run's wait for it (``waited_at``, ``wait_deadline``)."""
+
+    id: str
+    run_id: str
+    input_key: str
+    payload: Any
+    sender: str | None
+    received_at: datetime | None
+    waited_at: datetime | None
+    wait_deadline: datetime | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> MailboxInput:
+        return _build(cls, row, received_at=_ts(row.get("received_at")), waited_at=_ts(row.get("waited_at")),
+                      wait_deadline=_ts(row.get("wait_deadline")), created_at=_ts(row["created_at"]))
+
+
+@dataclass(frozen=True)
+class InputWait:
+    """``wait_for_input``'s answer: ``input`` is the mailbox row (None when ``timed_out``)."""
+
+    status: WaitStatus
+    input_key: str
+    input: MailboxInput | None
+
+    @classmethod
+    def from_json(cls, answer: Mapping[str, Any]) -> InputWait:
+        row = answer.get("input")
+        return cls(status=WaitStatus(answer["status"]), input_key=row["input_key"] if row else answer["input_key"],
+                   input=MailboxInput.from_row(row) if row else None)
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """A child run as ``wait_for_children`` lists it: how it stands (or ended)."""
+
+    run_id: str
+    status: RunStatus
+    output_summary: str | None
+    error_code: str | None
+    error_message: str | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> ChildRun:
+        return _build(cls, row, status=RunStatus(row["status"]))
+
+
+@dataclass(frozen=True)
+class ChildrenWait:
+    """``wait_for_children``'s answer: the run's children, oldest first."""
+
+    status: WaitStatus
+    children: tuple[ChildRun, ...]
+
+    @classmethod
+    def from_json(cls, answer: Mapping[str, Any]) -> ChildrenWait:
+        return cls(status=WaitStatus(answer["status"]),
+                   children=tuple(ChildRun.from_row(c) for c in answer["children"]))
+
+
+@dataclass(frozen=True)
+class Schedule(_FromRow):
+    """A row of ``ledger.schedules`` (without the scope columns): what each firing of ``cron`` in
+    ``time_zone`` creates, and ``next_fire_at`` (None: the expression names no later time)."""
+
+    id: str
+    cron: str
+    time_zone: str
+    mode: str
+    kind: str | None
+    inputs: dict[str, Any] | None
+    priority: int
+    concurrency_key: str | None
+    catch_up: str
+    paused: bool
+    next_fire_at: datetime | None
+    last_fired_at: datetime | None
+    last_run_id: str | None
+    updated_by: str | None
+    created_at: datetime
+    updated_at: datetime

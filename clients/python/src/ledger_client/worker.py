@@ -15,6 +15,10 @@ again by ``step_key`` (finished ones return their recorded output) and its tool 
 - on :class:`WaitingUntil` (the agent called :meth:`RunContext.wait_until` before its wake time):
   parks the run with ``wait_run`` until then, which gives the lease up itself (nothing is released
   after it); a claim from the wake time on resumes it (``waiting_input`` to ``running``);
+- on :class:`WaitingForInput` and :class:`WaitingForChildren` (the agent's
+  :meth:`RunContext.wait_for_input` or :meth:`RunContext.wait_for_children` parked the run itself,
+  its lease given up): writes nothing more; the input, the last child's end or the deadline makes
+  the run claimable again;
 - on :class:`Busy` (another attempt, such as a previous owner's, holds a call): keeps the run and
   runs the agent again after ``idle_s`` (parked ``paused`` if the worker is stopping);
 - on :class:`Rejected` (a person rejected a call's approval and the agent did not catch it):
@@ -32,6 +36,9 @@ The run's writes (``running``, the answer, parking, releasing) and the agent's w
 connection is lost: each is idempotent (a step by ``step_key``, a cost by its ``source_ref``, a
 transition to the status it has) and fenced by ``run_token``, so a repeat changes nothing.
 
+With ``fire_schedules_s`` the loop also fires the due schedules (``fire_schedules``, of its scope
+or of every scope) at most that often, before a claim: for a deployment without pg_cron.
+
 Shutdown: :meth:`Worker.stop` (or SIGTERM/SIGINT with ``handle_signals``) stops claiming; the
 current run may finish within ``shutdown_grace_s``, after which it is released for another worker
 (its token is over: the abandoned agent's writes fail ``LEASE_STALE``).
@@ -45,10 +52,10 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
@@ -69,9 +76,11 @@ from .tool_calls import (
     tool_call,
     tool_calls,
 )
-from .types import ApprovalStatus, Budget, ClaimedRun, RunStatus, Step, StepStatus
+from .types import ApprovalStatus, Budget, ChildRun, ClaimedRun, RunStatus, Step, StepStatus, WaitStatus
 
 log = logging.getLogger("ledger_client.worker")
+
+T = TypeVar("T")
 
 
 def default_lease_owner() -> str:
@@ -229,10 +238,88 @@ class RunContext:
         [due] = again(f"step {step_key}: due", lambda: self.ledger.execute("SELECT now() >= %s AS due", (wake,)))
         if not due["due"]:
             raise WaitingUntil(step_key, wake)
+        self._end_wait(step, output_summary=wake.isoformat())
+        return wake
+
+    def wait_for_input(self, step_key: str, input_key: str, *, deadline: datetime | None = None,
+                       timeout: timedelta | None = None) -> Any:
+        """A durable wait for the input ``input_key`` (``send_input``), found again by ``step_key``:
+        a ``wait`` step records the first call's deadline (``deadline``, an aware datetime, or
+        ``timeout`` from now; neither: none), so a resume does not move it. Returns the input's
+        payload (as stored: redacted) once it was sent, on every later resume too. Until then the
+        wait parks the run (``wait_for_input``: its lease given up) and raises
+        :class:`WaitingForInput`, which ends the agent's turn: the input, or the deadline, makes the
+        run claimable and the agent runs again. Past the deadline without it the step expires and
+        :class:`InputTimedOut` is raised, on every later resume too."""
+        step = self._begin_wait(step_key, deadline, timeout)
+        until = _deadline(step)
+        if step.status is StepStatus.EXPIRED:
+            raise InputTimedOut(step_key, input_key, until)
+        answer = self._park(step_key, lambda: self.ledger.wait_for_input(self.run_id, self.run_token, input_key, until))
+        if answer.status is WaitStatus.WAITING:
+            raise WaitingForInput(step_key, input_key, until)
+        if answer.status is WaitStatus.TIMED_OUT:
+            self._move_step(step.id, StepStatus.EXPIRED)
+            raise InputTimedOut(step_key, input_key, until)
+        assert answer.input is not None
+        if step.status is not StepStatus.SUCCEEDED:  # a resume reads the payload again from the mailbox
+            self._end_wait(step, output_summary=answer.input.id)
+        return answer.input.payload
+
+    def wait_for_children(self, step_key: str, *, deadline: datetime | None = None,
+                          timeout: timedelta | None = None) -> tuple[ChildRun, ...]:
+        """A durable wait for the run's children (runs created with ``parent_run_id=ctx.run_id``),
+        found again by ``step_key``, its deadline recorded as :meth:`wait_for_input` records it.
+        Returns each child's outcome (oldest first) once every one has ended; the step keeps them
+        (its ``metrics``), so a resume returns the same ones. Until then the wait parks the run and
+        raises :class:`WaitingForChildren`: the last child's end, or the deadline, makes the run
+        claimable again. Past the deadline first: :class:`ChildrenTimedOut`, with the children as
+        they stood."""
+        step = self._begin_wait(step_key, deadline, timeout)
+        until = _deadline(step)
+        if step.status in (StepStatus.SUCCEEDED, StepStatus.EXPIRED):
+            kept = tuple(ChildRun.from_row(c) for c in step.metrics.get("children", ()))
+            if step.status is StepStatus.EXPIRED:
+                raise ChildrenTimedOut(step_key, until, kept)
+            return kept
+        answer = self._park(step_key, lambda: self.ledger.wait_for_children(self.run_id, self.run_token, until))
+        if answer.status is WaitStatus.WAITING:
+            raise WaitingForChildren(step_key, until, answer.children)
+        metrics = {"children": [asdict(c) for c in answer.children]}
+        if answer.status is WaitStatus.TIMED_OUT:
+            self._move_step(step.id, StepStatus.EXPIRED, metrics=metrics)
+            raise ChildrenTimedOut(step_key, until, answer.children)
+        self._end_wait(step, output_summary=f"{len(answer.children)} children ended", metrics=metrics)
+        return answer.children
+
+    def _begin_wait(self, step_key: str, deadline: datetime | None, timeout: timedelta | None) -> Step:
+        """The ``wait`` step of ``step_key``, created ``waiting_input`` with the deadline as its
+        input summary (a resume finds the first call's)."""
+        if deadline is not None and timeout is not None:
+            raise ValueError(f"wait {step_key}: a deadline or a timeout, not both")
+        if deadline is not None and deadline.tzinfo is None:
+            raise ValueError(f"wait {step_key}: deadline must be an aware datetime")
+        if timeout is not None:
+            positive_seconds("timeout", timeout.total_seconds())
+        until = datetime.now(timezone.utc) + timeout if timeout is not None else deadline
+        return again(f"step {step_key}", lambda: self.ledger.create_step(
+            self.run_id, "wait", step_key=step_key, input_summary=until.isoformat() if until else None,
+            status="waiting_input", run_token=self.run_token))
+
+    def _park(self, step_key: str, ask: Callable[[], T]) -> T:
+        # A try whose commit was lost with its answer may have parked the run: the repeat is then
+        # LEASE_STALE, and the worker writes nothing more, as for a parked run.
+        return again(f"step {step_key}: wait", ask)
+
+    def _end_wait(self, step: Step, **fields: Any) -> None:
         if step.status is not StepStatus.RUNNING:
             self._move_step(step.id, StepStatus.RUNNING)  # waiting_input cannot go to succeeded directly
-        self._move_step(step.id, StepStatus.SUCCEEDED, output_summary=wake.isoformat())
-        return wake
+        self._move_step(step.id, StepStatus.SUCCEEDED, **fields)
+
+
+def _deadline(step: Step) -> datetime | None:
+    """The deadline a wait step recorded."""
+    return datetime.fromisoformat(step.input_summary) if step.input_summary else None
 
 
 class WaitingUntil(Exception):
@@ -243,6 +330,56 @@ class WaitingUntil(Exception):
         super().__init__(f"step {step_key}: waiting until {wake_at.isoformat()}")
         self.step_key = step_key
         self.wake_at = wake_at
+
+
+class WaitingForInput(Exception):
+    """Raised by :meth:`RunContext.wait_for_input` while the input has not come: the run is parked
+    already (its lease given up); let it escape the agent, and a :class:`Worker` writes nothing
+    more for it."""
+
+    def __init__(self, step_key: str, input_key: str, deadline: datetime | None) -> None:
+        until = f" until {deadline.isoformat()}" if deadline else ""
+        super().__init__(f"step {step_key}: waiting for input {input_key}{until}")
+        self.step_key = step_key
+        self.input_key = input_key
+        self.deadline = deadline
+
+
+class InputTimedOut(Exception):
+    """Raised by :meth:`RunContext.wait_for_input` when its deadline passed without the input: the
+    agent decides (another wait under another ``step_key``, an answer without it); escaping the
+    agent, it fails the run."""
+
+    def __init__(self, step_key: str, input_key: str, deadline: datetime | None) -> None:
+        super().__init__(f"step {step_key}: no input {input_key} by {deadline.isoformat() if deadline else '?'}")
+        self.step_key = step_key
+        self.input_key = input_key
+        self.deadline = deadline
+
+
+class WaitingForChildren(Exception):
+    """Raised by :meth:`RunContext.wait_for_children` while a child runs: the run is parked already;
+    let it escape the agent. ``children``: how they stood."""
+
+    def __init__(self, step_key: str, deadline: datetime | None, children: tuple[ChildRun, ...]) -> None:
+        running = sum(not c.status.terminal for c in children)
+        super().__init__(f"step {step_key}: waiting for {running} of {len(children)} children")
+        self.step_key = step_key
+        self.deadline = deadline
+        self.children = children
+
+
+class ChildrenTimedOut(Exception):
+    """Raised by :meth:`RunContext.wait_for_children` when its deadline passed before every child
+    ended; ``children`` says how each stood (the agent may cancel the rest, or wait again under
+    another ``step_key``)."""
+
+    def __init__(self, step_key: str, deadline: datetime | None, children: tuple[ChildRun, ...]) -> None:
+        running = sum(not c.status.terminal for c in children)
+        super().__init__(f"step {step_key}: {running} of {len(children)} children still running at the deadline")
+        self.step_key = step_key
+        self.deadline = deadline
+        self.children = children
 
 
 Agent = Callable[[RunContext], str]
@@ -267,6 +404,7 @@ class Worker:
         idle_s: float = 1.0,
         shutdown_grace_s: float = 30.0,
         stopping: threading.Event | None = None,
+        fire_schedules_s: float | None = None,
     ) -> None:
         self.ledger = ledger
         self.agent = agent
@@ -280,6 +418,8 @@ class Worker:
         self.idle_s = idle_s
         self.shutdown_grace_s = shutdown_grace_s
         self.stopping = stopping or threading.Event()  # shared with an OutboxConsumer: one stop for both
+        self.fire_schedules_s = positive_seconds("fire_schedules_s", fire_schedules_s)
+        self._next_fire = 0.0
 
     def stop(self) -> None:
         """Stops claiming; the current run finishes (or is released at the grace deadline)."""
@@ -299,7 +439,13 @@ class Worker:
                     self.stopping.wait(self.idle_s)
 
     def run_once(self) -> bool:
-        """Claims one run and drives it; False when nothing was claimable."""
+        """Claims one run and drives it (first firing the due schedules, with ``fire_schedules_s``);
+        False when nothing was claimable."""
+        if self.fire_schedules_s is not None and time.monotonic() >= self._next_fire:
+            self._next_fire = time.monotonic() + self.fire_schedules_s
+            fired = self.ledger.fire_schedules() if self.scope is None else self.ledger.scoped(*self.scope).fire_schedules()
+            if fired:
+                log.info("worker %s: fired %s schedule firings", self.lease_owner, fired)
         if self.scope is None:
             run = self.ledger.claim_run(self.lease_owner, modes=self.modes, kinds=self.kinds,
                                         lease_seconds=self.lease_seconds)
@@ -382,6 +528,9 @@ class Worker:
             # wait_run gives the lease up itself: nothing is released after it (its token is over).
             _end(ledger, run, RunStatus.WAITING_INPUT, lambda tx: tx.wait_run(run.run_id, run.run_token, wake_at))
             log.info("run %s waits until %s", run.run_id, wake_at.isoformat())
+        elif isinstance(error, (WaitingForInput, WaitingForChildren)):
+            # The agent's wait parked the run and gave its lease up: nothing is written after it.
+            log.info("run %s parked: %s", run.run_id, error)
         elif isinstance(error, ConflictError) and error.code == "LEASE_STALE":
             raise error
         elif isinstance(error, Exception):
