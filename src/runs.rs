@@ -472,11 +472,20 @@ pub fn move_run(
             &format!("run:{}", run.id),
         )?;
         // No one decides for a run that has ended: its pending approvals are canceled, so no
-        // sweep expires them (and writes to its feed) after its end.
+        // sweep expires them (and writes to its feed) after its end, and a call still waiting for
+        // its approval will not run (it no longer keeps the run from being purged).
+        let ended = scope.args([run.id.as_str().into(), db::now()?.into()]);
         db::execute(
             "UPDATE ledger.approval_requests SET status = 'canceled', decided_at = $4, updated_at = $4 \
               WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 AND status = 'pending'",
-            &scope.args([run.id.as_str().into(), db::now()?.into()]),
+            &ended,
+        )?;
+        db::execute(
+            "UPDATE ledger.run_step_tool_calls \
+                SET status = 'rejected', error_code = 'TOOL_APPROVAL_CANCELED', \
+                    error_message = 'The run ended before the call ran', completed_at = $4, updated_at = $4 \
+              WHERE tenant_id = $1 AND workspace_id = $2 AND run_id = $3 AND status = 'waiting_approval'",
+            &ended,
         )?;
         if let Some(parent) = &run.parent_run_id {
             mailbox::child_ended(scope, parent, &run.id)?;

@@ -557,6 +557,10 @@ mod tests {
             ),
             "canceled:true"
         );
+        assert_eq!(
+            (field("pay", "status"), field("pay", "error_code")),
+            ("rejected".into(), "TOOL_APPROVAL_CANCELED".into())
+        );
         assert_eq!(count("ledger.pending_approvals"), 0);
         deadlines_pass();
         assert_eq!(one::<i32>("SELECT ledger.sweep_tool_calls()"), 0);

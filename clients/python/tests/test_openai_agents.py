@@ -163,11 +163,12 @@ def test_an_approval_is_asked_in_the_ledger_decided_in_sql_and_applied_by_anothe
         assert last["final_output"] == (f"done: ledger: a person rejected tool call call-refund-8 ({record['id']}):"
                                         " checked; it was not executed")
         assert executions(effects) == []
-    else:  # the same path, told why; the sweep then settles the ledger's record
+    else:  # the same path, told why; the run's end then settles the ledger's record
         assert last["final_output"] == (f"done: ledger: the approval of tool call call-refund-8 ({record['id']})"
                                         " expired before anyone decided it; it was not executed")
         assert executions(effects) == []
-        assert one(person, "SELECT ledger.sweep_tool_calls()") == 1
+        assert one(person, "SELECT ledger.sweep_tool_calls()") == 0
+        assert one(person, "SELECT status FROM ledger.approval_requests") == "canceled"
         assert tool_call(person, "call-refund-8")["status"] == "rejected"
     # The pause and the run are the guarded call's only trace: no function step besides its tool step.
     assert one(person, "SELECT count(*) FROM ledger.run_steps WHERE step_type = 'function'") == 0
