@@ -62,11 +62,6 @@ fn instant(tz: &str, m: Minute) -> Result<(TimestampWithTimeZone, String)> {
     .ok_or_else(|| LedgerError::internal("no instant"))
 }
 
-fn now() -> Result<TimestampWithTimeZone> {
-    db::select_one("SELECT now()", &[], |r| db::req(r, 1))?
-        .ok_or_else(|| LedgerError::internal("no time"))
-}
-
 /// The first firing after local minute `after`, if the expression names one.
 fn next_fire(cron: &Cron, tz: &str, after: Minute) -> Result<Option<TimestampWithTimeZone>> {
     cron.next_after(after)
@@ -116,7 +111,7 @@ fn set_schedule(
         .map(|i| redacted_object("inputs", Some(i)))
         .transpose()?;
     let actor = free_text(optional_label("actor", actor)?);
-    let next = next_fire(&parsed, tz, local(tz, now()?)?)?;
+    let next = next_fire(&parsed, tz, local(tz, db::now()?)?)?;
     db::execute(
         "INSERT INTO ledger.schedules (tenant_id, workspace_id, id, cron, time_zone, mode, kind, inputs, \
                 priority, concurrency_key, catch_up, next_fire_at, updated_by, updated_at) \
@@ -213,7 +208,7 @@ fn pause_schedule(
         |r| Ok((db::req::<String>(r, 1)?, db::req::<String>(r, 2)?)),
     )?
     .ok_or_else(|| LedgerError::not_found(Code::ScheduleNotFound, "schedule", id))?;
-    let next = next_fire(&Cron::parse(&expr)?, &tz, local(&tz, now()?)?)?;
+    let next = next_fire(&Cron::parse(&expr)?, &tz, local(&tz, db::now()?)?)?;
     db::execute(
         "UPDATE ledger.schedules SET paused = $4, \
                 next_fire_at = CASE WHEN paused = $4 THEN next_fire_at ELSE $5 END, \
@@ -269,22 +264,10 @@ fn fire_schedules(any_scope: default!(Option<bool>, false)) -> std::result::Resu
     if !any_scope.unwrap_or(false) {
         return Ok(feed::collected(|| fire(&scope::current()?))?);
     }
-    ledger_model::run_leases::check_any_scope(scope::is_operator()?, None)?;
-    let scopes = db::select(
+    Ok(scope::across(
         "SELECT tenant_id, workspace_id FROM ledger_dispatch.due_schedule_scopes()",
-        &[],
-        |r| {
-            Ok(Scope {
-                tenant: db::req(r, 1)?,
-                workspace: db::req(r, 2)?,
-            })
-        },
-    )?;
-    let mut fired = 0;
-    for scope in scopes {
-        fired += scope::within(&scope, || feed::collected(|| fire(&scope)))?;
-    }
-    Ok(fired)
+        |scope| feed::collected(|| fire(scope)),
+    )?)
 }
 
 /// A due schedule, locked.
@@ -344,7 +327,7 @@ fn fire(scope: &Scope) -> Result<i32> {
 fn fire_one(scope: &Scope, id: &str, s: &Due) -> Result<i32> {
     let cron = Cron::parse(&s.cron)?;
     let catch_up = CatchUp::parse(&s.catch_up)?;
-    let until = local(&s.tz, now()?)?;
+    let until = local(&s.tz, db::now()?)?;
     let mut firings = vec![local(&s.tz, s.next_fire_at)?];
     let mut at = firings[0];
     while let Some(next) = cron.next_after(at).filter(|n| *n <= until) {

@@ -85,6 +85,24 @@ fn state(scope: &Scope, local: bool, check_grant: bool) -> Result<bool> {
     Ok(stated == Some(true))
 }
 
+/// `each` in every scope that `listing` (a `ledger_dispatch` function's query naming
+/// `tenant_id, workspace_id`) returns, each within its own scope, summed: the work of an
+/// `any_scope => true` call, for members of ledger_operator only (42501 `OPERATOR_REQUIRED`).
+pub fn across(listing: &str, mut each: impl FnMut(&Scope) -> Result<i32>) -> Result<i32> {
+    ledger_model::run_leases::check_any_scope(is_operator()?, None)?;
+    let scopes = db::select(listing, &[], |r| {
+        Ok(Scope {
+            tenant: db::req(r, 1)?,
+            workspace: db::req(r, 2)?,
+        })
+    })?;
+    let mut total = 0;
+    for scope in scopes {
+        total += within(&scope, || each(&scope))?;
+    }
+    Ok(total)
+}
+
 /// Runs `f` in a row's scope for an operator's cross-scope call, then puts back exactly the
 /// scope the session had (session value, transaction-local value or none). A function's SET
 /// clause restores only the parameters it names, so without this the row's scope would outlive

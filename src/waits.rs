@@ -70,10 +70,7 @@ pub fn park_owned(
 /// Whether `deadline` has passed.
 fn passed(deadline: Option<TimestampWithTimeZone>) -> Result<bool> {
     let Some(at) = deadline else { return Ok(false) };
-    Ok(db::select_one("SELECT $1 <= now()", &[at.into()], |r| {
-        db::req::<bool>(r, 1)
-    })?
-    .unwrap_or(false))
+    Ok(at.into_inner() <= db::now()?.into_inner())
 }
 
 /// The owner's run waits for input `input_key`: `received` (with the input) when it is there,

@@ -14,7 +14,6 @@ use crate::rows;
 use crate::scope::{self, Scope};
 use ledger_model::args::{optional_label, required, required_id};
 use ledger_model::events::{AuditKind, Event, ToolCallResolved};
-use ledger_model::run_leases;
 use ledger_model::tool_calls::{CallStatus, Resolution};
 use pgrx::prelude::*;
 use serde_json::json;
@@ -106,22 +105,10 @@ fn sweep_tool_calls(
     if !any_scope.unwrap_or(false) {
         return Ok(sweep(&scope::current()?)?);
     }
-    run_leases::check_any_scope(scope::is_operator()?, None)?;
-    let scopes = db::select(
+    Ok(scope::across(
         "SELECT tenant_id, workspace_id FROM ledger_dispatch.expired_tool_call_scopes()",
-        &[],
-        |r| {
-            Ok(Scope {
-                tenant: db::req(r, 1)?,
-                workspace: db::req(r, 2)?,
-            })
-        },
-    )?;
-    let mut swept = 0;
-    for scope in scopes {
-        swept += scope::within(&scope, || sweep(&scope))?;
-    }
-    Ok(swept)
+        sweep,
+    )?)
 }
 
 fn sweep(scope: &Scope) -> Result<i32> {
