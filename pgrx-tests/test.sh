@@ -47,7 +47,8 @@ for v in $VERSIONS; do
   # define the same parameters as this one.
   cluster_start "$v" "$data" "$port"
   trap 'cluster_stop "$v" "$data" || true' EXIT
-  bash pgrx-tests/upgrade.sh "$v" "$data" "$port" "$work"
+  if [ "$v" = "$first" ]; then from=all; else from=previous; fi
+  LEDGER_UPGRADE_FROM=$from bash pgrx-tests/upgrade.sh "$v" "$data" "$port" "$work"
   # Then everything else with the library preloaded (the notifier worker sends notifications);
   # tests that need a server without it restart it so (tests/common/mod.rs).
   cluster_stop "$v" "$data"

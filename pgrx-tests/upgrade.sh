@@ -12,6 +12,7 @@
 # versions run on a released library: each release's is built once from its commit and installed
 # beside the current one as ledger-<version>.so.
 # Usage (from test.sh, cluster running, current build installed): upgrade.sh MAJOR DATADIR PORT WORKDIR
+# (LEDGER_UPGRADE_FROM=previous: see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$(pwd)
@@ -22,6 +23,10 @@ major=$1 data=$2 port=$3 work=$4
 # was released from; the last is the release before the current version (its rows are test 2's).
 # A release appends itself (and freezes its own install script in sql/install/).
 RELEASES="0.2.0=f514a6dc0129ce6761d7f5038c2a38de6950ba2b 0.3.0=cf4f73f4528fb0c0024955c3329bfbf221476097 0.4.0=126578d5d2db545191b1df39c228ac1904527804 0.5.0=3ce2db75a1fef95271dc5238868bd2bdd026e5b6"
+# LEDGER_UPGRADE_FROM=previous: only the previous release is updated and its library built.
+# test.sh updates every release on its first PostgreSQL version only: the older update scripts
+# are the same SQL on every version, and each release's library is a build per version.
+if [ "${LEDGER_UPGRADE_FROM:-all}" = previous ]; then RELEASES=${RELEASES##* }; fi
 PREVIOUS_VERSION=${RELEASES##* } PREVIOUS_VERSION=${PREVIOUS_VERSION%%=*}
 PREVIOUS_COMMIT=${RELEASES##*=}
 
@@ -134,6 +139,10 @@ for frozen in sql/install/ledger--*.sql; do
     if [ $status -ne 0 ]; then
       echo "  The schema changed: bump the version in Cargo.toml and add sql/ledger--$current--<new>.sql."
     fi
+    continue
+  fi
+  if [ "$(printf '%s\n%s\n' "$version" "$PREVIOUS_VERSION" | sort -V | head -n 1)" != "$PREVIOUS_VERSION" ]; then
+    echo "upgrade parity: $version skipped (LEDGER_UPGRADE_FROM=previous)"
     continue
   fi
   install_frozen "$version"

@@ -42,6 +42,7 @@ GRANT EXECUTE ON FUNCTION
     ledger.run_evidence(text),
     ledger.replay_ready(text),
     ledger.otel_trace(text, text),
+    ledger.next_wake(boolean),
     ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer),
     ledger.budget_window(text, timestamp with time zone),
     ledger.budget_spent(text, numeric, timestamp with time zone, timestamp with time zone)
@@ -201,6 +202,8 @@ COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
     'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
 COMMENT ON FUNCTION ledger.wait_run(text, bigint, timestamp with time zone) IS
     'Parks the owner''s run until wake_at (a durable wait): it moves to waiting_input (55000 TRANSITION_INVALID from a status that cannot), its lease is given up (run_token is over: 40001 LEASE_STALE on any later write carrying it), and claim_run hands it out again from wake_at on (not_before), so no worker holds or polls it meanwhile. Returns the run.';
+COMMENT ON FUNCTION ledger.next_wake(boolean) IS
+    'When a run of the scope next becomes claimable by the clock alone: the nearest wake time ahead of a wait or backoff (not_before), deadline of a pending approval, or end of a full rate window; NULL when none is ahead. Anything else that makes a run claimable (a new run, a release, an input, a decision, a run ending) notifies channel ledger_runs at commit, so an idle worker listens there and sleeps until next_wake at most. any_scope => true: across every scope the session may state, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
 COMMENT ON FUNCTION ledger.send_input(text, text, jsonb, text) IS
     'Sends run run_id the input input_key (a label; keys starting with ledger: are the ledger''s own, 22023 INPUT_KEY_RESERVED): payload (any JSON, redacted before it is stored) from sender, kept in ledger.run_mailbox. The same key again with the same payload returns the input already there; another payload fails 23505 IDEMPOTENCY_MISMATCH; a terminal run takes none (55000 RUN_TERMINAL). A run parked waiting for the key (ledger.wait_for_input) becomes claimable at once. Writes input.received to the run''s feed and an audit row (input.send) with the sender. Returns the mailbox row.';
 COMMENT ON FUNCTION ledger.wait_for_input(text, bigint, text, timestamp with time zone) IS
@@ -232,6 +235,7 @@ ALTER FUNCTION ledger_dispatch.next_run(text[], text[]) OWNER TO ledger_dispatch
 ALTER FUNCTION ledger_dispatch.due_outbox_events(integer) OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.due_schedule_scopes() OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.next_wake() OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
 ALTER FUNCTION ledger_dispatch.tenant_granted(text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
@@ -258,6 +262,7 @@ GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),
     ledger_dispatch.due_outbox_events(integer),
     ledger_dispatch.expired_tool_call_scopes(),
     ledger_dispatch.due_schedule_scopes(),
+    ledger_dispatch.next_wake(),
     ledger_dispatch.scope_granted(text, text),
     ledger_dispatch.tenant_granted(text) TO ledger_owner;
 -- set_scope runs as its caller.

@@ -20,6 +20,12 @@ COMMENT ON COLUMN ledger.runs.concurrency_key IS 'The key the run shares a limit
 -- release and a terminal status clear it), so a burst of queued runs is not in this index.
 CREATE INDEX runs_concurrency_idx ON ledger.runs (tenant_id, workspace_id, concurrency_key, lease_expires_at)
     WHERE concurrency_key IS NOT NULL AND lease_expires_at IS NOT NULL;
+-- An idle worker asks when the next wait ends (ledger.next_wake), in its scope or across scopes:
+-- only live runs given a wake time (a wait, a backoff) are here.
+CREATE INDEX runs_wake_idx ON ledger.runs (tenant_id, workspace_id, not_before)
+    WHERE not_before IS NOT NULL AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
+CREATE INDEX runs_wake_dispatch_idx ON ledger.runs (not_before)
+    WHERE not_before IS NOT NULL AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
 
 -- Concurrency limits: at most max_in_flight runs of a key hold a live lease, and at most
 -- max_per_window claims of its runs fall in one window of window_seconds (ledger.claim_run skips
@@ -260,6 +266,36 @@ AS $$
                           AND (g.workspace_id IS NULL OR g.workspace_id = s.workspace_id)))
 $$;
 COMMENT ON FUNCTION ledger_dispatch.due_schedule_scopes() IS 'The scopes the session''s login role may state that have a schedule due (see ledger.fire_schedules).';
+
+-- When an idle worker's claim should next look (ledger.next_wake across scopes).
+CREATE FUNCTION ledger_dispatch.next_wake() RETURNS timestamptz
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    -- As sql/queries/next_wake.sql does for one scope; each part is the first ahead in its
+    -- index that belongs to a scope the login role may state.
+    SELECT least(
+        (SELECT r.not_before FROM ledger.runs r
+          WHERE r.not_before > clock_timestamp() AND r.not_before < 'infinity'
+            AND r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
+            AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+                 OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = r.tenant_id
+                               AND (g.workspace_id IS NULL OR g.workspace_id = r.workspace_id)))
+          ORDER BY r.not_before LIMIT 1),
+        (SELECT a.expires_at FROM ledger.approval_requests a
+          WHERE a.status = 'pending' AND a.expires_at > clock_timestamp()
+            AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+                 OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = a.tenant_id
+                               AND (g.workspace_id IS NULL OR g.workspace_id = a.workspace_id)))
+          ORDER BY a.expires_at LIMIT 1),
+        (SELECT min(l.window_start + make_interval(secs => l.window_seconds))
+           FROM ledger.concurrency_limits l
+          WHERE l.max_per_window <= l.window_claims
+            AND l.window_start + make_interval(secs => l.window_seconds) > clock_timestamp()
+            AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+                 OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = l.tenant_id
+                               AND (g.workspace_id IS NULL OR g.workspace_id = l.workspace_id)))))
+$$;
+COMMENT ON FUNCTION ledger_dispatch.next_wake() IS 'When a run of any scope the session''s login role may state next becomes claimable by the clock alone (see ledger.next_wake): a wait''s or backoff''s not_before, a pending approval''s deadline, the end of a full rate window. NULL when none is ahead.';
 
 -- The operator's claim across scopes: due runs only, with room under their key and no budget
 -- used up, the highest priority first.
@@ -697,6 +733,14 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'nack_outbox_events_wrapper';
+
+CREATE OR REPLACE FUNCTION "next_wake"(
+	"any_scope" bool DEFAULT false /* Option < bool > */
+) RETURNS timestamp with time zone /* std :: result :: Result < Option < TimestampWithTimeZone > , SqlError > */
+STABLE SECURITY DEFINER PARALLEL SAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'next_wake_wrapper';
 
 CREATE OR REPLACE FUNCTION "notifier_status"() RETURNS TABLE (
 	"notify" TEXT,  /* String */
@@ -1375,6 +1419,7 @@ GRANT EXECUTE ON FUNCTION
     ledger.run_evidence(text),
     ledger.replay_ready(text),
     ledger.otel_trace(text, text),
+    ledger.next_wake(boolean),
     ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer),
     ledger.budget_window(text, timestamp with time zone),
     ledger.budget_spent(text, numeric, timestamp with time zone, timestamp with time zone)
@@ -1534,6 +1579,8 @@ COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
     'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
 COMMENT ON FUNCTION ledger.wait_run(text, bigint, timestamp with time zone) IS
     'Parks the owner''s run until wake_at (a durable wait): it moves to waiting_input (55000 TRANSITION_INVALID from a status that cannot), its lease is given up (run_token is over: 40001 LEASE_STALE on any later write carrying it), and claim_run hands it out again from wake_at on (not_before), so no worker holds or polls it meanwhile. Returns the run.';
+COMMENT ON FUNCTION ledger.next_wake(boolean) IS
+    'When a run of the scope next becomes claimable by the clock alone: the nearest wake time ahead of a wait or backoff (not_before), deadline of a pending approval, or end of a full rate window; NULL when none is ahead. Anything else that makes a run claimable (a new run, a release, an input, a decision, a run ending) notifies channel ledger_runs at commit, so an idle worker listens there and sleeps until next_wake at most. any_scope => true: across every scope the session may state, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
 COMMENT ON FUNCTION ledger.send_input(text, text, jsonb, text) IS
     'Sends run run_id the input input_key (a label; keys starting with ledger: are the ledger''s own, 22023 INPUT_KEY_RESERVED): payload (any JSON, redacted before it is stored) from sender, kept in ledger.run_mailbox. The same key again with the same payload returns the input already there; another payload fails 23505 IDEMPOTENCY_MISMATCH; a terminal run takes none (55000 RUN_TERMINAL). A run parked waiting for the key (ledger.wait_for_input) becomes claimable at once. Writes input.received to the run''s feed and an audit row (input.send) with the sender. Returns the mailbox row.';
 COMMENT ON FUNCTION ledger.wait_for_input(text, bigint, text, timestamp with time zone) IS
@@ -1565,6 +1612,7 @@ ALTER FUNCTION ledger_dispatch.next_run(text[], text[]) OWNER TO ledger_dispatch
 ALTER FUNCTION ledger_dispatch.due_outbox_events(integer) OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.due_schedule_scopes() OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.next_wake() OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
 ALTER FUNCTION ledger_dispatch.tenant_granted(text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
@@ -1591,6 +1639,7 @@ GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),
     ledger_dispatch.due_outbox_events(integer),
     ledger_dispatch.expired_tool_call_scopes(),
     ledger_dispatch.due_schedule_scopes(),
+    ledger_dispatch.next_wake(),
     ledger_dispatch.scope_granted(text, text),
     ledger_dispatch.tenant_granted(text) TO ledger_owner;
 -- set_scope runs as its caller.

@@ -130,6 +130,12 @@ CREATE INDEX runs_live_dispatch_idx ON ledger.runs (priority DESC, queued_at, id
 -- release and a terminal status clear it), so a burst of queued runs is not in this index.
 CREATE INDEX runs_concurrency_idx ON ledger.runs (tenant_id, workspace_id, concurrency_key, lease_expires_at)
     WHERE concurrency_key IS NOT NULL AND lease_expires_at IS NOT NULL;
+-- An idle worker asks when the next wait ends (ledger.next_wake), in its scope or across scopes:
+-- only live runs given a wake time (a wait, a backoff) are here.
+CREATE INDEX runs_wake_idx ON ledger.runs (tenant_id, workspace_id, not_before)
+    WHERE not_before IS NOT NULL AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
+CREATE INDEX runs_wake_dispatch_idx ON ledger.runs (not_before)
+    WHERE not_before IS NOT NULL AND status NOT IN ('succeeded', 'failed', 'canceled', 'expired');
 -- The operator console lists a scope's runs newest first with keyset paging on (created_at, id):
 -- all of them, by status, or by user; each page is one short index scan at any number of runs.
 CREATE INDEX runs_created_idx ON ledger.runs (tenant_id, workspace_id, created_at, id);
@@ -815,6 +821,35 @@ AS $$
                           AND (g.workspace_id IS NULL OR g.workspace_id = s.workspace_id)))
 $$;
 COMMENT ON FUNCTION ledger_dispatch.due_schedule_scopes() IS 'The scopes the session''s login role may state that have a schedule due (see ledger.fire_schedules).';
+
+CREATE FUNCTION ledger_dispatch.next_wake() RETURNS timestamptz
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    -- As sql/queries/next_wake.sql does for one scope; each part is the first ahead in its
+    -- index that belongs to a scope the login role may state.
+    SELECT least(
+        (SELECT r.not_before FROM ledger.runs r
+          WHERE r.not_before > clock_timestamp() AND r.not_before < 'infinity'
+            AND r.status NOT IN ('succeeded', 'failed', 'canceled', 'expired')
+            AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+                 OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = r.tenant_id
+                               AND (g.workspace_id IS NULL OR g.workspace_id = r.workspace_id)))
+          ORDER BY r.not_before LIMIT 1),
+        (SELECT a.expires_at FROM ledger.approval_requests a
+          WHERE a.status = 'pending' AND a.expires_at > clock_timestamp()
+            AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+                 OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = a.tenant_id
+                               AND (g.workspace_id IS NULL OR g.workspace_id = a.workspace_id)))
+          ORDER BY a.expires_at LIMIT 1),
+        (SELECT min(l.window_start + make_interval(secs => l.window_seconds))
+           FROM ledger.concurrency_limits l
+          WHERE l.max_per_window <= l.window_claims
+            AND l.window_start + make_interval(secs => l.window_seconds) > clock_timestamp()
+            AND (NOT EXISTS (SELECT FROM ledger.scope_bindings)
+                 OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = l.tenant_id
+                               AND (g.workspace_id IS NULL OR g.workspace_id = l.workspace_id)))))
+$$;
+COMMENT ON FUNCTION ledger_dispatch.next_wake() IS 'When a run of any scope the session''s login role may state next becomes claimable by the clock alone (see ledger.next_wake): a wait''s or backoff''s not_before, a pending approval''s deadline, the end of a full rate window. NULL when none is ahead.';
 
 CREATE FUNCTION ledger_dispatch.expired_tool_call_scopes()
     RETURNS TABLE (tenant_id text, workspace_id text)

@@ -11,6 +11,7 @@ use crate::db;
 use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
+use crate::notifier;
 use crate::outbox;
 use crate::redaction::free_text;
 use crate::rows::{self, LockedRun};
@@ -265,6 +266,8 @@ fn set(
     note: Option<&str>,
 ) -> Result<Option<pgrx::composite_type!('static, "ledger.budget_usage")>> {
     let scope = scope::current()?;
+    // A raised budget lets the runs it stopped go on (nothing is sent if this fails).
+    notifier::runs_ready();
     let unit = budgets::unit(required("unit", unit)?)?;
     let level = Level::parse(required("level", level)?)?;
     let period = budgets::period(required("period", period)?)?;

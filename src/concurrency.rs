@@ -8,6 +8,7 @@
 
 use crate::db;
 use crate::error::{Code, LedgerError, Result, SqlError};
+use crate::notifier;
 use crate::scope::{self, Scope};
 use ledger_model::args::required_label;
 use pgrx::prelude::*;
@@ -190,6 +191,8 @@ fn set(
 ) -> Result<()> {
     let [in_flight, per_window, window] = values;
     let now = db::now()?;
+    // A raised or removed limit lets runs of the key go on.
+    notifier::runs_ready();
     if removing {
         let (drop, clear) = match limit {
             Limit::InFlight => (

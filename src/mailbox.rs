@@ -9,6 +9,7 @@ use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::guc;
 use crate::jsonb::Jsonb;
+use crate::notifier;
 use crate::redaction::free_text;
 use crate::rows::{self, LockedRun};
 use crate::scope::{self, Scope};
@@ -200,6 +201,7 @@ fn deliver(
 
 /// Makes a parked run claimable from now on.
 fn wake(scope: &Scope, run_id: &str) -> Result<()> {
+    notifier::runs_ready();
     db::execute(
         "UPDATE ledger.runs SET not_before = now() \
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3 AND not_before > now()",

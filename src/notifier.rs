@@ -81,6 +81,8 @@ pub fn init() {
 struct Pending {
     runs: Vec<([u8; 16], String, i64)>,
     outbox: Option<String>,
+    /// Some run may have become claimable (`ledger_runs`).
+    runs_ready: bool,
     /// Room reserved at pre-commit (`Decision::Worker`): publish at commit, release at abort.
     reserved: Option<usize>,
     /// The xid of a transaction being prepared.
@@ -89,7 +91,7 @@ struct Pending {
 
 impl Pending {
     fn is_empty(&self) -> bool {
-        self.runs.is_empty() && self.outbox.is_none()
+        self.runs.is_empty() && self.outbox.is_none() && !self.runs_ready
     }
 
     fn news(&self) -> Vec<News<'_>> {
@@ -103,7 +105,12 @@ impl Pending {
             subject: id,
             seq: 0,
         });
-        runs.chain(outbox).collect()
+        let ready = self.runs_ready.then_some(News {
+            channel: Channel::Runs,
+            subject: "",
+            seq: 0,
+        });
+        runs.chain(outbox).chain(ready).collect()
     }
 }
 
@@ -127,6 +134,17 @@ pub fn run_news(scope: &Scope, run_id: &str, seq: i64) -> Result<()> {
 /// An outbox event was written in this transaction (worker mode).
 pub fn outbox_news(id: &str) {
     PENDING.with(|p| p.borrow_mut().outbox = Some(id.to_owned()));
+}
+
+/// Some run may have become claimable in this transaction (created, released, woken, decided
+/// for, or a place under a limit freed): tells `ledger_runs`' listeners, idle workers, at commit,
+/// as `ledger.notify` says.
+pub fn runs_ready() {
+    match mode() {
+        Mode::Off => {}
+        Mode::Inline => notify(notifier::RUNS_CHANNEL, ""),
+        Mode::Worker => PENDING.with(|p| p.borrow_mut().runs_ready = true),
+    }
 }
 
 /// `pg_notify(channel, payload)`, queued for this transaction's commit.
@@ -171,7 +189,7 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
 /// Reserves room for this transaction's news, or notifies now when the worker cannot be counted
 /// on. A transaction being prepared keeps its news in the table whatever the decision (a
 /// transaction that notified cannot be prepared); a worker is on its way or attached. It keeps
-/// at most `TRANSACTION_CHANNELS` channels there (the outbox's first), since they wait until it
+/// at most `TRANSACTION_CHANNELS` channels there (the outbox's and `ledger_runs`' first), since they wait until it
 /// ends: followers of the other runs it wrote to read on their backstop timer.
 fn before_commit(preparing: bool) {
     let (decision, reserved) = PENDING.with(|p| {
@@ -180,7 +198,9 @@ fn before_commit(preparing: bool) {
             return (None, 0);
         }
         if preparing {
-            let room = notifier::TRANSACTION_CHANNELS - usize::from(p.outbox.is_some());
+            let room = notifier::TRANSACTION_CHANNELS
+                - usize::from(p.outbox.is_some())
+                - usize::from(p.runs_ready);
             p.runs.truncate(room);
         }
         let news = p.news();

@@ -8,6 +8,7 @@ use crate::concurrency;
 use crate::db;
 use crate::error::{LedgerError, Result, SqlError};
 use crate::feed;
+use crate::notifier;
 use crate::rows::{self, HeldRun};
 use crate::runs;
 use crate::scope::{self, Scope};
@@ -298,6 +299,7 @@ fn release_run(run_id: Option<&str>, run_token: Option<i64>) -> std::result::Res
           WHERE tenant_id = $1 AND workspace_id = $2 AND id = $3",
         &scope.args([run.id.as_str().into()]),
     )?;
+    notifier::runs_ready();
     Ok(())
 }
 

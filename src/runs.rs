@@ -6,6 +6,7 @@ use crate::error::{Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
 use crate::mailbox;
+use crate::notifier;
 use crate::outbox;
 use crate::redaction::{free_text, redacted_json};
 use crate::rows::{self, HeldRun, LockedRun};
@@ -200,6 +201,7 @@ pub fn create(scope: &Scope, new: NewRun) -> Result<String> {
     });
     feed::append(scope, HeldRun { id: &id, last_seq }, None, &created)?;
     outbox::enqueue(scope, &created, Some(&id), None, &format!("run:{id}"))?;
+    notifier::runs_ready();
     Ok(id)
 }
 
@@ -490,6 +492,8 @@ pub fn move_run(
         if let Some(parent) = &run.parent_run_id {
             mailbox::child_ended(scope, parent, &run.id)?;
         }
+        // Its place under its concurrency key is free.
+        notifier::runs_ready();
     }
     Ok(())
 }

@@ -153,6 +153,34 @@ fn for_children(
     Ok(json!({"status": status, "children": mailbox::children(&scope, &run.id)?}))
 }
 
+/// When a run of the scope (with `any_scope`, of any scope the session may state: members of
+/// ledger_operator only) next becomes claimable by the clock alone: a wait's or a backoff's
+/// `not_before`, a pending approval's deadline, or the end of a full rate window. NULL when
+/// nothing is ahead. An idle worker sleeps until then or until `ledger_runs` is notified, so no
+/// one polls a waiting run.
+#[pg_extern(stable, parallel_safe, security_definer, requires = ["ledger_schema"])]
+#[search_path(pg_catalog, ledger, pg_temp)]
+fn next_wake(
+    any_scope: default!(Option<bool>, false),
+) -> std::result::Result<Option<TimestampWithTimeZone>, SqlError> {
+    Ok(wake_time(any_scope.unwrap_or(false))?)
+}
+
+fn wake_time(any_scope: bool) -> Result<Option<TimestampWithTimeZone>> {
+    let read = |r: &db::Row| db::opt::<TimestampWithTimeZone>(r, 1);
+    if any_scope {
+        ledger_model::run_leases::check_any_scope(scope::is_operator()?, None)?;
+        return Ok(db::select_one("SELECT ledger_dispatch.next_wake()", &[], read)?.flatten());
+    }
+    let scope = scope::current()?;
+    Ok(db::select_one(
+        include_str!("../sql/queries/next_wake.sql"),
+        &scope.args([db::clock()?.into()]),
+        read,
+    )?
+    .flatten())
+}
+
 #[cfg(any(test, feature = "pg_test"))]
 #[pg_schema]
 mod tests {
@@ -346,5 +374,71 @@ mod tests {
         )
         .unwrap();
         assert_eq!(one::<i64>("SELECT count(*) FROM ledger.run_mailbox"), 0);
+    }
+
+    /// The nearest time ahead at which the clock alone makes a run claimable: a wait's end, an
+    /// approval's deadline, a full rate window's end; the scope's own, or any scope's for an
+    /// operator; NULL when nothing is ahead.
+    #[pg_test]
+    fn next_wake_is_the_nearest_wait_deadline_or_window_end_ahead() {
+        set_scope("t-wake", "w");
+        let ahead = |sql: &str| one::<String>(&format!("SELECT coalesce(({sql})::text, 'none')"));
+        let in_seconds = |any: &str| {
+            ahead(&format!(
+                "SELECT round(extract(epoch FROM ledger.next_wake({any}) - clock_timestamp()))"
+            ))
+        };
+        assert_eq!(ahead("SELECT ledger.next_wake()"), "none");
+        Spi::run(
+            "SELECT ledger.create_run('agent', run_id => 'r'); \
+             SELECT ledger.claim_run('w', 'r'); \
+             SELECT ledger.transition_run('r', 'running', run_token => 1); \
+             SELECT ledger.wait_run('r', 1, clock_timestamp() + interval '1 hour'); \
+             SELECT ledger.create_run('agent', run_id => 'later', \
+                                      not_before => clock_timestamp() + interval '2 hours'); \
+             SELECT ledger.create_run('agent', run_id => 'now', not_before => clock_timestamp())",
+        )
+        .unwrap();
+        assert_eq!(in_seconds(""), "3600");
+        // A pending approval's deadline comes first.
+        Spi::run(
+            "SELECT ledger.claim_run('w', 'now'); \
+             SELECT ledger.transition_run('now', 'running', run_token => 1); \
+             SELECT ledger.request_tool_approval('now', 'refund', '{}', run_token => 1, expires_in_seconds => 600)",
+        )
+        .unwrap();
+        assert_eq!(in_seconds(""), "600");
+        // Then a full rate window's end.
+        Spi::run(
+            "SELECT ledger.set_rate_limit('k', 1, 60); \
+             SELECT ledger.create_run('agent', run_id => 'k1', concurrency_key => 'k'); \
+             SELECT ledger.claim_run('w', 'k1')",
+        )
+        .unwrap();
+        assert_eq!(in_seconds(""), "60");
+        // Nothing of another scope counts in this one; an operator sees every scope's.
+        set_scope("t-wake", "other");
+        assert_eq!(ahead("SELECT ledger.next_wake()"), "none");
+        Spi::run(
+            "SELECT ledger.create_run('agent', run_id => 'soon', \
+                                      not_before => clock_timestamp() + interval '30 seconds')",
+        )
+        .unwrap();
+        assert_eq!(in_seconds(""), "30");
+        assert_eq!(in_seconds("any_scope => true"), "30");
+        // Runs that ended, and waits that only an input ends, are not ahead.
+        Spi::run(
+            "SELECT ledger.transition_run('soon', 'canceled'); \
+             UPDATE ledger.runs SET not_before = 'infinity' WHERE id = 'r'",
+        )
+        .unwrap();
+        assert_eq!(ahead("SELECT ledger.next_wake()"), "none");
+        assert_eq!(in_seconds("any_scope => true"), "60");
+        Spi::run("SET LOCAL ROLE ledger_writer").unwrap();
+        assert_error(
+            "SELECT ledger.next_wake(any_scope => true)",
+            "42501",
+            "OPERATOR_REQUIRED",
+        );
     }
 }

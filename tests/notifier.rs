@@ -194,6 +194,104 @@ fn followers_are_woken_by_the_worker_once_per_commit_with_the_last_seq() {
     assert_eq!(outbox.pid, worker);
 }
 
+/// Idle workers listen on `ledger_runs`: every commit that may make a run claimable tells them
+/// (the notifier worker by default, the writer itself inline), with an empty payload that names
+/// no scope; a commit that makes none claimable is silent.
+#[test]
+#[ignore]
+fn idle_workers_hear_ledger_runs_when_a_run_may_be_claimed() {
+    let db = database("ledger_notifier_runs");
+    let (mut writer, mut listener, channel) = run_followed(&db);
+    exec(&mut listener, "LISTEN ledger_runs");
+    let me = backend_pid(&mut writer);
+    for mode in ["worker", "inline"] {
+        exec(&mut writer, &format!("SET ledger.notify = {mode}"));
+        let run = format!("r-{mode}");
+        let told = |writer: &mut Client, listener: &mut Client, what: &str, sql: &str| {
+            if mode == "worker" {
+                // A worker just active (an idle one leaves after 2 s, and then writers notify).
+                worker_serving(writer, listener, &channel);
+                hear(listener, Duration::from_millis(300));
+            }
+            exec(writer, sql);
+            let heard = hear_on(listener, "ledger_runs", Duration::from_secs(5));
+            let note = heard
+                .iter()
+                .find(|n| n.channel == "ledger_runs")
+                .unwrap_or_else(|| panic!("{mode}: {what} told no idle worker: {heard:?}"));
+            assert_eq!(note.payload, "", "{mode}: {what}");
+            assert_eq!(
+                note.pid == me,
+                mode == "inline",
+                "{mode}: {what}: sent by {}",
+                note.pid
+            );
+            // Whatever else the worker had gathered with it.
+            hear(listener, Duration::from_millis(300));
+        };
+        let silent = |writer: &mut Client, listener: &mut Client, what: &str, sql: &str| {
+            exec(writer, sql);
+            let heard = hear(listener, Duration::from_millis(1500));
+            assert!(
+                heard.iter().all(|n| n.channel != "ledger_runs"),
+                "{mode}: {what} made no run claimable: {heard:?}"
+            );
+        };
+        told(
+            &mut writer,
+            &mut listener,
+            "a new run",
+            &format!("SELECT ledger.create_run('agent', run_id => '{run}')"),
+        );
+        silent(
+            &mut writer,
+            &mut listener,
+            "a claim and a wait",
+            &format!(
+                "SELECT ledger.claim_run('w', '{run}'); \
+                 SELECT ledger.transition_run('{run}', 'running', run_token => 1); \
+                 SELECT ledger.wait_for_input('{run}', 1, 'answer', now() + interval '1 day')"
+            ),
+        );
+        told(
+            &mut writer,
+            &mut listener,
+            "an input",
+            &format!("SELECT ledger.send_input('{run}', 'answer', '{{\"ok\": true}}')"),
+        );
+        silent(
+            &mut writer,
+            &mut listener,
+            "a claim and a heartbeat",
+            &format!(
+                "SELECT ledger.claim_run('w', '{run}'); SELECT ledger.heartbeat_run('{run}', 2)"
+            ),
+        );
+        told(
+            &mut writer,
+            &mut listener,
+            "a release",
+            &format!("SELECT ledger.release_run('{run}', 2)"),
+        );
+        told(
+            &mut writer,
+            &mut listener,
+            "a run's end",
+            &format!(
+                "SELECT ledger.claim_run('w', '{run}'); \
+                 SELECT ledger.transition_run('{run}', 'running', run_token => 3); \
+                 SELECT ledger.transition_run('{run}', 'succeeded', run_token => 3)"
+            ),
+        );
+        told(
+            &mut writer,
+            &mut listener,
+            "a raised limit",
+            "SELECT ledger.set_concurrency_limit('k', 2)",
+        );
+    }
+}
+
 #[test]
 #[ignore]
 fn while_the_worker_is_gone_writers_notify_and_no_follower_waits_past_its_backstop() {
@@ -361,10 +459,11 @@ impl<'a> Setting<'a> {
 
 impl Drop for Setting<'_> {
     fn drop(&mut self) {
-        let _ = self.admin.batch_execute(&format!(
-            "ALTER SYSTEM RESET {}; SELECT pg_reload_conf()",
-            self.name
-        ));
+        // Two statements: ALTER SYSTEM refuses to run in the implicit transaction of a batch.
+        let _ = self
+            .admin
+            .batch_execute(&format!("ALTER SYSTEM RESET {}", self.name));
+        let _ = self.admin.batch_execute("SELECT pg_reload_conf()");
     }
 }
 

@@ -6,6 +6,7 @@ use super::event;
 use crate::audit;
 use crate::db;
 use crate::error::Result;
+use crate::notifier;
 use crate::outbox;
 use crate::rows::{self, LockedRun};
 use crate::scope::Scope;
@@ -45,6 +46,7 @@ pub(super) fn decide(
     actor: Option<&str>,
     note: Option<&str>,
 ) -> Result<()> {
+    notifier::runs_ready();
     db::execute(
         include_str!("../../sql/queries/decide_approval.sql"),
         &scope.args([

@@ -9,6 +9,7 @@ use crate::db;
 use crate::error::{raise, Code, LedgerError, Result, SqlError};
 use crate::feed;
 use crate::jsonb::Jsonb;
+use crate::notifier;
 use crate::redaction::free_text;
 use crate::rows;
 use crate::scope::{self, Scope};
@@ -38,6 +39,8 @@ fn resolve_tool_call(
         let note = free_text(note);
         let note = note.as_deref();
         let (run, mut rec) = rows::lock_tool_call_by_id(&scope, id)?;
+        // A person's decision lets the run go on (nothing is sent if this fails).
+        notifier::runs_ready();
         if rec.status != CallStatus::InDoubt {
             raise(
                 LedgerError::new(

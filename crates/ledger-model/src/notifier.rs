@@ -62,18 +62,24 @@ pub const IDLE_EXIT_US: i64 = 2_000_000;
 /// (the database is gone, or cannot be connected to).
 pub const MAX_FAILED_STARTS: u32 = 3;
 
-/// The channel of a run's feed, `ledger_run_` and 32 hex digits of its digest.
+/// The channel of a run's feed (`ledger_run_` and 32 hex digits of its digest), of the outbox, or
+/// of idle workers (`ledger_runs`: some run may have become claimable).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Channel {
     Run([u8; 16]),
     Outbox,
+    Runs,
 }
+
+/// The channel idle workers listen on.
+pub const RUNS_CHANNEL: &str = "ledger_runs";
 
 impl Channel {
     pub fn name(&self) -> std::string::String {
         match self {
             Channel::Run(digest) => format!("{}{}", hash::RUN_CHANNEL_PREFIX, hash::hex(digest)),
             Channel::Outbox => "ledger_outbox".to_owned(),
+            Channel::Runs => RUNS_CHANNEL.to_owned(),
         }
     }
 }
@@ -104,11 +110,13 @@ impl News<'_> {
 }
 
 /// A run channel's payload is `{"run_id", "seq"}` (events up to `seq` are committed); the
-/// outbox channel's is an event id, as when writers notify by themselves.
+/// outbox channel's is an event id, as when writers notify by themselves; `ledger_runs`' is
+/// empty (it names no scope).
 fn payload(channel: Channel, subject: &str, seq: i64) -> std::string::String {
     match channel {
         Channel::Run(_) => serde_json::json!({"run_id": subject, "seq": seq}).to_string(),
         Channel::Outbox => subject.to_owned(),
+        Channel::Runs => std::string::String::new(),
     }
 }
 
