@@ -13,27 +13,31 @@ repo=$(pwd)
 bash pgrx-tests/bootstrap.sh
 VERSIONS=${LEDGER_PG_VERSIONS:-15 16 17 18}
 summary=()
+# Each step's heading says when it began (seconds since the start), so a log shows where the
+# time goes.
+t0=$(date +%s)
+step() { echo "==> [$(( $(date +%s) - t0 )) s] $*"; }
 
-echo "==> formatting and lints"
+step "formatting and lints"
 cargo fmt --check
 first=${VERSIONS%% *}
 # The whole workspace; the features are the extension's (ledger-model has none).
 cargo clippy --quiet --workspace --all-targets --no-default-features \
   --features "ledger/pg$first ledger/pg_test" -- -D warnings
 
-echo "==> the pure core's unit and property tests"
+step "the pure core's unit and property tests"
 cargo test --quiet -p ledger-model
 
 for v in $VERSIONS; do
   started=$(date +%s)
-  echo "==> PostgreSQL $v: #[pg_test]s"
+  step "PostgreSQL $v: #[pg_test]s"
   pgtest=/tmp/ledger-pgtest-$v
   rm -rf "$pgtest"
   if [ "$(id -u)" -eq 0 ]; then export CARGO_PGRX_TEST_RUNAS=postgres; fi
   CARGO_PGRX_TEST_PGDATA=$pgtest cargo pgrx test "pg$v"
   rm -rf "$pgtest"
 
-  echo "==> PostgreSQL $v: pg_regress and multi-session tests"
+  step "PostgreSQL $v: the upgrade tests"
   install_ledger "$v"
   work=/tmp/ledger-regress-$v
   data=$work/pgdata
@@ -53,6 +57,7 @@ for v in $VERSIONS; do
   # tests that need a server without it restart it so (tests/common/mod.rs).
   cluster_stop "$v" "$data"
   cluster_start "$v" "$data" "$port" "$PRELOAD"
+  step "PostgreSQL $v: pg_regress"
   cluster_psql "$v" "$data" "$port" -q -c "CREATE DATABASE ledger_regress"
   bindir=$(pg_bindir "$v")
   regress="$($bindir/pg_config --pkglibdir)/pgxs/src/test/regress/pg_regress"
@@ -63,9 +68,10 @@ for v in $VERSIONS; do
     cat "$work/out/regression.diffs" 2>/dev/null || true
     exit 1
   fi
+  step "PostgreSQL $v: the multi-session tests (tests/*.rs)"
   LEDGER_TEST_HOST=$data LEDGER_TEST_PORT=$port LEDGER_TEST_PGDATA=$data LEDGER_TEST_BINDIR=$bindir \
     LEDGER_TEST_SERVER_OPTIONS="$PRELOAD" cargo test --no-default-features --features "pg$v pg_test" --test '*' -- --include-ignored --test-threads=1
-  echo "==> PostgreSQL $v: the clients (clients/*/test.sh)"
+  step "PostgreSQL $v: the clients (clients/*/test.sh)"
   for client in clients/*/test.sh; do
     LEDGER_TEST_HOST=$data LEDGER_TEST_PORT=$port LEDGER_TEST_PGDATA=$data LEDGER_TEST_BINDIR=$bindir \
       LEDGER_PYTHON="${LEDGER_VENV:-/opt/ledger-venv}/bin/python" bash "$client"
@@ -74,7 +80,7 @@ for v in $VERSIONS; do
   trap - EXIT
   rm -rf "$work"
 
-  echo "==> PostgreSQL $v: the release package, installed without cargo"
+  step "PostgreSQL $v: the release package, installed without cargo"
   bash pgrx-tests/package-test.sh "$v"
   summary+=("PostgreSQL $v: passed in $(( $(date +%s) - started ))s")
 done

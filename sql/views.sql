@@ -12,13 +12,13 @@ COMMENT ON VIEW ledger.tool_calls_in_doubt IS 'Tool calls whose request may have
 
 CREATE VIEW ledger.pending_approvals WITH (security_invoker = true) AS
     SELECT a.id, a.run_id, a.step_id, a.tool_call_record_id, t.tool_ref, a.title, a.policy_ref,
-           a.details, a.created_at, a.expires_at
+           a.details, a.created_at, a.expires_at, t.arguments
       FROM ledger.approval_requests a
       LEFT JOIN ledger.run_step_tool_calls t
         ON t.tenant_id = a.tenant_id AND t.workspace_id = a.workspace_id AND t.id = a.tool_call_record_id
      WHERE ledger.scope_required() AND a.status = 'pending'
        AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp());
-COMMENT ON VIEW ledger.pending_approvals IS 'Approvals waiting for a decision: ledger.resolve_approval(id, approved|rejected), before expires_at when they have one (past it they are expired, and no longer listed). Fails 42501 SCOPE_MISSING without a scope.';
+COMMENT ON VIEW ledger.pending_approvals IS 'Approvals waiting for a decision: ledger.resolve_approval(id, approved|rejected), before expires_at when they have one (past it they are expired, and no longer listed). arguments: the call''s arguments as stored (redacted), so that a person sees what they approve. Fails 42501 SCOPE_MISSING without a scope.';
 
 CREATE VIEW ledger.run_overview WITH (security_invoker = true) AS
     SELECT r.id, r.status, r.mode, r.kind, r.subject_kind, r.subject_id, r.attempt_no,

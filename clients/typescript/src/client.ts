@@ -745,14 +745,14 @@ export abstract class LedgerCalls {
   }
 
   /**
-   * The people's queue of approvals (`ledger.pending_approvals`), oldest first, with the call's
-   * `tool_call_id` and arguments as stored (redacted) from `ledger.run_step_tool_calls`, which the
-   * view does not show (its `details` hold them as they were asked for). A `ledger_reader` may read it.
+   * The people's queue of approvals (`ledger.pending_approvals`, with the call's arguments as
+   * stored, redacted), oldest first, with the call's `tool_call_id` from
+   * `ledger.run_step_tool_calls`. A `ledger_reader` may read it.
    */
   async pendingApprovals(options: QueueOptions = {}): Promise<PendingApproval[]> {
     return (
       await this.queue(
-        `SELECT p.*, t.tool_call_id, t.arguments FROM ledger.pending_approvals p
+        `SELECT p.*, t.tool_call_id FROM ledger.pending_approvals p
            JOIN ledger.approval_requests a ON a.id = p.id AND ${SCOPED("a")}
            LEFT JOIN ledger.run_step_tool_calls t ON t.id = p.tool_call_record_id AND ${SCOPED("t")}`,
         "p",

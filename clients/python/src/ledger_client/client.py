@@ -679,11 +679,11 @@ class Calls:
 
     @call
     def pending_approvals(self, run_id: str | None = None, *, limit: int | None = None) -> Statement[list[PendingApproval]]:
-        """``ledger.pending_approvals`` with each call's ``tool_call_id`` and arguments as stored
-        (redacted), oldest first (``run_id``, ``limit`` as in :meth:`tool_calls_in_doubt`): decide
+        """``ledger.pending_approvals`` (with the call's arguments as stored, redacted) and each
+        call's ``tool_call_id``, oldest first (``run_id``, ``limit`` as in :meth:`tool_calls_in_doubt`): decide
         each with ``resolve_approval``."""
         return _queue(
-            "SELECT p.*, t.tool_call_id, t.arguments FROM ledger.pending_approvals p"
+            "SELECT p.*, t.tool_call_id FROM ledger.pending_approvals p"
             f" LEFT JOIN ledger.run_step_tool_calls t ON {_SCOPED} AND t.id = p.tool_call_record_id",
             "p", "p.created_at, p.id", run_id, limit, lambda rows: [PendingApproval.from_row(r) for r in rows])
 
