@@ -10,6 +10,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
 
@@ -19,10 +20,11 @@ from psycopg.rows import DictRow
 from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select
 
 from conftest import READER, Browser, Console, console_command, console_env, one
-from ledger_client import ClaimOutcome, ScopedLedger
+from ledger_client import ClaimOutcome, ScopedLedger, WaitStatus
 from ledger_console.sessions import COOKIE
 
 
@@ -381,3 +383,180 @@ def test_a_runs_json_shows_its_text(browser: Browser, scoped: ScopedLedger) -> N
         shown = browser.text(table)
         assert text in shown and "\\u" not in shown, shown  # text, not JSON escapes
     assert not browser.driver.find_elements(By.CSS_SELECTOR, "main b")  # and not markup
+
+
+def budget_stopped_run(scoped: ScopedLedger, run_id: str) -> None:
+    """A run with a budget of one tool call (warnings at half of it): its second claim was refused,
+    which parked the run (paused, BUDGET_EXHAUSTED), and its worker released it; no claim hands it
+    out."""
+    scoped.create_run("agent", run_id=run_id)
+    scoped.set_budget("tool_calls", 1, level="run", run_id=run_id, warn_ratio=Decimal("0.5"), actor="setup",
+                      note="one search")
+    claimed = scoped.claim_run("worker-1", run_id=run_id)
+    assert claimed is not None
+    scoped.transition_run(run_id, "running", run_token=claimed.run_token)
+    for call_id, outcome in (("call-1", ClaimOutcome.CLAIMED), ("call-2", ClaimOutcome.BUDGET_EXHAUSTED)):
+        assert scoped.claim_tool_call(run_id, "search.web", {"q": call_id}, tool_call_id=call_id,
+                                      run_token=claimed.run_token).outcome is outcome
+    scoped.release_run(run_id, claimed.run_token)
+    assert scoped.claim_run("worker-2", run_id=run_id) is None
+
+
+def waiting_run(scoped: ScopedLedger, run_id: str, input_key: str, deadline: datetime | None = None) -> None:
+    """A run parked by its worker until the input `input_key` arrives: no claim hands it out."""
+    scoped.create_run("agent", run_id=run_id)
+    claimed = scoped.claim_run("worker-1", run_id=run_id)
+    assert claimed is not None
+    scoped.transition_run(run_id, "running", run_token=claimed.run_token)
+    assert scoped.wait_for_input(run_id, claimed.run_token, input_key, deadline).status is WaitStatus.WAITING
+    assert scoped.claim_run("worker-2", run_id=run_id) is None
+
+
+def set_maximum(browser: Browser, row: WebElement, amount: str, note: str) -> None:
+    box = row.find_element(By.NAME, "max_amount")
+    box.clear()
+    box.send_keys(amount)
+    row.find_element(By.NAME, "note").send_keys(note)
+    browser.submit(row.find_element(By.CSS_SELECTOR, "button[type=submit]"))
+
+
+def answer_input(browser: Browser, payload: str) -> None:
+    card = browser.driver.find_element(By.CSS_SELECTOR, "section.awaited")
+    card.find_element(By.NAME, "payload").send_keys(payload)
+    browser.submit(card.find_element(By.CSS_SELECTOR, "button[type=submit]"))
+
+
+def test_raise_the_budget_that_stopped_a_run_and_the_run_is_claimable(
+    browser: Browser, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    budget_stopped_run(scoped, "run-budget")
+    usage = "SELECT max_amount, warn_ratio, exhausted FROM ledger.budget_usage WHERE run_id = 'run-budget'"
+    audit = ("SELECT actor, payload->'before'->>'max_amount' AS before, payload->'after'->>'max_amount' AS after,"
+             " payload->>'note' AS note FROM ledger.audit_events WHERE gateway_type = 'budget.set' AND actor = 'ops@acme'")
+    browser.sign_in()
+    browser.open("/run?id=run-budget")
+    assert "used up" in browser.text("#budget-stop")
+    browser.submit(browser.driver.find_element(By.ID, "raise-budget"))
+    row = browser.driver.find_element(By.CSS_SELECTOR, "#budgets tr.budget[data-unit=tool_calls]")
+    assert "used up" in row.text and "0.5" in row.text
+    browser.shot("budgets")
+
+    # A note of blanks (the browser's `required` lets it through): refused, nothing written.
+    set_maximum(browser, row, "3", "   ")
+    assert "write a note" in browser.text("#error")
+    assert person.execute(usage).fetchone() == {"max_amount": 1, "warn_ratio": Decimal("0.5"), "exhausted": True}
+    assert person.execute(audit).fetchall() == []
+
+    browser.open("/budgets?run=run-budget")
+    note = "two more searches <script>alert('x')</script>"
+    set_maximum(browser, browser.driver.find_element(By.CSS_SELECTOR, "#budgets tr.budget[data-unit=tool_calls]"),
+                "3", note)
+    # Back on the run page, the outcome at the top: what happens next, and no budget used up.
+    assert browser.driver.current_url == browser.console.url + "/run?id=run-budget&done=budget"
+    assert "handed out again by claim_run" in browser.text("#notice")
+    assert "No budget that applies to this run is used up now" in browser.text("#budget-free")
+    assert note in browser.text("#audit-records")  # the run's budget.set record, as text
+    with pytest.raises(NoAlertPresentException):
+        browser.driver.switch_to.alert.text  # noqa: B018 (no script ran)
+    browser.shot("budget-raised")
+    # The maximum changed, the warning ratio kept; the audit record names the person and the note.
+    assert person.execute(usage).fetchone() == {"max_amount": 3, "warn_ratio": Decimal("0.5"), "exhausted": False}
+    assert person.execute(audit).fetchall() == [{"actor": "ops@acme", "before": "1", "after": "3", "note": note}]
+    claimed = scoped.claim_run("worker-2", run_id="run-budget")
+    assert claimed is not None and claimed.status == "paused"
+
+
+def test_answer_an_input_a_run_waits_for_and_the_run_is_claimable(
+    browser: Browser, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    key = 'refund "ok" <b>1042</b>'  # quotes and markup: shown as text, sent back as they are
+    deadline = datetime.now(timezone.utc).replace(microsecond=0) + timedelta(days=1)
+    waiting_run(scoped, "run-ask", key, deadline)
+    mailbox = ("SELECT input_key, payload, sender, received_at IS NOT NULL AS received FROM ledger.run_mailbox"
+               " WHERE run_id = 'run-ask'")
+    browser.sign_in()
+    browser.open("/run?id=run-ask")
+    assert browser.text("section.awaited code.key") == key
+    assert deadline.strftime("%Y-%m-%d %H:%M:%S") in browser.text("section.awaited .deadline")
+
+    # Not JSON: a clear message, nothing sent.
+    answer_input(browser, "{answer: yes}")
+    assert "the payload is not JSON" in browser.text("#error")
+    assert person.execute(mailbox).fetchall() == [{"input_key": key, "payload": None, "sender": None, "received": False}]
+
+    browser.open("/run?id=run-ask")
+    card = browser.driver.find_element(By.CSS_SELECTOR, "section.awaited")
+    card.find_element(By.NAME, "payload").send_keys(
+        '{"answer": "yes", "comment": "café <b>ok</b>", "api_key": "sk-live-0123456789abcdefghij"}')
+    browser.shot("input")
+    browser.submit(card.find_element(By.CSS_SELECTOR, "button[type=submit]"))
+    assert browser.driver.current_url == browser.console.url + "/run?id=run-ask&done=answered"
+    assert "claimable at once" in browser.text("#notice")
+    assert not browser.driver.find_elements(By.CSS_SELECTOR, "section.awaited")  # answered
+    received = browser.text("#received-inputs")
+    assert key in received and "ops@acme" in received and "café <b>ok</b>" in received
+    assert "[REDACTED]" in received and "sk-live" not in received  # the payload as the ledger keeps it
+    assert not browser.driver.find_elements(By.CSS_SELECTOR, "main b")
+    browser.shot("input-received")
+    [row] = person.execute(mailbox).fetchall()
+    assert row["sender"] == "ops@acme" and row["received"] and row["input_key"] == key
+    assert row["payload"] == {"answer": "yes", "comment": "café <b>ok</b>", "api_key": "[REDACTED]"}
+    assert one(person, "SELECT actor FROM ledger.audit_events WHERE gateway_type = 'input.send'") == "ops@acme"
+    # The run is claimable again, and its worker's wait answers with the input.
+    claimed = scoped.claim_run("worker-2", run_id="run-ask")
+    assert claimed is not None
+    answer = scoped.wait_for_input("run-ask", claimed.run_token, key, deadline)
+    assert answer.status is WaitStatus.RECEIVED and answer.input is not None and answer.input.sender == "ops@acme"
+
+
+def test_a_refused_input_shows_the_ledgers_code_and_writes_nothing(
+    browser: Browser, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    waiting_run(scoped, "run-taken", "approve")
+    waiting_run(scoped, "run-ended", "approve")
+    browser.sign_in()
+    browser.open("/run?id=run-taken")
+    scoped.send_input("run-taken", "approve", {"answer": "no"}, sender="kim")  # someone answered first
+    answer_input(browser, '{"answer": "yes"}')
+    assert "IDEMPOTENCY_MISMATCH" in browser.text("#error")
+    browser.open("/run?id=run-ended")
+    # The run ended while the page was open (in SQL: the client's Run cannot hold this run's
+    # not_before, 'infinity').
+    assert one(person, "SELECT status FROM ledger.transition_run('run-ended', 'canceled')") == "canceled"
+    answer_input(browser, '{"answer": "yes"}')
+    assert "RUN_TERMINAL" in browser.text("#error")
+    browser.open("/run?id=run-ended")
+    assert "ended without it" in browser.text("section.awaited")
+    assert not browser.driver.find_elements(By.CSS_SELECTOR, "main form")
+    token = str(browser.driver.find_element(By.CSS_SELECTOR, "header input[name=csrf]").get_attribute("value"))
+    submit_form(browser, "/run/input?id=run-taken", {"csrf": token, "input_key": "ledger:child:x", "payload": "{}"})
+    assert "INPUT_KEY_RESERVED" in browser.text("#error")
+    rows = person.execute("SELECT run_id, input_key, sender FROM ledger.run_mailbox WHERE received_at IS NOT NULL").fetchall()
+    assert rows == [{"run_id": "run-taken", "input_key": "approve", "sender": "kim"}]
+    assert one(person, "SELECT count(*) FROM ledger.audit_events WHERE actor = 'ops@acme'") == 0
+
+
+def test_a_reader_can_neither_raise_a_budget_nor_answer_an_input(
+    chromium: WebDriver, start_console: Callable[..., Console], scoped: ScopedLedger,
+    person: psycopg.Connection[DictRow], screenshots: Path,
+) -> None:
+    budget_stopped_run(scoped, "run-r-budget")
+    waiting_run(scoped, "run-r-ask", "approve")
+    chromium.delete_all_cookies()
+    browser = Browser(chromium, start_console(READER), screenshots)
+    browser.sign_in()
+    browser.open("/budgets")
+    assert "used up" in browser.text("#budgets")
+    assert not browser.driver.find_elements(By.CSS_SELECTOR, "main form")
+    browser.open("/run?id=run-r-ask")
+    assert "approve" in browser.text("section.awaited")
+    assert not browser.driver.find_elements(By.CSS_SELECTOR, "main form")
+    # POSTs made anyway (with the session's own token, from the console's page) are refused.
+    token = str(browser.driver.find_element(By.CSS_SELECTOR, "header input[name=csrf]").get_attribute("value"))
+    submit_form(browser, "/run/input?id=run-r-ask", {"csrf": token, "input_key": "approve", "payload": "{}"})
+    assert "read-only" in browser.text("#error")
+    submit_form(browser, "/budgets", {"csrf": token, "level": "run", "run_id": "run-r-budget", "unit": "tool_calls",
+                                      "period": "total", "max_amount": "9", "note": "more"})
+    assert "read-only" in browser.text("#error")
+    assert one(person, "SELECT max_amount FROM ledger.budget_usage WHERE run_id = 'run-r-budget'") == 1
+    assert one(person, "SELECT count(*) FROM ledger.run_mailbox WHERE received_at IS NOT NULL") == 0

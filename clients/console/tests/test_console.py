@@ -12,13 +12,15 @@ import urllib.parse
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.rows import DictRow
 
-from conftest import PASSWORD, SCOPE, WRITER, Console, console_command, console_env, server_dsn
+from conftest import PASSWORD, SCOPE, WRITER, Console, console_command, console_env, one, server_dsn
 from ledger_client import ScopedLedger
 from ledger_console.data import NotAllowed, check_role
 from ledger_console.sessions import Session, Signer
@@ -228,3 +230,77 @@ def test_an_open_live_stream_ends_when_its_session_ends(console: Console, scoped
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(live, timeout=10)
     assert refused.value.code == 403
+
+
+def post(opener: urllib.request.OpenerDirector, console: Console, path: str, form: dict[str, str]) -> tuple[int, str, str]:
+    """A POST from the console's origin: the status, the page it ended on and its text."""
+    request = urllib.request.Request(console.url + path, data=urllib.parse.urlencode(form).encode(),
+                                     headers={"Origin": console.url})
+    try:
+        with opener.open(request, timeout=10) as page:
+            return page.status, str(page.url), page.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, str(exc.url), exc.read().decode()
+
+
+def csrf_of(opener: urllib.request.OpenerDirector, url: str) -> str:
+    token = re.search(r'name="csrf" value="([^"]+)"', opener.open(url, timeout=10).read().decode())
+    assert token is not None
+    return token[1]
+
+
+def test_changing_a_budget_keeps_its_warning_and_refuses_what_is_not_a_change(
+    console: Console, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped.set_budget("usd", Decimal("0.50"), period="day", warn_ratio=None, actor="setup", note="trial")
+    opener = signed_in_opener(console)
+    page = opener.open(f"{console.url}/budgets", timeout=10).read().decode()
+    assert 'data-unit="USD"' in page and "no warning" in page
+    token = csrf_of(opener, f"{console.url}/budgets")
+    budget = {"csrf": token, "level": "workspace", "run_id": "", "unit": "USD", "period": "day"}
+    refused = [
+        ({**budget, "max_amount": "ten", "note": "more"}, 400, "is not a number"),
+        ({**budget, "max_amount": "", "note": "more"}, 400, "is not a number"),  # never NULL: that would remove it
+        ({**budget, "max_amount": "Infinity", "note": "more"}, 400, "is not a number"),
+        ({**budget, "max_amount": "2", "note": " "}, 400, "write a note"),
+        ({**budget, "max_amount": "-1", "note": "more"}, 400, "AMOUNT_INVALID"),  # the ledger's refusal
+        ({**budget, "period": "month", "max_amount": "2", "note": "more"}, 404, "no such budget"),
+        ({**budget, "csrf": "wrong", "max_amount": "2", "note": "more"}, 403, "security token"),
+    ]
+    for form, status, message in refused:
+        got = post(opener, console, "/budgets", form)
+        assert got[0] == status and message in got[2], (form, got[:2])
+    budget_now = "SELECT max_amount, warn_ratio, updated_by FROM ledger.budget_usage WHERE unit = 'USD'"
+    assert person.execute(budget_now).fetchone() == {"max_amount": Decimal("0.50"), "warn_ratio": None, "updated_by": "setup"}
+    assert one(person, "SELECT count(*) FROM ledger.audit_events WHERE gateway_type = 'budget.set'") == 1
+
+    status, url, page = post(opener, console, "/budgets", {**budget, "max_amount": "2.00", "note": "launch day"})
+    assert (status, url) == (200, f"{console.url}/budgets?done=budget") and "handed out again by claim_run" in page
+    # Only the maximum changed: a budget without warnings still has none (set_budget's default is 0.8).
+    assert person.execute(budget_now).fetchone() == {"max_amount": Decimal("2.00"), "warn_ratio": None,
+                                                     "updated_by": "ops@acme"}
+
+
+def test_sending_an_input_refuses_what_is_not_json_and_needs_the_token(
+    console: Console, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped.create_run("agent", run_id="run-in")
+    opener = signed_in_opener(console)
+    token = csrf_of(opener, f"{console.url}/runs")
+    for form, status, message in [
+        ({"csrf": token, "input_key": "k", "payload": "yes"}, 400, "the payload is not JSON"),
+        ({"csrf": token, "input_key": "k", "payload": ""}, 400, "the payload is not JSON"),
+        ({"csrf": token, "input_key": "k", "payload": "null"}, 400, "null is not an answer"),
+        ({"input_key": "k", "payload": "{}"}, 403, "security token"),
+    ]:
+        got = post(opener, console, "/run/input?id=run-in", form)
+        assert got[0] == status and message in got[2], (form, got[:2])
+    assert post(opener, console, "/run/input?id=run-nowhere", {"csrf": token, "input_key": "k", "payload": "{}"})[0] == 404
+    assert one(person, "SELECT count(*) FROM ledger.run_mailbox") == 0
+    # An input may come before the run waits for it (its wait then answers received at once).
+    status, url, _ = post(opener, console, "/run/input?id=run-in", {"csrf": token, "input_key": "k", "payload": "[1, 2]"})
+    assert (status, url) == (200, f"{console.url}/run?id=run-in&done=answered")
+    assert person.execute("SELECT payload, sender FROM ledger.run_mailbox").fetchone() == {"payload": [1, 2], "sender": "ops@acme"}
+    with pytest.raises(urllib.error.HTTPError) as not_a_page:  # an action is a POST, never a GET
+        opener.open(f"{console.url}/run/input?id=run-in", timeout=10)
+    assert not_a_page.value.code == 405

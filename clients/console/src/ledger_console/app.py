@@ -85,6 +85,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/run", _page(console, pages.run)),
         Route("/run/timeline.svg", _page(console, pages.timeline)),
         Route("/run/bundle.json", _page(console, pages.bundle)),
+        Route("/run/input", _action(console, pages.send_input), methods=["POST"]),
         Mount("/live", app=_ends_with_session(sse_app(console.hub, live_scope, run_id_of=_run_id_of), live_scope)),
         Route("/in-doubt", _page(console, pages.in_doubt)),
         Route("/in-doubt/{id}", _action(console, pages.resolve), methods=["POST"]),
@@ -92,6 +93,8 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/approvals/{id}", _action(console, pages.decide), methods=["POST"]),
         Route("/outbox", _page(console, pages.outbox)),
         Route("/outbox/{id}/replay", _action(console, pages.replay), methods=["POST"]),
+        Route("/budgets", _page(console, pages.budgets), methods=["GET"]),
+        Route("/budgets", _action(console, pages.change_budget), methods=["POST"]),
         Mount("/static", app=StaticFiles(directory=static), name="static"),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, LiteralString
 
 import psycopg
 from psycopg import sql
 
-from ledger_client import Ledger, ScopedLedger
+from ledger_client import BudgetUsage, Ledger, ScopedLedger
 
 PAGE = 50
 Row = dict[str, Any]
@@ -120,6 +121,8 @@ class RunView:
     events: list[Row]
     evidence: list[Row]
     replay_ready: Row
+    inputs: list[Row]
+    budgets: list[BudgetUsage]
     now: datetime
 
 
@@ -156,8 +159,11 @@ def run_view(ledger: ScopedLedger, run_id: str) -> RunView | None:
                               " e->>'summary' AS summary, e->'missing' AS missing"
                               " FROM jsonb_array_elements(ledger.run_evidence(%s)) e", (run_id,))
         ready = tx.execute("SELECT ledger.replay_ready(%s) AS r", (run_id,))[0]["r"]
+        inputs = tx.execute(_scoped("run_mailbox", "created_at, id"), (run_id,))
+        budgets = tx.budgets(run_id)
         now = tx.execute("SELECT now() AS now")[0]["now"]
-    return RunView(run, lineage, steps, calls, costs, responses, approvals, audit, events, evidence, ready, now)
+    return RunView(run, lineage, steps, calls, costs, responses, approvals, audit, events, evidence, ready, inputs,
+                   budgets, now)
 
 
 def replay_bundle(ledger: ScopedLedger, run_id: str) -> dict[str, Any]:
@@ -201,12 +207,15 @@ def failed_outbox(ledger: ScopedLedger) -> list[Row]:
 def parse_result(text: str) -> Any:
     """The result a person typed, as JSON; None for an empty box. Raises ValueError with a message
     a person can act on."""
-    if not text.strip():
-        return None
+    return parse_json(text, "result") if text.strip() else None
+
+
+def parse_json(text: str, what: str) -> Any:
+    """`what` a person typed, as JSON. Raises ValueError with a message a person can act on."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"the result is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from exc
+        raise ValueError(f"the {what} is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from exc
 
 
 def resolve_tool_call(ledger: ScopedLedger, record_id: str, decision: str, result: Any, actor: str, note: str | None) -> Row:
@@ -222,3 +231,27 @@ def replay_outbox_event(ledger: ScopedLedger, event_id: str, actor: str) -> None
     """Replays the event; the ledger records who did in the same transaction (audit
     ``outbox.replay``, for the event's run)."""
     ledger.replay_outbox_event(event_id, actor=actor)
+
+
+def budgets(ledger: ScopedLedger, run_id: str | None) -> list[BudgetUsage]:
+    """The scope's budgets, or those that apply to `run_id`, as spent in the window of now."""
+    return ledger.budgets(run_id)
+
+
+def change_budget(ledger: ScopedLedger, level: str, run_id: str | None, unit: str, period: str, max_amount: Decimal,
+                  actor: str, note: str) -> BudgetUsage | None:
+    """Sets an existing budget's max_amount (the ledger audits it as budget.set with actor and
+    note); None when the scope has no such budget (nothing written). set_budget replaces
+    warn_ratio too, so the budget's own is read and passed back in the same transaction."""
+    with ledger.transaction() as tx:
+        found = [b for b in tx.budgets(run_id) if (b.level, b.run_id, b.unit, b.period) == (level, run_id, unit, period)]
+        if not found:
+            return None
+        return tx.set_budget(unit, max_amount, level=level, run_id=run_id, period=period,
+                             warn_ratio=found[0].warn_ratio, actor=actor, note=note)
+
+
+def send_input(ledger: ScopedLedger, run_id: str, input_key: str, payload: Any, sender: str) -> None:
+    """Puts the input in the run's mailbox (redacted by the ledger, audited as input.send with the
+    sender); a run parked waiting for the key is claimable at once."""
+    ledger.send_input(run_id, input_key, payload, sender=sender)

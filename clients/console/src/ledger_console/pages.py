@@ -5,6 +5,7 @@ or redirects after an action to the page that shows its result."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import urlencode
 
@@ -31,6 +32,11 @@ DONE = {
     "approved": "Approved: the next claim of the call gets claimed.",
     "rejected": "Rejected: the call will not execute.",
     "replayed": "The outbox event is pending again.",
+    # The reference's words: set_budget does not resume a run, the next claim does.
+    "budget": "The budget is changed; its audit record (budget.set) names you. A run it stopped is handed out"
+              " again by claim_run once no budget that applies to it is used up: a worker's next claim resumes it.",
+    "answered": "The input is in the run's mailbox. A run that waited for it is claimable at once: a worker's"
+                " next claim resumes it, and its wait_for_input answers received.",
 }
 # The feed's event types (docs/reference.md): the live page listens to each by name.
 FEED_TYPES = (
@@ -91,8 +97,10 @@ async def run(console: Console, request: Request, session: Session) -> Response:
     if view is None:
         raise Refused(404, f"No run {run_id} in this scope.")
     types = sorted(set(FEED_TYPES) | {e["event_type"] for e in view.events})
+    r = view.run
     return render(console, request, "run.html", v=view, svg=Markup(timeline_svg(view)), done=_done(request),
-                  feed_types=types)
+                  feed_types=types, ended=RunStatus(r["status"]).terminal,
+                  budget_stopped=r["status"] == "paused" and r["error_code"] == "BUDGET_EXHAUSTED")
 
 
 async def timeline(console: Console, request: Request, session: Session) -> Response:
@@ -122,6 +130,12 @@ async def approvals(console: Console, request: Request, session: Session) -> Res
 async def outbox(console: Console, request: Request, session: Session) -> Response:
     rows = await run_in_threadpool(data.failed_outbox, console.scoped(session))
     return render(console, request, "outbox.html", events=rows, done=_done(request))
+
+
+async def budgets(console: Console, request: Request, session: Session) -> Response:
+    run_id = request.query_params.get("run") or None  # the budgets that apply to this run only
+    rows = await run_in_threadpool(data.budgets, console.scoped(session), run_id)
+    return render(console, request, "budgets.html", budgets=rows, run_id=run_id, done=_done(request))
 
 
 # --- Actions: `session` has a person and a scope, `fields` passed the CSRF check ---
@@ -156,6 +170,42 @@ async def replay(console: Console, request: Request, session: Session, fields: d
     assert session.user is not None
     await run_in_threadpool(data.replay_outbox_event, console.scoped(session), request.path_params["id"], session.user)
     return RedirectResponse("/outbox?done=replayed", 303)
+
+
+async def change_budget(console: Console, request: Request, session: Session, fields: dict[str, str]) -> Response:
+    text = fields.get("max_amount", "").strip()
+    try:
+        max_amount = Decimal(text)
+    except InvalidOperation:
+        max_amount = Decimal("NaN")
+    if not max_amount.is_finite():  # NaN, "sNaN" (which psycopg cannot send) or an infinity
+        raise Refused(400, f"Nothing was written: the new maximum {text!r} is not a number.")
+    note = fields.get("note", "").strip()
+    if not note:
+        raise Refused(400, "Nothing was written: write a note, why the budget changes (it goes to the audit record).")
+    run_id = fields.get("run_id") or None
+    assert session.user is not None
+    changed = await run_in_threadpool(data.change_budget, console.scoped(session), fields.get("level", ""), run_id,
+                                      fields.get("unit", ""), fields.get("period", ""), max_amount, session.user, note)
+    if changed is None:
+        raise Refused(404, "Nothing was written: this scope has no such budget (removed meanwhile?).")
+    # Back to the page the person came from, where the notice is at the top.
+    back = fields.get("back_run")
+    return RedirectResponse(f"/run?{urlencode({'id': back, 'done': 'budget'})}" if back else "/budgets?done=budget", 303)
+
+
+async def send_input(console: Console, request: Request, session: Session, fields: dict[str, str]) -> Response:
+    run_id = request.query_params.get("id", "")
+    try:
+        payload = data.parse_json(fields.get("payload", ""), "payload")
+    except ValueError as exc:
+        raise Refused(400, f"Nothing was sent: {exc}.") from exc
+    if payload is None:  # the Python client sends {} for None: say so rather than send what nobody wrote
+        raise Refused(400, "Nothing was sent: null is not an answer the console sends; write {} or a value.")
+    assert session.user is not None
+    await run_in_threadpool(data.send_input, console.scoped(session), run_id, fields.get("input_key", ""), payload,
+                            session.user)
+    return RedirectResponse(f"/run?{urlencode({'id': run_id, 'done': 'answered'})}", 303)
 
 
 def _filename(run_id: str) -> str:
