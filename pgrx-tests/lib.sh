@@ -47,11 +47,11 @@ cluster_psql() {
   as_pg "$(pg_bindir "$major")/psql" -h "$data" -p "$port" -U postgres -X -v ON_ERROR_STOP=1 "$@"
 }
 
-# install_ledger MAJOR: builds and installs the extension into that server.
+# install_ledger MAJOR [--release]: builds and installs the extension into that server.
 install_ledger() {
   local major=$1 pg_config
   pg_config="$(pg_bindir "$major")/pg_config"
-  cargo pgrx install --no-default-features --features "pg$major" --pg-config "$pg_config" >/dev/null
+  cargo pgrx install ${2:-} --no-default-features --features "pg$major" --pg-config "$pg_config" >/dev/null
 }
 
 # ledger_version: the extension's version, from Cargo.toml (run from the checkout).

@@ -38,7 +38,8 @@ for v in $VERSIONS; do
   rm -rf "$pgtest"
 
   step "PostgreSQL $v: the upgrade tests"
-  install_ledger "$v"
+  # The release build, as shipped: the package step below reuses it instead of building again.
+  install_ledger "$v" --release
   work=/tmp/ledger-regress-$v
   data=$work/pgdata
   port=$((28800 + v))

@@ -43,6 +43,7 @@ GRANT EXECUTE ON FUNCTION
     ledger.replay_ready(text),
     ledger.otel_trace(text, text),
     ledger.next_wake(boolean),
+    ledger.inbox(boolean),
     ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer),
     ledger.budget_window(text, timestamp with time zone),
     ledger.budget_spent(text, numeric, timestamp with time zone, timestamp with time zone)
@@ -202,6 +203,8 @@ COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
     'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
 COMMENT ON FUNCTION ledger.wait_run(text, bigint, timestamp with time zone) IS
     'Parks the owner''s run until wake_at (a durable wait): it moves to waiting_input (55000 TRANSITION_INVALID from a status that cannot), its lease is given up (run_token is over: 40001 LEASE_STALE on any later write carrying it), and claim_run hands it out again from wake_at on (not_before), so no worker holds or polls it meanwhile. Returns the run.';
+COMMENT ON FUNCTION ledger.inbox(boolean) IS
+    'What waits for people in the scope: calls in doubt, pending approvals (before their deadline), runs paused by a budget (BUDGET_EXHAUSTED) and failed outbox events, each counted with the oldest one''s time (when it went in doubt, was asked, stopped, failed). One row for the scope, zeros when nothing waits. any_scope => true: one row per scope the session may state that has something waiting, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
 COMMENT ON FUNCTION ledger.next_wake(boolean) IS
     'When a run of the scope next becomes claimable by the clock alone: the nearest wake time ahead of a wait or backoff (not_before), deadline of a pending approval, or end of a full rate window; NULL when none is ahead. Anything else that makes a run claimable (a new run, a release, an input, a decision, a run ending) notifies channel ledger_runs at commit, so an idle worker listens there and sleeps until next_wake at most. any_scope => true: across every scope the session may state, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
 COMMENT ON FUNCTION ledger.send_input(text, text, jsonb, text) IS
@@ -236,6 +239,7 @@ ALTER FUNCTION ledger_dispatch.due_outbox_events(integer) OWNER TO ledger_dispat
 ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.due_schedule_scopes() OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.next_wake() OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.inbox(text, text) OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
 ALTER FUNCTION ledger_dispatch.tenant_granted(text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
@@ -243,12 +247,12 @@ GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace(),
     ledger.budget_window(text, timestamp with time zone),
     ledger.budget_spent(text, numeric, timestamp with time zone, timestamp with time zone) TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token, source_run_id,
-              not_before, priority, concurrency_key),
+              not_before, priority, concurrency_key, error_code, updated_at),
       UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
+GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at, processed_at),
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, run_id, status, expires_at) ON ledger.approval_requests TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at, updated_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, run_id, status, expires_at, created_at) ON ledger.approval_requests TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight, max_per_window, window_seconds,
               window_start, window_claims) ON ledger.concurrency_limits TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, served_at) ON ledger.dispatch_turns TO ledger_dispatcher;
@@ -263,6 +267,7 @@ GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),
     ledger_dispatch.expired_tool_call_scopes(),
     ledger_dispatch.due_schedule_scopes(),
     ledger_dispatch.next_wake(),
+    ledger_dispatch.inbox(text, text),
     ledger_dispatch.scope_granted(text, text),
     ledger_dispatch.tenant_granted(text) TO ledger_owner;
 -- set_scope runs as its caller.

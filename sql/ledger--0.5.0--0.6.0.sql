@@ -297,6 +297,43 @@ AS $$
 $$;
 COMMENT ON FUNCTION ledger_dispatch.next_wake() IS 'When a run of any scope the session''s login role may state next becomes claimable by the clock alone (see ledger.next_wake): a wait''s or backoff''s not_before, a pending approval''s deadline, the end of a full rate window. NULL when none is ahead.';
 
+-- What waits for people (ledger.inbox): in one scope, or (NULL tenant_id) in every scope the
+-- session's login role may state. Each count with the oldest one's time.
+CREATE FUNCTION ledger_dispatch.inbox(tenant_id text, workspace_id text)
+    RETURNS TABLE (tenant_id text, workspace_id text,
+                   calls_in_doubt bigint, oldest_in_doubt_at timestamptz,
+                   pending_approvals bigint, oldest_approval_at timestamptz,
+                   budget_stops bigint, oldest_budget_stop_at timestamptz,
+                   failed_outbox_events bigint, oldest_failed_outbox_event_at timestamptz)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT w.tenant_id, w.workspace_id,
+           count(*) FILTER (WHERE w.what = 'in_doubt'), min(w.since) FILTER (WHERE w.what = 'in_doubt'),
+           count(*) FILTER (WHERE w.what = 'approval'), min(w.since) FILTER (WHERE w.what = 'approval'),
+           count(*) FILTER (WHERE w.what = 'budget'), min(w.since) FILTER (WHERE w.what = 'budget'),
+           count(*) FILTER (WHERE w.what = 'outbox'), min(w.since) FILTER (WHERE w.what = 'outbox')
+      FROM (SELECT t.tenant_id, t.workspace_id, 'in_doubt' AS what, t.updated_at AS since
+              FROM ledger.run_step_tool_calls t
+             WHERE t.status = 'in_doubt' AND t.completed_at IS NULL
+            UNION ALL
+            SELECT a.tenant_id, a.workspace_id, 'approval', a.created_at FROM ledger.approval_requests a
+             WHERE a.status = 'pending' AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp())
+            UNION ALL
+            SELECT r.tenant_id, r.workspace_id, 'budget', r.updated_at FROM ledger.runs r
+             WHERE r.status = 'paused' AND r.error_code = 'BUDGET_EXHAUSTED'
+            UNION ALL
+            SELECT o.tenant_id, o.workspace_id, 'outbox', o.processed_at FROM ledger.outbox o
+             WHERE o.status = 'failed') w
+     WHERE CASE WHEN $1 IS NULL
+                THEN NOT EXISTS (SELECT FROM ledger.scope_bindings)
+                     OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = w.tenant_id
+                                   AND (g.workspace_id IS NULL OR g.workspace_id = w.workspace_id))
+                ELSE w.tenant_id = $1 AND w.workspace_id = $2 END
+     GROUP BY w.tenant_id, w.workspace_id
+     ORDER BY w.tenant_id, w.workspace_id
+$$;
+COMMENT ON FUNCTION ledger_dispatch.inbox(text, text) IS 'What waits for people (see ledger.inbox) in scope (tenant_id, workspace_id), or with NULL tenant_id in every scope the session''s login role may state that has something waiting: calls in doubt, pending approvals before their deadline, runs paused by a budget, failed outbox events, each counted with the oldest one''s time.';
+
 -- The operator's claim across scopes: due runs only, with room under their key and no budget
 -- used up, the highest priority first.
 CREATE OR REPLACE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
@@ -703,6 +740,25 @@ VOLATILE SECURITY DEFINER PARALLEL UNSAFE
 SET search_path TO pg_catalog, ledger, pg_temp
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'heartbeat_tool_call_wrapper';
+
+CREATE OR REPLACE FUNCTION "inbox"(
+	"any_scope" bool DEFAULT false /* Option < bool > */
+) RETURNS TABLE (
+	"tenant_id" TEXT,  /* String */
+	"workspace_id" TEXT,  /* String */
+	"calls_in_doubt" bigint,  /* i64 */
+	"oldest_in_doubt_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"pending_approvals" bigint,  /* i64 */
+	"oldest_approval_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"budget_stops" bigint,  /* i64 */
+	"oldest_budget_stop_at" timestamp with time zone,  /* Option < TimestampWithTimeZone > */
+	"failed_outbox_events" bigint,  /* i64 */
+	"oldest_failed_outbox_event_at" timestamp with time zone  /* Option < TimestampWithTimeZone > */
+)
+STABLE SECURITY DEFINER PARALLEL SAFE 
+SET search_path TO pg_catalog, ledger, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'inbox_wrapper';
 
 CREATE OR REPLACE FUNCTION "is_status"(
 	"resource" TEXT, /* & str */
@@ -1420,6 +1476,7 @@ GRANT EXECUTE ON FUNCTION
     ledger.replay_ready(text),
     ledger.otel_trace(text, text),
     ledger.next_wake(boolean),
+    ledger.inbox(boolean),
     ledger.graph_checkpoint_tuples(text, text, text, jsonb, text, integer),
     ledger.budget_window(text, timestamp with time zone),
     ledger.budget_spent(text, numeric, timestamp with time zone, timestamp with time zone)
@@ -1579,6 +1636,8 @@ COMMENT ON FUNCTION ledger.release_run(text, bigint) IS
     'Gives up the owner''s run: claimable at once by anyone unless it is terminal, and run_token is over (40001 LEASE_STALE on any later write carrying it).';
 COMMENT ON FUNCTION ledger.wait_run(text, bigint, timestamp with time zone) IS
     'Parks the owner''s run until wake_at (a durable wait): it moves to waiting_input (55000 TRANSITION_INVALID from a status that cannot), its lease is given up (run_token is over: 40001 LEASE_STALE on any later write carrying it), and claim_run hands it out again from wake_at on (not_before), so no worker holds or polls it meanwhile. Returns the run.';
+COMMENT ON FUNCTION ledger.inbox(boolean) IS
+    'What waits for people in the scope: calls in doubt, pending approvals (before their deadline), runs paused by a budget (BUDGET_EXHAUSTED) and failed outbox events, each counted with the oldest one''s time (when it went in doubt, was asked, stopped, failed). One row for the scope, zeros when nothing waits. any_scope => true: one row per scope the session may state that has something waiting, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
 COMMENT ON FUNCTION ledger.next_wake(boolean) IS
     'When a run of the scope next becomes claimable by the clock alone: the nearest wake time ahead of a wait or backoff (not_before), deadline of a pending approval, or end of a full rate window; NULL when none is ahead. Anything else that makes a run claimable (a new run, a release, an input, a decision, a run ending) notifies channel ledger_runs at commit, so an idle worker listens there and sleeps until next_wake at most. any_scope => true: across every scope the session may state, for members of ledger_operator (42501 OPERATOR_REQUIRED).';
 COMMENT ON FUNCTION ledger.send_input(text, text, jsonb, text) IS
@@ -1613,6 +1672,7 @@ ALTER FUNCTION ledger_dispatch.due_outbox_events(integer) OWNER TO ledger_dispat
 ALTER FUNCTION ledger_dispatch.expired_tool_call_scopes() OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.due_schedule_scopes() OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.next_wake() OWNER TO ledger_dispatcher;
+ALTER FUNCTION ledger_dispatch.inbox(text, text) OWNER TO ledger_dispatcher;
 ALTER FUNCTION ledger_dispatch.scope_granted(text, text) OWNER TO ledger_owner;
 ALTER FUNCTION ledger_dispatch.tenant_granted(text) OWNER TO ledger_owner;
 GRANT USAGE ON SCHEMA ledger TO ledger_dispatcher;
@@ -1620,12 +1680,12 @@ GRANT EXECUTE ON FUNCTION ledger.scope_tenant(), ledger.scope_workspace(),
     ledger.budget_window(text, timestamp with time zone),
     ledger.budget_spent(text, numeric, timestamp with time zone, timestamp with time zone) TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, id, mode, kind, status, queued_at, lease_expires_at, run_token, source_run_id,
-              not_before, priority, concurrency_key),
+              not_before, priority, concurrency_key, error_code, updated_at),
       UPDATE (lease_owner) ON ledger.runs TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at),
+GRANT SELECT (tenant_id, workspace_id, id, status, available_at, lease_expires_at, processed_at),
       UPDATE (lease_owner) ON ledger.outbox TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
-GRANT SELECT (tenant_id, workspace_id, run_id, status, expires_at) ON ledger.approval_requests TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, run_id, status, lease_expires_at, completed_at, updated_at) ON ledger.run_step_tool_calls TO ledger_dispatcher;
+GRANT SELECT (tenant_id, workspace_id, run_id, status, expires_at, created_at) ON ledger.approval_requests TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, concurrency_key, max_in_flight, max_per_window, window_seconds,
               window_start, window_claims) ON ledger.concurrency_limits TO ledger_dispatcher;
 GRANT SELECT (tenant_id, workspace_id, served_at) ON ledger.dispatch_turns TO ledger_dispatcher;
@@ -1640,6 +1700,7 @@ GRANT EXECUTE ON FUNCTION ledger_dispatch.next_run(text[], text[]),
     ledger_dispatch.expired_tool_call_scopes(),
     ledger_dispatch.due_schedule_scopes(),
     ledger_dispatch.next_wake(),
+    ledger_dispatch.inbox(text, text),
     ledger_dispatch.scope_granted(text, text),
     ledger_dispatch.tenant_granted(text) TO ledger_owner;
 -- set_scope runs as its caller.

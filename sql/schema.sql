@@ -851,6 +851,43 @@ AS $$
 $$;
 COMMENT ON FUNCTION ledger_dispatch.next_wake() IS 'When a run of any scope the session''s login role may state next becomes claimable by the clock alone (see ledger.next_wake): a wait''s or backoff''s not_before, a pending approval''s deadline, the end of a full rate window. NULL when none is ahead.';
 
+-- What waits for people (ledger.inbox): in one scope, or (NULL tenant_id) in every scope the
+-- session's login role may state. Each count with the oldest one's time.
+CREATE FUNCTION ledger_dispatch.inbox(tenant_id text, workspace_id text)
+    RETURNS TABLE (tenant_id text, workspace_id text,
+                   calls_in_doubt bigint, oldest_in_doubt_at timestamptz,
+                   pending_approvals bigint, oldest_approval_at timestamptz,
+                   budget_stops bigint, oldest_budget_stop_at timestamptz,
+                   failed_outbox_events bigint, oldest_failed_outbox_event_at timestamptz)
+    LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT w.tenant_id, w.workspace_id,
+           count(*) FILTER (WHERE w.what = 'in_doubt'), min(w.since) FILTER (WHERE w.what = 'in_doubt'),
+           count(*) FILTER (WHERE w.what = 'approval'), min(w.since) FILTER (WHERE w.what = 'approval'),
+           count(*) FILTER (WHERE w.what = 'budget'), min(w.since) FILTER (WHERE w.what = 'budget'),
+           count(*) FILTER (WHERE w.what = 'outbox'), min(w.since) FILTER (WHERE w.what = 'outbox')
+      FROM (SELECT t.tenant_id, t.workspace_id, 'in_doubt' AS what, t.updated_at AS since
+              FROM ledger.run_step_tool_calls t
+             WHERE t.status = 'in_doubt' AND t.completed_at IS NULL
+            UNION ALL
+            SELECT a.tenant_id, a.workspace_id, 'approval', a.created_at FROM ledger.approval_requests a
+             WHERE a.status = 'pending' AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp())
+            UNION ALL
+            SELECT r.tenant_id, r.workspace_id, 'budget', r.updated_at FROM ledger.runs r
+             WHERE r.status = 'paused' AND r.error_code = 'BUDGET_EXHAUSTED'
+            UNION ALL
+            SELECT o.tenant_id, o.workspace_id, 'outbox', o.processed_at FROM ledger.outbox o
+             WHERE o.status = 'failed') w
+     WHERE CASE WHEN $1 IS NULL
+                THEN NOT EXISTS (SELECT FROM ledger.scope_bindings)
+                     OR EXISTS (SELECT FROM ledger.scope_grants g WHERE g.tenant_id = w.tenant_id
+                                   AND (g.workspace_id IS NULL OR g.workspace_id = w.workspace_id))
+                ELSE w.tenant_id = $1 AND w.workspace_id = $2 END
+     GROUP BY w.tenant_id, w.workspace_id
+     ORDER BY w.tenant_id, w.workspace_id
+$$;
+COMMENT ON FUNCTION ledger_dispatch.inbox(text, text) IS 'What waits for people (see ledger.inbox) in scope (tenant_id, workspace_id), or with NULL tenant_id in every scope the session''s login role may state that has something waiting: calls in doubt, pending approvals before their deadline, runs paused by a budget, failed outbox events, each counted with the oldest one''s time.';
+
 CREATE FUNCTION ledger_dispatch.expired_tool_call_scopes()
     RETURNS TABLE (tenant_id text, workspace_id text)
     LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp

@@ -17,6 +17,7 @@ mod evidence;
 mod feed;
 mod graph_checkpoints;
 mod guc;
+mod inbox;
 mod jsonb;
 mod mailbox;
 mod notifier;

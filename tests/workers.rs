@@ -762,6 +762,27 @@ fn a_bound_operator_works_across_its_granted_scopes_only() {
     let swept: i32 = one(&mut op, "SELECT ledger.sweep_tool_calls(any_scope => true)");
     assert_eq!(swept, 3);
     victim_untouched(&mut admin, "sweep_tool_calls");
+    // What waits for people, and when a wait ends next: of its granted scopes only (the
+    // victim's wait ends sooner, and a run of it is stopped by a budget too).
+    exec(
+        &mut admin,
+        "UPDATE ledger.runs SET status = 'paused', error_code = 'BUDGET_EXHAUSTED' WHERE id = 'queued'; \
+         UPDATE ledger.runs SET not_before = now() + interval '1 hour' WHERE id = 'calls'; \
+         UPDATE ledger.runs SET not_before = now() + interval '1 minute' \
+          WHERE id = 'calls' AND tenant_id = 'victim'",
+    );
+    let inbox: String = one(
+        &mut op,
+        "SELECT string_agg(tenant_id || '/' || workspace_id || ':' || budget_stops, ' ' \
+                           ORDER BY tenant_id, workspace_id) \
+           FROM ledger.inbox(any_scope => true)",
+    );
+    assert_eq!(inbox, "also/w:1 mine/w1:1 mine/w2:1");
+    let wakes_in_an_hour: bool = one(
+        &mut op,
+        "SELECT ledger.next_wake(any_scope => true) > now() + interval '59 minutes'",
+    );
+    assert!(wakes_in_an_hour, "next_wake answered the victim's wait");
     // In a transaction block too, the session has no scope after its cross-scope calls.
     exec(&mut op, "BEGIN");
     for call in [
@@ -793,6 +814,14 @@ fn a_bound_operator_works_across_its_granted_scopes_only() {
     );
     let swept: i32 = one(&mut op, "SELECT ledger.sweep_tool_calls(any_scope => true)");
     assert_eq!((runs, events, swept), (0, 0, 0));
+    let (inbox, wake): (i64, Option<std::time::SystemTime>) = (
+        one(
+            &mut op,
+            "SELECT count(*) FROM ledger.inbox(any_scope => true)",
+        ),
+        one(&mut op, "SELECT ledger.next_wake(any_scope => true)"),
+    );
+    assert_eq!((inbox, wake), (0, None));
     victim_untouched(&mut admin, "a role with no grant left");
     // An unbound operator reaches every scope, the victim's too.
     exec(

@@ -29,6 +29,7 @@ INSERT INTO audit VALUES
   ('replay_ready',    'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
   ('otel_trace',      'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
   ('next_wake',       'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller; across scopes through ledger_dispatch'),
+  ('inbox',           'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller; across scopes through ledger_dispatch'),
   ('graph_checkpoint_tuples', 'stable', false, 'safe', 'definer', 'reader: RLS as ledger_owner under any caller'),
 -- Writers: no application role may INSERT, UPDATE or DELETE any table; these functions are the
 -- only write path, so the rules (status machine, seq, redaction, fencing) cannot be skipped.
