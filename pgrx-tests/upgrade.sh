@@ -141,7 +141,8 @@ for frozen in sql/install/ledger--*.sql; do
     fi
     continue
   fi
-  if [ "$(printf '%s\n%s\n' "$version" "$PREVIOUS_VERSION" | sort -V | head -n 1)" != "$PREVIOUS_VERSION" ]; then
+  if [ "${LEDGER_UPGRADE_FROM:-all}" = previous ] \
+     && [ "$(printf '%s\n%s\n' "$version" "$PREVIOUS_VERSION" | sort -V | head -n 1)" != "$PREVIOUS_VERSION" ]; then
     echo "upgrade parity: $version skipped (LEDGER_UPGRADE_FROM=previous)"
     continue
   fi
