@@ -5,8 +5,9 @@
 //! LEDGER_BENCH_SMOKE=1 for the 30-second smoke (same code paths, tiny sizes, no verdicts);
 //! LEDGER_BENCH_CLIENTS=8,32 to measure throughput at other client counts;
 //! LEDGER_BENCH_RTT_MS=0.5 to add that network round-trip time between those clients and the server;
-//! LEDGER_BENCH_ONLY=lifecycle, turns or reads to run one part alone.
+//! LEDGER_BENCH_ONLY=lifecycle, turns, claims or reads to run one part alone.
 
+mod claims;
 mod designs;
 mod follower;
 mod latency;
@@ -36,6 +37,8 @@ pub struct Settings {
     pub bundle_calls: usize,
     pub wakeups: usize,
     pub redact_iters: usize,
+    /// Queued runs in the busy scope of the claims table.
+    pub claims_backlog: usize,
 }
 
 impl Settings {
@@ -58,6 +61,7 @@ impl Settings {
                 bundle_calls: 2,
                 wakeups: 30,
                 redact_iters: 3,
+                claims_backlog: 1_000,
             }
         } else {
             Settings {
@@ -75,6 +79,7 @@ impl Settings {
                 bundle_calls: 5,
                 wakeups: 300,
                 redact_iters: 15,
+                claims_backlog: 10_000,
             }
         }
     }
@@ -173,7 +178,7 @@ fn main() {
             ""
         }
     );
-    // LEDGER_BENCH_ONLY=turns (or lifecycle, reads): one part alone.
+    // LEDGER_BENCH_ONLY=turns (or lifecycle, claims, reads): one part alone.
     let only = std::env::var("LEDGER_BENCH_ONLY").ok();
     let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
     if part("lifecycle") {
@@ -181,6 +186,9 @@ fn main() {
     }
     if part("turns") {
         turns::run(&s, &mut targets);
+    }
+    if part("claims") {
+        claims::run(&s, &mut targets);
     }
     if part("reads") {
         reads::run(&s, &mut checks);
