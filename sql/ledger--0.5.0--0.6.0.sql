@@ -338,8 +338,13 @@ COMMENT ON FUNCTION ledger_dispatch.inbox(text, text) IS 'What waits for people 
 -- used up, the highest priority first.
 CREATE OR REPLACE FUNCTION ledger_dispatch.next_run(modes text[], kinds text[])
     RETURNS TABLE (tenant_id text, workspace_id text, id text)
-    LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
+BEGIN
+    -- PL/pgSQL keeps this query's plan for the session; a SQL function's is made again at
+    -- every call, which cost an across-scope claim about 2 ms.
+    RETURN QUERY
     -- The scopes with a live run, one index probe each (a skip scan of runs_live_idx), however
     -- many runs are queued.
     WITH RECURSIVE s (tenant_id, workspace_id) AS (
@@ -413,7 +418,8 @@ AS $$
                              AND l.window_start + make_interval(secs => l.window_seconds) > clock_timestamp())))
          ORDER BY r.priority DESC, r.queued_at, r.id LIMIT 1
            FOR NO KEY UPDATE SKIP LOCKED) c
-     LIMIT 1
+     LIMIT 1;
+END
 $$;
 COMMENT ON FUNCTION ledger_dispatch.next_run(text[], text[]) IS 'The next claimable run of any scope the session''s login role may state (see ledger.claim_run): scopes take turns (the one served longest ago first, ledger.dispatch_turns), and within the scope the due run (not_before passed) of the highest priority, oldest first, that waits for no person (no call in doubt, none in the lineage of a paused re-run, no pending approval before its deadline), with no budget used up and whose concurrency key has room (in flight and in its rate window), locked; skips runs another transaction holds.';
 
