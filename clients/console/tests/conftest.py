@@ -30,10 +30,11 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
-from ledger_client import Ledger, ScopedLedger
+from ledger_client import ClaimOutcome, Ledger, ScopedLedger
 
 SCOPE = ("acme", "support")
 WRITER, READER = "ledger_console_test_writer", "ledger_console_test_reader"
+OPERATOR = "ledger_console_test_operator"  # a ledger_operator: its inbox lists every scope granted to it
 PASSWORD = "correct horse battery"
 CONSOLE_DIR = Path(__file__).resolve().parent.parent
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -45,15 +46,15 @@ def server_dsn(dbname: str, user: str = "postgres") -> str:
 
 @pytest.fixture
 def dbname(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A new database with the extension, the console's login roles bound to the tests' scope;
-    dropped after."""
+    """A new database with the extension, the console's login roles (a writer, a reader, an
+    operator) bound to the tests' scope; dropped after."""
     name = "ledger_console_" + re.sub(r"\W", "_", request.node.name).lower()[:40]
     with psycopg.connect(server_dsn("postgres"), autocommit=True) as admin:
         admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     with psycopg.connect(server_dsn(name), autocommit=True) as conn:
         conn.execute("CREATE EXTENSION ledger")
-        for role, grant in ((WRITER, "ledger_writer"), (READER, "ledger_reader")):
+        for role, grant in ((WRITER, "ledger_writer"), (READER, "ledger_reader"), (OPERATOR, "ledger_operator")):
             if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone() is None:
                 try:
                     conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
@@ -78,6 +79,18 @@ def person(dbname: str) -> Iterator[psycopg.Connection[DictRow]]:
     with psycopg.connect(server_dsn(dbname), autocommit=True, row_factory=dict_row) as conn:
         conn.execute("SELECT ledger.set_scope(%s, %s)", SCOPE)
         yield conn
+
+
+def in_doubt_call(scoped: ScopedLedger, run_id: str) -> str:
+    """A call whose request left and whose answer never came (completed `unknown`): in doubt."""
+    scoped.create_run("agent", {"ticket": 42}, run_id=run_id, user_id="u-17", input_summary="refund order 1042")
+    claim = scoped.claim_tool_call(run_id, "email.send", {"to": "c@example.com", "api_key": "sk-live-0123456789abcdefghij"},
+                                   tool_call_id="call-email", lease_owner="worker-7")
+    assert claim.outcome is ClaimOutcome.CLAIMED and claim.tool_call is not None
+    call = claim.tool_call
+    scoped.begin_tool_call(call.id, call.attempt)
+    scoped.complete_tool_call(call.id, call.attempt, "unknown", error_message="timeout after send")
+    return call.id
 
 
 def one(conn: psycopg.Connection[DictRow], query: Any, params: Any = ()) -> Any:

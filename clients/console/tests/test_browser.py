@@ -23,21 +23,10 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select
 
-from conftest import READER, Browser, Console, console_command, console_env, one
-from ledger_client import ClaimOutcome, ScopedLedger, WaitStatus
+from conftest import (OPERATOR, READER, WRITER, Browser, Console, console_command, console_env, in_doubt_call, one,
+                      server_dsn)
+from ledger_client import ClaimOutcome, Ledger, ScopedLedger, WaitStatus
 from ledger_console.sessions import COOKIE
-
-
-def in_doubt_call(scoped: ScopedLedger, run_id: str) -> str:
-    """A call whose request left and whose answer never came (completed `unknown`): in doubt."""
-    scoped.create_run("agent", {"ticket": 42}, run_id=run_id, user_id="u-17", input_summary="refund order 1042")
-    claim = scoped.claim_tool_call(run_id, "email.send", {"to": "c@example.com", "api_key": "sk-live-0123456789abcdefghij"},
-                                   tool_call_id="call-email", lease_owner="worker-7")
-    assert claim.outcome is ClaimOutcome.CLAIMED and claim.tool_call is not None
-    call = claim.tool_call
-    scoped.begin_tool_call(call.id, call.attempt)
-    scoped.complete_tool_call(call.id, call.attempt, "unknown", error_message="timeout after send")
-    return call.id
 
 
 def test_sign_in_find_a_run_and_watch_an_event_arrive_live(browser: Browser, scoped: ScopedLedger) -> None:
@@ -55,8 +44,9 @@ def test_sign_in_find_a_run_and_watch_an_event_arrive_live(browser: Browser, sco
     browser.sign_in(password="wrong password")
     assert "Unknown name or wrong password" in browser.text("#error")
     browser.sign_in()
-    browser.wait("the runs list", lambda: "/runs" in browser.driver.current_url)
+    assert browser.driver.current_url == browser.console.url + "/inbox"  # the home, once signed in
     assert browser.text("#user") == "ops@acme" and browser.text("#scope") == "acme / support"
+    browser.open("/runs")
     assert "run-live" in browser.text("#runs")
     browser.shot("runs")
 
@@ -107,42 +97,213 @@ def test_paging_and_filters(browser: Browser, scoped: ScopedLedger) -> None:
         [i for i in ids if i.endswith("7")]
 
 
-def test_resolve_an_in_doubt_call_and_see_the_audit_record(
+def line_count(browser: Browser, element: WebElement) -> int:
+    """How many lines the element's text takes on screen."""
+    return int(browser.driver.execute_script(
+        "const r = document.createRange(); r.selectNodeContents(arguments[0]);"
+        " return new Set(Array.from(r.getClientRects(), (b) => Math.round(b.top))).size;", element))
+
+
+def test_resolve_an_in_doubt_call_after_reviewing_it_and_see_the_outcome(
     browser: Browser, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
 ) -> None:
     record_id = in_doubt_call(scoped, "run-doubt")
+    status = "SELECT status FROM ledger.run_step_tool_calls WHERE id = %s"
+    resolutions = "SELECT count(*) FROM ledger.audit_events WHERE gateway_type = 'tool_call.resolve'"
     browser.sign_in()
     browser.open("/in-doubt")
     card = browser.driver.find_element(By.ID, f"call-{record_id}")
     assert "email.send" in card.text and "worker-7" in card.text
     assert "[REDACTED]" in card.text and "sk-live" not in card.text  # the arguments as the ledger keeps them
+    # Nothing is picked: the form is not complete until the person picks a decision.
+    assert not any(radio.is_selected() for radio in card.find_elements(By.NAME, "decision"))
+    assert not browser.driver.execute_script("return arguments[0].checkValidity()",
+                                             card.find_element(By.TAG_NAME, "form"))
     browser.shot("in-doubt")
 
     # A result that is not JSON: a clear message, nothing written.
+    card.find_element(By.CSS_SELECTOR, "input[value=succeeded]").click()
     card.find_element(By.NAME, "result").send_keys("{message_id: 42")
-    card.find_element(By.NAME, "note").send_keys("found in the mail log")
-    browser.submit(card.find_element(By.CSS_SELECTOR, "button[type=submit]"))
+    browser.submit(card.find_element(By.CSS_SELECTOR, "button.review"))
     assert "the result is not JSON" in browser.text("#error")
-    assert one(person, "SELECT status FROM ledger.run_step_tool_calls WHERE id = %s", (record_id,)) == "in_doubt"
-    assert one(person, "SELECT count(*) FROM ledger.audit_events WHERE gateway_type = 'tool_call.resolve'") == 0
 
+    # "No result", reviewed, then not recorded: the review page writes nothing, nor does going back.
     browser.open("/in-doubt")
     card = browser.driver.find_element(By.ID, f"call-{record_id}")
+    card.find_element(By.CSS_SELECTOR, "input[value=succeeded]").click()
+    card.find_element(By.NAME, "no_result").click()
+    browser.submit(card.find_element(By.CSS_SELECTOR, "button.review"))
+    assert browser.text("#confirm-decision").startswith("succeeded") and browser.text("#confirm-result") == "no result"
+    browser.submit(browser.driver.find_element(By.ID, "back"))
+    assert one(person, status, (record_id,)) == "in_doubt" and one(person, resolutions) == 0
+
+    card = browser.driver.find_element(By.ID, f"call-{record_id}")
+    card.find_element(By.CSS_SELECTOR, "input[value=succeeded]").click()
     card.find_element(By.NAME, "result").send_keys('{"message_id": "<42@mail>"}')
     card.find_element(By.NAME, "note").send_keys("found in the mail log")
-    browser.submit(card.find_element(By.CSS_SELECTOR, "button[type=submit]"))
-    browser.wait("the run page", lambda: "/run?" in browser.driver.current_url)
-    assert "resolved" in browser.text("#notice")
-    audit = browser.text("#audit-records")
-    assert "tool_call.resolve" in audit and "ops@acme" in audit
+    browser.submit(card.find_element(By.CSS_SELECTOR, "button.review"))
+    assert "<42@mail>" in browser.text("#confirm-result") and browser.text("#confirm-note") == "found in the mail log"
+    browser.shot("in-doubt-confirm")
+    browser.submit(browser.driver.find_element(By.ID, "record"))
+    # The outcome on top of the page, where the person looks: the call's status and the record.
+    assert browser.driver.current_url == f"{browser.console.url}/in-doubt?resolved={record_id}"
+    assert browser.driver.execute_script("return window.scrollY") == 0
+    outcome = browser.driver.find_element(By.ID, "outcome")
+    assert outcome.rect["y"] + outcome.rect["height"] < browser.driver.execute_script("return window.innerHeight")
+    assert browser.text("#outcome-status") == "succeeded" and "gets the result back" in browser.text("#outcome-then")
+    [record] = browser.driver.find_elements(By.CSS_SELECTOR, "#outcome-audit tbody tr")
+    cells = {c.get_attribute("class"): c.text for c in record.find_elements(By.TAG_NAME, "td")}
+    assert (cells["actor"], cells["what"], cells["note"]) == ("ops@acme", "tool_call.resolve: succeeded",
+                                                              "found in the mail log")
+    assert browser.text("#none") == "No call is in doubt."
     browser.shot("resolved")
     row = person.execute("SELECT actor, outcome, payload->>'note' AS note FROM ledger.audit_events"
                          " WHERE gateway_type = 'tool_call.resolve'").fetchone()
     assert row == {"actor": "ops@acme", "outcome": "succeeded", "note": "found in the mail log"}
-    assert one(person, "SELECT result FROM ledger.run_step_tool_calls WHERE id = %s", (record_id,)) == \
-        {"message_id": "<42@mail>"}
+    assert person.execute("SELECT status, result FROM ledger.run_step_tool_calls WHERE id = %s", (record_id,)).fetchone() \
+        == {"status": "succeeded", "result": {"message_id": "<42@mail>"}}
+
+    # The run's audit reads as a table: who, what and when on one line each, the note in its column.
+    browser.submit(browser.driver.find_element(By.ID, "outcome-run"))
+    table = browser.driver.find_element(By.ID, "audit-records")
+    for cell in table.find_elements(By.CSS_SELECTOR, "td.when, td.actor, td.what"):
+        assert line_count(browser, cell) == 1, cell.text
+    notes = [c.text for c in table.find_elements(By.CSS_SELECTOR, "td.note")]
+    assert notes[-1] == "found in the mail log" and "found in the mail log" not in table.find_elements(
+        By.CSS_SELECTOR, "td.details")[-1].text
+    browser.driver.execute_script("arguments[0].scrollIntoView()", browser.driver.find_element(By.ID, "audit"))
+    browser.shot("audit")
+
+
+def test_the_inbox_counts_what_waits_in_two_scopes_and_leads_to_each_decision(
+    chromium: WebDriver, start_console: Callable[..., Console], dbname: str, scoped: ScopedLedger,
+    person: psycopg.Connection[DictRow], screenshots: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    person.execute("SELECT ledger.grant_scope(%s, 'acme', 'billing')", (WRITER,))
+    billing = Ledger(server_dsn(dbname, WRITER)).scoped("acme", "billing")
+    # acme/support: an approval asked for and an outbox event that used up its attempts.
+    scoped.create_run("agent", run_id="run-pay")
+    asked = scoped.request_tool_approval("run-pay", "payments.transfer", {"amount": "120.00"}, tool_call_id="call-pay",
+                                         title="Pay supplier")
+    assert asked.approval is not None
+    scoped.create_run("chat", run_id="run-obx")
+    # acme/billing: a call in doubt and a run a budget stopped.
+    record_id = in_doubt_call(billing, "run-doubt")
+    budget_stopped_run(billing, "run-budget")
+    # Setup only (the superuser writes the tables): the failed event, and how long each has waited.
+    for update, params in (
+        ("UPDATE ledger.approval_requests SET created_at = now() - interval '5 minutes' WHERE id = %s",
+         (asked.approval.id,)),
+        ("UPDATE ledger.outbox SET status = 'failed', attempt_count = 64, processed_at = now() - interval '3 days'"
+         " WHERE run_id = 'run-obx'", ()),
+        ("UPDATE ledger.run_step_tool_calls SET updated_at = now() - interval '2 hours' WHERE id = %s", (record_id,)),
+        ("UPDATE ledger.runs SET updated_at = now() - interval '3 hours' WHERE workspace_id = 'billing'"
+         " AND id = 'run-budget'", ()),
+    ):
+        assert person.execute(update, params).rowcount == 1
+    chromium.delete_all_cookies()
+    browser = Browser(chromium, start_console(WRITER, "--scopes", "acme/support,acme/billing"), screenshots)
+
+    def cell(scope: str, queue: str) -> WebElement:
+        return browser.driver.find_element(By.CSS_SELECTOR, f'#inbox tr[data-scope="{scope}"] td.{queue}')
+
+    browser.sign_in()  # two scopes: none is picked, and the inbox needs none
+    assert browser.driver.current_url == browser.console.url + "/inbox" and browser.text("#scope") == "pick a scope"
+    assert [cell("acme/support", q).text for q in ("calls_in_doubt", "pending_approvals", "budget_stops",
+                                                    "failed_outbox_events")] == ["0", "1 pending for 5 min", "0",
+                                                                                 "1 failed for 3 days"]
+    assert [cell("acme/billing", q).text for q in ("calls_in_doubt", "pending_approvals", "budget_stops",
+                                                    "failed_outbox_events")] == ["1 in doubt for 2 h", "0",
+                                                                                 "1 stopped for 3 h", "0"]
+    assert browser.text("#waiting") == "4"
+    browser.shot("inbox")
+
+    # From "something waits" to "decided", every click counted (typing is not a click).
+    clicks = 0
+
+    def click(element: WebElement, loads_a_page: bool = False) -> None:
+        nonlocal clicks
+        clicks += 1
+        browser.submit(element) if loads_a_page else element.click()
+
+    click(cell("acme/billing", "calls_in_doubt").find_element(By.TAG_NAME, "button"), loads_a_page=True)
+    assert browser.driver.current_url == browser.console.url + "/in-doubt"
+    assert browser.text("#scope") == "acme / billing"  # the count picked its scope
+    card = browser.driver.find_element(By.ID, f"call-{record_id}")
+    click(card.find_element(By.CSS_SELECTOR, "input[value=succeeded]"))
+    card.find_element(By.NAME, "result").send_keys('{"message_id": "<42@mail>"}')
+    card.find_element(By.NAME, "note").send_keys("found in the mail log")
+    click(card.find_element(By.CSS_SELECTOR, "button.review"), loads_a_page=True)
+    click(browser.driver.find_element(By.ID, "record"), loads_a_page=True)
+    assert browser.text("#outcome-status") == "succeeded"
+    with capsys.disabled():
+        print(f"\nconsole: {clicks} clicks from the inbox to a decided in-doubt call (result and note typed)")
+    assert clicks == 4
+    decided = person.execute("SELECT t.status, a.actor, a.payload->>'note' AS note FROM ledger.run_step_tool_calls t"
+                             " JOIN ledger.audit_events a ON a.workspace_id = t.workspace_id AND a.run_id = t.run_id"
+                             " AND a.gateway_type = 'tool_call.resolve' WHERE t.id = %s", (record_id,)).fetchall()
+    assert decided == [{"status": "succeeded", "actor": "ops@acme", "note": "found in the mail log"}]
+    browser.submit(browser.driver.find_element(By.ID, "nav-inbox"))
+    assert cell("acme/billing", "calls_in_doubt").text == "0" and browser.text("#waiting") == "3"
+
+    # Each other count leads to its decision, in its scope.
+    browser.submit(cell("acme/support", "pending_approvals").find_element(By.TAG_NAME, "button"))
+    assert browser.text("#scope") == "acme / support"
+    browser.submit(browser.driver.find_element(By.CSS_SELECTOR, f"#approval-{asked.approval.id} button.approve"))
+    browser.open("/inbox")
+    browser.submit(cell("acme/support", "failed_outbox_events").find_element(By.TAG_NAME, "button"))
+    browser.submit(browser.driver.find_element(By.CSS_SELECTOR, "#outbox button.replay"))
+    browser.open("/inbox")
+    browser.submit(cell("acme/billing", "budget_stops").find_element(By.TAG_NAME, "button"))
+    assert browser.text("#scope") == "acme / billing"
+    set_maximum(browser, browser.driver.find_element(By.CSS_SELECTOR, "#budgets tr.budget[data-unit=tool_calls]"),
+                "3", "two more searches")
+    # A raised budget does not resume the run: the worker's next claim does, and then it is no longer stopped.
+    browser.open("/inbox")
+    assert cell("acme/billing", "budget_stops").text.startswith("1 stopped for")
+    claimed = billing.claim_run("worker-2", run_id="run-budget")
+    assert claimed is not None
+    billing.transition_run("run-budget", "running", run_token=claimed.run_token)
+    browser.open("/inbox")
+    assert browser.text("#all-well") == "All is well: nothing waits for a person in 2 scopes."
+    assert not browser.driver.find_elements(By.ID, "waiting")
+    browser.shot("inbox-all-well")
+    assert person.execute("SELECT status, actor FROM ledger.approval_requests").fetchall() == \
+        [{"status": "approved", "actor": "ops@acme"}]
+    assert one(person, "SELECT count(*) FROM ledger.outbox WHERE status = 'failed'") == 0
+
+
+def test_an_operator_console_lists_its_other_scopes_read_only(
+    chromium: WebDriver, start_console: Callable[..., Console], dbname: str, person: psycopg.Connection[DictRow],
+    screenshots: Path,
+) -> None:
+    for role in (OPERATOR, WRITER):
+        person.execute("SELECT ledger.grant_scope(%s, 'acme', 'billing')", (role,))
+    in_doubt_call(Ledger(server_dsn(dbname, OPERATOR)).scoped("acme", "billing"), "run-billing")
+    in_doubt_call(Ledger(server_dsn(dbname)).scoped("globex", "ops"), "run-globex")  # not granted to either role
+    chromium.delete_all_cookies()
+    browser = Browser(chromium, start_console(OPERATOR), screenshots)  # serves acme/support only
+    browser.sign_in()
+    rows = browser.driver.find_elements(By.CSS_SELECTOR, "#inbox tbody tr")
+    assert [r.get_attribute("data-scope") for r in rows] == ["acme/support", "acme/billing"]
+    assert "not served by this console" in rows[1].text and "1 in doubt for" in rows[1].text
+    assert not rows[1].find_elements(By.TAG_NAME, "form")  # counted, not selectable
+    assert browser.text("#waiting") == "1" and "ledger_operator" in browser.text("#operator")
+    browser.shot("inbox-operator")
+    # The inbox's form made by hand for that scope: refused, the scope stays.
+    token = str(browser.driver.find_element(By.CSS_SELECTOR, "header input[name=csrf]").get_attribute("value"))
+    submit_form(browser, "/scope", {"csrf": token, "scope": "acme/billing", "next": "/in-doubt"})
+    assert "not one this console serves" in browser.text("#error")
     browser.open("/in-doubt")
-    assert browser.text("#none") == "No call is in doubt."
+    assert browser.text("#scope") == "acme / support" and browser.text("#none") == "No call is in doubt."
+
+    # A console whose role is no operator lists the scopes it serves, and only them.
+    chromium.delete_all_cookies()
+    browser = Browser(chromium, start_console(WRITER), screenshots)
+    browser.sign_in()
+    assert [r.get_attribute("data-scope") for r in browser.driver.find_elements(By.CSS_SELECTOR, "#inbox tbody tr")] \
+        == ["acme/support"]
+    assert browser.text("#all-well") == "All is well: nothing waits for a person in 1 scope."
 
 
 def test_approve_a_call_and_the_next_claim_is_claimed(
@@ -173,8 +334,9 @@ def test_approve_a_call_and_the_next_claim_is_claimed(
 
 def test_replay_a_failed_outbox_event(browser: Browser, scoped: ScopedLedger, person: psycopg.Connection[DictRow]) -> None:
     scoped.create_run("chat", run_id="run-obx")
-    # Setup only (the superuser writes the table): an event that used up its attempts.
-    event_id = one(person, "UPDATE ledger.outbox SET status = 'failed', attempt_count = 64,"
+    # Setup only (the superuser writes the table): an event that used up its attempts, failed now
+    # (processed_at, as the ledger stamps a failure).
+    event_id = one(person, "UPDATE ledger.outbox SET status = 'failed', attempt_count = 64, processed_at = now(),"
                            " error_message = 'HTTP 503 from billing' WHERE run_id = 'run-obx' RETURNING id")
     browser.sign_in()
     browser.open("/outbox")
@@ -196,21 +358,37 @@ def test_a_reader_sees_everything_and_can_act_on_nothing(
     person: psycopg.Connection[DictRow], screenshots: Path,
 ) -> None:
     record_id = in_doubt_call(scoped, "run-read")
+    asked = scoped.request_tool_approval("run-read", "payments.transfer", {"amount": "5"}, tool_call_id="call-pay")
+    assert asked.approval is not None
+    event_id = one(person, "UPDATE ledger.outbox SET status = 'failed', attempt_count = 64, processed_at = now()"
+                           " WHERE run_id = 'run-read' AND event_type = 'run.created' RETURNING id")
     chromium.delete_all_cookies()
     browser = Browser(chromium, start_console(READER), screenshots)
     browser.sign_in()
-    browser.wait("the runs list", lambda: "run-read" in browser.text("#runs"))
-    assert "(read-only)" in browser.text("#role")
+    assert browser.text('#inbox td.calls_in_doubt').startswith("1 in doubt for")  # a reader sees what waits
+    browser.open("/runs")
+    assert "run-read" in browser.text("#runs") and "(read-only)" in browser.text("#role")
     browser.open("/in-doubt")
     card = browser.driver.find_element(By.ID, f"call-{record_id}")
     assert "email.send" in card.text
     assert not card.find_elements(By.TAG_NAME, "form")  # no action offered
     browser.shot("in-doubt-read-only")
-    # A POST made anyway (with the session's own token, from the console's page) is refused.
-    token = browser.driver.find_element(By.CSS_SELECTOR, "header input[name=csrf]").get_attribute("value")
-    submit_form(browser, f"/in-doubt/{record_id}", {"csrf": str(token), "decision": "failed", "note": "x"})
-    assert "read-only" in browser.text("#error")
+    # POSTs made anyway (with the session's own token, from the console's page, each complete and
+    # confirmed) are refused.
+    token = str(browser.driver.find_element(By.CSS_SELECTOR, "header input[name=csrf]").get_attribute("value"))
+    for action, fields in (
+        (f"/in-doubt/{record_id}/review", {"decision": "failed", "note": "x"}),
+        (f"/in-doubt/{record_id}", {"decision": "failed", "note": "x", "confirm": "yes"}),
+        (f"/in-doubt/{record_id}", {"decision": "succeeded", "no_result": "yes", "confirm": "yes"}),
+        (f"/approvals/{asked.approval.id}", {"decision": "approved", "note": "x"}),
+        (f"/outbox/{event_id}/replay", {}),
+    ):
+        submit_form(browser, action, {"csrf": token, **fields})
+        assert "read-only" in browser.text("#error"), action
     assert one(person, "SELECT status FROM ledger.run_step_tool_calls WHERE id = %s", (record_id,)) == "in_doubt"
+    assert one(person, "SELECT status FROM ledger.approval_requests WHERE id = %s", (asked.approval.id,)) == "pending"
+    assert one(person, "SELECT status FROM ledger.outbox WHERE id = %s", (event_id,)) == "failed"
+    assert one(person, "SELECT count(*) FROM ledger.audit_events WHERE actor = 'ops@acme'") == 0
 
 
 def submit_form(browser: Browser, action: str, fields: dict[str, str]) -> None:
@@ -256,7 +434,7 @@ def test_forged_posts_are_refused_and_write_nothing(
     assert asked.approval is not None
     target = f"/approvals/{asked.approval.id}"
     browser.sign_in()
-    browser.wait("signed in", lambda: "/runs" in browser.driver.current_url)
+    assert browser.driver.current_url == browser.console.url + "/inbox"
 
     # A page on another origin posts to the console while the person is signed in.
     browser.driver.get(f"{evil_site}/?target={target}")
@@ -282,13 +460,14 @@ def test_malformed_input_is_refused_with_nothing_written(
     browser.sign_in()
     browser.open("/in-doubt")
     token = str(browser.driver.find_element(By.CSS_SELECTOR, "header input[name=csrf]").get_attribute("value"))
-    submit_form(browser, f"/in-doubt/{record_id}", {"csrf": token, "decision": "maybe"})
-    assert "Pick a decision" in browser.text("#error")
+    submit_form(browser, f"/in-doubt/{record_id}", {"csrf": token, "decision": "maybe", "confirm": "yes"})
+    assert "pick a decision" in browser.text("#error")
     browser.open("/in-doubt")
-    submit_form(browser, "/in-doubt/tc_unknown", {"csrf": token, "decision": "failed"})
+    submit_form(browser, "/in-doubt/tc_unknown", {"csrf": token, "decision": "failed", "confirm": "yes"})
     assert "TOOL_CALL_NOT_FOUND" in browser.text("#error")  # the ledger's refusal, shown
     browser.open("/in-doubt")
-    submit_form(browser, f"/in-doubt/{record_id}", {"csrf": token, "decision": "succeeded", "result": "[1, 2"})
+    submit_form(browser, f"/in-doubt/{record_id}", {"csrf": token, "decision": "succeeded", "result": "[1, 2",
+                                                    "confirm": "yes"})
     assert "not JSON" in browser.text("#error")
     assert one(person, "SELECT status FROM ledger.run_step_tool_calls WHERE id = %s", (record_id,)) == "in_doubt"
     assert one(person, "SELECT count(*) FROM ledger.audit_events WHERE gateway_type = 'tool_call.resolve'") == 0

@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import DictRow
 
-from conftest import PASSWORD, SCOPE, WRITER, Console, console_command, console_env, one, server_dsn
+from conftest import PASSWORD, SCOPE, WRITER, Console, console_command, console_env, in_doubt_call, one, server_dsn
 from ledger_client import ScopedLedger
 from ledger_console.data import NotAllowed, check_role
 from ledger_console.sessions import Session, Signer
@@ -115,7 +115,7 @@ def signed_in_opener(console: Console, password: str = PASSWORD,
     form = urllib.parse.urlencode({"csrf": token[1], "user": console.user, "password": password}).encode()
     with opener.open(urllib.request.Request(f"{console.url}/login", data=form, headers={"Origin": console.url}),
                      timeout=10) as signed_in:
-        assert signed_in.url == f"{console.url}/runs", "not signed in"
+        assert signed_in.url == f"{console.url}/inbox", "not signed in"
     return opener
 
 
@@ -304,3 +304,41 @@ def test_sending_an_input_refuses_what_is_not_json_and_needs_the_token(
     with pytest.raises(urllib.error.HTTPError) as not_a_page:  # an action is a POST, never a GET
         opener.open(f"{console.url}/run/input?id=run-in", timeout=10)
     assert not_a_page.value.code == 405
+
+
+def test_an_in_doubt_decision_is_confirmed_and_a_success_says_its_result(
+    console: Console, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    record_id = in_doubt_call(scoped, "run-confirm")
+    opener = signed_in_opener(console)
+    token = csrf_of(opener, f"{console.url}/in-doubt")
+    call, review = f"/in-doubt/{record_id}", f"/in-doubt/{record_id}/review"
+    for path, form, status, message in [
+        (call, {"decision": "failed", "note": "checked"}, 400, "confirm it first"),  # one click does not decide
+        (call, {"decision": "succeeded", "confirm": "yes"}, 400, "needs its result"),
+        (review, {"decision": "succeeded", "result": " "}, 400, "needs its result"),
+        (call, {"decision": "succeeded", "result": "{}", "no_result": "yes", "confirm": "yes"}, 400, "not both"),
+        (call, {"decision": "retry", "result": "{}", "confirm": "yes"}, 400, "records no result"),
+        (call, {"confirm": "yes"}, 400, "pick a decision"),
+        (call, {"decision": "succeeded", "result": "[1,", "confirm": "yes"}, 400, "not JSON"),
+        (review, {"decision": "succeeded", "no_result": "yes"}, 200, "Nothing is recorded yet"),  # the review page
+        (call, {"decision": "failed", "confirm": "yes"}, 403, "security token"),  # no token
+    ]:
+        got = post(opener, console, path, {"csrf": token, **form} if status != 403 else form)
+        assert got[0] == status and message in got[2], (path, form, got[:2])
+    assert one(person, "SELECT status FROM ledger.run_step_tool_calls WHERE id = %s", (record_id,)) == "in_doubt"
+    assert one(person, "SELECT count(*) FROM ledger.audit_events WHERE gateway_type = 'tool_call.resolve'") == 0
+
+    # Confirmed, with "no result": recorded, and the page shows the outcome.
+    status, url, page = post(opener, console, call, {"csrf": token, "decision": "succeeded", "no_result": "yes",
+                                                     "note": "sent, no id kept", "confirm": "yes"})
+    assert (status, url) == (200, f"{console.url}/in-doubt?resolved={record_id}") and "Recorded:" in page
+    assert person.execute("SELECT status, result FROM ledger.run_step_tool_calls WHERE id = %s",
+                          (record_id,)).fetchone() == {"status": "succeeded", "result": None}
+    assert person.execute("SELECT actor, outcome, payload->>'note' AS note FROM ledger.audit_events"
+                          " WHERE gateway_type = 'tool_call.resolve'").fetchall() == \
+        [{"actor": "ops@acme", "outcome": "succeeded", "note": "sent, no id kept"}]
+    # Decided: a review of it is refused (nothing to decide), and so is deciding again (the ledger).
+    assert post(opener, console, review, {"csrf": token, "decision": "failed"})[:2] == (404, f"{console.url}{review}")
+    again = post(opener, console, call, {"csrf": token, "decision": "failed", "confirm": "yes"})
+    assert again[0] == 409 and "TOOL_CALL_NOT_IN_DOUBT" in again[2]

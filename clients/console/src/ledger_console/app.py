@@ -75,6 +75,8 @@ def create_app(config: ConsoleConfig) -> Starlette:
     static = Path(__file__).parent / "static"
     routes = [
         Route("/", _home),
+        # The home: what waits for people in every scope, so it needs no scope picked.
+        Route("/inbox", _page(console, pages.inbox, needs_scope=False)),
         Route("/login", _signing(console, _login_form), methods=["GET"]),
         Route("/login", _signing(console, _login), methods=["POST"]),
         Route("/logout", _signing(console, _logout), methods=["POST"]),
@@ -88,6 +90,7 @@ def create_app(config: ConsoleConfig) -> Starlette:
         Route("/run/input", _action(console, pages.send_input), methods=["POST"]),
         Mount("/live", app=_ends_with_session(sse_app(console.hub, live_scope, run_id_of=_run_id_of), live_scope)),
         Route("/in-doubt", _page(console, pages.in_doubt)),
+        Route("/in-doubt/{id}/review", _action(console, pages.review), methods=["POST"]),
         Route("/in-doubt/{id}", _action(console, pages.resolve), methods=["POST"]),
         Route("/approvals", _page(console, pages.approvals)),
         Route("/approvals/{id}", _action(console, pages.decide), methods=["POST"]),
@@ -142,26 +145,27 @@ async def _checked_form(console: Console, request: Request, *, act: bool) -> tup
     return session, fields
 
 
-def _refusal(console: Console, request: Request, exc: Refused | LedgerError) -> Response:
+async def _refusal(console: Console, request: Request, exc: Refused | LedgerError) -> Response:
     """A refused request or ledger call as an error page (nothing was written)."""
     if isinstance(exc, Refused):
-        return render(console, request, "error.html", exc.status, message=exc.message)
-    return render(console, request, "error.html", _status(exc), message=exc.message, code=exc.code)
+        return await render(console, request, "error.html", exc.status, message=exc.message)
+    return await render(console, request, "error.html", _status(exc), message=exc.message, code=exc.code)
 
 
-def _page(console: Console, handler: Page) -> Endpoint:
-    """A page for a signed-in person with a scope; refusals and ledger errors become pages."""
+def _page(console: Console, handler: Page, needs_scope: bool = True) -> Endpoint:
+    """A page for a signed-in person (with a scope unless not `needs_scope`); refusals and ledger
+    errors become pages."""
 
     async def endpoint(request: Request) -> Response:
         session = console.session_of(request)
         if session is None or session.user is None:
             return RedirectResponse("/login?" + urlencode({"next": request.url.path}), 303)
-        if session.scope is None:
-            return RedirectResponse("/scope", 303)
+        if needs_scope and session.scope is None:
+            return RedirectResponse("/scope?" + urlencode({"next": request.url.path}), 303)
         try:
             return await handler(console, request, session)
         except (Refused, LedgerError) as exc:
-            return _refusal(console, request, exc)
+            return await _refusal(console, request, exc)
 
     return endpoint
 
@@ -174,7 +178,7 @@ def _action(console: Console, handler: Action) -> Endpoint:
             session, fields = await _checked_form(console, request, act=True)
             return await handler(console, request, session, fields)
         except (Refused, LedgerError) as exc:
-            return _refusal(console, request, exc)
+            return await _refusal(console, request, exc)
 
     return endpoint
 
@@ -192,43 +196,43 @@ def _signing(console: Console, handler: Callable[[Console, Request], Awaitable[R
 
 
 async def _home(request: Request) -> Response:
-    return RedirectResponse("/runs", 303)
+    return RedirectResponse("/inbox", 303)
 
 
 async def _login_form(console: Console, request: Request) -> Response:
     session = console.session_of(request) or Session.new()
     nxt = _local(request.query_params.get("next"))
-    return _with_cookie(console, render(console, request, "login.html", session=session, next=nxt), session)
+    return _with_cookie(console, await render(console, request, "login.html", session=session, next=nxt), session)
 
 
 async def _login(console: Console, request: Request) -> Response:
     try:
         session, fields = await _checked_form(console, request, act=False)
     except Refused as exc:
-        return _refusal(console, request, exc)
+        return await _refusal(console, request, exc)
     users, max_age_s = console.users, console.config.session_max_age_s
     name, password = fields.get("user", ""), fields.get("password", "")
     if not await run_in_threadpool(users.authenticate, name, password):
-        return render(console, request, "login.html", 401, session=session, next=fields.get("next"),
-                      error="Unknown name or wrong password.")
+        return await render(console, request, "login.html", 401, session=session, next=fields.get("next"),
+                            error="Unknown name or wrong password.")
     if session.user is not None and session.sid is not None:  # the session this sign-in replaces
         await run_in_threadpool(users.end_session, session.user, session.sid)
     sid = await run_in_threadpool(users.start_session, name, int(time.time()) + max_age_s)
     if sid is None:  # removed since the password was checked
-        return render(console, request, "login.html", 401, session=session, next=fields.get("next"),
-                      error="Unknown name or wrong password.")
+        return await render(console, request, "login.html", 401, session=session, next=fields.get("next"),
+                            error="Unknown name or wrong password.")
     session = session.signed_in(name, sid)
     if len(console.config.scopes) == 1:
         session = session.with_scope(*console.config.scopes[0])
-    target = _local(fields.get("next")) if session.scope else "/scope"
-    return _with_cookie(console, RedirectResponse(target, 303), session)
+    # The inbox by default, which needs no scope; a page that does asks for one first.
+    return _with_cookie(console, RedirectResponse(_local(fields.get("next")), 303), session)
 
 
 async def _logout(console: Console, request: Request) -> Response:
     try:
         session, _ = await _checked_form(console, request, act=False)
     except Refused as exc:
-        return _refusal(console, request, exc)
+        return await _refusal(console, request, exc)
     if session.user is not None and session.sid is not None:
         await run_in_threadpool(console.users.end_session, session.user, session.sid)
     response = RedirectResponse("/login", 303)
@@ -240,10 +244,12 @@ async def _scope_form(console: Console, request: Request) -> Response:
     session = console.session_of(request)
     if session is None or session.user is None:
         return RedirectResponse("/login", 303)
-    return render(console, request, "scope.html")
+    return await render(console, request, "scope.html", next=_local(request.query_params.get("next")))
 
 
 async def _pick_scope(console: Console, request: Request) -> Response:
+    """Sets the session's scope: from the scope page, or from the inbox, whose counts are forms
+    that pick their scope and go on (`next`) to the page where that is decided."""
     try:
         session, fields = await _checked_form(console, request, act=False)
         if session.user is None:
@@ -252,9 +258,9 @@ async def _pick_scope(console: Console, request: Request) -> Response:
         if chosen not in console.config.scopes:
             raise Refused(400, "That scope is not one this console serves.")
     except Refused as exc:
-        return _refusal(console, request, exc)
+        return await _refusal(console, request, exc)
     tenant, workspace = chosen
-    return _with_cookie(console, RedirectResponse("/runs", 303), session.with_scope(tenant, workspace))
+    return _with_cookie(console, RedirectResponse(_local(fields.get("next")), 303), session.with_scope(tenant, workspace))
 
 
 class SecurityHeaders:
@@ -313,7 +319,7 @@ def _status(exc: LedgerError) -> int:
 
 def _local(target: str | None) -> str:
     """A redirect target inside the console (never another site)."""
-    return target if target and target.startswith("/") and not target.startswith("//") and "\\" not in target else "/runs"
+    return target if target and target.startswith("/") and not target.startswith("//") and "\\" not in target else "/inbox"
 
 
 def _run_id_of(scope: Scope) -> str:

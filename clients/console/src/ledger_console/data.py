@@ -30,6 +30,7 @@ class NotAllowed(Exception):
 class Role:
     name: str
     writer: bool
+    operator: bool  # a member of ledger_operator: the inbox also lists the other scopes with work
 
 
 def check_role(conninfo: str) -> Role:
@@ -39,11 +40,12 @@ def check_role(conninfo: str) -> Role:
         row = conn.execute(
             "SELECT session_user::text, r.rolsuper, r.rolbypassrls,"
             " pg_has_role(session_user, 'ledger_writer', 'USAGE'),"
-            " pg_has_role(session_user, 'ledger_reader', 'USAGE')"
+            " pg_has_role(session_user, 'ledger_reader', 'USAGE'),"
+            " pg_has_role(session_user, 'ledger_operator', 'MEMBER')"
             " FROM pg_roles r WHERE r.rolname = session_user"
         ).fetchone()
     assert row is not None
-    name, superuser, bypassrls, writer, reader = row
+    name, superuser, bypassrls, writer, reader, operator = row
     if superuser or bypassrls:
         raise NotAllowed(
             f"the console refuses to run as {name}: a superuser or BYPASSRLS role sees every tenant's"
@@ -51,7 +53,7 @@ def check_role(conninfo: str) -> Role:
         )
     if not (writer or reader):
         raise NotAllowed(f"role {name} is granted neither ledger_writer nor ledger_reader")
-    return Role(name=name, writer=bool(writer))
+    return Role(name=name, writer=bool(writer), operator=bool(operator))
 
 
 def check_scopes(ledger: Ledger, scopes: list[tuple[str, str]]) -> None:
@@ -59,6 +61,44 @@ def check_scopes(ledger: Ledger, scopes: list[tuple[str, str]]) -> None:
     at start, not when a person picks it."""
     for tenant, workspace in scopes:
         ledger.scoped(tenant, workspace).execute("SELECT 1")
+
+
+# --- What waits for people ---
+
+# ledger.inbox's counts of what waits.
+INBOX_COUNTS = ("calls_in_doubt", "pending_approvals", "budget_stops", "failed_outbox_events")
+
+
+@dataclass(frozen=True)
+class Inbox:
+    """ledger.inbox's rows (each with `served`: whether this console serves the scope) and the
+    time they were read at."""
+
+    rows: list[Row]
+    now: datetime
+
+    @property
+    def total(self) -> int:
+        return sum(row[count] for row in self.rows for count in INBOX_COUNTS)
+
+    def of(self, scope: tuple[str, str] | None) -> Row | None:
+        """The row of a scope the console serves."""
+        return next((r for r in self.rows if r["served"] and (r["tenant_id"], r["workspace_id"]) == scope), None)
+
+
+def inbox(ledger: Ledger, scopes: list[tuple[str, str]], operator: bool) -> Inbox:
+    """ledger.inbox() in each scope the console serves (a row each, zeros when nothing waits) and,
+    for an operator role, inbox(any_scope => true)'s other scopes: every scope it may state that
+    has something waiting. One transaction: one connection, one snapshot for all the counts."""
+    with ledger.transaction() as tx:
+        rows: list[Row] = []
+        for tenant, workspace in scopes:
+            tx.execute("SELECT ledger.set_scope(%s, %s, is_local => true)", (tenant, workspace))
+            rows += [{**r, "served": True} for r in tx.execute("SELECT * FROM ledger.inbox()")]
+        if operator:
+            rows += [{**r, "served": False} for r in tx.execute("SELECT * FROM ledger.inbox(any_scope => true)")
+                     if (r["tenant_id"], r["workspace_id"]) not in scopes]
+        return Inbox(rows, tx.execute("SELECT now() AS now")[0]["now"])
 
 
 # --- Runs ---
@@ -153,7 +193,7 @@ def run_view(ledger: ScopedLedger, run_id: str) -> RunView | None:
         costs = tx.execute(_scoped("run_cost_entries", "created_at, id"), (run_id,))
         responses = tx.execute(_scoped("response_events", "created_at, id"), (run_id,))
         approvals = tx.execute(_scoped("approval_requests", "created_at, id"), (run_id,))
-        audit = tx.execute(_scoped("audit_events", "created_at, id"), (run_id,))
+        audit = readable_audit(tx.execute(_scoped("audit_events", "created_at, id"), (run_id,)))
         events = tx.execute("SELECT * FROM ledger.events_since(%s, NULL, 1000)", (run_id,))
         evidence = tx.execute("SELECT e->>'key' AS key, e->>'status' AS status, e->>'label' AS label,"
                               " e->>'summary' AS summary, e->'missing' AS missing"
@@ -173,13 +213,51 @@ def replay_bundle(ledger: ScopedLedger, run_id: str) -> dict[str, Any]:
 # --- Decisions ---
 
 
-def in_doubt(ledger: ScopedLedger) -> list[Row]:
+def in_doubt(ledger: ScopedLedger, record_id: str | None = None) -> list[Row]:
+    """The calls in doubt with their arguments; with `record_id`, that call if it still is."""
     return ledger.execute(
         "SELECT d.id, d.run_id, d.tool_call_id, d.tool_ref, d.attempt, d.lease_owner,"
         " d.outbound_started_at, d.error_message, t.arguments FROM ledger.tool_calls_in_doubt d"
         " JOIN ledger.run_step_tool_calls t ON t.tenant_id = ledger.scope_tenant()"
         " AND t.workspace_id = ledger.scope_workspace() AND t.id = d.id"
-        " ORDER BY d.outbound_started_at, d.id")
+        " WHERE %s::text IS NULL OR d.id = %s ORDER BY d.outbound_started_at, d.id", (record_id, record_id))
+
+
+@dataclass(frozen=True)
+class Resolved:
+    call: Row  # its ids and its status now
+    audit: list[Row]  # the audit record of its last resolution, readable
+
+
+def resolved(ledger: ScopedLedger, record_id: str) -> Resolved | None:
+    """A call resolved in the scope, as the page after the decision shows it; None when the scope
+    has no such call or nobody resolved it."""
+    with ledger.transaction() as tx:
+        calls = tx.execute(
+            "SELECT id, run_id, tool_call_id, tool_ref, status FROM ledger.run_step_tool_calls"
+            " WHERE tenant_id = ledger.scope_tenant() AND workspace_id = ledger.scope_workspace() AND id = %s",
+            (record_id,))
+        if not calls:
+            return None
+        audit = tx.execute(
+            "SELECT * FROM ledger.audit_events WHERE tenant_id = ledger.scope_tenant()"
+            " AND workspace_id = ledger.scope_workspace() AND run_id = %s AND gateway_type = 'tool_call.resolve'"
+            " AND payload->'tool_call'->>'tool_call_record_id' = %s ORDER BY created_at DESC, id DESC LIMIT 1",
+            (calls[0]["run_id"], record_id))
+    return Resolved(calls[0], readable_audit(audit)) if audit else None
+
+
+def readable_audit(records: list[Row]) -> list[Row]:
+    """Audit records with the note out of the payload (an object: the ledger refuses any other) as
+    `note`, and the rest as `details`, so that a person reads who noted what without reading JSON."""
+    readable = []
+    for record in records:
+        details = dict(record["payload"])
+        note = details.pop("note", None)
+        if note is not None and not isinstance(note, str):  # a record_audit caller's own shape: left as it is
+            details["note"], note = note, None
+        readable.append({**record, "note": note, "details": details})
+    return readable
 
 
 def pending_approvals(ledger: ScopedLedger) -> list[Row]:
@@ -218,9 +296,8 @@ def parse_json(text: str, what: str) -> Any:
         raise ValueError(f"the {what} is not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from exc
 
 
-def resolve_tool_call(ledger: ScopedLedger, record_id: str, decision: str, result: Any, actor: str, note: str | None) -> Row:
-    call = ledger.resolve_tool_call(record_id, decision, result, actor=actor, note=note)
-    return {"run_id": call.run_id, "status": call.status}
+def resolve_tool_call(ledger: ScopedLedger, record_id: str, decision: str, result: Any, actor: str, note: str | None) -> None:
+    ledger.resolve_tool_call(record_id, decision, result, actor=actor, note=note)
 
 
 def resolve_approval(ledger: ScopedLedger, approval_id: str, decision: str, actor: str, note: str | None) -> str:

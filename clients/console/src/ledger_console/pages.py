@@ -1,10 +1,13 @@
 """The console's pages and actions, and how they are rendered: each handler reads or acts through
 `data` in the signed-in person's scope (the checks before it are app.py's) and renders a template,
-or redirects after an action to the page that shows its result."""
+or redirects after an action to the page that shows its result. Every page a signed-in person
+sees counts what waits for people (the inbox) in its top bar."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 from urllib.parse import urlencode
@@ -25,10 +28,22 @@ from .timeline import timeline_svg
 # The run statuses the runs page filters by: the client's enum, which its tests hold to the
 # extension's status machine.
 STATUSES = tuple(str(s) for s in RunStatus)
-DECISIONS = ("succeeded", "failed", "retry")
+# The decisions on a call in doubt: what each says happened, and what the ledger then does (the
+# reference's resolve_tool_call).
+DECISIONS = {
+    "succeeded": "the request was carried out",
+    "failed": "the request was not carried out",
+    "retry": "it must be executed again",
+}
+THEN = {
+    "succeeded": "the call is finished with the result; a later claim of it gets the result back instead of"
+                 " executing it again",
+    "failed": "the call is finished as failed (RESOLVED_FAILED, the note as its message); a later claim of it gets"
+              " that back",
+    "retry": "the next claim executes the call again, with attempt + 1",
+}
 APPROVALS = ("approved", "rejected")
 DONE = {
-    "resolved": "The in-doubt call is resolved; the audit record below names you.",
     "approved": "Approved: the next claim of the call gets claimed.",
     "rejected": "Rejected: the call will not execute.",
     "replayed": "The outbox event is pending again.",
@@ -57,12 +72,53 @@ _env.filters["ms"] = lambda ms: "-" if ms is None else f"{ms / 1000:.2f} s"
 _env.filters["at"] = lambda t: "-" if t is None else t.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
-def render(console: Console, request: Request, template: str, http_status: int = 200,
-           session: Session | None = None, **context: Any) -> HTMLResponse:
+def _age(since: datetime, now: datetime) -> str:
+    """How long something has waited, in words a person reads at a glance ("2 h")."""
+    seconds = max(0.0, (now - since).total_seconds())
+    if seconds < 60:
+        return "under a minute"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min"
+    if seconds < 48 * 3600:
+        return f"{int(seconds // 3600)} h"
+    return f"{int(seconds // 86400)} days"
+
+
+_env.filters["age"] = _age
+
+
+@dataclass(frozen=True)
+class Queue:
+    """One of the inbox's queues: its columns in ledger.inbox, the page where a person decides (and
+    its name in the top bar), what it counts and how the oldest one's age reads ("in doubt for 2 h")."""
+
+    count: str
+    oldest: str
+    page: str
+    nav: str
+    title: str
+    waiting: str
+
+
+QUEUES = (
+    Queue("calls_in_doubt", "oldest_in_doubt_at", "/in-doubt", "In doubt", "Calls in doubt", "in doubt for"),
+    Queue("pending_approvals", "oldest_approval_at", "/approvals", "Approvals", "Pending approvals", "pending for"),
+    Queue("budget_stops", "oldest_budget_stop_at", "/budgets", "Budgets", "Runs stopped by a budget", "stopped for"),
+    Queue("failed_outbox_events", "oldest_failed_outbox_event_at", "/outbox", "Failed outbox", "Failed outbox events",
+          "failed for"),
+)
+
+
+async def render(console: Console, request: Request, template: str, http_status: int = 200,
+                 session: Session | None = None, waiting: data.Inbox | None = None, **context: Any) -> HTMLResponse:
+    """The page; for a signed-in person with what waits for people (`waiting`, read here unless
+    the handler read it already), counted in the top bar."""
     session = session or console.session_of(request)
+    if waiting is None and session is not None and session.user is not None:
+        waiting = await run_in_threadpool(data.inbox, console.ledger, console.config.scopes, console.role.operator)
     body = _env.get_template(template).render(
         session=session, role=console.role, can_act=console.role.writer, scopes=console.config.scopes,
-        statuses=STATUSES, path=request.url.path, **context,
+        statuses=STATUSES, path=request.url.path, waiting=waiting, queues=QUEUES, **context,
     )
     return HTMLResponse(body, status_code=http_status)
 
@@ -73,6 +129,11 @@ def _done(request: Request) -> str | None:
 
 
 # --- Pages ---
+
+
+async def inbox(console: Console, request: Request, session: Session) -> Response:
+    waiting = await run_in_threadpool(data.inbox, console.ledger, console.config.scopes, console.role.operator)
+    return await render(console, request, "inbox.html", waiting=waiting)
 
 
 async def runs(console: Console, request: Request, session: Session) -> Response:
@@ -87,7 +148,7 @@ async def runs(console: Console, request: Request, session: Session) -> Response
     if found.next_cursor:
         nxt = "/runs?" + urlencode({k: v for k, v in (("status", status), ("user", user), ("q", q),
                                                       ("after", found.next_cursor)) if v})
-    return render(console, request, "runs.html", runs=found.runs, status=status, user=user, q=q, next_url=nxt,
+    return await render(console, request, "runs.html", runs=found.runs, status=status, user=user, q=q, next_url=nxt,
                   first_page=cursor is None)
 
 
@@ -98,7 +159,7 @@ async def run(console: Console, request: Request, session: Session) -> Response:
         raise Refused(404, f"No run {run_id} in this scope.")
     types = sorted(set(FEED_TYPES) | {e["event_type"] for e in view.events})
     r = view.run
-    return render(console, request, "run.html", v=view, svg=Markup(timeline_svg(view)), done=_done(request),
+    return await render(console, request, "run.html", v=view, svg=Markup(timeline_svg(view)), done=_done(request),
                   feed_types=types, ended=RunStatus(r["status"]).terminal,
                   budget_stopped=r["status"] == "paused" and r["error_code"] == "BUDGET_EXHAUSTED")
 
@@ -118,42 +179,80 @@ async def bundle(console: Console, request: Request, session: Session) -> Respon
 
 
 async def in_doubt(console: Console, request: Request, session: Session) -> Response:
+    """The calls in doubt; after a decision (`resolved`: the call's record id) its outcome on top,
+    read from the ledger: the call's status now and the audit record naming who decided."""
     rows = await run_in_threadpool(data.in_doubt, console.scoped(session))
-    return render(console, request, "in_doubt.html", calls=rows, done=_done(request))
+    record_id = request.query_params.get("resolved")
+    outcome = await run_in_threadpool(data.resolved, console.scoped(session), record_id) if record_id else None
+    return await render(console, request, "in_doubt.html", calls=rows, outcome=outcome, decisions=DECISIONS,
+                        then=THEN)
 
 
 async def approvals(console: Console, request: Request, session: Session) -> Response:
     rows = await run_in_threadpool(data.pending_approvals, console.scoped(session))
-    return render(console, request, "approvals.html", approvals=rows, done=_done(request))
+    return await render(console, request, "approvals.html", approvals=rows, done=_done(request))
 
 
 async def outbox(console: Console, request: Request, session: Session) -> Response:
     rows = await run_in_threadpool(data.failed_outbox, console.scoped(session))
-    return render(console, request, "outbox.html", events=rows, done=_done(request))
+    return await render(console, request, "outbox.html", events=rows, done=_done(request))
 
 
 async def budgets(console: Console, request: Request, session: Session) -> Response:
     run_id = request.query_params.get("run") or None  # the budgets that apply to this run only
     rows = await run_in_threadpool(data.budgets, console.scoped(session), run_id)
-    return render(console, request, "budgets.html", budgets=rows, run_id=run_id, done=_done(request))
+    return await render(console, request, "budgets.html", budgets=rows, run_id=run_id, done=_done(request))
 
 
 # --- Actions: `session` has a person and a scope, `fields` passed the CSRF check ---
 
 
-async def resolve(console: Console, request: Request, session: Session, fields: dict[str, str]) -> Response:
+def _resolution(fields: dict[str, str]) -> tuple[str, Any]:
+    """The decision and result of an in-doubt form, or Refused (nothing written): a decision picked,
+    a result that is JSON, for `succeeded` a result or the explicit "no result", and none for
+    `retry` (the ledger would drop it)."""
     decision = fields.get("decision", "")
     if decision not in DECISIONS:
-        raise Refused(400, "Pick a decision: succeeded, failed or retry.")
+        raise Refused(400, "Nothing was written: pick a decision: succeeded, failed or retry.")
+    text, no_result = fields.get("result", "").strip(), fields.get("no_result") == "yes"
+    if text and no_result:
+        raise Refused(400, 'Nothing was written: give a result or tick "no result", not both.')
+    if decision == "succeeded" and not text and not no_result:
+        raise Refused(400, 'Nothing was written: a call that succeeded needs its result (JSON), or tick "no result"'
+                           " if it has none.")
+    if decision == "retry" and text:
+        raise Refused(400, "Nothing was written: a retry records no result (the next claim executes the call again);"
+                           " empty the result box.")
     try:
-        result = data.parse_result(fields.get("result", ""))
+        return decision, data.parse_result(text)
     except ValueError as exc:
         raise Refused(400, f"Nothing was written: {exc}.") from exc
+
+
+async def review(console: Console, request: Request, session: Session, fields: dict[str, str]) -> Response:
+    """The decision on a call in doubt as it would be recorded, to confirm: it writes nothing."""
+    decision, result = _resolution(fields)
+    record_id = request.path_params["id"]
+    calls = await run_in_threadpool(data.in_doubt, console.scoped(session), record_id)
+    if not calls:
+        raise Refused(404, "Nothing was written: this scope has no such call in doubt (decided meanwhile?).")
+    return await render(console, request, "confirm.html", call=calls[0], decision=decision, decisions=DECISIONS,
+                        then=THEN, result=result, result_text=fields.get("result", "").strip(), no_result=fields.get("no_result"),
+                        note=fields.get("note", "").strip())
+
+
+async def resolve(console: Console, request: Request, session: Session, fields: dict[str, str]) -> Response:
+    # One click must not decide: the decision is recorded from its review page's form only.
+    if fields.get("confirm") != "yes":
+        raise Refused(400, "Nothing was written: review the decision and confirm it first.")
+    decision, result = _resolution(fields)
     note = fields.get("note", "").strip() or None
+    record_id = request.path_params["id"]
     assert session.user is not None
-    done = await run_in_threadpool(data.resolve_tool_call, console.scoped(session), request.path_params["id"],
-                                   decision, result, session.user, note)
-    return RedirectResponse(f"/run?{urlencode({'id': done['run_id'], 'done': 'resolved'})}#audit", 303)
+    await run_in_threadpool(data.resolve_tool_call, console.scoped(session), record_id, decision, result, session.user,
+                            note)
+    # The outcome on top of the page the person came from: no anchor, nothing to scroll to.
+    return RedirectResponse(f"/in-doubt?{urlencode({'resolved': record_id})}", 303)
 
 
 async def decide(console: Console, request: Request, session: Session, fields: dict[str, str]) -> Response:
