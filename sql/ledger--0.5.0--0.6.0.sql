@@ -319,8 +319,15 @@ AS $$
             SELECT a.tenant_id, a.workspace_id, 'approval', a.created_at FROM ledger.approval_requests a
              WHERE a.status = 'pending' AND (a.expires_at IS NULL OR a.expires_at > clock_timestamp())
             UNION ALL
+            -- Stopped by a budget that is still used up (once raised, the run waits for a worker,
+            -- not for a person).
             SELECT r.tenant_id, r.workspace_id, 'budget', r.updated_at FROM ledger.runs r
              WHERE r.status = 'paused' AND r.error_code = 'BUDGET_EXHAUSTED'
+               AND EXISTS (SELECT 1 FROM ledger.budgets b
+                            WHERE b.tenant_id = r.tenant_id
+                              AND (b.workspace_id IS NULL OR b.workspace_id = r.workspace_id)
+                              AND (b.run_id IS NULL OR b.run_id = r.id)
+                              AND b.max_amount <= ledger.budget_spent(b.period, b.spent, b.window_start, now()))
             UNION ALL
             SELECT o.tenant_id, o.workspace_id, 'outbox', o.processed_at FROM ledger.outbox o
              WHERE o.status = 'failed') w
@@ -332,7 +339,7 @@ AS $$
      GROUP BY w.tenant_id, w.workspace_id
      ORDER BY w.tenant_id, w.workspace_id
 $$;
-COMMENT ON FUNCTION ledger_dispatch.inbox(text, text) IS 'What waits for people (see ledger.inbox) in scope (tenant_id, workspace_id), or with NULL tenant_id in every scope the session''s login role may state that has something waiting: calls in doubt, pending approvals before their deadline, runs paused by a budget, failed outbox events, each counted with the oldest one''s time.';
+COMMENT ON FUNCTION ledger_dispatch.inbox(text, text) IS 'What waits for people (see ledger.inbox) in scope (tenant_id, workspace_id), or with NULL tenant_id in every scope the session''s login role may state that has something waiting: calls in doubt, pending approvals before their deadline, runs paused by a budget still used up, failed outbox events, each counted with the oldest one''s time.';
 
 -- The operator's claim across scopes: due runs only, with room under their key and no budget
 -- used up, the highest priority first.

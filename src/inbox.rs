@@ -115,6 +115,7 @@ mod tests {
              SELECT ledger.request_tool_approval('r1', 'payments.wire', '{\"amount\": 100}', \
                                                 tool_call_id => 'pay'); \
              SELECT ledger.create_run('agent', run_id => 'r2'); \
+             SELECT ledger.set_budget('tool_calls', 0, 'run', run_id => 'r2'); \
              UPDATE ledger.runs SET status = 'paused', error_code = 'BUDGET_EXHAUSTED', \
                     updated_at = now() - interval '30 minutes' WHERE id = 'r2'; \
              UPDATE ledger.outbox SET status = 'failed', processed_at = now() - interval '1 hour' \
@@ -122,6 +123,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(inbox(""), "t-inbox:a:2:120:1:t:1:30:1:60");
+        // A raised budget leaves the run to a worker: no person is waited for any more.
+        Spi::run("SELECT ledger.set_budget('tool_calls', 5, 'run', run_id => 'r2')").unwrap();
+        assert_eq!(inbox(""), "t-inbox:a:2:120:1:t:0:1:60");
+        Spi::run("SELECT ledger.set_budget('tool_calls', 0, 'run', run_id => 'r2')").unwrap();
         // An approval past its deadline no longer waits for anyone.
         set_scope("t-inbox", "b");
         Spi::run(
