@@ -6,8 +6,9 @@ Usage: python3 tests/docs/workers_worker.py docs/workers.md "host=... port=... d
 A first worker process is killed (SIGKILL) while the lookup's request is out. A second worker,
 in this process, takes the run over, does not redo the model step, finds the lookup in doubt and
 parks the run; a person resolves the call, the worker resumes, asks for the refund's approval and
-parks again; the person approves and the worker finishes, its refund taking three times its 1 s
-lease while a third worker claims: the heartbeat must keep the run with the second worker. The
+parks again; the person approves and the worker finishes (each decision's notification of
+ledger_runs wakes it: its idle bound is longer than the test waits), its refund taking three times
+its 1 s lease while a third worker claims: the heartbeat must keep the run with the second worker. The
 model, the lookup and the refund must each have run exactly once, the run must have been taken
 over only once (after the kill), and it must pass replay_ready.
 """
@@ -103,12 +104,14 @@ done = threading.Event()
 pool = namespace["connect"](dsn)
 
 
-def worker(name):
+def worker(name, idle_s):
     return threading.Thread(target=namespace["work"], args=(pool, namespace["support_agent"]),
-                            kwargs={"lease_owner": name, "lease_s": 1, "idle_s": 0.05, "stop": done.is_set})
+                            kwargs={"lease_owner": name, "lease_s": 1, "idle_s": idle_s, "stop": done.is_set})
 
 
-second = worker("worker-2")
+# Idle for longer than the test waits for each stage (60 s): only a notification of ledger_runs (a
+# person's decision) wakes it in time.
+second = worker("worker-2", idle_s=120)
 second.start()
 third = None
 try:
@@ -125,11 +128,12 @@ try:
     os.environ["REFUND_SECONDS"] = "3"
     person.execute("SELECT ledger.resolve_approval(id, 'approved', actor => 'lead@acme') FROM ledger.pending_approvals")
     wait_for("the refund's request", lambda: count("refund") == 1)
-    third = worker("worker-3")
+    third = worker("worker-3", idle_s=0.05)
     third.start()
     wait_for("the run to finish", lambda: status() not in ("queued", "running", "waiting_approval"))
 finally:
     done.set()
+    person.execute("NOTIFY ledger_runs")  # wakes the second worker to see the stop
     second.join()
     if third is not None:
         third.join()

@@ -196,6 +196,7 @@ async def budgets(h: Handle, person: psycopg.Connection[DictRow]) -> None:
 
 
 async def durable_waits(h: Handle, person: psycopg.Connection[DictRow]) -> None:
+    assert await got(h.next_wake()) is None  # nothing waits
     await got(h.create_run("agent", run_id="r-wait"))
     first = await got(h.claim_run("worker-1", run_id="r-wait"))
     assert first is not None and first.run_token == 1
@@ -205,6 +206,7 @@ async def durable_waits(h: Handle, person: psycopg.Connection[DictRow]) -> None:
     assert isinstance(parked, Run) and parked.status is RunStatus.WAITING_INPUT
     assert (parked.lease_owner, parked.lease_expires_at, parked.not_before, parked.run_token) == (None, None, wake_at, 1)
     assert await got(h.claim_run("worker-2")) is None and await got(h.claim_run("worker-2", run_id="r-wait")) is None
+    assert await got(h.next_wake()) == wake_at  # what an idle worker sleeps until
     with pytest.raises(ConflictError) as over:
         await got(h.heartbeat_run("r-wait", 1))  # the lease was given up with the wait
     assert (over.value.sqlstate, over.value.code, over.value.detail["lease_released"]) == ("40001", "LEASE_STALE", True)
@@ -440,6 +442,30 @@ def test_operator_claims_and_a_conninfo_source(face: str, dsn: str, person: psyc
             await aledger.scoped(*SCOPE).create_run("agent", run_id="r-op")
             claimed = await aledger.claim_run("op-1")
         assert claimed is not None and (claimed.run_id, claimed.tenant_id, claimed.workspace_id) == ("r-op", *SCOPE)
+
+    asyncio.run(body())
+
+
+@FACES
+def test_next_wake_across_scopes_is_an_operators(face: str, dsn: str, person: psycopg.Connection[DictRow]) -> None:
+    person.execute("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ledger_py_app') THEN"
+                   " CREATE ROLE ledger_py_app LOGIN IN ROLE ledger_writer; END IF; END $$")
+    app = dsn.replace("user=postgres", "user=ledger_py_app")
+    later = datetime.now(timezone.utc) + timedelta(hours=1)
+    person.execute("SELECT ledger.set_scope('globex', 'billing')")
+    person.execute("SELECT ledger.create_run('agent', run_id => 'r-later', not_before => %s)", (later,))
+
+    async def body() -> None:
+        if face == "sync":
+            # Another scope's backoff: none in the tests' scope, the operator sees it.
+            assert Ledger(dsn).scoped(*SCOPE).next_wake() is None and Ledger(dsn).next_wake() == later
+            with pytest.raises(ScopeError) as refused:
+                Ledger(app).next_wake()
+        else:
+            assert await AsyncLedger(dsn).scoped(*SCOPE).next_wake() is None and await AsyncLedger(dsn).next_wake() == later
+            with pytest.raises(ScopeError) as refused:
+                await AsyncLedger(app).next_wake()
+        assert (refused.value.sqlstate, refused.value.code) == ("42501", "OPERATOR_REQUIRED")
 
     asyncio.run(body())
 

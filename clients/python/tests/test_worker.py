@@ -1,5 +1,6 @@
 """The worker loop against the real extension: a worker process killed mid-call and taken over, an
-approval round trip, graceful shutdown (SIGTERM, and a release at the grace deadline), failures."""
+approval round trip, graceful shutdown (SIGTERM, and a release at the grace deadline), failures, and
+what wakes an idle worker (a notification, next_wake, a stop)."""
 
 import os
 import signal
@@ -540,3 +541,85 @@ def test_a_worker_fires_the_due_schedules_when_asked_to(
     # Not before fire_schedules_s has passed: a firing due now waits for the next sweep.
     person.execute("UPDATE ledger.schedules SET next_fire_at = now() - interval '1 minute'")
     assert not worker.run_once()
+
+
+def test_an_idle_worker_is_woken_by_a_new_run_not_by_its_idle_bound(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    claimed: dict[str, float] = {}
+
+    def agent(ctx: RunContext) -> str:
+        claimed[ctx.run_id] = time.monotonic()
+        return "done"
+
+    with running(Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1", idle_s=60)):
+        time.sleep(0.5)  # its first claim found nothing: it sleeps
+        created = time.monotonic()
+        scoped.create_run("agent", run_id="r-new")  # another connection's commit notifies ledger_runs
+        wait_for("the new run's claim", lambda: "r-new" in claimed)
+        assert claimed["r-new"] - created < 5  # woken, not polled after 60 s
+        # Idle again after the run: the next one wakes it too.
+        time.sleep(0.5)
+        created = time.monotonic()
+        scoped.create_run("agent", run_id="r-next")
+        wait_for("the next run's claim", lambda: "r-next" in claimed)
+        assert claimed["r-next"] - created < 5
+
+
+def test_an_idle_worker_sleeps_until_next_wake_not_its_idle_bound(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    claimed: dict[str, datetime] = {}
+
+    def agent(ctx: RunContext) -> str:
+        claimed[ctx.run_id] = datetime.now(timezone.utc)
+        return "done"
+
+    # Parked before the worker starts, so that no notification can tell it: only next_wake does.
+    scoped.create_run("agent", run_id="r-later")
+    parking = scoped.claim_run("someone", run_id="r-later")
+    assert parking is not None
+    scoped.transition_run("r-later", RunStatus.RUNNING, run_token=parking.run_token)
+    wake_at = datetime.now(timezone.utc) + timedelta(seconds=2)
+    scoped.wait_run("r-later", parking.run_token, wake_at)
+    assert scoped.next_wake() == wake_at
+    # A worker of every scope: next_wake(any_scope => true).
+    with running(Worker(ledger, agent, lease_owner="worker-1", idle_s=60)):
+        wait_for("the claim at the wake time", lambda: "r-later" in claimed)
+    assert wake_at <= claimed["r-later"] < wake_at + timedelta(seconds=5)
+
+
+def test_stop_ends_an_idle_worker_promptly(ledger: Ledger) -> None:
+    worker = Worker(ledger, lambda ctx: "done", scope=SCOPE, lease_owner="worker-1", idle_s=60)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    time.sleep(0.5)  # its first claim found nothing: it sleeps
+    asked = time.monotonic()
+    worker.stop()
+    thread.join(30)
+    assert not thread.is_alive() and time.monotonic() - asked < 5
+
+
+def test_an_idle_worker_listens_again_after_its_connection_is_lost(
+    ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
+) -> None:
+    claimed: list[str] = []
+
+    def agent(ctx: RunContext) -> str:
+        claimed.append(ctx.run_id)
+        return "done"
+
+    def listening() -> list[int]:
+        rows = person.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                              " AND query LIKE '%ledger.next_wake(any_scope%' AND pid <> pg_backend_pid()").fetchall()
+        return [r["pid"] for r in rows]
+
+    with running(Worker(ledger, agent, scope=SCOPE, lease_owner="worker-1", idle_s=60)):
+        wait_for("the worker's listening connection", lambda: len(listening()) == 1)
+        [lost] = listening()
+        person.execute("SELECT pg_terminate_backend(%s)", (lost,))
+        wait_for("a new listening connection", lambda: listening() not in ([], [lost]))
+        created = time.monotonic()
+        scoped.create_run("agent", run_id="r-after")
+        wait_for("the run's claim", lambda: claimed == ["r-after"])
+        assert time.monotonic() - created < 5

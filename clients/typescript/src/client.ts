@@ -444,6 +444,17 @@ export abstract class LedgerCalls {
   }
 
   /**
+   * `next_wake`: when a run of the scope (`anyScope`: of every scope, for a member of
+   * `ledger_operator`) next becomes claimable by the clock alone (a wait's or backoff's
+   * `notBefore`, a pending approval's deadline, a full rate window's end), or null when none is
+   * ahead. Whatever else makes a run claimable notifies `ledger_runs` at commit: an idle worker
+   * listens there and sleeps until this time at most.
+   */
+  async nextWake(options: { anyScope?: boolean } = {}): Promise<Date | null> {
+    return (await this.value("next_wake", [], snakeKeys({ ...options }))) as Date | null;
+  }
+
+  /**
    * `wait_for_input`: the owner's run waits for input `inputKey`: `received` (the input),
    * `timed_out` (`deadline` passed without it) or `waiting`: parked like `waitRun` (`runToken` is
    * over) until the input arrives or the deadline (none: only the input wakes it). On resume ask
@@ -953,6 +964,14 @@ export class Ledger {
    */
   async claimRun(leaseOwner: string, options: Omit<ClaimRunOptions, "runId" | "anyScope"> = {}): Promise<ClaimedRun | null> {
     return new Transaction(this.pool).claimRun(leaseOwner, { ...options, anyScope: true });
+  }
+
+  /**
+   * `next_wake(any_scope => true)`: when a run of any scope next becomes claimable by the clock
+   * alone, or null (a member of `ledger_operator`, else 42501 `OPERATOR_REQUIRED`).
+   */
+  async nextWake(): Promise<Date | null> {
+    return new Transaction(this.pool).nextWake({ anyScope: true });
   }
 
   /**

@@ -1,7 +1,7 @@
 /**
- * A dedicated connection that LISTENs, for the follower and the outbox consumer: it wakes its
- * reader on a notification, on the connection's loss, or on a timer, whichever comes first.
- * Notifications only say "read again"; the rows are the authority.
+ * A dedicated connection that LISTENs, for the follower, the outbox consumer and the idle worker:
+ * it wakes its reader on a notification, on the connection's loss, or on a timer, whichever comes
+ * first. Notifications only say "read again"; the rows are the authority.
  */
 import pg from "pg";
 
@@ -33,6 +33,11 @@ export class Listener {
   /** LISTEN on `channel` (an identifier the ledger made: quoted as one). */
   async listen(channel: string): Promise<void> {
     await this.client.query(`LISTEN ${this.client.escapeIdentifier(channel)}`);
+  }
+
+  /** Whether the connection was lost (or closed): listen on another. */
+  get lost(): boolean {
+    return this.broken !== null;
   }
 
   /** Forgets the notifications seen so far: call it right before reading the rows. */

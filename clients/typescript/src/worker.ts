@@ -33,6 +33,15 @@
  * connection after a lost one (see `reconnecting`): each is fenced by the run token or the call's
  * attempt, or found again by key, so a repeat changes nothing.
  *
+ * When nothing is claimable the loop sleeps until the first of: a `ledger_runs` notification (a
+ * commit that may have made a run claimable: a new run, a release, an input, a decision, a run's
+ * end), `next_wake` (when a wait, a backoff, an approval's deadline or a full rate window ends, by
+ * the database's clock), `idleSeconds` (the backstop for what neither tells: a lease that ran out, a
+ * budget's new day or month), a stop. It LISTENs on a connection of its own (not the pool's: it
+ * holds it while it runs), before its claim, so that no commit between an empty claim and the sleep
+ * is missed; after a lost connection it listens again on a new one, and while it cannot it polls
+ * every `min(idleSeconds, 1)` seconds. A notification is a hint: the next claim decides.
+ *
  * With `fireSchedulesSeconds` the loop also fires the due schedules (`fire_schedules`, of its scope
  * or of every scope) at most that often, before a claim: for a deployment without pg_cron.
  *
@@ -53,7 +62,8 @@ import {
   WaitingApprovalError,
 } from "./errors.js";
 import { isConnectionError, reconnecting } from "./faults.js";
-import { Ledger, type ApprovalRequest, type ScopedLedger } from "./client.js";
+import { Ledger, Transaction, type ApprovalRequest, type ScopedLedger } from "./client.js";
+import { Listener } from "./notifier.js";
 import { positiveSeconds } from "./options.js";
 import { succeedWith } from "./reply.js";
 import { toolCall, toolCalls, type ToolCallResult, type ToolFn, type TurnCall } from "./tool_calls.js";
@@ -429,7 +439,11 @@ export interface WorkerOptions {
   leaseSeconds?: number;
   /** Seconds between the run lease's heartbeats; default a third of `leaseSeconds` (5). */
   heartbeatSeconds?: number;
-  /** Seconds between claims when nothing is claimable; default 1. */
+  /**
+   * The longest sleep, in seconds, when nothing is claimable: a `ledger_runs` notification or
+   * `next_wake` ends it sooner. Default {@link DEFAULT_IDLE_SECONDS} (30). After a run was only
+   * released or an error, the loop claims again after `min(idleSeconds, 1)`.
+   */
   idleSeconds?: number;
   /** Only runs of these modes / kinds. */
   modes?: string[];
@@ -455,7 +469,8 @@ export interface WorkerOptions {
   onRun?: (run: ClaimedRun, outcome: RunOutcome) => void;
   /**
    * Called with an error that is not a run's (the server unreachable, a write that failed after
-   * the agent's end); the loop goes on after `idleSeconds`. Default: written to stderr.
+   * the agent's end, the listening connection lost); the loop goes on after `min(idleSeconds, 1)`.
+   * Default: written to stderr.
    */
   onError?: (error: unknown) => void;
 }
@@ -480,6 +495,13 @@ export async function work(source: Ledger | ScopedLedger, agent: Agent, options:
   const fireEvery = positiveSeconds("fireSchedulesSeconds", options.fireSchedulesSeconds);
   let nextFire = 0;
   const leaseOwner = options.leaseOwner ?? `${hostname()}:${process.pid}`;
+  const idleMs = (options.idleSeconds ?? DEFAULT_IDLE_SECONDS) * 1000;
+  // After a release (a BusyError, a lost connection) or an error, what was in the way is usually
+  // gone within seconds and nothing notifies it (a release's own notification would only hand the
+  // run straight back): claim again soon, whatever the idle bound.
+  const retryMs = Math.min(idleMs, 1000);
+  const onError = options.onError ?? ((e: unknown) => console.error("ledger worker:", e));
+  const alarm = new Alarm(source, onError);
   const stop = new AbortController();
   const stopOn = options.stopOn ?? [];
   const onSignal = (): void => {
@@ -492,7 +514,8 @@ export async function work(source: Ledger | ScopedLedger, agent: Agent, options:
   for (const s of stopOn) process.on(s, onSignal);
   try {
     while (!stop.signal.aborted) {
-      let busy = false;
+      let next: "claim" | "idle" | "retry" = "retry";
+      await alarm.listen();
       try {
         if (fireEvery !== undefined && Date.now() >= nextFire) {
           nextFire = Date.now() + fireEvery * 1000;
@@ -503,16 +526,23 @@ export async function work(source: Ledger | ScopedLedger, agent: Agent, options:
           ...(options.modes !== undefined ? { modes: options.modes } : {}),
           ...(options.kinds !== undefined ? { kinds: options.kinds } : {}),
         });
-        if (run !== null) {
+        if (run === null) {
+          next = "idle";
+        } else {
           const ledger = source instanceof Ledger ? source.scoped(run.tenantId, run.workspaceId) : source;
-          busy = await drive(ledger, run, agent, options, stop.signal);
+          next = (await drive(ledger, run, agent, options, stop.signal)) ? "claim" : "retry";
         }
       } catch (error) {
-        (options.onError ?? ((e: unknown) => console.error("ledger worker:", e)))(error);
+        onError(error);
       }
-      if (!busy) await sleep((options.idleSeconds ?? 1) * 1000, undefined, { signal: stop.signal }).catch(() => undefined);
+      if (next === "idle") {
+        await alarm.wait(fireEvery === undefined ? idleMs : Math.min(idleMs, nextFire - Date.now()), retryMs, stop.signal);
+      } else if (next === "retry") {
+        await sleep(retryMs, undefined, { signal: stop.signal }).catch(() => undefined);
+      }
     }
   } finally {
+    await alarm.close();
     options.signal?.removeEventListener("abort", onAbort);
     for (const s of stopOn) process.removeListener(s, onSignal);
   }
@@ -589,6 +619,81 @@ async function drive(ledger: ScopedLedger, run: ClaimedRun, agent: Agent, option
 
 /** The run lease's default: a killed worker's run is taken over within seconds. */
 export const DEFAULT_LEASE_SECONDS = 15;
+
+/**
+ * An idle worker's longest sleep by default. Notifications and `next_wake` wake it for nearly
+ * everything; this bounds how late it sees what they do not tell: a lease that ran out (a dead
+ * worker's run is taken over within `leaseSeconds` + `idleSeconds`) and a budget's new window.
+ */
+export const DEFAULT_IDLE_SECONDS = 30;
+
+/** The channel a commit that may have made a run claimable notifies (after commit, no payload). */
+const CHANNEL = "ledger_runs";
+
+// Seconds until next_wake by the database's clock, the one claim_run's not_before follows: a worker
+// whose clock is ahead would otherwise wake early, find nothing and ask again in a loop.
+const NEXT_WAKE_IN = "SELECT extract(epoch FROM ledger.next_wake(any_scope => $1) - now()) AS s";
+
+/**
+ * What wakes an idle worker: a connection of its own that LISTENs on `ledger_runs` and asks
+ * `next_wake` (of the worker's scope, or of every scope for a {@link Ledger}).
+ */
+class Alarm {
+  private listener: Listener | null = null;
+
+  constructor(
+    private readonly source: Ledger | ScopedLedger,
+    private readonly onError: (error: unknown) => void,
+  ) {}
+
+  /**
+   * Before a claim: forgets what was notified so far (the claim sees those commits), or LISTENs on
+   * a new connection when there is none (or it was lost); one that cannot leaves the worker polling.
+   */
+  async listen(): Promise<void> {
+    if (this.listener?.lost) await this.close();
+    if (this.listener === null) {
+      const source = this.source;
+      try {
+        this.listener = await Listener.open(source instanceof Ledger ? source.pool : source.ledger.pool);
+        if (!(source instanceof Ledger)) {
+          // next_wake's scope: the session's.
+          await new Transaction(this.listener.client).query("SELECT ledger.set_scope($1, $2)", [source.tenant, source.workspace]);
+        }
+        await this.listener.listen(CHANNEL);
+      } catch (error) {
+        this.onError(error);
+        await this.close();
+        return;
+      }
+    }
+    this.listener.reset();
+  }
+
+  /**
+   * Until a notification, the next wake, `ms` or the stop, whichever comes first; without a
+   * listening connection, `pollMs` at most.
+   */
+  async wait(ms: number, pollMs: number, signal: AbortSignal): Promise<void> {
+    if (this.listener !== null) {
+      try {
+        const [row] = await new Transaction(this.listener.client).query(NEXT_WAKE_IN, [this.source instanceof Ledger]);
+        const wakeIn = row?.["s"];
+        await this.listener.wait(wakeIn === null || wakeIn === undefined ? ms : Math.min(ms, Number(wakeIn) * 1000), signal);
+        return;
+      } catch (error) {
+        this.onError(error);
+        await this.close();
+      }
+    }
+    await sleep(Math.min(ms, pollMs), undefined, { signal }).catch(() => undefined);
+  }
+
+  async close(): Promise<void> {
+    await this.listener?.close();
+    this.listener = null;
+  }
+}
 
 /**
  * Gives the run up, repeated after a lost connection; a repeat that finds the token already over

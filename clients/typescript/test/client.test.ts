@@ -236,6 +236,7 @@ test("a stale run_token is the conflict error, and writes nothing", async (t) =>
 test("waitRun parks the owner's run until its wake time; the claim after it hands it out with a new token", async (t) => {
   const db = await freshDb(t, "wait");
   const acme = db.ledger.scoped("acme", "ts");
+  assert.equal(await acme.nextWake(), null, "nothing waits");
   await acme.createRun("agent", { runId: "r-wait" });
   const first = await acme.claimRun("w-1", { runId: "r-wait" });
   assert.equal(first?.runToken, 1);
@@ -248,6 +249,7 @@ test("waitRun parks the owner's run until its wake time; the claim after it hand
   assert.equal(parked.notBefore?.getTime(), wakeAt.getTime());
   assert.equal(await acme.claimRun("w-2"), null, "not before its wake time");
   assert.equal(await acme.claimRun("w-2", { runId: "r-wait" }), null, "not even by its id");
+  assert.equal((await acme.nextWake())?.getTime(), wakeAt.getTime(), "what an idle worker sleeps until");
   await assert.rejects(
     acme.heartbeatRun("r-wait", 1),
     (e: unknown) => e instanceof ConflictError && e.code === "LEASE_STALE" && e.detail["lease_released"] === true,
@@ -474,4 +476,22 @@ test("connection strings: libpq conninfo and URLs", () => {
   assert.deepEqual(parseConninfo("postgresql://u@h:5/db"), { connectionString: "postgresql://u@h:5/db" });
   assert.throws(() => parseConninfo("sslmode=require"), /sslmode/);
   assert.throws(() => parseConninfo("host=x 'oops"), /cannot read/);
+});
+
+test("nextWake across scopes is an operator's: another scope's backoff; a non-operator is refused", async (t) => {
+  const db = await freshDb(t, "next_wake");
+  const later = new Date(Date.now() + 3_600_000);
+  await db.ledger.scoped("globex", "billing").createRun("agent", { runId: "r-later", notBefore: later });
+  assert.equal(await db.ledger.scoped("acme", "ts").nextWake(), null, "none in this scope");
+  assert.equal((await db.ledger.nextWake())?.getTime(), later.getTime());
+  assert.equal((await db.ledger.scoped("acme", "ts").nextWake({ anyScope: true }))?.getTime(), later.getTime());
+  await db.sql("DO $$ BEGIN CREATE ROLE ledger_ts_waker LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$");
+  await db.sql("GRANT ledger_writer TO ledger_ts_waker");
+  const app = Ledger.connect(`${db.dsn} user=ledger_ts_waker`);
+  try {
+    await assert.rejects(app.nextWake(), (e: unknown) => e instanceof ScopeError && e.sqlstate === "42501" && e.code === "OPERATOR_REQUIRED");
+  } finally {
+    await app.close();
+    await db.sql("DROP ROLE ledger_ts_waker");
+  }
 });

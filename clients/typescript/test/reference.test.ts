@@ -41,6 +41,7 @@ const REFERENCED: Record<string, string[]> = {
     "ScopedLedger.pauseSchedule",
     "ScopedLedger.dropSchedule",
     "ScopedLedger.setRateLimit",
+    "ScopedLedger.nextWake",
     "Transaction",
   ],
   work: ["work"],

@@ -596,3 +596,92 @@ test("fireSchedulesSeconds: the worker fires the due schedules (here every scope
   const [fired] = await db.sql("SELECT request_id FROM ledger.runs");
   assert.match(String(fired?.["request_id"]), /^schedule:nightly:/);
 });
+
+test("an idle worker is woken by a new run's notification and by next_wake, not by its idle bound; a stop ends its sleep", async (t) => {
+  const db = await freshDb(t, "idle_worker");
+  const acme = db.ledger.scoped("acme", "ts");
+  // Parked for 2 s before any worker starts, so that no notification can tell one: only next_wake does.
+  await acme.createRun("agent", { runId: "r-later" });
+  const parking = await acme.claimRun("someone", { runId: "r-later" });
+  assert.ok(parking);
+  await acme.transitionRun("r-later", "running", { runToken: parking.runToken });
+  const wakeAt = new Date(Date.now() + 2000);
+  await acme.waitRun("r-later", parking.runToken, wakeAt);
+  const claimed = new Map<string, number>();
+  const agent = async (ctx: RunContext): Promise<string> => {
+    claimed.set(ctx.runId, Date.now());
+    return "done";
+  };
+  const idle = { idleSeconds: 60, stopOn: [], onError: (e: unknown) => assert.fail(String(e)) };
+
+  // A worker of every scope (next_wake(any_scope => true)) claims it at its wake time.
+  const everyScope = new AbortController();
+  const first = work(db.ledger, agent, { ...idle, leaseOwner: "worker-1", signal: everyScope.signal });
+  try {
+    await waitFor("the claim at the wake time", () => claimed.has("r-later"));
+  } finally {
+    everyScope.abort();
+    await first;
+  }
+  const at = claimed.get("r-later") ?? assert.fail("not claimed");
+  assert.ok(at >= wakeAt.getTime() && at < wakeAt.getTime() + 5000, `claimed ${at - wakeAt.getTime()} ms after its wake time`);
+
+  // A worker of the scope, asleep, claims a run another connection creates at once.
+  const scoped = new AbortController();
+  const second = work(acme, agent, { ...idle, leaseOwner: "worker-2", signal: scoped.signal });
+  let stopped = 0;
+  try {
+    await sleep(500); // its first claim found nothing: it sleeps
+    const created = Date.now();
+    await acme.createRun("agent", { runId: "r-new" });
+    await waitFor("the new run's claim", () => claimed.has("r-new"));
+    assert.ok((claimed.get("r-new") ?? Infinity) - created < 5000, "woken, not polled after 60 s");
+    await sleep(500); // asleep again
+  } finally {
+    const asked = Date.now();
+    scoped.abort();
+    await second;
+    stopped = Date.now() - asked;
+  }
+  assert.ok(stopped < 5000, `a stop ended the sleep ${stopped} ms after it was asked`);
+});
+
+test("an idle worker listens again after its connection is lost", async (t) => {
+  const db = await freshDb(t, "idle_relisten");
+  const acme = db.ledger.scoped("acme", "ts");
+  const claimed: string[] = [];
+  const listening = async (): Promise<number[]> =>
+    (
+      await db.sql(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE '%ledger.next_wake(any_scope%' AND pid <> pg_backend_pid()",
+      )
+    ).map((r) => Number(r["pid"]));
+  const stop = new AbortController();
+  const errors: unknown[] = [];
+  const loop = work(
+    acme,
+    async (ctx) => {
+      claimed.push(ctx.runId);
+      return "done";
+    },
+    { leaseOwner: "worker-1", idleSeconds: 60, signal: stop.signal, stopOn: [], onError: (e) => errors.push(e) },
+  );
+  try {
+    await waitFor("the worker's listening connection", async () => (await listening()).length === 1);
+    const [lost] = await listening();
+    await db.sql("SELECT pg_terminate_backend($1)", [lost]);
+    await waitFor("a new listening connection", async () => {
+      const now = await listening();
+      return now.length === 1 && now[0] !== lost;
+    });
+    const created = Date.now();
+    await acme.createRun("agent", { runId: "r-after" });
+    await waitFor("the run's claim", () => claimed.length === 1);
+    assert.ok(Date.now() - created < 5000);
+  } finally {
+    stop.abort();
+    await loop;
+  }
+  assert.deepEqual(claimed, ["r-after"]);
+  assert.ok(errors.length >= 1, "the lost connection was reported");
+});

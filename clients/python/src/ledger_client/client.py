@@ -290,6 +290,14 @@ class Calls:
         return function(_run, "wait_run", run_id, run_token, wake_at)
 
     @call
+    def next_wake(self) -> Statement[datetime | None]:
+        """When a run of the scope next becomes claimable by the clock alone (a wait's or backoff's
+        ``not_before``, a pending approval's deadline, a full rate window's end), or None when none
+        is ahead. Whatever else makes a run claimable notifies ``ledger_runs`` at commit: an idle
+        worker listens there and sleeps until this time at most."""
+        return function(value, "next_wake")
+
+    @call
     def wait_for_input(
         self, run_id: str, run_token: int, input_key: str, deadline: datetime | None = None
     ) -> Statement[InputWait]:
@@ -758,6 +766,12 @@ class OperatorCalls:
             _claimed, "claim_run", lease_owner, modes=list(modes) if modes is not None else None,
             kinds=list(kinds) if kinds is not None else None, lease_seconds=lease_seconds, any_scope=True,
         )
+
+    @call
+    def next_wake(self) -> Statement[datetime | None]:
+        """When a run of any scope next becomes claimable by the clock alone, or None
+        (``next_wake(any_scope => true)``): what an idle worker of every scope sleeps until at most."""
+        return function(value, "next_wake", any_scope=True)
 
     @call
     def fire_schedules(self) -> Statement[int]:

@@ -20,7 +20,7 @@ again by ``step_key`` (finished ones return their recorded output) and its tool 
   its lease given up): writes nothing more; the input, the last child's end or the deadline makes
   the run claimable again;
 - on :class:`Busy` (another attempt, such as a previous owner's, holds a call): keeps the run and
-  runs the agent again after ``idle_s`` (parked ``paused`` if the worker is stopping);
+  runs the agent again after ``min(idle_s, 1)`` seconds (parked ``paused`` if the worker is stopping);
 - on :class:`Rejected` (a person rejected a call's approval and the agent did not catch it):
   moves the run to ``failed`` with ``error_code`` ``TOOL_APPROVAL_REJECTED``, the call and the
   approver's note in the message (``TOOL_APPROVAL_EXPIRED`` when no one decided before the
@@ -35,6 +35,15 @@ The run's writes (``running``, the answer, parking, releasing) and the agent's w
 :class:`RunContext` (steps, costs, tool calls) are written again on a fresh connection when the
 connection is lost: each is idempotent (a step by ``step_key``, a cost by its ``source_ref``, a
 transition to the status it has) and fenced by ``run_token``, so a repeat changes nothing.
+
+When nothing is claimable the loop sleeps until the first of: a ``ledger_runs`` notification (a
+commit that may have made a run claimable: a new run, a release, an input, a decision, a run's
+end), ``next_wake`` (when a wait, a backoff, an approval's deadline or a full rate window ends, by
+the database's clock), ``idle_s`` (the backstop for what neither tells: a lease that ran out, a
+budget's new day or month), a stop. It LISTENs on a connection of its own (not the pool's: it holds
+it while it runs), before its claim, so that no commit between an empty claim and the sleep is
+missed; after a lost connection it listens again on a new one, and while it cannot it polls every
+``min(idle_s, 1)`` seconds. A notification is a hint: the next claim decides.
 
 With ``fire_schedules_s`` the loop also fires the due schedules (``fire_schedules``, of its scope
 or of every scope) at most that often, before a claim: for a deployment without pg_cron.
@@ -62,7 +71,7 @@ import psycopg
 from ._faults import again, is_transient
 from ._signals import stop_on_signals
 from .client import Ledger, ScopedLedger, Transaction
-from .errors import ConflictError, LedgerError
+from .errors import ConflictError, LedgerError, translated
 from .tool_calls import (
     BudgetExhausted,
     Busy,
@@ -81,6 +90,18 @@ from .types import ApprovalStatus, Budget, ChildRun, ClaimedRun, RunStatus, Step
 log = logging.getLogger("ledger_client.worker")
 
 T = TypeVar("T")
+
+CHANNEL = "ledger_runs"
+"""The channel a commit that may have made a run claimable notifies (after commit, no payload)."""
+
+IDLE_S = 30.0
+"""The default longest sleep of an idle worker. Notifications and ``next_wake`` wake it for nearly
+everything; this bounds how late it sees what they do not tell: a lease that ran out (a dead
+worker's run is taken over within ``lease_seconds`` + ``idle_s``) and a budget's new window."""
+
+# Seconds until next_wake by the database's clock, the one claim_run's not_before follows: a
+# worker whose clock is ahead would otherwise wake early, find nothing and ask again in a loop.
+_NEXT_WAKE_IN = "SELECT extract(epoch FROM ledger.next_wake(any_scope => %s) - now())"
 
 
 def default_lease_owner() -> str:
@@ -401,7 +422,7 @@ class Worker:
         kinds: Sequence[str] | None = None,
         lease_seconds: int = 15,
         heartbeat_s: float | None = None,
-        idle_s: float = 1.0,
+        idle_s: float = IDLE_S,
         shutdown_grace_s: float = 30.0,
         stopping: threading.Event | None = None,
         fire_schedules_s: float | None = None,
@@ -416,6 +437,9 @@ class Worker:
         # Three beats may be lost before a takeover.
         self.heartbeat_s = positive_seconds("heartbeat_s", heartbeat_s) or lease_seconds / 3
         self.idle_s = idle_s
+        # After Busy or a lost connection the run or the server comes back within seconds, and no
+        # notification tells: try again soon, whatever the idle bound.
+        self._retry_s = min(idle_s, 1.0)
         self.shutdown_grace_s = shutdown_grace_s
         self.stopping = stopping or threading.Event()  # shared with an OutboxConsumer: one stop for both
         self.fire_schedules_s = positive_seconds("fire_schedules_s", fire_schedules_s)
@@ -426,17 +450,19 @@ class Worker:
         self.stopping.set()
 
     def run(self, *, handle_signals: bool = False) -> None:
-        """Claims and drives runs until :meth:`stop` (or SIGTERM/SIGINT with ``handle_signals``),
-        waiting ``idle_s`` when nothing is claimable."""
-        with stop_on_signals(self.stopping, handle_signals):
+        """Claims and drives runs until :meth:`stop` (or SIGTERM/SIGINT with ``handle_signals``);
+        when nothing is claimable, sleeps until a run may be (see the module's docstring)."""
+        with stop_on_signals(self.stopping, handle_signals), _Alarm(self) as alarm:
             while not self.stopping.is_set():
+                alarm.listen()
                 try:
                     claimed = self.run_once()
                 except psycopg.OperationalError as e:  # the server restarts, the network drops
-                    log.warning("worker %s: %s; claiming again in %s s", self.lease_owner, e, self.idle_s)
-                    claimed = False
+                    log.warning("worker %s: %s; claiming again in %s s", self.lease_owner, e, self._retry_s)
+                    self.stopping.wait(self._retry_s)
+                    continue
                 if not claimed:
-                    self.stopping.wait(self.idle_s)
+                    alarm.wait()
 
     def run_once(self) -> bool:
         """Claims one run and drives it (first firing the due schedules, with ``fire_schedules_s``);
@@ -492,7 +518,7 @@ class Worker:
                 break
             # Another attempt holds a call (a previous owner still at work): keep the run and ask
             # again shortly; parking it would hand it straight back to the claim queue.
-            if not lease.hold(threading.Event(), timeout=self.idle_s):
+            if not lease.hold(threading.Event(), timeout=self._retry_s):
                 return
         if answer:
             def finish(tx: Transaction) -> None:  # what the user is shown, and the end, at once
@@ -612,3 +638,70 @@ class _Lease:
                     log.warning("run %s: heartbeat failed (%s); its next write will say more", self._run.run_id, e)
                 self._next_beat = now + self._worker.heartbeat_s
         return True
+
+
+class _Alarm:
+    """What wakes an idle worker: a connection of its own (autocommit) that LISTENs on
+    ``ledger_runs`` and asks ``next_wake`` (of the worker's scope, or of every scope)."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> _Alarm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._drop()
+
+    def listen(self) -> None:
+        """Before a claim: forgets what was notified so far (the claim sees those commits), or
+        LISTENs on a new connection when there is none (or it was lost)."""
+        if self._conn is not None:
+            try:
+                for _ in self._conn.notifies(timeout=0):
+                    pass
+                return
+            except psycopg.OperationalError:
+                self._drop()
+        worker = self._worker
+        try:
+            self._conn = psycopg.connect(worker.ledger.conninfo, autocommit=True)
+            with translated():
+                if worker.scope is not None:  # for next_wake: the session's scope
+                    self._conn.execute("SELECT ledger.set_scope(%s, %s)", worker.scope)
+                self._conn.execute(f"LISTEN {CHANNEL}")
+        except psycopg.OperationalError as e:
+            log.warning("worker %s: cannot listen on %s (%s); polling every %s s", worker.lease_owner, CHANNEL, e,
+                        worker._retry_s)
+            self._drop()
+
+    def wait(self) -> None:
+        """Until a notification, the next wake, the next schedule firing, ``idle_s`` or a stop,
+        whichever comes first; without a listening connection, ``min(idle_s, 1)`` seconds."""
+        worker = self._worker
+        timeout = worker.idle_s
+        if worker.fire_schedules_s is not None:
+            timeout = min(timeout, worker._next_fire - time.monotonic())
+        if self._conn is None:
+            worker.stopping.wait(min(timeout, worker._retry_s))
+            return
+        try:
+            with translated():
+                row = self._conn.execute(_NEXT_WAKE_IN, (worker.scope is None,)).fetchone()
+            if row is not None and row[0] is not None:
+                timeout = min(timeout, float(row[0]))
+            deadline = time.monotonic() + timeout
+            # In short slices, so that stop() is seen promptly.
+            while not worker.stopping.is_set() and (remaining := deadline - time.monotonic()) > 0:
+                for _ in self._conn.notifies(timeout=min(remaining, 0.2), stop_after=1):
+                    return
+        except psycopg.OperationalError as e:
+            log.warning("worker %s: %s lost (%s); listening again", worker.lease_owner, CHANNEL, e)
+            self._drop()
+            worker.stopping.wait(worker._retry_s)
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
