@@ -764,7 +764,12 @@ fn a_bound_operator_works_across_its_granted_scopes_only() {
     victim_untouched(&mut admin, "sweep_tool_calls");
     // What waits for people, and when a wait ends next: of its granted scopes only (the
     // victim's wait ends sooner, and a run of it is stopped by a budget too).
-    for (tenant, workspace) in [("mine", "w1"), ("mine", "w2"), ("also", "w"), ("victim", "vw")] {
+    for (tenant, workspace) in [
+        ("mine", "w1"),
+        ("mine", "w2"),
+        ("also", "w"),
+        ("victim", "vw"),
+    ] {
         exec(
             &mut admin,
             &format!(
