@@ -27,6 +27,7 @@ from ledger_client import (
     ClaimOutcome,
     ConflictError,
     IdempotencyMismatchError,
+    Inbox,
     InvalidArgumentError,
     Ledger,
     MailboxInput,
@@ -366,6 +367,26 @@ async def mailbox_and_children(h: Handle, person: psycopg.Connection[DictRow]) -
     assert (ended.value.sqlstate, ended.value.code) == ("55000", "RUN_TERMINAL")
 
 
+async def a_wait_without_a_deadline(h: Handle, person: psycopg.Connection[DictRow]) -> None:
+    """A run waiting for an input without a deadline has not_before 'infinity', read as the
+    latest datetime, in UTC, also after it ended."""
+    latest = datetime.max.replace(tzinfo=timezone.utc)
+    await got(h.create_run("agent", run_id="r-forever"))
+    await got(h.claim_run("worker-1", run_id="r-forever"))
+    await got(h.transition_run("r-forever", RunStatus.RUNNING, run_token=1))
+    assert (await got(h.wait_for_input("r-forever", 1, "answer"))).status is WaitStatus.WAITING
+    assert one(person, "SELECT not_before::text FROM ledger.runs WHERE id = 'r-forever'") == "infinity"
+    waiting = await got(h.get_run("r-forever"))
+    assert waiting is not None and (waiting.status, waiting.not_before) == (RunStatus.WAITING_INPUT, latest)
+    async with transaction(h) as tx:
+        assert await got(tx.get_run("r-forever")) == waiting
+    ended = await got(h.transition_run("r-forever", RunStatus.CANCELED))
+    assert ended.not_before == latest
+    person.execute("UPDATE ledger.runs SET not_before = '-infinity' WHERE id = 'r-forever'")
+    earliest = await got(h.get_run("r-forever"))
+    assert earliest is not None and earliest.not_before == datetime.min.replace(tzinfo=timezone.utc)
+
+
 async def schedules_and_rates(h: Handle, person: psycopg.Connection[DictRow]) -> None:
     weekday = await got(h.set_schedule("weekday", "0 9 * * MON-FRI", "report", {"team": "support"},
                                        time_zone="Europe/Berlin", actor="ana"))
@@ -425,7 +446,8 @@ async def schedules_and_rates(h: Handle, person: psycopg.Connection[DictRow]) ->
 
 @FACES
 @pytest.mark.parametrize("body", [typed_results, transactions_and_errors, the_peoples_queues, budgets, durable_waits,
-                                  approval_deadlines, mailbox_and_children, schedules_and_rates])
+                                  approval_deadlines, mailbox_and_children, a_wait_without_a_deadline,
+                                  schedules_and_rates])
 def test_both_faces(face: str, body: Body, dsn: str, person: psycopg.Connection[DictRow]) -> None:
     through(face, dsn, person, body)
 
@@ -465,6 +487,56 @@ def test_next_wake_across_scopes_is_an_operators(face: str, dsn: str, person: ps
             assert await AsyncLedger(dsn).scoped(*SCOPE).next_wake() is None and await AsyncLedger(dsn).next_wake() == later
             with pytest.raises(ScopeError) as refused:
                 await AsyncLedger(app).next_wake()
+        assert (refused.value.sqlstate, refused.value.code) == ("42501", "OPERATOR_REQUIRED")
+
+    asyncio.run(body())
+
+
+@FACES
+def test_the_inbox_counts_what_waits_per_scope_and_across_scopes_for_an_operator(
+    face: str, dsn: str, person: psycopg.Connection[DictRow]
+) -> None:
+    person.execute("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'ledger_py_app') THEN"
+                   " CREATE ROLE ledger_py_app LOGIN IN ROLE ledger_writer; END IF; END $$")
+    app = dsn.replace("user=postgres", "user=ledger_py_app")
+    at = {n: datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(hours=n) for n in range(5)}
+    # In the tests' scope two calls in doubt, an approval and a run stopped by a budget used up;
+    # in another one failed outbox event.
+    person.execute("SELECT ledger.create_run('agent', run_id => 'r-1')")
+    for n, call in ((1, "c-1"), (2, "c-2")):
+        person.execute("SELECT ledger.claim_tool_call('r-1', 'crm.lookup', jsonb_build_object('n', %s),"
+                       " tool_call_id => %s)", (n, call))
+        person.execute("UPDATE ledger.run_step_tool_calls SET status = 'in_doubt', updated_at = %s"
+                       " WHERE tool_call_id = %s", (at[n], call))
+    person.execute("SELECT ledger.request_tool_approval('r-1', 'payments.wire', '{}', tool_call_id => 'pay')")
+    person.execute("UPDATE ledger.approval_requests SET created_at = %s", (at[3],))
+    person.execute("SELECT ledger.create_run('agent', run_id => 'r-2')")
+    person.execute("SELECT ledger.set_budget('tool_calls', 0, 'run', run_id => 'r-2')")
+    person.execute("UPDATE ledger.runs SET status = 'paused', error_code = 'BUDGET_EXHAUSTED', updated_at = %s"
+                   " WHERE id = 'r-2'", (at[4],))
+    person.execute("SELECT ledger.set_scope('globex', 'billing')")
+    person.execute("SELECT ledger.create_run('agent', run_id => 'r-3')")
+    person.execute("UPDATE ledger.outbox SET status = 'failed', processed_at = %s WHERE run_id = 'r-3'", (at[0],))
+    here = Inbox(*SCOPE, 2, at[1], 1, at[3], 1, at[4], 0, None)
+    there = Inbox("globex", "billing", 0, None, 0, None, 0, None, 1, at[0])
+    quiet = Inbox("acme", "quiet", 0, None, 0, None, 0, None, 0, None)  # one row, zeros
+
+    async def body() -> None:
+        if face == "sync":
+            assert Ledger(dsn).scoped(*SCOPE).inbox() == here and Ledger(dsn).scoped("acme", "quiet").inbox() == quiet
+            with Ledger(dsn).scoped(*SCOPE).transaction() as tx:
+                assert tx.inbox() == here
+            assert Ledger(dsn).inbox() == [here, there]  # only the scopes with something waiting
+            with pytest.raises(ScopeError) as refused:
+                Ledger(app).inbox()
+        else:
+            assert await AsyncLedger(dsn).scoped(*SCOPE).inbox() == here
+            assert await AsyncLedger(dsn).scoped("acme", "quiet").inbox() == quiet
+            async with AsyncLedger(dsn).scoped(*SCOPE).transaction() as atx:
+                assert await atx.inbox() == here
+            assert await AsyncLedger(dsn).inbox() == [here, there]
+            with pytest.raises(ScopeError) as refused:
+                await AsyncLedger(app).inbox()
         assert (refused.value.sqlstate, refused.value.code) == ("42501", "OPERATOR_REQUIRED")
 
     asyncio.run(body())

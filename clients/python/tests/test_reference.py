@@ -29,7 +29,7 @@ NOT_CONSTRUCTED = {
     "RunEvent", "Step", "ToolCall", "ToolCallClaim", "ToolCallResult", "ToolCallTombstone", "ToolResponse",
     "LedgerCalls", "ScopedLedger", "Transaction", "Calls", "AsyncLedgerCalls", "AsyncScopedLedger",
     "AsyncTransaction", "PendingApproval", "ToolCallInDoubt", "RunContext", "RunStream",
-    "MailboxInput", "InputWait", "ChildRun", "ChildrenWait", "Schedule",
+    "MailboxInput", "InputWait", "ChildRun", "ChildrenWait", "Schedule", "Inbox",
 }
 
 # The "### " subsections of the manual's Reference, and the public callables whose parameters each

@@ -407,6 +407,28 @@ def test_an_agent_that_waits_for_an_input_is_parked_until_it_is_sent_and_reads_i
         ("running", "waiting_input"), ("waiting_input", "running"), ("running", "succeeded")]
 
 
+def test_a_wait_for_an_input_without_a_deadline_parks_the_run_until_infinity_and_is_read(
+    dsn: str, pooled: Ledger, person: psycopg.Connection[DictRow]
+) -> None:
+    scoped = pooled.scoped(*SCOPE)  # a pool's connections: the client's cursors load 'infinity' on them too
+    scoped.create_run("agent", run_id="r-open")
+
+    def agent(ctx: RunContext) -> str:
+        return f"answer {ctx.wait_for_input('ask', 'answer')['n']}"
+
+    worker = Worker(pooled, agent, scope=SCOPE, lease_owner="worker-1")
+    assert worker.run_once()
+    assert one(person, "SELECT not_before::text FROM ledger.runs WHERE id = 'r-open'") == "infinity"
+    parked = scoped.get_run("r-open")
+    assert parked is not None and parked.status is RunStatus.WAITING_INPUT
+    assert parked.not_before == datetime.max.replace(tzinfo=timezone.utc)
+    assert not worker.run_once()  # nothing but the input wakes it
+    Ledger(dsn).scoped(*SCOPE).send_input("r-open", "answer", {"n": 7})
+    assert worker.run_once()
+    ended = scoped.get_run("r-open")
+    assert ended is not None and (ended.status, ended.output_summary) == (RunStatus.SUCCEEDED, "answer 7")
+
+
 def test_a_wait_for_an_input_that_does_not_come_times_out_at_its_first_deadline(
     ledger: Ledger, scoped: ScopedLedger, person: psycopg.Connection[DictRow]
 ) -> None:

@@ -24,6 +24,7 @@ import {
   parseCostEntry,
   parseEvent,
   parseEvidenceItem,
+  parseInbox,
   parseInputWait,
   parseMailboxInput,
   parseToolCallInDoubt,
@@ -42,6 +43,7 @@ import {
   type CompleteOutcome,
   type CostEntry,
   type EvidenceItem,
+  type Inbox,
   type InputWait,
   type MailboxInput,
   type ToolCallInDoubt,
@@ -784,6 +786,19 @@ export abstract class LedgerCalls {
     ).map(parseOutboxEvent);
   }
 
+  /**
+   * `ledger.inbox`: what waits for people in the scope, one row (zeros when nothing waits): the
+   * queues above and the runs a budget still used up stopped, counted, with the oldest one's time.
+   * `anyScope`: a row for every scope the session may state that has something waiting (a member
+   * of `ledger_operator`, else 42501 `OPERATOR_REQUIRED`), as `ledger.inbox()`. A reader may call it.
+   */
+  async inbox(): Promise<Inbox>;
+  async inbox(options: { anyScope: true }): Promise<Inbox[]>;
+  async inbox(options: { anyScope?: boolean } = {}): Promise<Inbox | Inbox[]> {
+    const rows = await this.select("inbox", [], snakeKeys({ ...options }));
+    return options.anyScope === true ? rows.map(parseInbox) : parseInbox(one(rows));
+  }
+
   private async queue(select: string, alias: string, order: string, options: QueueOptions, hasWhere = false): Promise<Row[]> {
     const values: unknown[] = [];
     let text = select;
@@ -972,6 +987,14 @@ export class Ledger {
    */
   async nextWake(): Promise<Date | null> {
     return new Transaction(this.pool).nextWake({ anyScope: true });
+  }
+
+  /**
+   * `inbox(any_scope => true)`: what waits for people in every scope that has something waiting,
+   * by tenant and workspace (a member of `ledger_operator`, else 42501 `OPERATOR_REQUIRED`).
+   */
+  async inbox(): Promise<Inbox[]> {
+    return new Transaction(this.pool).inbox({ anyScope: true });
   }
 
   /**

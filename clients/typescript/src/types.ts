@@ -336,6 +336,25 @@ export interface PendingApproval {
   expiresAt: Date | null;
 }
 
+/**
+ * A row of `ledger.inbox`: what waits for people in a scope, each queue counted with the oldest
+ * one's time (null when it is empty): calls in doubt (`resolveToolCall`), pending approvals before
+ * their deadline (`resolveApproval`), runs paused by a budget still used up (`setBudget`) and
+ * failed outbox events (`replayOutboxEvent`).
+ */
+export interface Inbox {
+  tenantId: string;
+  workspaceId: string;
+  callsInDoubt: number;
+  oldestInDoubtAt: Date | null;
+  pendingApprovals: number;
+  oldestApprovalAt: Date | null;
+  budgetStops: number;
+  oldestBudgetStopAt: Date | null;
+  failedOutboxEvents: number;
+  oldestFailedOutboxEventAt: Date | null;
+}
+
 /** A row of `ledger.run_cost_entries` as far as a worker needs it. */
 export interface CostEntry {
   id: string;
@@ -455,9 +474,15 @@ function optNum(row: Row, key: string): number | null {
   return v === null ? null : Number(v);
 }
 
+/** The latest time a `Date` holds (ECMAScript's 8.64e15 ms, +275760-09-13); its negative the earliest. */
+const LATEST_DATE_MS = 8.64e15;
+
 function optDate(row: Row, key: string): Date | null {
   const v = value(row, key);
   if (v === null) return null;
+  // node-postgres reads 'infinity' and '-infinity' as the numbers ±Infinity (a run that waits for an
+  // input without a deadline has not_before 'infinity'): a Date still, the latest or the earliest.
+  if (v === Infinity || v === -Infinity) return new Date(Math.sign(v) * LATEST_DATE_MS);
   return v instanceof Date ? v : new Date(String(v));
 }
 
@@ -751,6 +776,22 @@ export function parsePendingApproval(row: Row): PendingApproval {
     details: obj(row, "details"),
     createdAt: date(row, "created_at"),
     expiresAt: optDate(row, "expires_at"),
+  };
+}
+
+/** Parses a `ledger.inbox` row. */
+export function parseInbox(row: Row): Inbox {
+  return {
+    tenantId: str(row, "tenant_id"),
+    workspaceId: str(row, "workspace_id"),
+    callsInDoubt: num(row, "calls_in_doubt"),
+    oldestInDoubtAt: optDate(row, "oldest_in_doubt_at"),
+    pendingApprovals: num(row, "pending_approvals"),
+    oldestApprovalAt: optDate(row, "oldest_approval_at"),
+    budgetStops: num(row, "budget_stops"),
+    oldestBudgetStopAt: optDate(row, "oldest_budget_stop_at"),
+    failedOutboxEvents: num(row, "failed_outbox_events"),
+    oldestFailedOutboxEventAt: optDate(row, "oldest_failed_outbox_event_at"),
   };
 }
 

@@ -495,3 +495,66 @@ test("nextWake across scopes is an operator's: another scope's backoff; a non-op
     await db.sql("DROP ROLE ledger_ts_waker");
   }
 });
+
+test("inbox: the scope's counts and oldest times; across scopes an operator's list; a non-operator is refused", async (t) => {
+  const db = await freshDb(t, "inbox");
+  const acme = db.ledger.scoped("acme", "ts");
+  const at = (hours: number): Date => new Date(Date.UTC(2026, 0, 1, hours));
+  assert.deepEqual(await db.ledger.scoped("acme", "quiet").inbox(), {
+    tenantId: "acme", workspaceId: "quiet", callsInDoubt: 0, oldestInDoubtAt: null, pendingApprovals: 0,
+    oldestApprovalAt: null, budgetStops: 0, oldestBudgetStopAt: null, failedOutboxEvents: 0, oldestFailedOutboxEventAt: null,
+  });
+  // In acme/ts two calls in doubt, an approval and a run stopped by a budget used up; in globex/billing a failed event.
+  await acme.createRun("agent", { runId: "r-1" });
+  for (const [hours, call] of [[1, "c-1"], [2, "c-2"]] as const) {
+    await acme.claimToolCall("r-1", "crm.lookup", { n: hours }, { toolCallId: call });
+    await db.sql("UPDATE ledger.run_step_tool_calls SET status = 'in_doubt', updated_at = $1 WHERE tool_call_id = $2", [at(hours), call]);
+  }
+  await acme.requestToolApproval("r-1", "payments.wire", {}, { toolCallId: "pay" });
+  await db.sql("UPDATE ledger.approval_requests SET created_at = $1", [at(3)]);
+  await acme.createRun("agent", { runId: "r-2" });
+  await acme.setBudget("tool_calls", 0, { level: "run", runId: "r-2" });
+  await db.sql("UPDATE ledger.runs SET status = 'paused', error_code = 'BUDGET_EXHAUSTED', updated_at = $1 WHERE id = 'r-2'", [at(4)]);
+  await db.ledger.scoped("globex", "billing").createRun("agent", { runId: "r-3" });
+  await db.sql("UPDATE ledger.outbox SET status = 'failed', processed_at = $1 WHERE run_id = 'r-3'", [at(0)]);
+  const here = {
+    tenantId: "acme", workspaceId: "ts", callsInDoubt: 2, oldestInDoubtAt: at(1), pendingApprovals: 1,
+    oldestApprovalAt: at(3), budgetStops: 1, oldestBudgetStopAt: at(4), failedOutboxEvents: 0, oldestFailedOutboxEventAt: null,
+  };
+  const there = {
+    tenantId: "globex", workspaceId: "billing", callsInDoubt: 0, oldestInDoubtAt: null, pendingApprovals: 0,
+    oldestApprovalAt: null, budgetStops: 0, oldestBudgetStopAt: null, failedOutboxEvents: 1, oldestFailedOutboxEventAt: at(0),
+  };
+  assert.deepEqual(await acme.inbox(), here);
+  assert.deepEqual(await acme.transaction((tx) => tx.inbox()), here);
+  assert.deepEqual(await db.ledger.inbox(), [here, there], "only the scopes with something waiting");
+  assert.deepEqual(await acme.inbox({ anyScope: true }), [here, there]);
+  await db.sql("DO $$ BEGIN CREATE ROLE ledger_ts_inbox LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$");
+  await db.sql("GRANT ledger_writer TO ledger_ts_inbox");
+  const app = Ledger.connect(`${db.dsn} user=ledger_ts_inbox`);
+  try {
+    await assert.rejects(app.inbox(), (e: unknown) => e instanceof ScopeError && e.sqlstate === "42501" && e.code === "OPERATOR_REQUIRED");
+  } finally {
+    await app.close();
+    await db.sql("DROP ROLE ledger_ts_inbox");
+  }
+});
+
+test("a run waiting for an input without a deadline: its notBefore 'infinity' is the latest Date, also after it ended", async (t) => {
+  const db = await freshDb(t, "infinity");
+  const acme = db.ledger.scoped("acme", "ts");
+  const latest = new Date(8.64e15);
+  await acme.createRun("agent", { runId: "r-open" });
+  await acme.claimRun("w-1", { runId: "r-open" });
+  await acme.transitionRun("r-open", "running", { runToken: 1 });
+  assert.equal((await acme.waitForInput("r-open", 1, "answer")).status, "waiting");
+  assert.deepEqual(await db.sql("SELECT not_before::text AS t FROM ledger.runs"), [{ t: "infinity" }]);
+  const waiting = await acme.getRun("r-open");
+  assert.equal(waiting?.status, "waiting_input");
+  assert.ok(waiting?.notBefore instanceof Date);
+  assert.equal(waiting.notBefore.getTime(), latest.getTime());
+  assert.ok(waiting.notBefore > new Date(), "it compares as later than any time");
+  assert.deepEqual((await acme.transitionRun("r-open", "canceled")).notBefore, latest);
+  await db.sql("UPDATE ledger.runs SET not_before = '-infinity'");
+  assert.equal((await acme.getRun("r-open"))?.notBefore?.getTime(), -8.64e15);
+});

@@ -357,6 +357,32 @@ test("an agent that waits until a time: parked by waitRun, resumed by a claim af
   assert.equal(waiting.wakeAt.getTime(), later.getTime());
 });
 
+test("an agent that waits for an input without a deadline: the run parked until 'infinity' is read, and resumed by the input", async (t) => {
+  const db = await freshDb(t, "input_forever");
+  const acme = db.ledger.scoped("acme", "ts");
+  await acme.createRun("agent", { runId: "r-open" });
+  const outcomes: RunOutcome[] = [];
+  const stop = new AbortController();
+  const loop = work(acme, async (ctx) => `answer ${((await ctx.waitForInput("ask", "answer")) as { n: number }).n}`, {
+    leaseOwner: "worker-1",
+    idleSeconds: 0.05,
+    signal: stop.signal,
+    onRun: (_run, o) => outcomes.push(o),
+  });
+  try {
+    await waitFor("the run parked", () => outcomes.length === 1);
+    assert.deepEqual(outcomes[0], { status: "waiting_input", wakeAt: null, reason: "step ask: waiting for input answer" });
+    assert.deepEqual(await db.sql("SELECT not_before::text AS t FROM ledger.runs"), [{ t: "infinity" }]);
+    assert.equal((await acme.getRun("r-open"))?.notBefore?.getTime(), 8.64e15, "the latest Date");
+    await acme.sendInput("r-open", "answer", { n: 7 });
+    await waitFor("the run to finish", () => outcomes.length === 2);
+  } finally {
+    stop.abort();
+    await loop;
+  }
+  assert.deepEqual(outcomes[1], { status: "succeeded", reply: "answer 7" });
+});
+
 test("an agent that waits for an input: parked until another connection sends it, resumed with the payload, read again on a later resume", async (t) => {
   const db = await freshDb(t, "input_worker");
   const acme = db.ledger.scoped("acme", "ts");

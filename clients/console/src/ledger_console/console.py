@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg.abc import Buffer
-from psycopg.types.datetime import TimestamptzLoader
 from psycopg_pool import ConnectionPool
 from starlette.requests import Request
 
@@ -37,23 +33,6 @@ class ConsoleConfig:
     session_max_age_s: int = DEFAULT_MAX_AGE_S
 
 
-class _InfinityLoader(TimestamptzLoader):
-    """timestamptz with ±infinity as the latest and earliest datetimes: a run that waits for an
-    input without a deadline has not_before 'infinity' (kept after it ends), which psycopg's own
-    loader refuses, so its page could not be read."""
-
-    def load(self, data: Buffer) -> datetime:
-        if bytes(data) == b"infinity":
-            return datetime.max.replace(tzinfo=timezone.utc)
-        if bytes(data) == b"-infinity":
-            return datetime.min.replace(tzinfo=timezone.utc)
-        return super().load(data)
-
-
-def _load_infinity(conn: psycopg.Connection[Any]) -> None:
-    conn.adapters.register_loader("timestamptz", _InfinityLoader)
-
-
 class Refused(Exception):
     """A request the console refuses: shown as a page with this status and message."""
 
@@ -71,8 +50,7 @@ class Console:
         self.config = config
         self.role = data.check_role(config.dsn)
         self.pool: ConnectionPool[Any] = ConnectionPool(config.dsn, min_size=1, max_size=8, open=False,
-                                                        check=ConnectionPool.check_connection,
-                                                        configure=_load_infinity)
+                                                        check=ConnectionPool.check_connection)
         self.ledger = Ledger(self.pool)
         self.hub = EventHub(config.dsn)
         self.signer = Signer(config.secret, config.session_max_age_s)

@@ -8,7 +8,7 @@ extension enforces.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, LiteralString
@@ -87,18 +87,18 @@ class Inbox:
 
 
 def inbox(ledger: Ledger, scopes: list[tuple[str, str]], operator: bool) -> Inbox:
-    """ledger.inbox() in each scope the console serves (a row each, zeros when nothing waits) and,
-    for an operator role, inbox(any_scope => true)'s other scopes: every scope it may state that
-    has something waiting. One transaction: one connection, one snapshot for all the counts."""
+    """ledger.inbox() in each scope the console serves (a row each, zeros when nothing waits) in
+    one transaction (one connection, one snapshot) and, for an operator role, read just before,
+    inbox(any_scope => true)'s other scopes: every scope it may state that has something waiting.
+    The time of the transaction comes last, so no row's oldest time is after it."""
+    others = [{**asdict(r), "served": False} for r in ledger.inbox() if (r.tenant_id, r.workspace_id) not in scopes] \
+        if operator else []
     with ledger.transaction() as tx:
         rows: list[Row] = []
         for tenant, workspace in scopes:
             tx.execute("SELECT ledger.set_scope(%s, %s, is_local => true)", (tenant, workspace))
-            rows += [{**r, "served": True} for r in tx.execute("SELECT * FROM ledger.inbox()")]
-        if operator:
-            rows += [{**r, "served": False} for r in tx.execute("SELECT * FROM ledger.inbox(any_scope => true)")
-                     if (r["tenant_id"], r["workspace_id"]) not in scopes]
-        return Inbox(rows, tx.execute("SELECT now() AS now")[0]["now"])
+            rows.append({**asdict(tx.inbox()), "served": True})
+        return Inbox(rows + others, tx.execute("SELECT now() AS now")[0]["now"])
 
 
 # --- Runs ---

@@ -46,6 +46,7 @@ from .types import (
     ClaimOutcome,
     CostEntry,
     EvidenceItem,
+    Inbox,
     InputWait,
     MailboxInput,
     OutboxEvent,
@@ -80,7 +81,7 @@ from .worker import (
 
 __all__ = [
     "Approval", "ApprovalStatus", "AsyncLedger", "AsyncLedgerCalls", "AsyncScopedLedger", "AsyncTransaction", "Budget", "BudgetExhausted", "BudgetUsage", "Busy", "Calls", "ChildRun", "ChildrenTimedOut", "ChildrenWait", "ClaimOutcome", "ClaimedRun", "ConflictError", "CorruptedError",
-    "CostEntry", "EvidenceItem", "IdempotencyMismatchError", "InDoubt", "InputTimedOut", "InputWait", "InternalError", "InvalidArgumentError",
+    "CostEntry", "EvidenceItem", "IdempotencyMismatchError", "InDoubt", "Inbox", "InputTimedOut", "InputWait", "InternalError", "InvalidArgumentError",
     "Ledger", "LedgerCalls", "LedgerError", "MailboxInput", "ModelReply", "NotEncodable", "NotFoundError", "OutboxConsumer", "OutboxEvent",
     "OutboxStatus", "PendingApproval", "Purged", "ReadOnlyError", "Reconnect", "Rejected", "ReplayReady", "ResultNotEncodable",
     "ResponseEvent", "Run", "RunContext",

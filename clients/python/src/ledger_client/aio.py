@@ -15,7 +15,7 @@ from psycopg.abc import QueryNoTemplate as Query
 from psycopg.rows import dict_row
 
 from ._faults import again_async
-from .client import Calls, OperatorCalls, conninfo_of
+from .client import Calls, OperatorCalls, _InfinityLoader, conninfo_of
 from .errors import LedgerError, translated
 from .feed import afollow
 from .statement import AsyncRunner, Row, Scope, Statement, scoped
@@ -34,6 +34,7 @@ class AsyncLedgerCalls(Calls, AsyncRunner):
 
 
 async def _fetch(cur: psycopg.AsyncCursor[Row], query: Query, params: Sequence[Any]) -> list[Row]:
+    cur.adapters.register_loader("timestamptz", _InfinityLoader)  # as the sync face's
     await cur.execute(query, params)
     return await cur.fetchall() if cur.description else []
 

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timezone
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
+from psycopg.abc import Buffer
 from psycopg.abc import QueryNoTemplate as Query
 from psycopg.rows import dict_row
+from psycopg.types.datetime import TimestamptzLoader
 from psycopg.types.json import Jsonb
 
 from .errors import translated
@@ -33,6 +35,7 @@ from .types import (
     ClaimedRun,
     CostEntry,
     EvidenceItem,
+    Inbox,
     InputWait,
     MailboxInput,
     OutboxEvent,
@@ -707,6 +710,12 @@ class Calls:
             " AND o.workspace_id = ledger.scope_workspace() AND o.status = 'failed'",
             "o", "o.occurred_at, o.id", run_id, limit, _outbox_events)
 
+    @call
+    def inbox(self) -> Statement[Inbox]:
+        """What waits for people in the scope (``ledger.inbox``): the three queues above and the runs
+        a budget still used up stopped, counted, with the oldest one's time; zeros when nothing waits."""
+        return function(lambda rows: Inbox.from_row(rows[0]), "inbox")
+
 
 # The joined call row in the caller's scope (row-level security does not bind a superuser).
 _SCOPED = "t.tenant_id = ledger.scope_tenant() AND t.workspace_id = ledger.scope_workspace()"
@@ -731,7 +740,22 @@ class LedgerCalls(Calls, SyncRunner):
     """The sync face of :class:`Calls`: each method runs its statement and returns the result."""
 
 
+class _InfinityLoader(TimestamptzLoader):
+    """timestamptz with 'infinity' and '-infinity' as ``datetime.max`` and ``datetime.min`` in UTC:
+    a run that waits for an input without a deadline has ``not_before`` 'infinity' (kept after it
+    ends), which psycopg's own loader refuses, so the run could not be read."""
+
+    def load(self, data: Buffer) -> datetime:
+        if bytes(data) == b"infinity":
+            return datetime.max.replace(tzinfo=timezone.utc)
+        if bytes(data) == b"-infinity":
+            return datetime.min.replace(tzinfo=timezone.utc)
+        return super().load(data)
+
+
 def _fetch(cur: psycopg.Cursor[Row], query: Query, params: Sequence[Any]) -> list[Row]:
+    # On the cursor, not the connection: a connection of the caller's pool keeps its own loaders.
+    cur.adapters.register_loader("timestamptz", _InfinityLoader)
     cur.execute(query, params)
     return cur.fetchall() if cur.description else []
 
@@ -772,6 +796,12 @@ class OperatorCalls:
         """When a run of any scope next becomes claimable by the clock alone, or None
         (``next_wake(any_scope => true)``): what an idle worker of every scope sleeps until at most."""
         return function(value, "next_wake", any_scope=True)
+
+    @call
+    def inbox(self) -> Statement[list[Inbox]]:
+        """What waits for people in every scope that has something waiting
+        (``inbox(any_scope => true)``), by tenant and workspace."""
+        return function(lambda rows: [Inbox.from_row(r) for r in rows], "inbox", any_scope=True)
 
     @call
     def fire_schedules(self) -> Statement[int]:

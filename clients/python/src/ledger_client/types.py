@@ -131,7 +131,8 @@ def _ts(value: Any) -> datetime | None:
 
 @dataclass(frozen=True)
 class Run:
-    """A row of ``ledger.runs`` (without the scope columns)."""
+    """A row of ``ledger.runs`` (without the scope columns). ``not_before`` 'infinity' (a run that
+    waits for an input without a deadline, kept after it ends) is ``datetime.max`` in UTC."""
 
     id: str
     status: RunStatus
@@ -610,6 +611,25 @@ class PendingApproval(_FromRow):
     details: dict[str, Any]
     created_at: datetime
     expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Inbox(_FromRow):
+    """A row of ``ledger.inbox``: what waits for people in a scope, each queue counted with the
+    oldest one's time (None when it is empty): calls in doubt (``resolve_tool_call``), pending
+    approvals before their deadline (``resolve_approval``), runs paused by a budget still used up
+    (``set_budget``) and failed outbox events (``replay_outbox_event``)."""
+
+    tenant_id: str
+    workspace_id: str
+    calls_in_doubt: int
+    oldest_in_doubt_at: datetime | None
+    pending_approvals: int
+    oldest_approval_at: datetime | None
+    budget_stops: int
+    oldest_budget_stop_at: datetime | None
+    failed_outbox_events: int
+    oldest_failed_outbox_event_at: datetime | None
 
 
 @dataclass(frozen=True)
