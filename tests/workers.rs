@@ -695,12 +695,13 @@ fn a_bound_operator_works_across_its_granted_scopes_only() {
     let db = database("ledger_workers_bound_operator");
     let operator = LoginRole::create(&db, "ledger_test_bound_operator", "ledger_operator");
     let mut admin = connect_to(&db, "postgres");
-    for (tenant, workspace) in [
+    let scopes = [
         ("mine", "w1"),
         ("mine", "w2"),
         ("also", "w"),
         ("victim", "vw"),
-    ] {
+    ];
+    for (tenant, workspace) in scopes {
         exec(
             &mut admin,
             &format!(
@@ -764,12 +765,7 @@ fn a_bound_operator_works_across_its_granted_scopes_only() {
     victim_untouched(&mut admin, "sweep_tool_calls");
     // What waits for people, and when a wait ends next: of its granted scopes only (the
     // victim's wait ends sooner, and a run of it is stopped by a budget too).
-    for (tenant, workspace) in [
-        ("mine", "w1"),
-        ("mine", "w2"),
-        ("also", "w"),
-        ("victim", "vw"),
-    ] {
+    for (tenant, workspace) in scopes {
         exec(
             &mut admin,
             &format!(
