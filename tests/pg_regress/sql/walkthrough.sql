@@ -165,6 +165,10 @@ SELECT run_token FROM ledger.claim_run('worker-1', 'run-ask');
 SELECT (ledger.transition_run('run-ask', 'running', run_token => 1)).status;
 SELECT ledger.wait_for_input('run-ask', 1, 'refund-ok', now() + interval '2 days')->>'status' AS status;
 SELECT count(*) AS claimed FROM ledger.claim_run('worker-2', 'run-ask');
+-- An idle worker sleeps until the nearest wait ends (next_wake), or until a commit that may make
+-- a run claimable notifies ledger_runs (as send_input below does).
+SELECT ledger.next_wake() = (SELECT min(not_before) FROM ledger.runs
+                              WHERE not_before > now() AND not_before < 'infinity') AS wakes_at_the_nearest_wait;
 SELECT i->'payload' AS payload, i->>'sender' AS sender
   FROM ledger.send_input('run-ask', 'refund-ok', '{"answer": "yes"}', sender => 'customer') AS i;
 SELECT count(*) AS inputs
@@ -187,6 +191,8 @@ SELECT to_char(next_fire_at AT TIME ZONE 'Europe/Berlin', 'HH24:MI') AS berlin, 
   FROM ledger.set_schedule('nightly-digest', '30 2 * * *', 'agent', time_zone => 'Europe/Berlin',
                            actor => 'ops@acme');
 SELECT ledger.fire_schedules() AS fired;
+-- What waits for people in this workspace (an operator asks every scope with any_scope => true).
+SELECT calls_in_doubt, pending_approvals, budget_stops, failed_outbox_events FROM ledger.inbox();
 
 -- 13. Another workspace sees none of it.
 SELECT ledger.set_scope('acme', 'billing');
